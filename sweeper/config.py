@@ -1,0 +1,138 @@
+"""Configuration: typed, defaulted, loaded from TOML, with errors that name the bad option."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_type_hints
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class BookKeeperConfig:
+    zookeeper: str = "127.0.0.1:2181"  # may carry a chroot: host:port/chroot
+    ledgers_root: str = "/ledgers"
+    session_timeout_s: float = 15.0
+
+
+@dataclass(frozen=True)
+class PulsarMetadataConfig:
+    zookeeper: str = ""  # empty: same ensemble as BookKeeper
+    managed_ledgers_root: str = "/managed-ledgers"
+    schemas_root: str = "/schemas"
+
+
+@dataclass(frozen=True)
+class TablesConfig:
+    root: str = "var/tables"
+    engine: str = "auto"  # auto | delta-rs | delta-spark
+
+
+@dataclass(frozen=True)
+class SparkConfig:
+    master: str = ""  # empty: local[*], or whatever spark-submit set
+    scan_partitions: int = 0  # 0: 4 x default parallelism
+    app_name: str = "ledger-sweeper"
+
+
+@dataclass(frozen=True)
+class ScanConfig:
+    window: int = 1000  # ZooKeeper requests in flight per task
+    chunk: int = 2000  # managed ledgers / schemas per scan unit
+
+
+@dataclass(frozen=True)
+class SweeperConfig:
+    bookkeeper: BookKeeperConfig = field(default_factory=BookKeeperConfig)
+    pulsar: PulsarMetadataConfig = field(default_factory=PulsarMetadataConfig)
+    tables: TablesConfig = field(default_factory=TablesConfig)
+    spark: SparkConfig = field(default_factory=SparkConfig)
+    scan: ScanConfig = field(default_factory=ScanConfig)
+
+    @property
+    def pulsar_zookeeper(self) -> str:
+        return self.pulsar.zookeeper or self.bookkeeper.zookeeper
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def hash(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+    def replace(self, **sections: dict[str, Any]) -> SweeperConfig:
+        """A copy with some options changed: `cfg.replace(tables={"root": "/tmp/t"})`."""
+        merged = self.to_dict()
+        for section, values in sections.items():
+            if section not in merged:
+                raise ConfigError(f"unknown config section [{section}]")
+            merged[section] = {**merged[section], **values}
+        return from_dict(merged)
+
+
+def _coerce(section: str, key: str, value: Any, expected: type) -> Any:
+    ok = {
+        bool: isinstance(value, bool),
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, int | float) and not isinstance(value, bool),
+        str: isinstance(value, str),
+    }.get(expected, True)
+    if not ok:
+        raise ConfigError(f"[{section}] {key} must be {expected.__name__}, got {type(value).__name__} {value!r}")
+    return float(value) if expected is float else value
+
+
+def from_dict(data: dict[str, Any]) -> SweeperConfig:
+    sections: dict[str, Any] = {}
+    hints = get_type_hints(SweeperConfig)
+    for name, values in data.items():
+        if name not in hints:
+            raise ConfigError(f"unknown config section [{name}]; known: {', '.join(sorted(hints))}")
+        if not isinstance(values, dict):
+            raise ConfigError(f"[{name}] must be a table of options")
+        cls = hints[name]
+        field_types = get_type_hints(cls)
+        kwargs = {}
+        for key, value in values.items():
+            if key not in field_types:
+                raise ConfigError(f"unknown option [{name}] {key}; known: {', '.join(sorted(field_types))}")
+            kwargs[key] = _coerce(name, key, value, field_types[key])
+        sections[name] = cls(**kwargs)
+    config = SweeperConfig(**sections)
+    validate(config)
+    return config
+
+
+def validate(config: SweeperConfig) -> None:
+    if config.tables.engine not in ("auto", "delta-rs", "delta-spark"):
+        raise ConfigError(f"[tables] engine must be auto, delta-rs or delta-spark, got {config.tables.engine!r}")
+    for section, key, path in (
+        ("bookkeeper", "ledgers_root", config.bookkeeper.ledgers_root),
+        ("pulsar", "managed_ledgers_root", config.pulsar.managed_ledgers_root),
+        ("pulsar", "schemas_root", config.pulsar.schemas_root),
+    ):
+        if not path.startswith("/") or path == "/":
+            raise ConfigError(f"[{section}] {key} must be an absolute znode path other than '/', got {path!r}")
+    if config.scan.window < 1 or config.scan.chunk < 1:
+        raise ConfigError("[scan] window and chunk must be positive")
+    if config.spark.scan_partitions < 0:
+        raise ConfigError("[spark] scan_partitions must be >= 0")
+
+
+def load(path: str | Path | None) -> SweeperConfig:
+    if path is None:
+        return SweeperConfig()
+    target = Path(path)
+    try:
+        data = tomllib.loads(target.read_text())
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file not found: {target}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {target} is not valid TOML: {exc}") from exc
+    return from_dict(data)

@@ -1,0 +1,173 @@
+"""A throwaway standalone ZooKeeper server for the sandbox and the tests.
+
+It runs Debian's `zookeeper` package (a real server, not a fake) on a free loopback port and
+is stopped by PID. Never used against production: there the operator gives a connect string.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ZOOKEEPER_JAR = Path(os.environ.get("SWEEPER_ZOOKEEPER_JAR", "/usr/share/java/zookeeper.jar"))
+SERVER_MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
+
+
+class ZooKeeperServerError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class ZooKeeperServerInfo:
+    host: str
+    port: int
+    pid: int
+    data_dir: str
+
+    @property
+    def connect_string(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _java() -> str:
+    java = shutil.which("java")
+    if java is None:
+        raise ZooKeeperServerError("java not found: install a JRE (apt-get install default-jre-headless)")
+    return java
+
+
+def _wait_serving(host: str, port: int, proc: subprocess.Popen[bytes], log_path: Path, timeout: float) -> None:
+    # `srvr` is whitelisted by default; a reply means the server accepts sessions.
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ZooKeeperServerError(
+                f"ZooKeeper exited with {proc.returncode} before serving; log: {log_path}\n"
+                + log_path.read_text(errors="replace")[-2000:]
+            )
+        try:
+            with socket.create_connection((host, port), timeout=0.5) as sock:
+                sock.sendall(b"srvr")
+                if b"Zookeeper version" in sock.recv(1024):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise ZooKeeperServerError(f"ZooKeeper on {host}:{port} not serving after {timeout:.0f}s; log: {log_path}")
+
+
+def start_zookeeper(
+    data_dir: str | os.PathLike[str],
+    port: int | None = None,
+    host: str = "127.0.0.1",
+    heap: str = "1g",
+    timeout: float = 30.0,
+) -> ZooKeeperServerInfo:
+    """Start a standalone server whose state lives in `data_dir` (kept across restarts)."""
+    if not ZOOKEEPER_JAR.exists():
+        raise ZooKeeperServerError(
+            f"{ZOOKEEPER_JAR} not found: install Debian's zookeeper package (apt-get install zookeeper)"
+        )
+    root = Path(data_dir)
+    (root / "data").mkdir(parents=True, exist_ok=True)
+    port = port or free_port(host)
+    cfg = root / "zoo.cfg"
+    cfg.write_text(
+        "\n".join(
+            [
+                f"dataDir={root / 'data'}",
+                f"clientPort={port}",
+                f"clientPortAddress={host}",
+                "tickTime=2000",
+                "maxClientCnxns=0",
+                "admin.enableServer=false",
+                "4lw.commands.whitelist=srvr,ruok,mntr",
+                # The sandbox writes up to millions of znodes: keep snapshots infrequent.
+                "snapCount=500000",
+                "autopurge.snapRetainCount=3",
+                "autopurge.purgeInterval=1",
+                # Pipelined writers exceed the default 1 MB outstanding-request limit otherwise.
+                "globalOutstandingLimit=20000",
+                "",
+            ]
+        )
+    )
+    log_path = root / "zookeeper.log"
+    log = open(log_path, "ab")  # noqa: SIM115 - handed to the child process
+    proc = subprocess.Popen(
+        [
+            _java(),
+            f"-Xmx{heap}",
+            "-Dzookeeper.jute.maxbuffer=16777216",
+            "-cp",
+            f"{ZOOKEEPER_JAR}:/etc/zookeeper/conf",
+            SERVER_MAIN,
+            str(cfg),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    log.close()
+    try:
+        _wait_serving(host, port, proc, log_path, timeout)
+    except BaseException:
+        _kill(proc.pid)
+        raise
+    info = ZooKeeperServerInfo(host=host, port=port, pid=proc.pid, data_dir=str(root))
+    (root / "server.json").write_text(json.dumps(asdict(info)))
+    return info
+
+
+def _kill(pid: int, timeout: float = 10.0) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            finished, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            # Not our child (started by another process): poll for existence instead.
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return
+            finished = 0
+        if finished == pid:
+            return
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def stop_zookeeper(info: ZooKeeperServerInfo) -> None:
+    _kill(info.pid)
+    with contextlib.suppress(FileNotFoundError):
+        (Path(info.data_dir) / "server.json").unlink()
+
+
+def running_server(data_dir: str | os.PathLike[str]) -> ZooKeeperServerInfo | None:
+    """The server recorded in `data_dir`, if its process is still alive."""
+    marker = Path(data_dir) / "server.json"
+    if not marker.exists():
+        return None
+    info = ZooKeeperServerInfo(**json.loads(marker.read_text()))
+    try:
+        os.kill(info.pid, 0)
+    except ProcessLookupError:
+        return None
+    return info

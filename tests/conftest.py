@@ -1,0 +1,64 @@
+"""Shared fixtures: one real ZooKeeper server per test session, one chroot per test.
+
+Each test gets its own chroot (`/t-<n>`) on the shared server, so tests stay isolated without
+paying a server start each.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from kazoo.client import KazooClient
+
+from sweeper import zk as zkutil
+from sweeper.zkserver import ZooKeeperServerInfo, start_zookeeper, stop_zookeeper
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_FIXTURES = REPO.parent / "shared" / "fixtures"
+
+_chroots = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def zk_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperServerInfo]:
+    info = start_zookeeper(tmp_path_factory.mktemp("zookeeper"))
+    yield info
+    stop_zookeeper(info)
+
+
+@dataclass(frozen=True)
+class ZkTarget:
+    server: ZooKeeperServerInfo
+    chroot: str
+
+    @property
+    def hosts(self) -> str:
+        """Connect string including the chroot, as an operator would give it."""
+        return f"{self.server.connect_string}{self.chroot}"
+
+
+@pytest.fixture
+def zk_target(zk_server: ZooKeeperServerInfo) -> Iterator[ZkTarget]:
+    chroot = f"/t-{next(_chroots)}"
+    admin = zkutil.connect(zk_server.connect_string)
+    admin.ensure_path(chroot)
+    zkutil.close(admin)
+    yield ZkTarget(zk_server, chroot)
+
+
+@pytest.fixture
+def zk(zk_target: ZkTarget) -> Iterator[KazooClient]:
+    client = zkutil.connect(zk_target.hosts)
+    yield client
+    zkutil.close(client)
+
+
+@pytest.fixture
+def shared_fixtures() -> Path:
+    if not SHARED_FIXTURES.is_dir():
+        pytest.skip(f"shared fixtures not found at {SHARED_FIXTURES} (a clone without ../shared)")
+    return SHARED_FIXTURES

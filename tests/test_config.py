@@ -1,0 +1,44 @@
+from pathlib import Path
+
+import pytest
+
+from sweeper.config import ConfigError, SweeperConfig, load
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_defaults_and_local_config_load() -> None:
+    cfg = load(REPO / "conf" / "local.toml")
+    assert cfg.bookkeeper.zookeeper == "127.0.0.1:21810"
+    assert cfg.pulsar_zookeeper == cfg.bookkeeper.zookeeper
+    assert SweeperConfig().tables.engine == "auto"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[bookkeeper]\nzookeper = 'x'\n", "unknown option [bookkeeper] zookeper"),
+        ("[nope]\n", "unknown config section [nope]"),
+        ("[scan]\nwindow = 'many'\n", "[scan] window must be int"),
+        ("[tables]\nengine = 'parquet'\n", "engine must be"),
+        ("[bookkeeper]\nledgers_root = 'ledgers'\n", "absolute znode path"),
+        ("[bookkeeper\n", "not valid TOML"),
+    ],
+)
+def test_bad_config_names_the_option(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        load(path)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load(tmp_path / "absent.toml")
+
+
+def test_replace_and_hash() -> None:
+    cfg = SweeperConfig()
+    other = cfg.replace(tables={"root": "/tmp/x"})
+    assert other.tables.root == "/tmp/x" and cfg.tables.root != "/tmp/x"
+    assert cfg.hash() != other.hash()
