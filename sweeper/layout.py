@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 INT_MAX = 2**31 - 1
 LONG_MAX = 2**63 - 1
@@ -25,7 +25,7 @@ class LayoutError(ValueError):
     pass
 
 
-class LedgerLayout(str, Enum):
+class LedgerLayout(StrEnum):
     FLAT = "flat"
     HIERARCHICAL = "hierarchical"  # short ids in the 2/4/4 tree, long ids in the 3/4/4/4/4 tree
     LONG_HIERARCHICAL = "long_hierarchical"  # every id in the 3/4/4/4/4 tree

@@ -10,6 +10,7 @@ import logging
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
@@ -120,3 +121,24 @@ def children_many(
 
 def join(parent: str, child: str) -> str:
     return f"{parent.rstrip('/')}/{child}" if parent != "/" else f"/{child}"
+
+
+class ZnodeReader(Protocol):
+    """Bulk, pipelined reads: what a scan task needs from ZooKeeper."""
+
+    def get_many(self, paths: Iterable[str], window: int = DEFAULT_WINDOW) -> Iterator[ZnodeRead]: ...
+
+    def children_many(self, paths: Iterable[str], window: int = DEFAULT_WINDOW) -> Iterator[ChildrenRead]: ...
+
+
+class KazooReader:
+    """`ZnodeReader` over a kazoo client (planning, tests, and anywhere a client is at hand)."""
+
+    def __init__(self, client: KazooClient) -> None:
+        self.client = client
+
+    def get_many(self, paths: Iterable[str], window: int = DEFAULT_WINDOW) -> Iterator[ZnodeRead]:
+        return get_many(self.client, paths, window)
+
+    def children_many(self, paths: Iterable[str], window: int = DEFAULT_WINDOW) -> Iterator[ChildrenRead]:
+        return children_many(self.client, paths, window)

@@ -1,0 +1,206 @@
+"""Schemas of the Delta tables, in one place.
+
+Times read from metadata stay milliseconds since the epoch (`*_ms`, as BookKeeper and Pulsar
+store them); `captured_at` is when the run read them. Every row carries its `run_id`.
+Ledger passwords and offload driver credentials are never columns (safety invariant 8).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    DataType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+S, L, INT, B, BIN, TS = StringType(), LongType(), IntegerType(), BooleanType(), BinaryType(), TimestampType()
+
+
+def _schema(*fields: tuple[str, DataType] | tuple[str, DataType, bool]) -> StructType:
+    out = []
+    for spec in fields:
+        name, dtype = spec[0], spec[1]
+        nullable = spec[2] if len(spec) == 3 else True
+        out.append(StructField(name, dtype, nullable))
+    return StructType(out)
+
+
+RUN_COLUMNS: tuple[tuple[str, DataType, bool], ...] = (("run_id", S, False), ("captured_at", TS, False))
+
+BK_LEDGERS = _schema(
+    *RUN_COLUMNS,
+    ("ledger_id", L, False),
+    ("path", S, False),
+    ("tree", S),  # short | long | flat
+    ("zk_version", INT),
+    ("zk_ctime_ms", L),
+    ("zk_mtime_ms", L),
+    ("format_version", INT),
+    ("state", S),
+    ("ensemble_size", INT),
+    ("write_quorum", INT),
+    ("ack_quorum", INT),
+    ("last_entry_id", L),
+    ("length", L),
+    ("metadata_ctime_ms", L),
+    ("created_ms", L),  # metadata ctime when present, else the znode's ctime
+    ("created_source", S),  # metadata | znode
+    ("digest_type", S),
+    ("segments", INT),
+    ("bookies", ArrayType(S)),
+    ("custom_metadata", MapType(S, S)),
+    ("custom_metadata_binary", MapType(S, BIN)),  # values that are not UTF-8 (e.g. pulsar/compactedTo)
+    ("is_pulsar", B),
+    ("component", S),
+    ("managed_ledger", S),
+    ("cursor", S),
+    ("schema_id", S),
+    ("compacted_topic", S),
+    ("bucket_key", S),
+    ("bucket_topic", S),
+    ("bucket_cursor", S),
+)
+
+MANAGED_LEDGERS = _schema(
+    *RUN_COLUMNS,
+    ("managed_ledger", S, False),
+    ("tenant", S),
+    ("namespace", S),
+    ("topic", S),  # decoded local name
+    ("topic_name", S),  # persistent://tenant/namespace/topic
+    ("path", S),
+    ("zk_version", INT),
+    ("zk_ctime_ms", L),
+    ("zk_mtime_ms", L),
+    ("compression", S),
+    ("ledger_count", INT),
+    ("cursor_count", INT),
+    ("properties", MapType(S, S)),
+    ("terminated", B),
+    ("shadow_source", S),
+)
+
+ML_LEDGERS = _schema(
+    *RUN_COLUMNS,
+    ("managed_ledger", S, False),
+    ("tenant", S),
+    ("namespace", S),
+    ("topic", S),
+    ("ledger_id", L, False),
+    ("position", INT),
+    ("is_current", B),
+    ("entries", L),
+    ("size", L),
+    ("timestamp_ms", L),
+    ("offloaded", B),
+    ("offload_complete", B),
+    ("offload_bookkeeper_deleted", B),
+    ("offload_uuid", S),
+    ("offload_timestamp_ms", L),
+    ("offload_driver", S),
+    ("offload_bucket", S),
+    ("offload_region", S),
+    ("offload_endpoint", S),
+)
+
+ML_CURSORS = _schema(
+    *RUN_COLUMNS,
+    ("managed_ledger", S, False),
+    ("tenant", S),
+    ("namespace", S),
+    ("topic", S),
+    ("cursor", S, False),  # decoded name
+    ("cursor_znode", S),  # URL-encoded, as in ZooKeeper and in ledger custom metadata
+    ("path", S),
+    ("zk_version", INT),
+    ("zk_mtime_ms", L),
+    ("cursors_ledger_id", L),  # -1: state kept in ZooKeeper, no cursor ledger
+    ("mark_delete_ledger_id", L),
+    ("mark_delete_entry_id", L),
+    ("properties", MapType(S, L)),
+    ("cursor_properties", MapType(S, S)),
+)
+
+# References found in cursor state: delayed-delivery bucket snapshots and compacted ledgers.
+CURSOR_LEDGER_REFS = _schema(
+    *RUN_COLUMNS,
+    ("managed_ledger", S, False),
+    ("topic_name", S),
+    ("cursor", S),
+    ("kind", S, False),  # delayed_bucket | compacted_ledger | compacted_ledger_unreadable
+    ("ref_key", S),
+    ("ledger_id", L),  # null for compacted_ledger_unreadable
+)
+
+SCHEMA_LEDGERS = _schema(
+    *RUN_COLUMNS,
+    ("schema_id", S, False),
+    ("path", S),
+    ("zk_version", INT),
+    ("version", L),
+    ("ledger_id", L, False),
+    ("entry_id", L),
+    ("is_latest", B),
+)
+
+QUARANTINE = _schema(
+    *RUN_COLUMNS,
+    ("source", S, False),  # bookkeeper | managed_ledger | cursor | schema | layout
+    ("path", S, False),
+    ("ledger_id", L),
+    ("owner", S),  # managed ledger or schema id the znode belongs to, when known from its path
+    ("error_kind", S, False),
+    ("error", S, False),
+    ("zk_version", INT),
+    ("raw", BIN),  # the bytes as read, so nothing is lost
+)
+
+RUNS = _schema(
+    ("run_id", S, False),
+    ("stage", S, False),
+    ("status", S, False),  # succeeded | failed
+    ("started_at", TS, False),
+    ("finished_at", TS, False),
+    ("duration_s", DoubleType()),
+    ("counts", MapType(S, L)),
+    ("config_hash", S),
+    ("engine", S),
+    ("message", S),
+)
+
+SNAPSHOT_TABLES: dict[str, StructType] = {
+    "bk_ledgers": BK_LEDGERS,
+    "managed_ledgers": MANAGED_LEDGERS,
+    "ml_ledgers": ML_LEDGERS,
+    "ml_cursors": ML_CURSORS,
+    "cursor_ledger_refs": CURSOR_LEDGER_REFS,
+    "schema_ledgers": SCHEMA_LEDGERS,
+    "quarantine": QUARANTINE,
+}
+
+ALL_TABLES: dict[str, StructType] = {**SNAPSHOT_TABLES, "runs": RUNS}
+
+
+def union_schema(tables: dict[str, StructType], tag: str = "record_type") -> StructType:
+    """One wide schema holding rows of several tables, told apart by `tag`.
+
+    A scan task reads each znode once and emits rows for several tables; the wide schema lets
+    one Spark stage carry them all, to be split by `tag` afterwards.
+    """
+    fields: dict[str, StructField] = {}
+    for table, schema in tables.items():
+        for f in schema.fields:
+            known = fields.get(f.name)
+            if known is not None and known.dataType != f.dataType:
+                raise TypeError(f"column {f.name} has two types ({table}): {known.dataType} vs {f.dataType}")
+            fields[f.name] = StructField(f.name, f.dataType, True)
+    return StructType([StructField(tag, S, False), *fields.values()])
