@@ -1,0 +1,72 @@
+"""Each safety rule has a test that fails when the rule is removed or weakened."""
+
+from __future__ import annotations
+
+import pytest
+
+from sweeper.safety import (
+    DAY_MS,
+    HOUR_MS,
+    CircuitBreaker,
+    GracePeriod,
+    SafetyConfigError,
+    Scope,
+    ledger_age_ms,
+    offload_in_flight,
+)
+
+NOW = 1_800_000_000_000
+
+
+def test_grace_period_defaults_to_seven_days() -> None:
+    grace = GracePeriod()
+    assert not grace.is_old_enough(NOW - 7 * DAY_MS + 1, NOW)
+    assert grace.is_old_enough(NOW - 7 * DAY_MS, NOW)
+
+
+@pytest.mark.parametrize("created", [None, 0, -1])
+def test_unknown_age_is_never_old_enough(created: int | None) -> None:
+    assert not GracePeriod.of(DAY_MS).is_old_enough(created, NOW)
+
+
+def test_grace_period_floor_needs_force() -> None:
+    with pytest.raises(SafetyConfigError, match="24h floor"):
+        GracePeriod.of(23 * HOUR_MS)
+    assert GracePeriod.of(HOUR_MS, force=True).is_old_enough(NOW - 2 * HOUR_MS, NOW)
+    with pytest.raises(SafetyConfigError):
+        GracePeriod.of(-1, force=True)
+
+
+def test_age_prefers_metadata_ctime_then_znode() -> None:
+    assert ledger_age_ms(NOW - 5 * DAY_MS, NOW - HOUR_MS, NOW) == 5 * DAY_MS
+    assert ledger_age_ms(None, NOW - HOUR_MS, NOW) == HOUR_MS
+    assert ledger_age_ms(-1, NOW - HOUR_MS, NOW) == HOUR_MS  # BookKeeper writes -1 for "not set"
+    assert ledger_age_ms(None, None, NOW) is None
+
+
+def test_incomplete_recent_offload_is_in_flight() -> None:
+    grace = GracePeriod()
+    assert offload_in_flight(False, NOW - HOUR_MS, NOW, grace)
+    assert offload_in_flight(False, None, NOW, grace)  # no timestamp: cannot tell, so assume in flight
+    assert not offload_in_flight(False, NOW - 30 * DAY_MS, NOW, grace)
+    assert not offload_in_flight(True, NOW - HOUR_MS, NOW, grace)
+
+
+def test_circuit_breaker() -> None:
+    breaker = CircuitBreaker(0.10)
+    assert breaker.tripped(10, 100) is None
+    assert "circuit breaker" in (breaker.tripped(11, 100) or "")
+    assert breaker.tripped(0, 0) is None
+    assert breaker.tripped(1, 0) is not None
+    with pytest.raises(SafetyConfigError):
+        CircuitBreaker(0)
+
+
+def test_scope_allow_and_deny() -> None:
+    scope = Scope(allow=("tenant-*",), deny=("tenant-1/critical", "tenant-9"))
+    assert scope.permits("tenant-1", "ns")
+    assert not scope.permits("tenant-1", "critical")
+    assert not scope.permits("tenant-9", "anything")
+    assert not scope.permits("other", "ns")
+    assert not scope.permits(None, None)  # unknown owner is out of a restricted scope
+    assert Scope().permits(None, None)
