@@ -44,7 +44,8 @@ class SparkConfig:
 
 @dataclass(frozen=True)
 class ScanConfig:
-    window: int = 1000  # ZooKeeper requests in flight per task
+    window: int = 2000  # ZooKeeper reads in flight per task
+    multi_read: int = 100  # reads per request (multiRead, ZooKeeper >= 3.6); 1 for older servers
     chunk: int = 2000  # managed ledgers / schemas per scan unit
 
 
@@ -119,8 +120,8 @@ def validate(config: SweeperConfig) -> None:
     ):
         if not path.startswith("/") or path == "/":
             raise ConfigError(f"[{section}] {key} must be an absolute znode path other than '/', got {path!r}")
-    if config.scan.window < 1 or config.scan.chunk < 1:
-        raise ConfigError("[scan] window and chunk must be positive")
+    if config.scan.window < 1 or config.scan.chunk < 1 or config.scan.multi_read < 1:
+        raise ConfigError("[scan] window, chunk and multi_read must be positive")
     if config.spark.scan_partitions < 0:
         raise ConfigError("[spark] scan_partitions must be >= 0")
 

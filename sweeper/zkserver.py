@@ -112,7 +112,7 @@ def start_zookeeper(
         [
             _java(),
             f"-Xmx{heap}",
-            "-Dzookeeper.jute.maxbuffer=16777216",
+            "-Djute.maxbuffer=16777216",
             "-cp",
             f"{ZOOKEEPER_JAR}:/etc/zookeeper/conf",
             SERVER_MAIN,

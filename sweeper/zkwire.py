@@ -1,0 +1,473 @@
+"""A small read-only ZooKeeper client that pipelines reads over one socket, speaking jute directly.
+
+Why not kazoo: a pipelined kazoo scan spends most of its time in per-request Python machinery
+(an AsyncResult, a lock, a queue hand-off to its I/O thread and back). Here a request is a few
+bytes appended to a batch and a reply is parsed in place from a receive buffer, so the scan is
+bounded by the server rather than by the client.
+
+Scope is deliberately narrow: getData and getChildren, no watches, no auth, no reconnects. A lost
+connection or an expired session ends the scan with `ZooKeeperUnavailableError`; the caller
+retries the whole task, as it would with kazoo.
+
+Even pipelined, one read per request leaves the server as the bottleneck: ZooKeeper's NIO server
+hands each request through several threads. With `multi_read=N` (ZooKeeper >= 3.6) reads travel
+N to a multiRead request instead; results and per-read errors are the same, at many times the rate.
+
+Wire format (zookeeper.jute; kazoo/protocol/serialization.py agrees): every frame is an int32
+length followed by the record. Requests are RequestHeader(xid int, type int) + body; replies are
+ReplyHeader(xid int, zxid long, err int) + body, the body only present when err == 0. All
+integers are big-endian; strings and buffers are int32 length (-1 = null) + bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import socket
+import struct
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from types import TracebackType
+from typing import TypeVar
+
+from kazoo.exceptions import EXCEPTIONS
+from kazoo.hosts import collect_hosts
+from kazoo.protocol.paths import normpath
+from kazoo.protocol.states import ZnodeStat
+
+from sweeper.zk import ChildrenRead, ZnodeRead, ZooKeeperUnavailableError
+
+__all__ = ["WireReader", "ZooKeeperWireError"]
+
+DEFAULT_WINDOW = 2000
+
+# Opcodes (ZooDefs.OpCode) and the special xids (ClientCnxn).
+_OP_GET_DATA = 4
+_OP_GET_CHILDREN = 8
+_OP_PING = 11
+_OP_CLOSE = -11
+_OP_MULTI_READ = 22
+_OP_ERROR = -1  # the op type of an ErrorResult inside a MultiResponse
+_PING_XID = -2
+_MAX_XID = 2**31 - 1
+
+_UNIMPLEMENTED = -6
+_NO_NODE = -101
+
+_INT = struct.Struct("!i")
+_REPLY_HEADER = struct.Struct("!iqi")  # xid, zxid, err
+# Stat: czxid, mzxid, ctime, mtime, version, cversion, aversion, ephemeralOwner, dataLength,
+# numChildren, pzxid - the field order of kazoo's ZnodeStat.
+_STAT = struct.Struct("!qqqqiiiqiiq")
+# A read request up to the path bytes: frame length, xid, opcode, path length.
+_READ_REQUEST_HEAD = struct.Struct("!iiii")
+# ConnectRequest: protocolVersion int, lastZxidSeen long, timeOut int, sessionId long, then
+# passwd buffer (16 zero bytes for a new session) and readOnly bool.
+_CONNECT_REQUEST = struct.Struct("!iqiqi16s?")
+# ConnectResponse up to its passwd buffer: protocolVersion int, timeOut int, sessionId long.
+_CONNECT_RESPONSE_HEAD = struct.Struct("!iiq")
+# One op of a multiRead: MultiHeader(type int, done bool, err int) + path length (path, watch follow).
+_MULTI_OP = struct.Struct("!iBii")
+_MULTI_HEADER = struct.Struct("!iBi")
+_MULTI_END = _MULTI_HEADER.pack(-1, True, -1)
+_PING_FRAME = struct.pack("!iii", 8, _PING_XID, _OP_PING)
+_FALSE = b"\x00"
+
+_RECV_BUFFER = 1 << 20
+# Every reply is at least its length prefix and ReplyHeader, so for n replies owed at least
+# n * _MIN_REPLY bytes are still to come: a safe receive low-water mark (capped).
+_MIN_REPLY = 4 + _REPLY_HEADER.size
+_MAX_LOWAT = 256 << 10
+# Compact the receive buffer when fewer free bytes than this remain at its tail, so each
+# recv_into gets a large window rather than dribbling in small reads.
+_MIN_RECV = 64 << 10
+
+# ZnodeStat from an unpacked tuple without ZnodeStat(*fields)'s re-packing: it is on the hot path.
+_new_stat = functools.partial(tuple.__new__, ZnodeStat)
+
+T = TypeVar("T")
+# Parses one result at a body offset in the receive buffer: (result, offset after it).
+Parser = Callable[[str, int, int], tuple[T, int]]
+
+
+class ZooKeeperWireError(Exception):
+    """A per-request error code from the server, reported on the read it belongs to."""
+
+    def __init__(self, code: int, path: str) -> None:
+        # kazoo's names (NoAuthError, ...) read better than bare codes; its table raises on unknown ones.
+        name = EXCEPTIONS[code].__name__ if code in EXCEPTIONS else "ZooKeeper error"
+        super().__init__(f"{name} (code {code}) reading {path!r}")
+        self.code = code
+        self.path = path
+
+
+class WireReader:
+    """Pipelined getData/getChildren on one ZooKeeper session; a context manager.
+
+    `hosts` is a kazoo-style connect string, `h1:p1,h2:p2/chroot`: the first host that completes
+    the handshake wins, and paths are read relative to the chroot. One `get_many` or
+    `children_many` iteration at a time: starting a new one abandons (and drains) the previous.
+
+    `multi_read`: reads per request. Above 1 they go as multiRead requests, which needs
+    ZooKeeper >= 3.6; each reply then holds that many results, so keep it modest where znodes or
+    listings are large.
+    """
+
+    def __init__(self, hosts: str, timeout: float = 15.0, multi_read: int = 1) -> None:
+        if multi_read < 1:
+            raise ValueError(f"multi_read must be >= 1, got {multi_read}")
+        self.hosts = hosts
+        self.multi_read = multi_read
+        addresses, chroot = collect_hosts(hosts)
+        self._chroot = normpath(chroot).rstrip("/") if chroot else ""
+        self._sock, self.session_timeout, self.session_id = _handshake(hosts, addresses, timeout)
+        # Receive state: buffered bytes are self._buf[self._head:self._tail].
+        self._buf = bytearray(_RECV_BUFFER)
+        self._view = memoryview(self._buf)
+        self._head = 0
+        self._tail = 0
+        self._xid = 0
+        self._outstanding = 0  # requests sent whose replies are not read yet
+        self._lowat = 1 if hasattr(socket, "SO_RCVLOWAT") else 0  # current SO_RCVLOWAT; 0: unused
+        self._iteration = 0  # bumped per get_many/children_many so a superseded one fails loudly
+        self._failure: ZooKeeperUnavailableError | None = None  # why the connection is unusable
+        self._released = False  # close() has run
+        # Keepalive: the server expires a session that sends nothing for its timeout, and a slow
+        # consumer of our iterators sends nothing. A third of the timeout, as ZooKeeper's clients do.
+        self._send_lock = threading.Lock()
+        self._last_send = time.monotonic()
+        self._ping_interval = self.session_timeout / 3.0
+        self._stop = threading.Event()
+        # The thread holds only a weak reference, so a reader dropped without close() is not kept
+        # alive (and its session pinged) forever.
+        self._pinger = threading.Thread(
+            target=_keepalive, args=(weakref.ref(self), self._stop), name="zkwire-ping", daemon=True
+        )
+        self._pinger.start()
+
+    def __enter__(self) -> WireReader:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # Reads -----------------------------------------------------------------------------------
+
+    def get_many(
+        self, paths: Iterable[str], window: int = DEFAULT_WINDOW, multi_read: int | None = None
+    ) -> Iterator[ZnodeRead]:
+        """Data and stat of each path, in input order, with up to `window` requests in flight.
+
+        `multi_read` overrides the reader's reads-per-request for this call.
+        """
+        self._check_usable(window)
+        return self._pipeline(paths, window, _OP_GET_DATA, self._get_data_reply, multi_read or self.multi_read)
+
+    def children_many(
+        self, paths: Iterable[str], window: int = DEFAULT_WINDOW, multi_read: int | None = None
+    ) -> Iterator[ChildrenRead]:
+        """Sorted child names of each path, in input order, with up to `window` requests in flight."""
+        self._check_usable(window)
+        return self._pipeline(paths, window, _OP_GET_CHILDREN, self._children_reply, multi_read or self.multi_read)
+
+    def _check_usable(self, window: int) -> None:
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        if self._failure is not None:
+            raise self._failure
+
+    def _get_data_reply(self, path: str, err: int, offset: int) -> tuple[ZnodeRead, int]:
+        if err:
+            return ZnodeRead(path, None, None, None if err == _NO_NODE else ZooKeeperWireError(err, path)), offset
+        buf = self._buf
+        (length,) = _INT.unpack_from(buf, offset)
+        offset += 4
+        if length < 0:  # created with null data
+            data = None
+        else:
+            data = bytes(self._view[offset : offset + length])
+            offset += length
+        return ZnodeRead(path, data, _new_stat(_STAT.unpack_from(buf, offset))), offset + _STAT.size
+
+    def _children_reply(self, path: str, err: int, offset: int) -> tuple[ChildrenRead, int]:
+        if err:
+            return ChildrenRead(path, None, None if err == _NO_NODE else ZooKeeperWireError(err, path)), offset
+        buf, view, unpack = self._buf, self._view, _INT.unpack_from
+        (count,) = unpack(buf, offset)
+        offset += 4
+        children = []
+        for _ in range(count):  # a null vector (-1) reads as no children
+            (length,) = unpack(buf, offset)
+            offset += 4
+            children.append(str(view[offset : offset + length], "utf-8"))
+            offset += length
+        children.sort()
+        return ChildrenRead(path, children), offset
+
+    def _pipeline(
+        self, paths: Iterable[str], window: int, opcode: int, parse: Parser[T], per_request: int
+    ) -> Iterator[T]:
+        # Replies still owed to an abandoned iteration come first on the wire: discard them.
+        while self._outstanding:
+            self._read_reply()
+        self._iteration += 1
+        iteration = self._iteration
+        source = iter(paths)
+        in_flight: deque[tuple[int, str | list[str]]] = deque()  # (xid, path or multiRead paths)
+        pending = 0  # reads in flight
+        exhausted = False
+        # Refill once half the window has drained, so each sendall carries a sizeable batch.
+        refill_at = window // 2
+        while True:
+            if self._iteration != iteration:  # checked before sending, so we never interleave with it
+                raise RuntimeError("this WireReader iteration was superseded by a newer get_many/children_many")
+            if not exhausted and pending <= refill_at:
+                sent, exhausted = self._send_reads(source, window - pending, opcode, in_flight, per_request)
+                pending += sent
+            if not in_flight:
+                return
+            xid, err, offset, end = self._read_reply()
+            expected, request = in_flight.popleft()
+            if xid != expected:
+                raise self._fail(f"replied out of order (xid {xid}, expected {expected})")
+            if isinstance(request, str):
+                pending -= 1
+                yield parse(request, err, offset)[0]
+            else:
+                pending -= len(request)
+                # All parsed before the first yield: a read by the next iteration may move the buffer.
+                yield from self._multi_results(request, err, offset, end, opcode, parse)
+
+    def _multi_results(
+        self, paths: list[str], err: int, offset: int, end: int, opcode: int, parse: Parser[T]
+    ) -> list[T]:
+        """Split a MultiResponse: per op a MultiHeader, then its result or an ErrorResult(err)."""
+        if err == _UNIMPLEMENTED:  # and the server hangs up: a setting to fix, not a per-read error
+            raise self._fail("does not support multiRead (needs ZooKeeper >= 3.6): use multi_read=1")
+        if err:  # the whole request failed: each of its reads reports it
+            return [parse(path, err, offset)[0] for path in paths]
+        buf = self._buf
+        results = []
+        for path in paths:
+            if offset + _MULTI_HEADER.size > end:
+                raise self._fail(f"sent a truncated multiRead reply (at {path!r})")
+            op, _, _ = _MULTI_HEADER.unpack_from(buf, offset)
+            offset += _MULTI_HEADER.size
+            if op == _OP_ERROR:
+                (code,) = _INT.unpack_from(buf, offset)
+                offset += 4
+                results.append(parse(path, code, offset)[0])
+            elif op == opcode:
+                result, offset = parse(path, 0, offset)
+                results.append(result)
+            else:
+                raise self._fail(f"sent a malformed multiRead reply (op {op} for {path!r})")
+        return results
+
+    def _send_reads(
+        self,
+        source: Iterator[str],
+        count: int,
+        opcode: int,
+        in_flight: deque[tuple[int, str | list[str]]],
+        per_request: int,
+    ) -> tuple[int, bool]:
+        """Send up to `count` more reads in one write: (reads sent, whether `source` is exhausted)."""
+        paths = list(itertools.islice(source, count))
+        for path in paths:  # all checked before anything is sent
+            if path[:1] != "/":  # under a chroot, "x" would silently read the sibling "/chrootx"
+                raise ValueError(f"znode paths must be absolute, got {path!r}")
+        chroot = self._chroot
+        raws = [(chroot + path if path != "/" or not chroot else chroot).encode() for path in paths]
+        frames: list[bytes] = []
+        requests: list[tuple[int, str | list[str]]] = []
+        xid = self._xid
+        if per_request == 1:
+            pack = _READ_REQUEST_HEAD.pack
+            for path, raw in zip(paths, raws, strict=True):
+                xid = xid + 1 if xid < _MAX_XID else 1
+                # frame length = xid + opcode + path length + path + watch flag
+                frames += (pack(13 + len(raw), xid, opcode, len(raw)), raw, _FALSE)
+                requests.append((xid, path))
+        else:
+            for start in range(0, len(paths), per_request):
+                xid = xid + 1 if xid < _MAX_XID else 1
+                frames.append(_multi_read_frame(xid, opcode, raws[start : start + per_request]))
+                requests.append((xid, paths[start : start + per_request]))
+        if requests:
+            self._send(b"".join(frames))
+            self._xid = xid
+            self._outstanding += len(requests)
+            in_flight.extend(requests)
+        return len(paths), len(paths) < count
+
+    # Wire ------------------------------------------------------------------------------------
+
+    def _send(self, frame: bytes) -> None:
+        with self._send_lock:
+            try:
+                self._sock.sendall(frame)
+            except OSError as exc:
+                raise self._fail(f"lost: {exc}") from exc
+            self._last_send = time.monotonic()
+
+    def _read_reply(self) -> tuple[int, int, int, int]:
+        """(xid, err, body start, body end) in self._buf of the next reply to a request of ours."""
+        while True:
+            start, end = self._read_frame()
+            xid, _, err = _REPLY_HEADER.unpack_from(self._buf, start)
+            if xid < 0:  # our xids are positive: -2 is a ping reply, -1 a watch event (we set none)
+                continue
+            self._outstanding -= 1
+            return xid, err, start + _REPLY_HEADER.size, end
+
+    def _read_frame(self) -> tuple[int, int]:
+        """Bounds (start, end) in self._buf of the next frame's payload; valid until the next read."""
+        if self._tail - self._head < 4:
+            self._fill(4)
+        (length,) = _INT.unpack_from(self._buf, self._head)
+        if self._tail - self._head < 4 + length:
+            self._fill(4 + length)
+        start = self._head + 4
+        self._head = start + length
+        return start, self._head
+
+    def _fill(self, need: int) -> None:
+        """Receive until at least `need` bytes are buffered from self._head on."""
+        buffered = self._tail - self._head
+        if len(self._buf) < need:  # a reply bigger than the buffer (a huge znode or listing)
+            grown = bytearray(max(need, 2 * len(self._buf)))
+            grown[:buffered] = self._view[self._head : self._tail]
+            self._view.release()
+            self._buf, self._view = grown, memoryview(grown)
+            self._head, self._tail = 0, buffered
+        elif len(self._buf) - self._head < need or len(self._buf) - self._tail < _MIN_RECV:
+            self._buf[:buffered] = self._buf[self._head : self._tail]
+            self._head, self._tail = 0, buffered
+        while self._tail - self._head < need:
+            if self._lowat:
+                self._set_lowat(_MIN_REPLY * self._outstanding - (self._tail - self._head))
+            try:
+                received = self._sock.recv_into(self._view[self._tail :])
+            except OSError as exc:
+                raise self._fail(f"lost: {exc}") from exc
+            if not received:
+                raise self._fail("closed by the server (session expired?)")
+            self._tail += received
+
+    def _set_lowat(self, owed: int) -> None:
+        """Have recv wake us only once `owed` bytes, known to be on their way, can be returned.
+
+        The server writes replies one by one; waking per reply costs more client CPU than parsing
+        it, and on a small machine that CPU is taken from the server. Recomputed before every
+        recv: a stale, larger mark could wait for bytes that never come.
+        """
+        lowat = max(1, min(owed, len(self._buf) - self._tail, _MAX_LOWAT))
+        if lowat == self._lowat:
+            return
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, lowat)
+            self._lowat = lowat
+        except OSError:
+            self._lowat = 0  # not supported here: plain wakeups are still correct
+
+    def _fail(self, what: str) -> ZooKeeperUnavailableError:
+        """Mark the connection unusable (the socket is released by close()); the error to raise."""
+        if self._failure is None:
+            self._failure = ZooKeeperUnavailableError(f"connection to ZooKeeper at {self.hosts!r} {what}")
+        self._stop.set()
+        return self._failure
+
+    def close(self) -> None:
+        """End the session, so the server forgets it now rather than after its timeout."""
+        if self._released:
+            return
+        self._released = True
+        self._stop.set()
+        self._pinger.join()  # no ping may race the close request
+        healthy = self._failure is None
+        self._failure = ZooKeeperUnavailableError(f"WireReader for {self.hosts!r} is closed")
+        if healthy:
+            try:
+                self._xid = self._xid + 1 if self._xid < _MAX_XID else 1
+                self._send(struct.pack("!iii", 8, self._xid, _OP_CLOSE))
+                # Wait for the close reply (or EOF) so the server has the request before we hang up.
+                self._sock.settimeout(min(2.0, self.session_timeout))
+                while self._read_reply()[0] != self._xid:
+                    pass
+            except (OSError, ZooKeeperUnavailableError):
+                pass
+        self._sock.close()
+
+
+def _multi_read_frame(xid: int, opcode: int, raw_paths: list[bytes]) -> bytes:
+    """A multiRead request: MultiHeader + read request per op, then the done marker."""
+    pack = _MULTI_OP.pack
+    ops = b"".join(b"".join((pack(opcode, False, -1, len(raw)), raw, _FALSE)) for raw in raw_paths)
+    body = ops + _MULTI_END
+    return struct.pack("!iii", 8 + len(body), xid, _OP_MULTI_READ) + body
+
+
+def _keepalive(ref: weakref.ref[WireReader], stop: threading.Event) -> None:
+    """Ping whenever the session has sent nothing for a third of its timeout."""
+    while True:
+        reader = ref()
+        if reader is None:
+            return
+        wait = reader._ping_interval - (time.monotonic() - reader._last_send)
+        if wait <= 0:
+            try:
+                reader._send(_PING_FRAME)
+            except ZooKeeperUnavailableError:
+                return  # the reading side reports the lost connection
+            continue
+        del reader  # don't hold it while asleep
+        if stop.wait(wait):
+            return
+
+
+def _handshake(hosts: str, addresses: list[tuple[str, int]], timeout: float) -> tuple[socket.socket, float, int]:
+    """Socket, negotiated session timeout (s) and session id from the first host that answers."""
+    per_host = timeout / max(1, len(addresses))  # like kazoo: the whole attempt stays within timeout
+    errors = []
+    for host, port in addresses:
+        try:
+            sock = socket.create_connection((host, port), timeout=per_host)
+        except OSError as exc:
+            errors.append(f"{host}:{port}: {exc}")
+            continue
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            body = _CONNECT_REQUEST.pack(0, 0, int(timeout * 1000), 0, 16, bytes(16), False)
+            sock.sendall(_INT.pack(len(body)) + body)
+            (length,) = _INT.unpack(_recv_exactly(sock, 4))
+            _, negotiated_ms, session_id = _CONNECT_RESPONSE_HEAD.unpack_from(_recv_exactly(sock, length))
+            if negotiated_ms <= 0:
+                raise ConnectionError("server refused the session")
+        except (OSError, struct.error) as exc:
+            sock.close()
+            errors.append(f"{host}:{port}: handshake failed: {exc}")
+            continue
+        negotiated = negotiated_ms / 1000.0
+        # From here a silent server means a dead session: give up after one session timeout.
+        sock.settimeout(negotiated)
+        return sock, negotiated, session_id
+    raise ZooKeeperUnavailableError(
+        f"cannot connect to ZooKeeper at {hosts!r} within {timeout:.0f}s: is the server up and the "
+        f"connect string right? ({'; '.join(errors)})"
+    )
+
+
+def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+    chunks = bytearray()
+    while len(chunks) < size:
+        chunk = sock.recv(size - len(chunks))
+        if not chunk:
+            raise ConnectionError("connection closed during the handshake")
+        chunks += chunk
+    return bytes(chunks)
