@@ -1,0 +1,231 @@
+"""BookKeeper ledger-metadata znodes: formats v1, v2 and v3, decoded and encoded.
+
+Every znode starts with `BookieMetadataFormatVersion\\t<n>\\n`. Then:
+- v3 (default since BookKeeper 4.9): a varint32 length, then binary `LedgerMetadataFormat`;
+- v2: the same message in protobuf text format;
+- v1: lines `quorum`, `ensemble`, `length`, one line per segment (`firstEntryId\\tbookie...`),
+  and, once closed, `lastEntryId\\tCLOSED` (`-102\\tCLOSED` meaning in recovery).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from google.protobuf import text_format
+from google.protobuf.internal.decoder import _DecodeVarint32  # type: ignore[attr-defined]
+from google.protobuf.internal.encoder import _VarintBytes  # type: ignore[attr-defined]
+from google.protobuf.message import DecodeError
+
+from sweeper._proto import bookkeeper_metadata_pb2 as pb
+from sweeper.codecs.errors import MetadataDecodeError
+
+HEADER_PREFIX = b"BookieMetadataFormatVersion\t"
+SUPPORTED_VERSIONS = (1, 2, 3)
+V1_IN_RECOVERY = -102
+V1_CLOSED = "CLOSED"
+INVALID_ENTRY_ID = -1
+COMPACTED_TO = "pulsar/compactedTo"  # the one Pulsar value that is binary, not text
+
+_STATE_NAMES = {v: k for k, v in pb.LedgerMetadataFormat.State.items()}
+_DIGEST_NAMES = {v: k for k, v in pb.LedgerMetadataFormat.DigestType.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    first_entry_id: int
+    ensemble: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerMetadata:
+    format_version: int
+    ensemble_size: int
+    write_quorum_size: int
+    ack_quorum_size: int  # the write quorum when absent, as BookKeeper reads it
+    state: str  # OPEN | IN_RECOVERY | CLOSED
+    last_entry_id: int
+    length: int
+    segments: tuple[Segment, ...]
+    digest_type: str | None
+    password: bytes | None
+    ctime: int | None  # ms since the epoch; None when absent
+    ctoken: int | None
+    custom_metadata: dict[str, bytes] = field(default_factory=dict)
+
+
+def _split_header(data: bytes) -> tuple[int, bytes]:
+    if not data.startswith(HEADER_PREFIX):
+        raise MetadataDecodeError(f"not BookKeeper ledger metadata: starts with {data[:32]!r}", kind="bad_header")
+    end = data.find(b"\n", len(HEADER_PREFIX))
+    if end < 0:
+        raise MetadataDecodeError("format-version header has no end of line", kind="truncated")
+    raw_version = data[len(HEADER_PREFIX) : end]
+    if not raw_version.isdigit():
+        raise MetadataDecodeError(f"format version is not a number: {raw_version[:16]!r}", kind="bad_header")
+    version = int(raw_version)
+    if version not in SUPPORTED_VERSIONS:
+        raise MetadataDecodeError(
+            f"unknown ledger metadata format version {version} (known: 1, 2, 3)", kind="unknown_format_version"
+        )
+    return version, data[end + 1 :]
+
+
+def _from_message(msg: pb.LedgerMetadataFormat, version: int) -> LedgerMetadata:
+    return LedgerMetadata(
+        format_version=version,
+        ensemble_size=msg.ensembleSize,
+        write_quorum_size=msg.quorumSize,
+        ack_quorum_size=msg.ackQuorumSize if msg.HasField("ackQuorumSize") else msg.quorumSize,
+        state=_STATE_NAMES[msg.state],
+        last_entry_id=msg.lastEntryId if msg.HasField("lastEntryId") else INVALID_ENTRY_ID,
+        length=msg.length,
+        segments=tuple(Segment(s.firstEntryId, tuple(s.ensembleMember)) for s in msg.segment),
+        digest_type=_DIGEST_NAMES[msg.digestType] if msg.HasField("digestType") else None,
+        password=msg.password if msg.HasField("password") else None,
+        ctime=msg.ctime if msg.HasField("ctime") else None,
+        ctoken=msg.cToken if msg.HasField("cToken") else None,
+        custom_metadata={e.key: e.value for e in msg.customMetadata},
+    )
+
+
+def _decode_v3(body: bytes) -> pb.LedgerMetadataFormat:
+    try:
+        size, pos = _DecodeVarint32(body, 0)
+    except (DecodeError, IndexError) as exc:
+        raise MetadataDecodeError("v3 metadata has no valid length prefix", kind="truncated") from exc
+    if pos + size > len(body):
+        raise MetadataDecodeError(
+            f"v3 metadata truncated: length prefix says {size} bytes, {len(body) - pos} present", kind="truncated"
+        )
+    msg = pb.LedgerMetadataFormat()
+    try:
+        msg.ParseFromString(body[pos : pos + size])
+    except DecodeError as exc:
+        raise MetadataDecodeError(f"v3 metadata is not valid protobuf: {exc}", kind="invalid_protobuf") from exc
+    if not msg.IsInitialized():
+        missing = ", ".join(msg.FindInitializationErrors())
+        raise MetadataDecodeError(f"v3 metadata lacks required fields: {missing}", kind="invalid_protobuf")
+    return msg
+
+
+def _decode_v2(body: bytes) -> pb.LedgerMetadataFormat:
+    msg = pb.LedgerMetadataFormat()
+    try:
+        text_format.Parse(body.decode("utf-8"), msg)
+    except (text_format.ParseError, UnicodeDecodeError) as exc:
+        raise MetadataDecodeError(f"v2 metadata is not valid protobuf text: {exc}", kind="invalid_text") from exc
+    return msg
+
+
+def _decode_v1(body: bytes) -> LedgerMetadata:
+    try:
+        lines = body.decode("utf-8").split("\n")
+    except UnicodeDecodeError as exc:
+        raise MetadataDecodeError("v1 metadata is not text", kind="invalid_text") from exc
+    if len(lines) < 3:
+        raise MetadataDecodeError(f"v1 metadata has {len(lines)} lines, needs at least 3", kind="truncated")
+    try:
+        quorum, ensemble, length = int(lines[0]), int(lines[1]), int(lines[2])
+        segments: list[Segment] = []
+        state, last_entry_id = "OPEN", INVALID_ENTRY_ID
+        for line in lines[3:]:
+            if not line:
+                continue
+            parts = line.split("\t")
+            if len(parts) == 2 and parts[1] == V1_CLOSED:
+                marker = int(parts[0])
+                if marker == V1_IN_RECOVERY:
+                    state = "IN_RECOVERY"
+                else:
+                    state, last_entry_id = "CLOSED", marker
+            else:
+                segments.append(Segment(int(parts[0]), tuple(parts[1:])))
+    except ValueError as exc:
+        raise MetadataDecodeError(f"v1 metadata not understood: {exc}", kind="invalid_text") from exc
+    return LedgerMetadata(
+        format_version=1,
+        ensemble_size=ensemble,
+        write_quorum_size=quorum,
+        ack_quorum_size=quorum,
+        state=state,
+        last_entry_id=last_entry_id,
+        length=length,
+        segments=tuple(segments),
+        digest_type=None,
+        password=None,
+        ctime=None,
+        ctoken=None,
+        custom_metadata={},
+    )
+
+
+def decode_ledger_metadata(data: bytes) -> LedgerMetadata:
+    version, body = _split_header(data)
+    if version == 3:
+        return _from_message(_decode_v3(body), 3)
+    if version == 2:
+        msg = _decode_v2(body)
+        if not msg.IsInitialized():
+            missing = ", ".join(msg.FindInitializationErrors())
+            raise MetadataDecodeError(f"v2 metadata lacks required fields: {missing}", kind="invalid_text")
+        return _from_message(msg, 2)
+    return _decode_v1(body)
+
+
+def _to_message(md: LedgerMetadata) -> pb.LedgerMetadataFormat:
+    msg = pb.LedgerMetadataFormat(
+        quorumSize=md.write_quorum_size,
+        ensembleSize=md.ensemble_size,
+        length=md.length,
+        lastEntryId=md.last_entry_id,
+        state=pb.LedgerMetadataFormat.State.Value(md.state),
+        ackQuorumSize=md.ack_quorum_size,
+    )
+    for segment in md.segments:
+        msg.segment.add(ensembleMember=list(segment.ensemble), firstEntryId=segment.first_entry_id)
+    if md.digest_type is not None:
+        msg.digestType = pb.LedgerMetadataFormat.DigestType.Value(md.digest_type)
+    if md.password is not None:
+        msg.password = md.password
+    if md.ctime is not None:
+        msg.ctime = md.ctime
+    if md.ctoken is not None:
+        msg.cToken = md.ctoken
+    for key, value in md.custom_metadata.items():
+        msg.customMetadata.add(key=key, value=value)
+    return msg
+
+
+def _encode_v1(md: LedgerMetadata) -> bytes:
+    lines = [str(md.write_quorum_size), str(md.ensemble_size), str(md.length)]
+    lines += ["\t".join([str(s.first_entry_id), *s.ensemble]) for s in md.segments]
+    if md.state == "IN_RECOVERY":
+        lines.append(f"{V1_IN_RECOVERY}\t{V1_CLOSED}")
+    elif md.state == "CLOSED":
+        lines.append(f"{md.last_entry_id}\t{V1_CLOSED}")
+    return "\n".join(lines).encode()
+
+
+def encode_ledger_metadata(md: LedgerMetadata, format_version: int = 3) -> bytes:
+    header = HEADER_PREFIX + str(format_version).encode() + b"\n"
+    if format_version == 3:
+        payload = _to_message(md).SerializeToString()
+        return header + _VarintBytes(len(payload)) + payload
+    if format_version == 2:
+        return header + text_format.MessageToString(_to_message(md)).encode()
+    if format_version == 1:
+        return header + _encode_v1(md)
+    raise ValueError(f"cannot encode ledger metadata format version {format_version}")
+
+
+def pulsar_custom_metadata(md: LedgerMetadata) -> dict[str, str]:
+    """Custom metadata as text, without the binary `pulsar/compactedTo`; refuses non-UTF-8 values."""
+    out: dict[str, str] = {}
+    for key, value in md.custom_metadata.items():
+        if key == COMPACTED_TO:
+            continue
+        try:
+            out[key] = value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise MetadataDecodeError(f"custom metadata {key!r} is not UTF-8", kind="invalid_utf8") from exc
+    return out
