@@ -126,7 +126,7 @@ ML_CURSORS = _schema(
     ("cursors_ledger_id", L),  # -1: state kept in ZooKeeper, no cursor ledger
     ("mark_delete_ledger_id", L),
     ("mark_delete_entry_id", L),
-    ("properties", MapType(S, L)),
+    ("long_properties", MapType(S, L)),
     ("cursor_properties", MapType(S, S)),
 )
 
@@ -164,6 +164,44 @@ QUARANTINE = _schema(
     ("raw", BIN),  # the bytes as read, so nothing is lost
 )
 
+ORPHANS = _schema(
+    ("run_id", S, False),
+    ("captured_at", TS, False),
+    ("object_type", S, False),  # ledger | offload_object | missing_ledger
+    ("ledger_id", L),
+    ("status", S, False),  # candidate | young | out_of_scope | unknown | missing | in_flight
+    ("verdict", S, False),  # orphan | unknown | missing (sweeper.classify)
+    ("reason", S, False),
+    ("detail", S),
+    ("component", S),
+    ("tenant", S),
+    ("namespace", S),
+    ("topic", S),
+    ("managed_ledger", S),
+    ("cursor", S),
+    ("schema_id", S),
+    ("bucket_key", S),
+    ("size_bytes", L),
+    ("created_ms", L),
+    ("age_ms", L),
+    ("created_source", S),
+    ("zk_path", S),
+    ("zk_version", INT),
+)
+
+ORPHAN_REPORT = _schema(
+    ("run_id", S, False),
+    ("tenant", S),
+    ("namespace", S),
+    ("topic", S),
+    ("orphans", L),
+    ("reclaimable_bytes", L),
+    ("min_age_days", DoubleType()),
+    ("median_age_days", DoubleType()),
+    ("max_age_days", DoubleType()),
+    ("reasons", ArrayType(S)),
+)
+
 RUNS = _schema(
     ("run_id", S, False),
     ("stage", S, False),
@@ -187,7 +225,8 @@ SNAPSHOT_TABLES: dict[str, StructType] = {
     "quarantine": QUARANTINE,
 }
 
-ALL_TABLES: dict[str, StructType] = {**SNAPSHOT_TABLES, "runs": RUNS}
+ALL_TABLES: dict[str, StructType] = {**SNAPSHOT_TABLES, "orphans": ORPHANS, "orphan_report": ORPHAN_REPORT,
+                                     "runs": RUNS}
 
 
 def union_schema(tables: dict[str, StructType], tag: str = "record_type") -> StructType:

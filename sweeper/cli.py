@@ -1,0 +1,167 @@
+"""`sweeper` command line: sandbox management and the pipeline stages.
+
+Exit codes (for schedulers): 0 success, 1 unexpected error, 2 usage or configuration error,
+3 a stage refused to run (wrong root, unreachable server, failed gate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from sweeper import config as config_mod
+from sweeper.config import ConfigError, SweeperConfig
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
+DEFAULT_CONFIG = "conf/local.toml"
+
+
+def _load_config(args: argparse.Namespace) -> SweeperConfig:
+    path = args.config
+    if path is None and Path(DEFAULT_CONFIG).exists():
+        path = DEFAULT_CONFIG
+    cfg = config_mod.load(path)
+    overrides: dict[str, dict[str, object]] = {}
+    if getattr(args, "tables", None):
+        overrides["tables"] = {"root": args.tables}
+    if getattr(args, "zookeeper", None):
+        overrides["bookkeeper"] = {"zookeeper": args.zookeeper}
+    return cfg.replace(**overrides) if overrides else cfg
+
+
+def _print_counts(title: str, counts: dict[str, int]) -> None:
+    print(title)
+    width = max((len(k) for k in counts), default=0)
+    for key in sorted(counts):
+        print(f"  {key:<{width}}  {counts[key]:>12,}")
+
+
+def cmd_sandbox(args: argparse.Namespace) -> int:
+    from sweeper.layout import LedgerLayout
+    from sweeper.sandbox import SandboxSpec, sandbox_down, sandbox_up, seed_sandbox
+
+    home = Path(args.home)
+    if args.action == "up":
+        info = sandbox_up(home, port=args.port)
+        print(f"ZooKeeper sandbox serving on {info.connect_string} (pid {info.pid}, data {info.data_dir})")
+        return EXIT_OK
+    if args.action == "down":
+        stopped = sandbox_down(home, wipe=args.wipe)
+        print("sandbox stopped" if stopped else "no sandbox was running", "(data wiped)" if args.wipe else "")
+        return EXIT_OK
+    if args.action == "seed":
+        cfg = _load_config(args)
+        spec = SandboxSpec(
+            seed=args.seed,
+            topics=args.topics,
+            layout=LedgerLayout(args.layout),
+            max_rollovers=args.max_rollovers,
+            ledgers_root=cfg.bookkeeper.ledgers_root,
+            managed_ledgers_root=cfg.pulsar.managed_ledgers_root,
+            schemas_root=cfg.pulsar.schemas_root,
+        )
+        seeded = seed_sandbox(cfg.bookkeeper.zookeeper, spec, home / "manifest.json")
+        print(f"seeded {seeded.seed.znodes:,} znodes in {seeded.seed.seconds:.1f}s "
+              f"({seeded.seed.rate:,.0f}/s); manifest: {seeded.manifest_path}")
+        _print_counts("ground truth:", seeded.cluster.counts())
+        return EXIT_OK
+    raise AssertionError(args.action)
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    from sweeper.snapshot import run_snapshot
+    from sweeper.spark import get_spark
+    from sweeper.tables import open_table_store
+
+    cfg = _load_config(args)
+    spark = get_spark(cfg.spark.app_name, master=cfg.spark.master or None)
+    store = open_table_store(cfg.tables.root, spark, engine=cfg.tables.engine)
+    result = run_snapshot(spark, cfg, store, run_id=args.run_id)
+    print(f"snapshot {result.run_id}: layout {result.layout}, {result.units} scan units, "
+          f"{result.duration_s:.1f}s ({result.ledgers_per_second:,.0f} ledgers/s scanned), engine {store.engine}")
+    _print_counts("rows written:", result.counts)
+    if args.json:
+        print(json.dumps({"run_id": result.run_id, "counts": result.counts, "versions": result.versions}))
+    return EXIT_OK
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """Run the pipeline stages in order. Stages land one by one; today: snapshot."""
+    if args.sandbox:
+        from sweeper.sandbox import SandboxError, sandbox_up
+
+        info = sandbox_up(Path(args.home), port=args.port)
+        args.zookeeper = args.zookeeper or info.connect_string
+        print(f"sandbox: ZooKeeper on {info.connect_string}")
+        try:
+            cmd_sandbox(argparse.Namespace(**{**vars(args), "action": "seed"}))
+        except SandboxError as exc:
+            print(f"sandbox: {exc}; scanning what is there")
+    return cmd_snapshot(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sweeper", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--config", help=f"TOML config (default: {DEFAULT_CONFIG} when present)")
+        p.add_argument("-v", "--verbose", action="store_true")
+
+    def sandbox_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--home", default="var/sandbox", help="sandbox state directory")
+        p.add_argument("--port", type=int, default=21810, help="ZooKeeper port for `up`")
+        p.add_argument("--topics", type=int, default=200)
+        p.add_argument("--seed", type=int, default=7)
+        p.add_argument("--max-rollovers", type=int, default=6)
+        p.add_argument("--layout", default="hierarchical", choices=["flat", "hierarchical", "long_hierarchical"])
+        p.add_argument("--wipe", action="store_true", help="with `down`: delete the sandbox data too")
+
+    sandbox = sub.add_parser("sandbox", help="local ZooKeeper with a synthetic Pulsar cluster")
+    sandbox.add_argument("action", choices=["up", "seed", "down"])
+    sandbox_options(sandbox)
+    common(sandbox)
+    sandbox.set_defaults(func=cmd_sandbox)
+
+    def stage_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--tables", help="table root (overrides [tables] root)")
+        p.add_argument("--zookeeper", help="ZooKeeper connect string (overrides [bookkeeper] zookeeper)")
+        p.add_argument("--run-id")
+        p.add_argument("--json", action="store_true", help="also print a JSON summary line")
+
+    snapshot = sub.add_parser("snapshot", help="scan ZooKeeper metadata into Delta tables")
+    stage_options(snapshot)
+    common(snapshot)
+    snapshot.set_defaults(func=cmd_snapshot)
+
+    sweep = sub.add_parser("sweep", help="run the pipeline (snapshot today; more stages as they land)")
+    stage_options(sweep)
+    sandbox_options(sweep)
+    common(sweep)
+    sweep.add_argument("--sandbox", action="store_true", help="start and seed the embedded sandbox first")
+    sweep.set_defaults(func=cmd_sweep)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from sweeper.layout import LayoutError
+    from sweeper.zk import WrongRootError, ZooKeeperUnavailableError
+
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (WrongRootError, ZooKeeperUnavailableError, LayoutError) as exc:
+        print(f"refused: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,577 @@
+"""A synthetic Pulsar cluster, as plain records, with the ground truth of every ledger.
+
+`build_cluster(spec)` is deterministic in `spec` (same seed, same cluster), pure, and knows
+for each BookKeeper ledger what a correct sweeper must conclude about it. Seeding writes it
+to ZooKeeper (`sweeper.sandbox.seed`); tests compare snapshots and plans against it.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import urllib.parse
+from collections import Counter
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from sweeper.layout import INT_MAX, LedgerLayout
+
+DAY_MS = 86_400_000
+HOUR_MS = 3_600_000
+
+
+
+def _now_ms() -> int:
+    # Ages are relative to seeding time, so grace periods mean the same thing in a snapshot.
+    return int(time.time() * 1000)
+
+
+class Status(StrEnum):
+    IN_USE = "in_use"
+    ORPHAN = "orphan"
+    YOUNG_ORPHAN = "young_orphan"  # unreferenced, but inside the grace period: never a candidate
+    UNKNOWN = "unknown"  # Pulsar's, but ownership cannot be established
+    NON_PULSAR = "non_pulsar"
+
+
+class OrphanKind(StrEnum):
+    TOPIC_DELETED = "topic_deleted"
+    DROPPED_FROM_LIST = "dropped_from_list"
+    CURSOR_LEDGER_REPLACED = "cursor_ledger_replaced"
+    CURSOR_DELETED = "cursor_deleted"
+    SCHEMA_VERSION_DELETED = "schema_version_deleted"
+    SCHEMA_DELETED = "schema_deleted"
+    BUCKET_SNAPSHOT_LEAKED = "bucket_snapshot_leaked"
+    COMPACTED_LEDGER_LEAKED = "compacted_ledger_leaked"
+    BOOKKEEPER_DELETED_BUT_PRESENT = "bookkeeper_deleted_but_present"
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    seed: int = 7
+    topics: int = 40
+    tenants: int = 2
+    namespaces_per_tenant: int = 2
+    layout: LedgerLayout = LedgerLayout.HIERARCHICAL
+    long_id_fraction: float = 0.05  # share of topics whose ledgers come from above 2^31
+    orphan_fraction: float = 0.25  # share of topics that get one injected orphan
+    deleted_topics: int = 3  # topics whose managed ledger is gone but whose ledgers remain
+    non_pulsar_ledgers: int = 5
+    unknown_ledgers: int = 3
+    missing_ledgers: int = 2  # referenced by a managed ledger, absent from BookKeeper
+    young_orphans: int = 2
+    max_rollovers: int = 6  # ledgers per managed ledger: 1..max_rollovers
+    now_ms: int = field(default_factory=_now_ms)
+    ledgers_root: str = "/ledgers"
+    managed_ledgers_root: str = "/managed-ledgers"
+    schemas_root: str = "/schemas"
+    offload_bucket: str = "pulsar-offload"
+    offload_region: str = "us-east-1"
+    offload_endpoint: str = ""
+
+    def __post_init__(self) -> None:
+        if self.topics < 1:
+            raise ValueError("a sandbox needs at least one topic")
+
+
+@dataclass
+class BkLedger:
+    ledger_id: int
+    custom: dict[str, bytes]
+    ctime_ms: int | None  # metadata ctime; None = absent (age then comes from the znode)
+    state: str
+    last_entry_id: int
+    length: int
+    ensemble: tuple[str, ...]
+    format_version: int
+    status: Status
+    orphan_kind: OrphanKind | None = None
+    referrers: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Offload:
+    uuid_msb: int
+    uuid_lsb: int
+    complete: bool
+    bookkeeper_deleted: bool
+    timestamp_ms: int
+    bucket: str
+    region: str
+    endpoint: str
+
+
+@dataclass
+class MlLedger:
+    ledger_id: int
+    entries: int
+    size: int
+    timestamp_ms: int
+    offload: Offload | None = None
+
+
+@dataclass
+class Cursor:
+    name: str  # decoded
+    cursors_ledger_id: int
+    mark_delete: tuple[int, int]
+    long_properties: dict[str, int] = field(default_factory=dict)
+    string_properties: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def znode_name(self) -> str:
+        return encode_name(self.name)
+
+
+@dataclass
+class ManagedLedger:
+    tenant: str
+    namespace: str
+    topic: str  # decoded local name, e.g. "orders-partition-0"
+    ledgers: list[MlLedger]
+    cursors: list[Cursor]
+    properties: dict[str, str]
+    compression: str
+    terminated: bool = False
+
+    @property
+    def name(self) -> str:
+        """The managed-ledger name: the znode path below the root, topic part URL-encoded."""
+        return f"{self.tenant}/{self.namespace}/persistent/{encode_name(self.topic)}"
+
+    @property
+    def topic_name(self) -> str:
+        return f"persistent://{self.tenant}/{self.namespace}/{self.topic}"
+
+
+@dataclass
+class SchemaEntry:
+    version: int
+    ledger_id: int
+    entry_id: int
+    hash: bytes
+
+
+@dataclass
+class SchemaLocatorModel:
+    schema_id: str  # tenant/ns/base-topic
+    entries: list[SchemaEntry]
+
+
+@dataclass
+class SandboxCluster:
+    spec: SandboxSpec
+    ledgers: dict[int, BkLedger]
+    managed_ledgers: list[ManagedLedger]
+    schemas: list[SchemaLocatorModel]
+    missing_ledgers: list[int]  # referenced, never created in BookKeeper
+
+    def counts(self) -> dict[str, int]:
+        by_status = Counter(ledger.status.value for ledger in self.ledgers.values())
+        by_kind = Counter(
+            ledger.orphan_kind.value for ledger in self.ledgers.values() if ledger.orphan_kind is not None
+        )
+        return {
+            "bk_ledgers": len(self.ledgers),
+            "managed_ledgers": len(self.managed_ledgers),
+            "ml_ledgers": sum(len(ml.ledgers) for ml in self.managed_ledgers),
+            "ml_cursors": sum(len(ml.cursors) for ml in self.managed_ledgers),
+            "schema_ledgers": sum(len(s.entries) for s in self.schemas),
+            "missing_ledgers": len(self.missing_ledgers),
+            **{f"status.{k}": v for k, v in sorted(by_status.items())},
+            **{f"orphan.{k}": v for k, v in sorted(by_kind.items())},
+        }
+
+
+def encode_name(name: str) -> str:
+    """Pulsar's Codec.encode: URL-encoding as java.net.URLEncoder does (space becomes '+')."""
+    return urllib.parse.quote_plus(name, safe="*-._")
+
+
+BUCKET_PREFIX = "#pulsar.internal.delayed.bucket"
+COMPACTION_CURSOR = "__compaction"
+COMPACTED_TOPIC_LEDGER = "CompactedTopicLedger"
+
+
+def ml_custom(ml_name: str) -> dict[str, bytes]:
+    return {
+        "application": b"pulsar",
+        "component": b"managed-ledger",
+        "pulsar/managed-ledger": ml_name.encode(),
+    }
+
+
+def cursor_custom(ml_name: str, cursor_znode: str) -> dict[str, bytes]:
+    return {**ml_custom(ml_name), "pulsar/cursor": cursor_znode.encode()}
+
+
+def schema_custom(schema_id: str) -> dict[str, bytes]:
+    return {"application": b"pulsar", "component": b"schema", "pulsar/schemaId": schema_id.encode()}
+
+
+def bucket_custom(bucket_key: str, topic_name: str, cursor: str) -> dict[str, bytes]:
+    return {
+        "application": b"pulsar",
+        "component": b"delayed-index-bucket",
+        "pulsar/delayedIndexBucketKey": bucket_key.encode(),
+        "pulsar/delayedIndexTopic": topic_name.encode(),
+        "pulsar/delayedIndexCursor": cursor.encode(),
+    }
+
+
+def compacted_custom(topic_name: str, ledger_id: int) -> dict[str, bytes]:
+    return {
+        "application": b"pulsar",
+        "component": b"compacted-ledger",
+        "pulsar/compactedTopic": topic_name.encode(),
+        # Binary on purpose: Pulsar stores a serialized position here, not text.
+        "pulsar/compactedTo": ledger_id.to_bytes(8, "big") + b"\xff\xfe",
+    }
+
+
+class _Builder:
+    def __init__(self, spec: SandboxSpec) -> None:
+        self.spec = spec
+        self.rng = random.Random(spec.seed)
+        self.next_short = 1
+        self.next_long = INT_MAX + 1 + self.rng.randrange(1_000)
+        self.ledgers: dict[int, BkLedger] = {}
+        self.managed_ledgers: list[ManagedLedger] = []
+        self.schemas: list[SchemaLocatorModel] = []
+        self.missing: list[int] = []
+        self.bookies = [f"bookie-{i}.bookkeeper.pulsar.svc:3181" for i in range(6)]
+
+    # -- ids and ledgers -------------------------------------------------------------------
+    def new_id(self, long_ids: bool) -> int:
+        if self.spec.layout is LedgerLayout.LONG_HIERARCHICAL or (
+            long_ids and self.spec.layout is LedgerLayout.HIERARCHICAL
+        ):
+            ledger_id = self.next_long
+            self.next_long += 1 + self.rng.randrange(3)
+            return ledger_id
+        ledger_id = self.next_short
+        self.next_short += 1
+        return ledger_id
+
+    def add_ledger(
+        self,
+        ledger_id: int,
+        custom: dict[str, bytes],
+        age_ms: int,
+        status: Status,
+        orphan_kind: OrphanKind | None = None,
+        open_ledger: bool = False,
+        referrer: str | None = None,
+    ) -> BkLedger:
+        rng = self.rng
+        # One ledger in ten carries no metadata ctime: its age must come from the znode.
+        ctime = None if rng.random() < 0.1 else self.spec.now_ms - age_ms
+        if status in (Status.ORPHAN, Status.YOUNG_ORPHAN):
+            ctime = self.spec.now_ms - age_ms  # orphans' ages are part of the ground truth
+        entries = 0 if open_ledger else rng.randrange(1, 50_000)
+        ledger = BkLedger(
+            ledger_id=ledger_id,
+            custom=custom,
+            ctime_ms=ctime,
+            state="OPEN" if open_ledger else "CLOSED",
+            last_entry_id=-1 if open_ledger else entries - 1,
+            length=0 if open_ledger else entries * rng.randrange(100, 2_000),
+            ensemble=tuple(rng.sample(self.bookies, 3)),
+            format_version=2 if rng.random() < 0.05 else 3,
+            status=status,
+            orphan_kind=orphan_kind,
+            referrers=[referrer] if referrer else [],
+        )
+        self.ledgers[ledger_id] = ledger
+        return ledger
+
+    def old_age(self) -> int:
+        return self.rng.randrange(8 * DAY_MS, 400 * DAY_MS)
+
+    # -- topics ----------------------------------------------------------------------------
+    def topic_names(self) -> list[tuple[str, str, str]]:
+        spec, rng = self.spec, self.rng
+        namespaces = [
+            (f"tenant-{t}", f"ns-{n}") for t in range(spec.tenants) for n in range(spec.namespaces_per_tenant)
+        ]
+        names: list[tuple[str, str, str]] = []
+        base = 0
+        while len(names) < spec.topics:
+            tenant, ns = namespaces[base % len(namespaces)]
+            # Topic 1 exercises URL-encoded managed-ledger names.
+            local = "events with spaces:ü" if base == 1 else f"topic-{base}"
+            partitions = rng.choice([0, 0, 0, 2, 3]) if base > 1 else 0
+            if partitions:
+                for p in range(partitions):
+                    names.append((tenant, ns, f"{local}-partition-{p}"))
+            else:
+                names.append((tenant, ns, local))
+            base += 1
+        return names[: spec.topics]
+
+    def build_topic(self, tenant: str, ns: str, topic: str, long_ids: bool) -> ManagedLedger:
+        rng, now = self.rng, self.spec.now_ms
+        ml = ManagedLedger(
+            tenant=tenant,
+            namespace=ns,
+            topic=topic,
+            ledgers=[],
+            cursors=[],
+            properties={},
+            compression=rng.choice(["NONE", "NONE", "NONE", "LZ4", "ZLIB", "ZSTD", "SNAPPY"]),
+        )
+        name = ml.name
+        rollovers = rng.randrange(1, self.spec.max_rollovers + 1)
+        offload_upto = rng.randrange(0, rollovers) if rng.random() < 0.2 else 0
+        age = self.old_age()
+        for i in range(rollovers):
+            ledger_id = self.new_id(long_ids)
+            current = i == rollovers - 1
+            offload = None
+            bookkeeper_deleted = False
+            if i < offload_upto:
+                offload = self.offload(complete=True, bookkeeper_deleted=rng.random() < 0.5)
+                bookkeeper_deleted = offload.bookkeeper_deleted
+            entries = rng.randrange(1, 50_000)
+            ml.ledgers.append(
+                MlLedger(ledger_id, 0 if current else entries, 0 if current else entries * 700, now - age, offload)
+            )
+            if not bookkeeper_deleted:
+                self.add_ledger(
+                    ledger_id, ml_custom(name), age, Status.IN_USE, open_ledger=current, referrer=f"ml:{name}"
+                )
+            age = max(HOUR_MS, age - rng.randrange(HOUR_MS, 10 * DAY_MS))
+        for c in range(rng.randrange(0, 3)):
+            self.add_cursor(ml, f"sub-{c}" if c else "my sub/ä", long_ids)
+        return ml
+
+    def offload(self, complete: bool, bookkeeper_deleted: bool) -> Offload:
+        rng, spec = self.rng, self.spec
+        return Offload(
+            uuid_msb=rng.randrange(-(2**63), 2**63),
+            uuid_lsb=rng.randrange(-(2**63), 2**63),
+            complete=complete,
+            bookkeeper_deleted=bookkeeper_deleted,
+            timestamp_ms=spec.now_ms - rng.randrange(DAY_MS, 30 * DAY_MS),
+            bucket=spec.offload_bucket,
+            region=spec.offload_region,
+            endpoint=spec.offload_endpoint,
+        )
+
+    def add_cursor(self, ml: ManagedLedger, name: str, long_ids: bool) -> Cursor:
+        rng = self.rng
+        first = ml.ledgers[0].ledger_id
+        cursor = Cursor(name=name, cursors_ledger_id=-1, mark_delete=(first, rng.randrange(0, 100)))
+        if rng.random() < 0.6:
+            ledger_id = self.new_id(long_ids)
+            cursor.cursors_ledger_id = ledger_id
+            self.add_ledger(
+                ledger_id,
+                cursor_custom(ml.name, cursor.znode_name),
+                self.old_age(),
+                Status.IN_USE,
+                open_ledger=True,
+                referrer=f"cursor:{ml.name}/{cursor.znode_name}",
+            )
+        if rng.random() < 0.15:
+            for b in range(2):
+                start = 1_000 * (b + 1)
+                key = f"{BUCKET_PREFIX}_{start}_{start + 999}"
+                ledger_id = self.new_id(long_ids)
+                cursor.string_properties[key] = str(ledger_id)
+                self.add_ledger(
+                    ledger_id,
+                    bucket_custom(key, ml.topic_name, cursor.name),
+                    self.old_age(),
+                    Status.IN_USE,
+                    referrer=f"bucket:{ml.name}/{cursor.znode_name}/{key}",
+                )
+        ml.cursors.append(cursor)
+        return cursor
+
+    def add_compaction(self, ml: ManagedLedger, long_ids: bool) -> None:
+        ledger_id = self.new_id(long_ids)
+        cursor = Cursor(name=COMPACTION_CURSOR, cursors_ledger_id=-1, mark_delete=(ml.ledgers[0].ledger_id, 0))
+        ml.cursors.append(cursor)
+        if self.rng.random() < 0.3:
+            # The cursor keeps its state in a cursor ledger: the compacted-ledger reference lives
+            # in that ledger's last entry, which a ZooKeeper scan cannot read.
+            cursor.cursors_ledger_id = self.new_id(long_ids)
+            self.add_ledger(cursor.cursors_ledger_id, cursor_custom(ml.name, cursor.znode_name), self.old_age(),
+                            Status.IN_USE, open_ledger=True, referrer=f"cursor:{ml.name}/{cursor.znode_name}")
+            self.add_ledger(ledger_id, compacted_custom(ml.topic_name, ledger_id), self.old_age(), Status.UNKNOWN)
+            return
+        cursor.long_properties[COMPACTED_TOPIC_LEDGER] = ledger_id
+        self.add_ledger(
+            ledger_id,
+            compacted_custom(ml.topic_name, ledger_id),
+            self.old_age(),
+            Status.IN_USE,
+            referrer=f"compacted:{ml.name}",
+        )
+
+    def compaction_readable(self, ml: ManagedLedger) -> bool:
+        return any(c.name == COMPACTION_CURSOR and c.cursors_ledger_id == -1 for c in ml.cursors)
+
+    def add_schema(self, ml: ManagedLedger, long_ids: bool) -> SchemaLocatorModel:
+        schema_id = schema_id_of(ml)
+        for existing in self.schemas:
+            if existing.schema_id == schema_id:
+                return existing
+        locator = SchemaLocatorModel(schema_id=schema_id, entries=[])
+        for version in range(self.rng.randrange(1, 4)):
+            ledger_id = self.new_id(long_ids)
+            locator.entries.append(SchemaEntry(version, ledger_id, 0, self.rng.randbytes(32)))
+            self.add_ledger(
+                ledger_id, schema_custom(schema_id), self.old_age(), Status.IN_USE, referrer=f"schema:{schema_id}"
+            )
+        self.schemas.append(locator)
+        return locator
+
+    # -- injected orphans ------------------------------------------------------------------
+    def inject_orphan(self, ml: ManagedLedger, long_ids: bool, kind: OrphanKind, young: bool = False) -> None:
+        status = Status.YOUNG_ORPHAN if young else Status.ORPHAN
+        age = self.rng.randrange(HOUR_MS, 20 * HOUR_MS) if young else self.old_age()
+        ledger_id = self.new_id(long_ids)
+        if kind is OrphanKind.DROPPED_FROM_LIST:
+            self.add_ledger(ledger_id, ml_custom(ml.name), age, status, kind)
+        elif kind is OrphanKind.CURSOR_LEDGER_REPLACED:
+            cursor = ml.cursors[0] if ml.cursors else self.add_cursor(ml, "replaced-sub", long_ids)
+            self.add_ledger(ledger_id, cursor_custom(ml.name, cursor.znode_name), age, status, kind)
+        elif kind is OrphanKind.CURSOR_DELETED:
+            self.add_ledger(ledger_id, cursor_custom(ml.name, "deleted-sub"), age, status, kind)
+        elif kind is OrphanKind.SCHEMA_VERSION_DELETED:
+            locator = self.add_schema(ml, long_ids)
+            self.add_ledger(ledger_id, schema_custom(locator.schema_id), age, status, kind)
+        elif kind is OrphanKind.SCHEMA_DELETED:
+            self.add_ledger(ledger_id, schema_custom(f"{ml.tenant}/{ml.namespace}/gone-schema-{ledger_id}"), age,
+                            status, kind)
+        elif kind is OrphanKind.BUCKET_SNAPSHOT_LEAKED:
+            key = f"{BUCKET_PREFIX}_{ledger_id}_{ledger_id + 999}"
+            self.add_ledger(ledger_id, bucket_custom(key, ml.topic_name, "sub-0"), age, status, kind)
+        elif kind is OrphanKind.COMPACTED_LEDGER_LEAKED:
+            if not any(c.name == COMPACTION_CURSOR for c in ml.cursors):
+                self.add_compaction(ml, long_ids)
+            if self.compaction_readable(ml):
+                self.add_ledger(ledger_id, compacted_custom(ml.topic_name, ledger_id), age, status, kind)
+            else:
+                self.add_ledger(ledger_id, compacted_custom(ml.topic_name, ledger_id), age, Status.UNKNOWN)
+        elif kind is OrphanKind.BOOKKEEPER_DELETED_BUT_PRESENT:
+            offload = self.offload(complete=True, bookkeeper_deleted=True)
+            ml.ledgers.insert(0, MlLedger(ledger_id, 10, 7_000, self.spec.now_ms - age, offload))
+            ledger = self.add_ledger(ledger_id, ml_custom(ml.name), age, status, kind)
+            ledger.referrers.append(f"ml:{ml.name}")
+        else:  # pragma: no cover - TOPIC_DELETED is built by delete_topic
+            raise ValueError(kind)
+
+    def delete_topic(self, ml: ManagedLedger) -> None:
+        """A topic whose managed ledger is gone but whose BookKeeper ledgers were never deleted."""
+        owned_ml, owned_topic = ml.name.encode(), ml.topic_name.encode()
+        for ledger in self.ledgers.values():
+            owner = ledger.custom.get("pulsar/managed-ledger") or ledger.custom.get(
+                "pulsar/delayedIndexTopic") or ledger.custom.get("pulsar/compactedTopic")
+            if owner not in (owned_ml, owned_topic) or ledger.status is Status.YOUNG_ORPHAN:
+                continue
+            # Another topic (a shadow) may still list it: then it stays in use.
+            ledger.referrers = [r for r in ledger.referrers if not r.endswith(ml.name) and ml.name + "/" not in r]
+            if ledger.referrers:
+                continue
+            ledger.status, ledger.orphan_kind = Status.ORPHAN, OrphanKind.TOPIC_DELETED
+            if ledger.ctime_ms is None:
+                ledger.ctime_ms = self.spec.now_ms - self.old_age()
+
+    # -- everything ------------------------------------------------------------------------
+    def build(self) -> SandboxCluster:
+        spec, rng = self.spec, self.rng
+        names = self.topic_names()
+        long_topics = {i for i in range(len(names)) if rng.random() < spec.long_id_fraction}
+        if spec.layout is LedgerLayout.FLAT:
+            long_topics = set()
+        mls: list[tuple[ManagedLedger, bool]] = []
+        for i, (tenant, ns, topic) in enumerate(names):
+            long_ids = i in long_topics
+            ml = self.build_topic(tenant, ns, topic, long_ids)
+            if rng.random() < 0.3:
+                self.add_schema(ml, long_ids)
+            if rng.random() < 0.08:
+                self.add_compaction(ml, long_ids)
+            mls.append((ml, long_ids))
+
+        self.add_shadow_topics(mls)
+        kinds = [k for k in OrphanKind if k is not OrphanKind.TOPIC_DELETED]
+        injected = 0
+        for i, (ml, long_ids) in enumerate(mls):
+            # Round-robin first so every kind appears even in a small sandbox, then at random.
+            if injected < len(kinds) or rng.random() < spec.orphan_fraction:
+                self.inject_orphan(ml, long_ids, kinds[injected % len(kinds)] if injected < len(kinds)
+                                   else rng.choice(kinds))
+                injected += 1
+            if i < spec.young_orphans:
+                self.inject_orphan(ml, long_ids, OrphanKind.DROPPED_FROM_LIST, young=True)
+
+        for _ in range(spec.missing_ledgers):
+            ml = rng.choice(mls)[0]
+            ledger_id = self.new_id(False)
+            ml.ledgers.insert(0, MlLedger(ledger_id, 5, 500, spec.now_ms - self.old_age()))
+            self.missing.append(ledger_id)
+
+        for _ in range(spec.non_pulsar_ledgers):
+            custom = {} if rng.random() < 0.5 else {"application": b"bk-bench", "owner": b"ops"}
+            self.add_ledger(self.new_id(False), custom, self.old_age(), Status.NON_PULSAR)
+        for u in range(spec.unknown_ledgers):
+            partial: dict[str, bytes] = {"application": b"pulsar"}
+            if u % 3 == 1:
+                partial["component"] = b"managed-ledger"  # owner name missing
+            elif u % 3 == 2:
+                partial["component"] = b"future-component"
+            self.add_ledger(self.new_id(False), partial, self.old_age(), Status.UNKNOWN)
+
+        # Deleted topics come last, so no later step re-references their ledgers.
+        deletable = [pair for pair in mls if not pair[0].properties.get("PULSAR.SHADOW_SOURCE")]
+        shadowed = {ml.properties.get("PULSAR.SHADOW_SOURCE") for ml, _ in mls}
+        deletable = [pair for pair in deletable if pair[0].topic_name not in shadowed]
+        doomed = rng.sample(deletable, min(spec.deleted_topics, max(0, len(deletable) - 1)))
+        for ml, _ in doomed:
+            self.delete_topic(ml)
+        doomed_names = {ml.name for ml, _ in doomed}
+        self.managed_ledgers = [ml for ml, _ in mls if ml.name not in doomed_names]
+        # A schema goes with its topic, unless another partition of the same topic survives.
+        surviving = {schema_id_of(ml) for ml in self.managed_ledgers}
+        doomed_schemas = {schema_id_of(ml) for ml, _ in doomed} - surviving
+        self.schemas = [s for s in self.schemas if s.schema_id not in doomed_schemas]
+        for ledger in self.ledgers.values():
+            schema_id = ledger.custom.get("pulsar/schemaId", b"").decode()
+            if schema_id in doomed_schemas and ledger.status in (Status.IN_USE, Status.ORPHAN):
+                ledger.status, ledger.orphan_kind, ledger.referrers = Status.ORPHAN, OrphanKind.SCHEMA_DELETED, []
+                if ledger.ctime_ms is None:
+                    ledger.ctime_ms = spec.now_ms - self.old_age()
+        return SandboxCluster(spec, self.ledgers, self.managed_ledgers, self.schemas, self.missing)
+
+    def add_shadow_topics(self, mls: list[tuple[ManagedLedger, bool]]) -> None:
+        """Shadow topics list their source's ledgers: one ledger, two referrers."""
+        sources = [pair for pair in mls if len(pair[0].ledgers) > 1][:max(1, len(mls) // 50)]
+        for source, _long_ids in sources:
+            shadow = ManagedLedger(
+                tenant=source.tenant,
+                namespace=source.namespace,
+                topic=f"{source.topic}-shadow",
+                ledgers=[MlLedger(x.ledger_id, x.entries, x.size, x.timestamp_ms, None) for x in source.ledgers
+                         if x.offload is None or not x.offload.bookkeeper_deleted],
+                cursors=[],
+                properties={"PULSAR.SHADOW_SOURCE": source.topic_name},
+                compression="NONE",
+            )
+            for entry in shadow.ledgers:
+                ledger = self.ledgers.get(entry.ledger_id)
+                if ledger is not None:
+                    ledger.referrers.append(f"ml:{shadow.name}")
+            mls.append((shadow, False))
+
+
+def schema_id_of(ml: ManagedLedger) -> str:
+    """Schemas belong to the base topic: every partition shares one."""
+    return f"{ml.tenant}/{ml.namespace}/{ml.topic.split('-partition-')[0]}"
+
+
+def build_cluster(spec: SandboxSpec) -> SandboxCluster:
+    return _Builder(spec).build()

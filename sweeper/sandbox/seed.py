@@ -1,0 +1,220 @@
+"""Write a `SandboxCluster` into ZooKeeper as BookKeeper and Pulsar would have left it."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NodeExistsError
+
+from sweeper.codecs import pulsar as pulsar_codec
+from sweeper.codecs.bookkeeper import LedgerMetadata, Segment, encode_ledger_metadata
+from sweeper.layout import LedgerLayout, layout_znode, ledger_path
+from sweeper.sandbox.model import BkLedger, Cursor, ManagedLedger, SandboxCluster, SchemaLocatorModel
+
+WINDOW = 2000
+
+
+@dataclass(frozen=True)
+class SeedResult:
+    znodes: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.znodes / self.seconds if self.seconds else 0.0
+
+
+def ledger_metadata(ledger: BkLedger) -> LedgerMetadata:
+    return LedgerMetadata(
+        format_version=ledger.format_version,
+        ensemble_size=len(ledger.ensemble),
+        write_quorum_size=2,
+        ack_quorum_size=2,
+        state=ledger.state,
+        last_entry_id=ledger.last_entry_id,
+        length=ledger.length,
+        segments=(Segment(0, ledger.ensemble),),
+        digest_type="CRC32C",
+        password=b"",
+        ctime=ledger.ctime_ms,
+        ctoken=0,
+        custom_metadata=dict(ledger.custom),
+    )
+
+
+def ledger_znode_data(ledger: BkLedger) -> bytes:
+    return encode_ledger_metadata(ledger_metadata(ledger), format_version=ledger.format_version)
+
+
+def managed_ledger_info_bytes(ml: ManagedLedger) -> bytes:
+    info = pulsar_codec.pb.ManagedLedgerInfo()
+    for entry in ml.ledgers:
+        item = info.ledgerInfo.add()
+        item.ledgerId = entry.ledger_id
+        item.entries = entry.entries
+        item.size = entry.size
+        item.timestamp = entry.timestamp_ms
+        if entry.offload is not None:
+            ctx = item.offloadContext
+            ctx.uidMsb = entry.offload.uuid_msb
+            ctx.uidLsb = entry.offload.uuid_lsb
+            ctx.complete = entry.offload.complete
+            ctx.bookkeeperDeleted = entry.offload.bookkeeper_deleted
+            ctx.timestamp = entry.offload.timestamp_ms
+            ctx.driverMetadata.name = "aws-s3"
+            for key, value in (
+                ("bucket", entry.offload.bucket),
+                ("region", entry.offload.region),
+                ("serviceEndpoint", entry.offload.endpoint),
+                ("ManagedLedgerName", ml.name),
+            ):
+                prop = ctx.driverMetadata.properties.add()
+                prop.key, prop.value = key, value
+    for key, value in ml.properties.items():
+        prop = info.properties.add()
+        prop.key, prop.value = key, value
+    if ml.terminated and ml.ledgers:
+        info.terminatedPosition.ledgerId = ml.ledgers[-1].ledger_id
+        info.terminatedPosition.entryId = max(ml.ledgers[-1].entries - 1, -1)
+    return pulsar_codec.encode_managed_ledger_info(info, compression=ml.compression)
+
+
+def cursor_info_bytes(cursor: Cursor, compression: str) -> bytes:
+    info = pulsar_codec.pb.ManagedCursorInfo()
+    info.cursorsLedgerId = cursor.cursors_ledger_id
+    info.markDeleteLedgerId, info.markDeleteEntryId = cursor.mark_delete
+    for name, value in cursor.long_properties.items():
+        prop = info.properties.add()
+        prop.name, prop.value = name, value
+    for name, text in cursor.string_properties.items():
+        sprop = info.cursorProperties.add()
+        sprop.name, sprop.value = name, text
+    return pulsar_codec.encode_managed_cursor_info(info, compression=compression)
+
+
+def schema_locator_bytes(locator: SchemaLocatorModel) -> bytes:
+    message = pulsar_codec.pb.SchemaLocator()
+    for entry in locator.entries:
+        item = message.index.add()
+        item.version = entry.version
+        item.position.ledgerId = entry.ledger_id
+        item.position.entryId = entry.entry_id
+        item.hash = entry.hash
+    latest = locator.entries[-1]
+    message.info.version = latest.version
+    message.info.position.ledgerId = latest.ledger_id
+    message.info.position.entryId = latest.entry_id
+    message.info.hash = latest.hash
+    return pulsar_codec.encode_schema_locator(message)
+
+
+def cluster_znodes(cluster: SandboxCluster) -> Iterable[tuple[str, bytes]]:
+    """Every znode of the cluster with its data, leaves only (parents are implied)."""
+    spec = cluster.spec
+    root = spec.ledgers_root.rstrip("/")
+    yield f"{root}/LAYOUT", layout_znode(spec.layout)
+    yield f"{root}/INSTANCEID", b"5f1c6f6e-sandbox"
+    yield f"{root}/available/readonly", b""
+    yield f"{root}/cookies/bookie-0.bookkeeper.pulsar.svc:3181", b"cookie"
+    yield f"{root}/underreplication/ledgers", b""
+    yield f"{root}/idgen/ID-0000000001", b""
+    for ledger in cluster.ledgers.values():
+        yield ledger_path(root, ledger.ledger_id, spec.layout), ledger_znode_data(ledger)
+    ml_root = spec.managed_ledgers_root.rstrip("/")
+    for ml in cluster.managed_ledgers:
+        path = f"{ml_root}/{ml.name}"
+        yield path, managed_ledger_info_bytes(ml)
+        for cursor in ml.cursors:
+            yield f"{path}/{cursor.znode_name}", cursor_info_bytes(cursor, ml.compression)
+    schema_root = spec.schemas_root.rstrip("/")
+    for locator in cluster.schemas:
+        yield f"{schema_root}/{locator.schema_id}", schema_locator_bytes(locator)
+
+
+def _parents(path: str) -> list[str]:
+    parts = path.strip("/").split("/")
+    return ["/" + "/".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def create_many(client: KazooClient, items: Iterable[tuple[str, bytes]], window: int = WINDOW) -> int:
+    """Pipelined creates; a znode that already exists is overwritten (seeding is re-runnable)."""
+    in_flight: deque[tuple[str, bytes, object]] = deque()
+    created = 0
+
+    def settle() -> None:
+        nonlocal created
+        path, data, pending = in_flight.popleft()
+        try:
+            pending.get()  # type: ignore[attr-defined]
+        except NodeExistsError:
+            client.set(path, data)
+        created += 1
+
+    for path, data in items:
+        in_flight.append((path, data, client.create_async(path, data)))
+        if len(in_flight) >= window:
+            settle()
+    while in_flight:
+        settle()
+    return created
+
+
+def seed_zookeeper(client: KazooClient, cluster: SandboxCluster, window: int = WINDOW) -> SeedResult:
+    started = time.monotonic()
+    leaves = list(cluster_znodes(cluster))
+    leaf_paths = {path for path, _ in leaves}
+    parents: set[str] = set()
+    for path, _ in leaves:
+        parents.update(_parents(path))
+    parents -= leaf_paths  # a managed ledger is both a leaf with data and a parent of cursors
+    # Parents before children: create level by level, each level pipelined.
+    by_depth = sorted(parents, key=lambda p: (p.count("/"), p))
+    total = 0
+    depth_batch: list[str] = []
+    depth = 0
+    for path in by_depth:
+        if path.count("/") != depth and depth_batch:
+            total += create_many(client, ((p, b"") for p in depth_batch), window)
+            depth_batch = []
+        depth = path.count("/")
+        depth_batch.append(path)
+    if depth_batch:
+        total += create_many(client, ((p, b"") for p in depth_batch), window)
+    # Managed-ledger znodes must exist before their cursor children.
+    leaves.sort(key=lambda item: item[0].count("/"))
+    total += create_many(client, leaves, window)
+    return SeedResult(total, time.monotonic() - started)
+
+
+def manifest(cluster: SandboxCluster) -> dict[str, object]:
+    """Ground truth for checks: counts, and every ledger a sweeper must not see as in use."""
+    spec = cluster.spec
+    noteworthy = {
+        str(ledger.ledger_id): {
+            "status": ledger.status.value,
+            "kind": ledger.orphan_kind.value if ledger.orphan_kind else None,
+            "ctime_ms": ledger.ctime_ms,
+            "custom": {k: v.decode("utf-8", "replace") for k, v in ledger.custom.items()},
+        }
+        for ledger in cluster.ledgers.values()
+        if ledger.status.value != "in_use"
+    }
+    return {
+        "spec": {k: (v.value if isinstance(v, LedgerLayout) else v) for k, v in spec.__dict__.items()},
+        "counts": cluster.counts(),
+        "not_in_use": noteworthy,
+        "missing_ledgers": cluster.missing_ledgers,
+    }
+
+
+def write_manifest(cluster: SandboxCluster, path: str | Path) -> Path:
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(manifest(cluster), indent=1, sort_keys=True))
+    return target

@@ -1,0 +1,251 @@
+"""Scan BookKeeper's ledger metadata in ZooKeeper.
+
+The driver plans (`plan_ledger_units`): it lists the top of the tree down to the directories
+that hold ledger znodes. Each Spark task then takes some of those directories, opens its own
+ZooKeeper session and reads them with pipelined requests (`scan_ledger_units`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from kazoo.client import KazooClient
+
+from sweeper import zk as zkutil
+from sweeper.codecs.bookkeeper import LedgerMetadata, decode_ledger_metadata
+from sweeper.codecs.errors import MetadataDecodeError
+from sweeper.layout import (
+    LayoutError,
+    LedgerLayout,
+    is_flat_leaf,
+    is_hierarchical_leaf,
+    is_middle,
+    is_tree_top,
+    parse_layout_znode,
+    parse_ledger_relative_path,
+    tree_depth,
+)
+
+Row = dict[str, Any]
+
+# Keys whose values decide ownership: if one of them is not text we cannot trust the ledger.
+OWNERSHIP_KEYS = frozenset(
+    {
+        "application",
+        "component",
+        "pulsar/managed-ledger",
+        "pulsar/cursor",
+        "pulsar/schemaId",
+        "pulsar/compactedTopic",
+        "pulsar/delayedIndexBucketKey",
+        "pulsar/delayedIndexTopic",
+        "pulsar/delayedIndexCursor",
+    }
+)
+
+LEAVES_PREFIX = "leaves:"  # a unit that is an explicit list of flat-layout leaves
+
+
+@dataclass
+class LedgerScanPlan:
+    root: str
+    layout: LedgerLayout
+    units: list[str]  # directories holding leaves (relative to root), or "leaves:a,b,c"
+    quarantine: list[Row] = field(default_factory=list)  # unexpected znodes met while planning
+
+
+def read_layout(client: KazooClient, root: str) -> LedgerLayout:
+    zkutil.require_node(client, root, "BookKeeper ledgers")
+    try:
+        data, _ = client.get(zkutil.join(root, "LAYOUT"))
+    except Exception as exc:
+        raise LayoutError(
+            f"no LAYOUT znode under {root!r}: is this a BookKeeper ledgers root? ({exc.__class__.__name__})"
+        ) from exc
+    return parse_layout_znode(data)
+
+
+def plan_ledger_units(client: KazooClient, root: str, flat_chunk: int = 5000) -> LedgerScanPlan:
+    layout = read_layout(client, root)
+    top_children = sorted(client.get_children(root))
+    plan = LedgerScanPlan(root=root, layout=layout, units=[])
+    if layout is LedgerLayout.FLAT:
+        leaves = [name for name in top_children if is_flat_leaf(name)]
+        for i in range(0, len(leaves), flat_chunk):
+            plan.units.append(LEAVES_PREFIX + ",".join(leaves[i : i + flat_chunk]))
+        for name in top_children:
+            if is_tree_top(name):
+                plan.quarantine.append(_unexpected(root, name, "hierarchical tree under a flat layout"))
+        return plan
+
+    for name in top_children:
+        if is_flat_leaf(name):
+            plan.quarantine.append(_unexpected(root, name, f"flat ledger znode under a {layout.value} layout"))
+    # Walk each tree down to the directories that hold leaves, one level at a time, pipelined.
+    frontier = [(name, tree_depth(name) - 1) for name in top_children if is_tree_top(name)]
+    while frontier:
+        leaf_parents = [rel for rel, remaining in frontier if remaining == 0]
+        plan.units.extend(leaf_parents)
+        descend = [(rel, remaining) for rel, remaining in frontier if remaining > 0]
+        frontier = []
+        depth_of = dict(descend)
+        listing = zkutil.children_many(client, (zkutil.join(root, rel) for rel, _ in descend))
+        for (rel, _), result in zip(descend, listing, strict=True):
+            if result.error is not None:
+                raise result.error
+            for child in result.children or []:
+                child_rel = f"{rel}/{child}"
+                if is_middle(child):
+                    frontier.append((child_rel, depth_of[rel] - 1))
+                else:
+                    plan.quarantine.append(_unexpected(root, child_rel, "not part of the ledger tree"))
+    plan.units.sort()
+    return plan
+
+
+def _unexpected(root: str, relative: str, why: str) -> Row:
+    return {
+        "record_type": "quarantine",
+        "source": "layout",
+        "path": zkutil.join(root, relative),
+        "ledger_id": None,
+        "owner": None,
+        "error_kind": "unexpected_znode",
+        "error": f"unexpected znode {relative!r} under the ledgers root: {why}",
+        "zk_version": None,
+        "raw": None,
+    }
+
+
+def quarantine_row(
+    path: str, error_kind: str, error: str, raw: bytes | None, zk_version: int | None, ledger_id: int | None
+) -> Row:
+    return {
+        "record_type": "quarantine",
+        "source": "bookkeeper",
+        "path": path,
+        "ledger_id": ledger_id,
+        "owner": None,
+        "error_kind": error_kind,
+        "error": error,
+        "zk_version": zk_version,
+        "raw": raw,
+    }
+
+
+def split_custom_metadata(custom: dict[str, bytes]) -> tuple[dict[str, str], dict[str, bytes]]:
+    """Text values and binary values apart; raises when an ownership value is not text."""
+    text: dict[str, str] = {}
+    binary: dict[str, bytes] = {}
+    for key, value in custom.items():
+        try:
+            text[key] = value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            if key in OWNERSHIP_KEYS:
+                raise MetadataDecodeError(
+                    f"custom metadata {key!r} is not UTF-8: ownership cannot be read", kind="invalid_utf8"
+                ) from exc
+            binary[key] = value
+    return text, binary
+
+
+def ledger_row(
+    path: str, ledger_id: int, tree: str, md: LedgerMetadata, zk_version: int, zk_ctime_ms: int, zk_mtime_ms: int
+) -> Row:
+    text, binary = split_custom_metadata(md.custom_metadata)
+    metadata_ctime = md.ctime if md.ctime is not None and md.ctime > 0 else None
+    bookies = sorted({bookie for segment in md.segments for bookie in segment.ensemble})
+    return {
+        "record_type": "bk_ledgers",
+        "ledger_id": ledger_id,
+        "path": path,
+        "tree": tree,
+        "zk_version": zk_version,
+        "zk_ctime_ms": zk_ctime_ms,
+        "zk_mtime_ms": zk_mtime_ms,
+        "format_version": md.format_version,
+        "state": md.state,
+        "ensemble_size": md.ensemble_size,
+        "write_quorum": md.write_quorum_size,
+        "ack_quorum": md.ack_quorum_size,
+        "last_entry_id": md.last_entry_id,
+        "length": md.length,
+        "metadata_ctime_ms": metadata_ctime,
+        "created_ms": metadata_ctime if metadata_ctime is not None else zk_ctime_ms,
+        "created_source": "metadata" if metadata_ctime is not None else "znode",
+        "digest_type": md.digest_type,
+        "segments": len(md.segments),
+        "bookies": bookies,
+        "custom_metadata": text,
+        "custom_metadata_binary": binary or None,
+        "is_pulsar": text.get("application") == "pulsar",
+        "component": text.get("component"),
+        "managed_ledger": text.get("pulsar/managed-ledger"),
+        "cursor": text.get("pulsar/cursor"),
+        "schema_id": text.get("pulsar/schemaId"),
+        "compacted_topic": text.get("pulsar/compactedTopic"),
+        "bucket_key": text.get("pulsar/delayedIndexBucketKey"),
+        "bucket_topic": text.get("pulsar/delayedIndexTopic"),
+        "bucket_cursor": text.get("pulsar/delayedIndexCursor"),
+    }
+
+
+def _leaf_paths(
+    reader: zkutil.ZnodeReader, root: str, units: list[str], window: int
+) -> Iterator[tuple[str, str] | Row]:
+    """(relative path, absolute path) of every ledger znode in `units`, or quarantine rows."""
+    dirs = [u for u in units if not u.startswith(LEAVES_PREFIX)]
+    for unit in units:
+        if unit.startswith(LEAVES_PREFIX):
+            for leaf in unit[len(LEAVES_PREFIX) :].split(","):
+                yield leaf, zkutil.join(root, leaf)
+    for unit, result in zip(dirs, reader.children_many((zkutil.join(root, d) for d in dirs), window),
+                            strict=True):
+        if result.error is not None:
+            yield quarantine_row(result.path, "read_error", repr(result.error), None, None, None)
+            continue
+        for child in result.children or []:  # None: the directory vanished, its ledgers with it
+            relative = f"{unit}/{child}"
+            if is_hierarchical_leaf(child):
+                yield relative, zkutil.join(root, relative)
+            else:
+                yield _unexpected(root, relative, "not a ledger znode")
+
+
+def scan_ledger_units(
+    reader: zkutil.ZnodeReader, root: str, units: list[str], window: int = 1000
+) -> Iterator[Row]:
+    """Rows for `bk_ledgers` and `quarantine`; znodes that vanish mid-scan are skipped."""
+    pending: list[tuple[str, str]] = []
+    for item in _leaf_paths(reader, root, units, window):
+        if isinstance(item, dict):
+            yield item
+        else:
+            pending.append(item)
+    relative_of = dict((absolute, relative) for relative, absolute in pending)
+    for read in reader.get_many((absolute for _, absolute in pending), window):
+        if read.error is not None:
+            yield quarantine_row(read.path, "read_error", repr(read.error), None, None, None)
+            continue
+        if read.data is None or read.stat is None:
+            continue  # deleted since listing: normal while Pulsar works
+        parsed = parse_ledger_relative_path(relative_of[read.path])
+        if parsed is None:
+            yield quarantine_row(read.path, "bad_path", "not a ledger path", read.data, read.stat.version, None)
+            continue
+        try:
+            md = decode_ledger_metadata(read.data)
+            stat = read.stat
+            yield ledger_row(read.path, parsed.ledger_id, parsed.tree, md, stat.version, stat.ctime, stat.mtime)
+        except MetadataDecodeError as exc:
+            yield quarantine_row(read.path, exc.kind, str(exc), read.data, read.stat.version, parsed.ledger_id)
+
+
+def with_run(rows: Iterator[Row], run_id: str, captured_at: datetime) -> Iterator[Row]:
+    for row in rows:
+        row["run_id"] = run_id
+        row["captured_at"] = captured_at
+        yield row

@@ -1,0 +1,258 @@
+"""The snapshot action: ZooKeeper metadata into Delta tables, one run at a time.
+
+The driver plans (lists directories down to where the znodes are); Spark tasks read the znodes,
+each with its own ZooKeeper session and pipelined requests, and emit rows for every snapshot
+table at once. Each table then gets one Delta commit for the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.storagelevel import StorageLevel
+
+from sweeper import zk as zkutil
+from sweeper.config import SweeperConfig
+from sweeper.scan import bookkeeper as bk_scan
+from sweeper.scan import pulsar as pulsar_scan
+from sweeper.table_schemas import QUARANTINE, RUNS, SNAPSHOT_TABLES, union_schema
+from sweeper.tables import TableStore
+from sweeper.zk import ChildrenRead, ZnodeRead
+from sweeper.zkwire import WireReader
+
+log = logging.getLogger(__name__)
+
+SCAN_SCHEMA = union_schema(SNAPSHOT_TABLES)
+TASK_BK, TASK_ML, TASK_SCHEMA = "bk", "ml", "schema"
+BATCH_ROWS = 10_000
+
+
+@dataclass(frozen=True)
+class ScanTarget:
+    """What a scan task needs, small and picklable."""
+
+    bk_hosts: str
+    ledgers_root: str
+    pulsar_hosts: str
+    ml_root: str
+    schemas_root: str
+    timeout_s: float
+    window: int
+    multi_read: int
+    run_id: str
+    captured_at: datetime
+
+
+@dataclass
+class SnapshotResult:
+    run_id: str
+    counts: dict[str, int]
+    versions: dict[str, int]
+    duration_s: float
+    scan_s: float
+    layout: str
+    units: int
+    quarantined: int = 0
+    failed: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ledgers_per_second(self) -> float:
+        return self.counts.get("bk_ledgers", 0) / self.scan_s if self.scan_s else 0.0
+
+
+def new_run_id(now: datetime | None = None) -> str:
+    now = now or datetime.now(UTC)
+    return f"{now:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
+
+
+class ScanReader:
+    """The reads of one scan task: one ZooKeeper session speaking the wire protocol directly.
+
+    Data reads go `multi_read` to a request (ZooKeeper >= 3.6); directory listings go one to a
+    request, since a single listing may already hold 10,000 names.
+    """
+
+    def __init__(self, hosts: str, timeout_s: float, multi_read: int) -> None:
+        self.reader = WireReader(hosts, timeout=timeout_s, multi_read=max(1, multi_read))
+
+    def get_many(self, paths: Iterable[str], window: int = zkutil.DEFAULT_WINDOW) -> Iterator[ZnodeRead]:
+        return self.reader.get_many(paths, window)
+
+    def children_many(self, paths: Iterable[str], window: int = zkutil.DEFAULT_WINDOW) -> Iterator[ChildrenRead]:
+        return self.reader.children_many(paths, window, multi_read=1)
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+def _scan_partition(target: ScanTarget, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """One Spark task: read its share of units and emit wide rows in Arrow batches."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    arrow_schema = to_arrow_schema(SCAN_SCHEMA, timezone="UTC")
+    tasks = [(kind, payload) for batch in batches for kind, payload in zip(
+        batch.column("kind").to_pylist(), batch.column("payload").to_pylist(), strict=True)]
+    if not tasks:
+        return
+    readers: dict[str, Any] = {}
+
+    def client(hosts: str) -> zkutil.ZnodeReader:
+        if hosts not in readers:
+            readers[hosts] = ScanReader(hosts, target.timeout_s, target.multi_read)
+        return readers[hosts]
+
+    def rows() -> Iterator[dict[str, Any]]:
+        for kind, payload in tasks:
+            if kind == TASK_BK:
+                yield from bk_scan.scan_ledger_units(
+                    client(target.bk_hosts), target.ledgers_root, payload.split("\n"), target.window
+                )
+            elif kind == TASK_ML:
+                yield from pulsar_scan.scan_managed_ledgers(
+                    client(target.pulsar_hosts), target.ml_root, payload.split("\n"), target.window
+                )
+            elif kind == TASK_SCHEMA:
+                yield from pulsar_scan.scan_schemas(
+                    client(target.pulsar_hosts), target.schemas_root, payload.split("\n"), target.window
+                )
+
+    try:
+        buffer: list[dict[str, Any]] = []
+        for row in bk_scan.with_run(rows(), target.run_id, target.captured_at):
+            buffer.append(row)
+            if len(buffer) >= BATCH_ROWS:
+                yield pa.RecordBatch.from_pylist(buffer, schema=arrow_schema)
+                buffer = []
+        if buffer:
+            yield pa.RecordBatch.from_pylist(buffer, schema=arrow_schema)
+    finally:
+        for reader in readers.values():
+            reader.close()
+
+
+def _chunks(items: list[str], size: int) -> list[str]:
+    return ["\n".join(items[i : i + size]) for i in range(0, len(items), size)]
+
+
+def plan_tasks(config: SweeperConfig) -> tuple[list[tuple[str, str]], bk_scan.LedgerScanPlan, int]:
+    bk_client = zkutil.connect(config.bookkeeper.zookeeper, timeout=config.bookkeeper.session_timeout_s)
+    try:
+        ledger_plan = bk_scan.plan_ledger_units(bk_client, config.bookkeeper.ledgers_root)
+    finally:
+        zkutil.close(bk_client)
+    pulsar_client = zkutil.connect(config.pulsar_zookeeper, timeout=config.bookkeeper.session_timeout_s)
+    try:
+        pulsar_plan = pulsar_scan.plan_pulsar(
+            pulsar_client, config.pulsar.managed_ledgers_root, config.pulsar.schemas_root
+        )
+    finally:
+        zkutil.close(pulsar_client)
+    tasks = [(TASK_BK, unit) for unit in ledger_plan.units]
+    tasks += [(TASK_ML, chunk) for chunk in _chunks(pulsar_plan.managed_ledgers, config.scan.chunk)]
+    tasks += [(TASK_SCHEMA, chunk) for chunk in _chunks(pulsar_plan.schemas, config.scan.chunk)]
+    return tasks, ledger_plan, len(pulsar_plan.managed_ledgers)
+
+
+def scan_dataframe(spark: SparkSession, config: SweeperConfig, target: ScanTarget,
+                   tasks: list[tuple[str, str]]) -> DataFrame:
+    parallelism = config.spark.scan_partitions or 4 * spark.sparkContext.defaultParallelism
+    partitions = max(1, min(parallelism, len(tasks)))
+    # Spread units evenly: task i goes to partition i mod n, big and small units interleaved.
+    indexed = [(i % partitions, kind, payload) for i, (kind, payload) in enumerate(tasks)]
+    units = spark.createDataFrame(indexed, "slot int, kind string, payload string")
+    units = units.repartition(partitions, "slot").drop("slot")
+    return units.mapInArrow(lambda batches: _scan_partition(target, batches), SCAN_SCHEMA)
+
+
+def table_frame(scan: DataFrame, table: str) -> DataFrame:
+    schema = SNAPSHOT_TABLES[table]
+    return scan.where(F.col("record_type") == table).select(*[F.col(f.name) for f in schema.fields])
+
+
+def record_run(store: TableStore, run_id: str, stage: str, status: str, started: datetime,
+               counts: dict[str, int], config: SweeperConfig, message: str = "") -> None:
+    finished = datetime.now(UTC)
+    store.append_rows(
+        "runs",
+        [{
+            "run_id": run_id,
+            "stage": stage,
+            "status": status,
+            "started_at": started,
+            "finished_at": finished,
+            "duration_s": (finished - started).total_seconds(),
+            "counts": counts,
+            "config_hash": config.hash(),
+            "engine": store.engine,
+            "message": message[:4000],
+        }],
+        RUNS,
+    )
+
+
+def run_snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore,
+                 run_id: str | None = None) -> SnapshotResult:
+    run_id = run_id or new_run_id()
+    started = datetime.now(UTC)
+    t0 = time.monotonic()
+    try:
+        tasks, ledger_plan, _ = plan_tasks(config)
+    except Exception as exc:
+        record_run(store, run_id, "snapshot", "failed", started, {}, config, f"{type(exc).__name__}: {exc}")
+        raise
+    target = ScanTarget(
+        bk_hosts=config.bookkeeper.zookeeper,
+        ledgers_root=config.bookkeeper.ledgers_root,
+        pulsar_hosts=config.pulsar_zookeeper,
+        ml_root=config.pulsar.managed_ledgers_root,
+        schemas_root=config.pulsar.schemas_root,
+        timeout_s=config.bookkeeper.session_timeout_s,
+        window=config.scan.window,
+        multi_read=config.scan.multi_read,
+        run_id=run_id,
+        captured_at=started,
+    )
+    scan = scan_dataframe(spark, config, target, tasks).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        t_scan = time.monotonic()
+        counts = {row["record_type"]: int(row["count"]) for row in scan.groupBy("record_type").count().collect()}
+        scan_s = time.monotonic() - t_scan
+        commit_metadata = {"run_id": run_id, "stage": "snapshot"}
+        versions: dict[str, int] = {}
+        for table, schema in SNAPSHOT_TABLES.items():
+            frame = table_frame(scan, table)
+            if table == "quarantine" and ledger_plan.quarantine:
+                planned = [{**row, "run_id": run_id, "captured_at": started} for row in ledger_plan.quarantine]
+                frame = frame.unionByName(spark.createDataFrame(
+                    [{k: r.get(k) for k in QUARANTINE.fieldNames()} for r in planned], QUARANTINE))
+                counts["quarantine"] = counts.get("quarantine", 0) + len(planned)
+            versions[table] = store.append(table, frame, schema, commit_metadata=commit_metadata).version
+        for table in SNAPSHOT_TABLES:
+            counts.setdefault(table, 0)
+        counts["scan_units"] = len(tasks)
+    except Exception as exc:
+        record_run(store, run_id, "snapshot", "failed", started, {}, config, f"{type(exc).__name__}: {exc}")
+        raise
+    finally:
+        scan.unpersist()
+    record_run(store, run_id, "snapshot", "succeeded", started, counts, config)
+    return SnapshotResult(
+        run_id=run_id,
+        counts=counts,
+        versions=versions,
+        duration_s=time.monotonic() - t0,
+        scan_s=scan_s,
+        layout=ledger_plan.layout.value,
+        units=len(tasks),
+        quarantined=counts.get("quarantine", 0),
+    )

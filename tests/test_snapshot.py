@@ -1,0 +1,230 @@
+"""Snapshot end to end: a seeded ZooKeeper, a real Spark session, real Delta tables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+from pyspark.sql import SparkSession
+from sweeper.codecs.bookkeeper import decode_ledger_metadata, encode_ledger_metadata
+from sweeper.tables import open_table_store
+
+from sweeper.config import SweeperConfig
+from sweeper.layout import LedgerLayout, ledger_path
+from sweeper.sandbox.model import SandboxCluster, SandboxSpec, Status, build_cluster
+from sweeper.sandbox.seed import ledger_metadata, seed_zookeeper
+from sweeper.scan import bookkeeper as bk_scan
+from sweeper.snapshot import run_snapshot
+from sweeper.zk import KazooReader, WrongRootError, ZooKeeperUnavailableError
+from sweeper.zkserver import free_port
+from tests.conftest import ZkTarget
+
+
+def _config(target: ZkTarget, tables: Path) -> SweeperConfig:
+    return SweeperConfig().replace(
+        bookkeeper={"zookeeper": target.hosts}, tables={"root": str(tables), "engine": "delta-rs"}
+    )
+
+
+def _rows(store: Any, table: str) -> list[dict[str, Any]]:
+    return [row.asDict(recursive=True) for row in store.read(table).collect()]
+
+
+def _seeded(zk: KazooClient, layout: LedgerLayout, seed: int = 11, topics: int = 30) -> SandboxCluster:
+    cluster = build_cluster(SandboxSpec(seed=seed, topics=topics, layout=layout))
+    seed_zookeeper(zk, cluster)
+    return cluster
+
+
+def _expected_owner(custom: dict[str, bytes]) -> dict[str, str | None]:
+    text = {k: v.decode() for k, v in custom.items() if k != "pulsar/compactedTo"}
+    return {
+        "component": text.get("component"),
+        "managed_ledger": text.get("pulsar/managed-ledger"),
+        "cursor": text.get("pulsar/cursor"),
+        "schema_id": text.get("pulsar/schemaId"),
+        "compacted_topic": text.get("pulsar/compactedTopic"),
+        "bucket_key": text.get("pulsar/delayedIndexBucketKey"),
+        "bucket_topic": text.get("pulsar/delayedIndexTopic"),
+        "bucket_cursor": text.get("pulsar/delayedIndexCursor"),
+    }
+
+
+@pytest.mark.parametrize("layout", list(LedgerLayout))
+def test_every_seeded_ledger_and_reference_lands_in_its_table(
+    layout: LedgerLayout, zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path
+) -> None:
+    cluster = _seeded(zk, layout)
+    store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
+    result = run_snapshot(spark, _config(zk_target, tmp_path / "tables"), store)
+
+    assert result.layout == layout.value
+    assert result.counts["quarantine"] == 0, _rows(store, "quarantine")
+
+    ledgers = {row["ledger_id"]: row for row in _rows(store, "bk_ledgers")}
+    assert set(ledgers) == set(cluster.ledgers)
+    if layout is not LedgerLayout.FLAT:
+        assert any(ledger_id > 2**31 for ledger_id in ledgers), "the sandbox should exercise long ids"
+    for ledger_id, model in cluster.ledgers.items():
+        row = ledgers[ledger_id]
+        assert row["run_id"] == result.run_id
+        assert row["path"] == ledger_path("/ledgers", ledger_id, layout)
+        assert row["is_pulsar"] == (model.custom.get("application") == b"pulsar")
+        assert {k: row[k] for k in _expected_owner(model.custom)} == _expected_owner(model.custom)
+        assert row["state"] == model.state and row["length"] == model.length
+        assert row["format_version"] == model.format_version
+        if model.ctime_ms is not None:
+            assert (row["created_ms"], row["created_source"]) == (model.ctime_ms, "metadata")
+        else:
+            assert (row["created_ms"], row["created_source"]) == (row["zk_ctime_ms"], "znode")
+        if "pulsar/compactedTo" in model.custom:
+            assert row["custom_metadata_binary"]["pulsar/compactedTo"] == model.custom["pulsar/compactedTo"]
+
+    mls = {row["managed_ledger"]: row for row in _rows(store, "managed_ledgers")}
+    assert set(mls) == {ml.name for ml in cluster.managed_ledgers}
+    for ml in cluster.managed_ledgers:
+        assert mls[ml.name]["topic"] == ml.topic
+        assert mls[ml.name]["compression"] == ml.compression
+        assert mls[ml.name]["shadow_source"] == ml.properties.get("PULSAR.SHADOW_SOURCE")
+
+    ml_ledgers = {(r["managed_ledger"], r["ledger_id"]): r for r in _rows(store, "ml_ledgers")}
+    expected = {(ml.name, x.ledger_id): x for ml in cluster.managed_ledgers for x in ml.ledgers}
+    assert set(ml_ledgers) == set(expected)
+    for key, model_entry in expected.items():
+        row = ml_ledgers[key]
+        assert row["offloaded"] == (model_entry.offload is not None)
+        if model_entry.offload is not None:
+            assert row["offload_bookkeeper_deleted"] == model_entry.offload.bookkeeper_deleted
+            assert row["offload_bucket"] == model_entry.offload.bucket
+            assert row["offload_uuid"] is not None
+
+    cursors = {(r["managed_ledger"], r["cursor"]): r["cursors_ledger_id"] for r in _rows(store, "ml_cursors")}
+    assert cursors == {(ml.name, c.name): c.cursors_ledger_id for ml in cluster.managed_ledgers for c in ml.cursors}
+
+    refs = {(r["managed_ledger"], r["kind"], r["ledger_id"]) for r in _rows(store, "cursor_ledger_refs")}
+    expected_refs = set()
+    for ml in cluster.managed_ledgers:
+        for c in ml.cursors:
+            expected_refs |= {(ml.name, "delayed_bucket", int(v)) for v in c.string_properties.values()}
+            if c.name == "__compaction":
+                if "CompactedTopicLedger" in c.long_properties:
+                    expected_refs.add((ml.name, "compacted_ledger", c.long_properties["CompactedTopicLedger"]))
+                else:
+                    expected_refs.add((ml.name, "compacted_ledger_unreadable", None))
+    assert refs == expected_refs
+
+    schema_refs = {(r["schema_id"], r["ledger_id"]) for r in _rows(store, "schema_ledgers")}
+    assert schema_refs == {(s.schema_id, e.ledger_id) for s in cluster.schemas for e in s.entries}
+
+    # One Delta commit per table for the run, and a runs row saying so.
+    for table in ("bk_ledgers", "ml_ledgers", "ml_cursors", "schema_ledgers", "quarantine"):
+        assert store.version(table) == 0
+    runs = _rows(store, "runs")
+    assert [(r["run_id"], r["stage"], r["status"]) for r in runs] == [(result.run_id, "snapshot", "succeeded")]
+    assert runs[0]["counts"]["bk_ledgers"] == len(cluster.ledgers)
+
+
+def test_the_model_covers_every_status(zk: KazooClient) -> None:
+    cluster = build_cluster(SandboxSpec(seed=11, topics=30))
+    assert {ledger.status for ledger in cluster.ledgers.values()} == set(Status)
+
+
+def _put(zk: KazooClient, path: str, data: bytes) -> None:
+    zk.ensure_path(path.rsplit("/", 1)[0])
+    if zk.exists(path):
+        zk.set(path, data)
+    else:
+        zk.create(path, data)
+
+
+def test_bad_znodes_are_quarantined_and_the_rest_is_scanned(
+    zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path
+) -> None:
+    cluster = _seeded(zk, LedgerLayout.HIERARCHICAL, seed=5, topics=12)
+    base = max(i for i in cluster.ledgers if i < 2**31) + 100
+    good = encode_ledger_metadata(ledger_metadata(next(iter(cluster.ledgers.values()))))
+    non_utf8 = ledger_metadata(next(iter(cluster.ledgers.values())))
+    non_utf8.custom_metadata["pulsar/managed-ledger"] = b"\xff\xfe\xfd"
+    bad_ledgers = {
+        base + 1: (b"\x00\x01garbage\xff", "bad_header"),
+        base + 2: (b"BookieMetadataFormatVersion\t9\nwhatever", "unknown_format_version"),
+        base + 3: (good[: len(good) - 7], "truncated"),
+        base + 4: (encode_ledger_metadata(non_utf8), "invalid_utf8"),
+    }
+    for ledger_id, (data, _) in bad_ledgers.items():
+        _put(zk, ledger_path("/ledgers", ledger_id, LedgerLayout.HIERARCHICAL), data)
+    _put(zk, "/ledgers/00/0000/stray", b"not a ledger")
+    ml = cluster.managed_ledgers[0]
+    unknown_compression = b"\x47\x78" + (2).to_bytes(4, "big") + b"\x08\x07" + b"junk"
+    _put(zk, f"/managed-ledgers/{ml.name}", unknown_compression)
+    cursor_path = f"/managed-ledgers/{cluster.managed_ledgers[1].name}/broken-cursor"
+    _put(zk, cursor_path, b"\x08")
+    _put(zk, "/schemas/tenant-0/ns-0/broken", b"\xff\xff\xff")
+
+    store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
+    result = run_snapshot(spark, _config(zk_target, tmp_path / "tables"), store)
+
+    quarantine = {row["path"]: row for row in _rows(store, "quarantine")}
+    for ledger_id, (data, kind) in bad_ledgers.items():
+        row = quarantine[ledger_path("/ledgers", ledger_id, LedgerLayout.HIERARCHICAL)]
+        assert (row["error_kind"], row["ledger_id"], row["raw"]) == (kind, ledger_id, data), row
+        assert row["error"]
+    assert quarantine["/ledgers/00/0000/stray"]["error_kind"] == "unexpected_znode"
+    assert quarantine[f"/managed-ledgers/{ml.name}"]["owner"] == ml.name
+    assert quarantine[f"/managed-ledgers/{ml.name}"]["error_kind"] == "unknown_compression"
+    assert quarantine[cursor_path]["source"] == "cursor"
+    assert quarantine["/schemas/tenant-0/ns-0/broken"]["source"] == "schema"
+    assert result.counts["quarantine"] == len(quarantine) == len(bad_ledgers) + 4
+
+    # Everything else still arrived.
+    scanned = {row["ledger_id"] for row in _rows(store, "bk_ledgers")}
+    assert scanned == set(cluster.ledgers)
+    assert result.counts["managed_ledgers"] == len(cluster.managed_ledgers) - 1
+
+
+def test_znodes_vanishing_mid_scan_are_skipped_quietly(zk: KazooClient, zk_target: ZkTarget) -> None:
+    cluster = _seeded(zk, LedgerLayout.HIERARCHICAL, seed=3, topics=8)
+    plan = bk_scan.plan_ledger_units(zk, "/ledgers")
+    gone = sorted(cluster.ledgers)[:5]
+    for ledger_id in gone:  # deleted by Pulsar between listing and reading
+        zk.delete(ledger_path("/ledgers", ledger_id, LedgerLayout.HIERARCHICAL))
+    rows = list(bk_scan.scan_ledger_units(KazooReader(zk), "/ledgers", plan.units))
+    assert [r for r in rows if r["record_type"] == "quarantine"] == []
+    assert {r["ledger_id"] for r in rows} == set(cluster.ledgers) - set(gone)
+    decoded = decode_ledger_metadata(zk.get(ledger_path("/ledgers", sorted(cluster.ledgers)[6],
+                                                        LedgerLayout.HIERARCHICAL))[0])
+    assert decoded.format_version in (2, 3)
+
+
+def test_wrong_root_fails_the_run_naming_the_path(
+    zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path
+) -> None:
+    _seeded(zk, LedgerLayout.HIERARCHICAL, seed=2, topics=3)
+    cfg = _config(zk_target, tmp_path / "tables").replace(bookkeeper={"ledgers_root": "/bookkeeper/ledgers"})
+    store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
+    with pytest.raises(WrongRootError, match="/bookkeeper/ledgers"):
+        run_snapshot(spark, cfg, store)
+    runs = _rows(store, "runs")
+    assert [r["status"] for r in runs] == ["failed"] and "/bookkeeper/ledgers" in runs[0]["message"]
+    assert not store.exists("bk_ledgers")
+
+
+def test_a_root_without_layout_is_refused(zk: KazooClient, zk_target: ZkTarget, spark: SparkSession,
+                                          tmp_path: Path) -> None:
+    zk.ensure_path("/ledgers/00/0000")
+    store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
+    with pytest.raises(Exception, match="LAYOUT"):
+        run_snapshot(spark, _config(zk_target, tmp_path / "tables"), store)
+
+
+def test_unreachable_zookeeper_is_a_clear_error(spark: SparkSession, tmp_path: Path) -> None:
+    hosts = f"127.0.0.1:{free_port()}"
+    cfg = SweeperConfig().replace(
+        bookkeeper={"zookeeper": hosts, "session_timeout_s": 2.0},
+        tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"},
+    )
+    store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
+    with pytest.raises(ZooKeeperUnavailableError, match=hosts):
+        run_snapshot(spark, cfg, store)
