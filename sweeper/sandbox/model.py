@@ -535,6 +535,9 @@ class _Builder:
             self.delete_topic(ml)
         doomed_names = {ml.name for ml, _ in doomed}
         self.managed_ledgers = [ml for ml, _ in mls if ml.name not in doomed_names]
+        # A missing ledger listed only by a deleted topic is no longer referenced at all.
+        listed = {x.ledger_id for ml in self.managed_ledgers for x in ml.ledgers}
+        self.missing = [i for i in self.missing if i in listed]
         # A schema goes with its topic, unless another partition of the same topic survives.
         surviving = {schema_id_of(ml) for ml in self.managed_ledgers}
         doomed_schemas = {schema_id_of(ml) for ml, _ in doomed} - surviving

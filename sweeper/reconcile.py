@@ -1,0 +1,352 @@
+"""The reconcile action: anti-join a snapshot into orphans, with reasons, gates and a report.
+
+Spark does the set work (which ledger ids nothing references, which owners exist); the verdict
+for each unreferenced ledger comes from `sweeper.classify`, a pure function; the safety rules
+from `sweeper.safety`. One run's snapshot in, one run's `orphans` and `orphan_report` out.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from sweeper.classify import LedgerFacts, Verdict, classify
+from sweeper.safety import CircuitBreaker, GracePeriod, Scope
+from sweeper.scan.pulsar import split_ml_name
+from sweeper.table_schemas import ORPHAN_REPORT, ORPHANS, SNAPSHOT_TABLES
+from sweeper.tables import TableStore
+
+# Orphan row statuses: only `candidate` may ever be emitted or deleted.
+CANDIDATE = "candidate"
+YOUNG = "young"
+OUT_OF_SCOPE = "out_of_scope"
+UNKNOWN = "unknown"
+MISSING = "missing"
+
+
+class ReconcileRefused(RuntimeError):
+    """The run stops before planning anything: a gate failed or the breaker tripped."""
+
+    def __init__(self, message: str, failures: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.failures = failures or []
+
+
+@dataclass(frozen=True)
+class SafetySettings:
+    grace: GracePeriod = field(default_factory=GracePeriod)
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
+    scope: Scope = field(default_factory=Scope)
+
+
+@dataclass
+class ReconcileResult:
+    run_id: str
+    counts: dict[str, int]
+    by_reason: dict[str, int]
+    duration_s: float
+    report: list[dict[str, Any]]
+
+
+def snapshot_frames(store: TableStore, run_id: str) -> dict[str, DataFrame]:
+    return {name: store.read(name).where(F.col("run_id") == run_id) for name in SNAPSHOT_TABLES}
+
+
+def references(frames: dict[str, DataFrame]) -> DataFrame:
+    """(ledger_id, ref_kind, owner, referrer): every live reference in the snapshot."""
+    ml = frames["ml_ledgers"]
+    live_ml = ml.where(~(F.coalesce(F.col("offload_bookkeeper_deleted"), F.lit(False))))
+    parts = [
+        live_ml.select(
+            "ledger_id",
+            F.lit("managed_ledger").alias("ref_kind"),
+            F.col("managed_ledger").alias("owner"),
+            F.col("managed_ledger").alias("referrer"),
+        ),
+        frames["ml_cursors"]
+        .where(F.col("cursors_ledger_id") >= 0)
+        .select(
+            F.col("cursors_ledger_id").alias("ledger_id"),
+            F.lit("cursor").alias("ref_kind"),
+            F.col("managed_ledger").alias("owner"),
+            F.concat_ws("/", "managed_ledger", "cursor_znode").alias("referrer"),
+        ),
+        frames["cursor_ledger_refs"]
+        .where(F.col("ledger_id").isNotNull())
+        .select(
+            "ledger_id",
+            F.col("kind").alias("ref_kind"),
+            F.col("managed_ledger").alias("owner"),
+            F.concat_ws(" ", "managed_ledger", "cursor", "ref_key").alias("referrer"),
+        ),
+        frames["schema_ledgers"].select(
+            "ledger_id",
+            F.lit("schema").alias("ref_kind"),
+            F.col("schema_id").alias("owner"),
+            F.col("schema_id").alias("referrer"),
+        ),
+    ]
+    out = parts[0]
+    for part in parts[1:]:
+        out = out.unionByName(part)
+    return out
+
+
+def _facts_frame(frames: dict[str, DataFrame], refs: DataFrame) -> DataFrame:
+    """Unreferenced Pulsar ledgers with the facts `classify` needs, one row each."""
+    bk = frames["bk_ledgers"].where(F.col("is_pulsar"))
+    unreferenced = bk.join(refs.select("ledger_id").distinct(), "ledger_id", "left_anti")
+    mls = frames["managed_ledgers"]
+    ml_names = mls.select(F.col("managed_ledger").alias("_ml"), F.lit(True).alias("_ml_exists"))
+    topics = mls.select(F.col("topic_name").alias("_topic"), F.col("managed_ledger").alias("_topic_ml"))
+    quarantined = (
+        frames["quarantine"]
+        .where(F.col("owner").isNotNull())
+        .select(F.col("owner").alias("_q_owner"))
+        .distinct()
+        .withColumn("_quarantined", F.lit(True))
+    )
+    cursors = frames["ml_cursors"].select(
+        F.col("managed_ledger").alias("_c_ml"), F.col("cursor_znode").alias("_c"), F.lit(True).alias("_cursor_exists")
+    )
+    schemas = (
+        frames["schema_ledgers"]
+        .select(F.col("schema_id").alias("_schema"), F.lit(True).alias("_schema_exists"))
+        .distinct()
+    )
+    compaction = (
+        frames["cursor_ledger_refs"]
+        .where(F.col("kind").startswith("compacted_ledger"))
+        .groupBy(F.col("managed_ledger").alias("_cp_ml"))
+        .agg(F.min(F.col("kind") == "compacted_ledger").alias("_compaction_readable"))
+    )
+    bk_deleted = (
+        frames["ml_ledgers"]
+        .where(F.col("offload_bookkeeper_deleted"))
+        .select("ledger_id")
+        .distinct()
+        .withColumn("_bk_deleted", F.lit(True))
+    )
+
+    owner_topic = F.coalesce(F.col("bucket_topic"), F.col("compacted_topic"))
+    facts = (
+        unreferenced.withColumn("owner_topic", owner_topic)
+        .join(topics, F.col("owner_topic") == F.col("_topic"), "left")
+        .withColumn("owner_ml", F.coalesce(F.col("managed_ledger"), F.col("_topic_ml")))
+        .join(ml_names, F.col("owner_ml") == F.col("_ml"), "left")
+        .join(cursors, (F.col("owner_ml") == F.col("_c_ml")) & (F.col("cursor") == F.col("_c")), "left")
+        .join(schemas, F.col("schema_id") == F.col("_schema"), "left")
+        .join(compaction, F.col("owner_ml") == F.col("_cp_ml"), "left")
+        .join(bk_deleted, "ledger_id", "left")
+        .join(quarantined, F.coalesce(F.col("owner_ml"), F.col("schema_id")) == F.col("_q_owner"), "left")
+    )
+    return facts.select(
+        "ledger_id",
+        "path",
+        "zk_version",
+        "component",
+        "managed_ledger",
+        "cursor",
+        "schema_id",
+        "owner_topic",
+        "owner_ml",
+        "bucket_key",
+        "length",
+        "created_ms",
+        "created_source",
+        F.coalesce(F.col("_ml_exists"), F.lit(False)).alias("ml_exists"),
+        F.coalesce(F.col("_schema_exists"), F.lit(False)).alias("schema_exists"),
+        F.coalesce(F.col("_cursor_exists"), F.lit(False)).alias("cursor_exists"),
+        F.col("_compaction_readable").alias("compaction_readable"),
+        F.coalesce(F.col("_bk_deleted"), F.lit(False)).alias("bk_deleted"),
+        F.coalesce(F.col("_quarantined"), F.lit(False)).alias("owner_quarantined"),
+    )
+
+
+def owner_scope(managed_ledger: str | None, schema_id: str | None, topic: str | None) -> tuple[str | None, ...]:
+    """(tenant, namespace, topic) of a ledger's owner, from whichever name it has."""
+    if managed_ledger:
+        return split_ml_name(managed_ledger)
+    if schema_id and schema_id.count("/") >= 2:
+        tenant, namespace, local = schema_id.split("/", 2)
+        return tenant, namespace, local
+    if topic and "://" in topic:
+        parts = topic.split("://", 1)[1].split("/")
+        if len(parts) >= 3:
+            return parts[0], "/".join(parts[1:-1]), parts[-1]
+    return None, None, None
+
+
+def _classify_partition(
+    batches: Iterator[pa.RecordBatch], run_id: str, now_ms: int, settings: SafetySettings
+) -> Iterator[pa.RecordBatch]:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    schema = to_arrow_schema(ORPHANS, timezone="UTC")
+    captured_at = datetime.fromtimestamp(now_ms / 1000, UTC)
+    for batch in batches:
+        out = []
+        for r in batch.to_pylist():
+            component = r["component"]
+            owner_exists = r["schema_exists"] if component == "schema" else r["ml_exists"]
+            facts = LedgerFacts(
+                is_pulsar=True,
+                referenced=False,
+                component=component,
+                managed_ledger=r["owner_ml"] if component != "schema" else None,
+                cursor=r["cursor"],
+                schema_id=r["schema_id"],
+                owner_topic=r["owner_topic"],
+                listed_as_bookkeeper_deleted=r["bk_deleted"],
+                owner_exists=owner_exists,
+                owner_quarantined=r["owner_quarantined"],
+                cursor_exists=r["cursor_exists"],
+                compaction_readable=r["compaction_readable"],
+            )
+            verdict = classify(facts)
+            tenant, namespace, topic = owner_scope(facts.managed_ledger, r["schema_id"], r["owner_topic"])
+            if verdict.verdict is Verdict.UNKNOWN:
+                status = UNKNOWN
+            elif not settings.grace.is_old_enough(r["created_ms"], now_ms):
+                status = YOUNG
+            elif not settings.scope.permits(tenant, namespace):
+                status = OUT_OF_SCOPE
+            else:
+                status = CANDIDATE
+            out.append(
+                {
+                    "run_id": run_id,
+                    "captured_at": captured_at,
+                    "object_type": "ledger",
+                    "ledger_id": r["ledger_id"],
+                    "status": status,
+                    "verdict": verdict.verdict.value,
+                    "reason": verdict.reason.value,
+                    "detail": verdict.detail,
+                    "component": component,
+                    "tenant": tenant,
+                    "namespace": namespace,
+                    "topic": topic,
+                    "managed_ledger": facts.managed_ledger,
+                    "cursor": r["cursor"],
+                    "schema_id": r["schema_id"],
+                    "bucket_key": r["bucket_key"],
+                    "size_bytes": r["length"],
+                    "created_ms": r["created_ms"],
+                    "age_ms": now_ms - r["created_ms"] if r["created_ms"] else None,
+                    "created_source": r["created_source"],
+                    "zk_path": r["path"],
+                    "zk_version": r["zk_version"],
+                }
+            )
+        if out:
+            yield pa.RecordBatch.from_pylist(out, schema=schema)
+
+
+def missing_ledgers(frames: dict[str, DataFrame], refs: DataFrame, run_id: str, now_ms: int) -> DataFrame:
+    """Referenced ledgers absent from BookKeeper: data loss to report, never anything to delete."""
+    known = (
+        frames["bk_ledgers"]
+        .select("ledger_id")
+        .unionByName(frames["quarantine"].where(F.col("ledger_id").isNotNull()).select("ledger_id"))
+    )
+    missing = refs.join(known, "ledger_id", "left_anti")
+    grouped = missing.groupBy("ledger_id").agg(
+        F.first("ref_kind").alias("ref_kind"), F.first("owner").alias("owner"), F.first("referrer").alias("referrer")
+    )
+    columns = {f.name: F.lit(None).cast(f.dataType) for f in ORPHANS.fields}
+    columns.update(
+        {
+            "run_id": F.lit(run_id),
+            "captured_at": F.lit(datetime.fromtimestamp(now_ms / 1000, UTC)).cast("timestamp"),
+            "object_type": F.lit("missing_ledger"),
+            "ledger_id": F.col("ledger_id"),
+            "status": F.lit(MISSING),
+            "verdict": F.lit("missing"),
+            "reason": F.concat(F.lit("referenced_by_"), F.col("ref_kind")),
+            "detail": F.concat(F.lit("referenced by "), F.col("referrer"), F.lit(" but absent from BookKeeper")),
+            "managed_ledger": F.when(F.col("ref_kind") != "schema", F.col("owner")),
+            "schema_id": F.when(F.col("ref_kind") == "schema", F.col("owner")),
+        }
+    )
+    return grouped.select(*[columns[f.name].alias(f.name) for f in ORPHANS.fields])
+
+
+def build_report(orphans: DataFrame, run_id: str) -> DataFrame:
+    """Per tenant / namespace / topic: candidates, reclaimable bytes, and how old they are."""
+    candidates = orphans.where(F.col("status") == CANDIDATE)
+    day = 86_400_000.0
+    return (
+        candidates.groupBy("tenant", "namespace", "topic")
+        .agg(
+            F.count("*").alias("orphans"),
+            F.sum(F.coalesce("size_bytes", F.lit(0))).alias("reclaimable_bytes"),
+            (F.min("age_ms") / day).alias("min_age_days"),
+            (F.expr("percentile_approx(age_ms, 0.5)") / day).alias("median_age_days"),
+            (F.max("age_ms") / day).alias("max_age_days"),
+            F.sort_array(F.collect_set("reason")).alias("reasons"),
+        )
+        .withColumn("run_id", F.lit(run_id))
+        .select(*ORPHAN_REPORT.fieldNames())
+    )
+
+
+def check_snapshot_run(store: TableStore, run_id: str) -> dict[str, int]:
+    """The run's snapshot must have succeeded, be complete, and not be reconciled already."""
+    if not store.exists("runs"):
+        raise ReconcileRefused(f"no successful snapshot for run {run_id}: there is no runs table")
+    runs = store.read("runs").where((F.col("run_id") == run_id) & (F.col("stage") == "snapshot")
+                                    & (F.col("status") == "succeeded")).collect()
+    if not runs:
+        raise ReconcileRefused(f"no successful snapshot for run {run_id}")
+    if store.exists("orphans") and store.read("orphans").where(F.col("run_id") == run_id).limit(1).count():
+        raise ReconcileRefused(f"run {run_id} is already reconciled: start a new run")
+    return dict(runs[-1]["counts"] or {})
+
+
+def run_reconcile(
+    spark: SparkSession,
+    store: TableStore,
+    run_id: str,
+    settings: SafetySettings | None = None,
+    now_ms: int | None = None,
+) -> ReconcileResult:
+    settings = settings or SafetySettings()
+    started = time.monotonic()
+    check_snapshot_run(store, run_id)
+    frames = snapshot_frames(store, run_id)
+    refs = references(frames).cache()
+    facts = _facts_frame(frames, refs)
+    captured = frames["bk_ledgers"].agg(F.max("captured_at")).first()
+    if now_ms is None:
+        now_ms = int(captured[0].timestamp() * 1000) if captured and captured[0] else int(time.time() * 1000)
+    classified = facts.mapInArrow(lambda b: _classify_partition(b, run_id, now_ms, settings), ORPHANS)
+    orphans = classified.unionByName(missing_ledgers(frames, refs, run_id, now_ms)).cache()
+    counts_rows = orphans.groupBy("status").count().collect()
+    counts = {row["status"]: int(row["count"]) for row in counts_rows}
+    by_reason = {
+        row["reason"]: int(row["count"])
+        for row in orphans.where(F.col("status") == CANDIDATE).groupBy("reason").count().collect()
+    }
+    pulsar_ledgers = frames["bk_ledgers"].where(F.col("is_pulsar")).count()
+    counts["pulsar_ledgers"] = pulsar_ledgers
+    counts["non_pulsar_ledgers"] = frames["bk_ledgers"].where(~F.col("is_pulsar")).count()
+    tripped = settings.breaker.tripped(counts.get(CANDIDATE, 0), pulsar_ledgers)
+    if tripped:
+        refs.unpersist()
+        orphans.unpersist()
+        raise ReconcileRefused(tripped, [tripped])
+    store.append("orphans", orphans, ORPHANS, commit_metadata={"run_id": run_id, "stage": "reconcile"})
+    report = build_report(orphans, run_id)
+    store.append("orphan_report", report, ORPHAN_REPORT, commit_metadata={"run_id": run_id, "stage": "reconcile"})
+    report_rows = [r.asDict() for r in report.orderBy(F.desc("reclaimable_bytes")).limit(20).collect()]
+    refs.unpersist()
+    orphans.unpersist()
+    return ReconcileResult(run_id, counts, by_reason, time.monotonic() - started, report_rows)
