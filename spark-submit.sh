@@ -7,7 +7,7 @@
 #   SPARK_MASTER       --master (default: local[*])
 #   SPARK_SUBMIT       spark-submit binary (default: spark-submit on PATH, else the venv's)
 #   PYSPARK_PYTHON     Python on the executors (must have the project's dependencies)
-#   DELTA_PACKAGES     Maven coordinates for delta-spark (default io.delta:delta-spark_2.13:4.0.0);
+#   DELTA_PACKAGES     Maven coordinates for delta-spark (default io.delta:delta-spark_4.2_2.13:4.4.1);
 #                      set to "" to rely on jars already on the cluster's classpath
 #   SPARK_EXTRA_ARGS   anything else for spark-submit (e.g. "--deploy-mode cluster --num-executors 8")
 # Exit codes are the stage's own: 0 ok, 2 configuration error, 3 refused (wrong root,
@@ -30,7 +30,7 @@ with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_DEFLATED) as zf:
 PY
 )
 
-delta_packages="${DELTA_PACKAGES-io.delta:delta-spark_2.13:4.0.0}"
+delta_packages="${DELTA_PACKAGES-io.delta:delta-spark_4.2_2.13:4.4.1}"
 args=(--master "${SPARK_MASTER:-local[*]}" --name "ledger-sweeper-$stage" --py-files "$build/ledger_sweeper.zip")
 if [ -n "$delta_packages" ]; then
   args+=(--packages "$delta_packages"

@@ -62,3 +62,25 @@ def shared_fixtures() -> Path:
     if not SHARED_FIXTURES.is_dir():
         pytest.skip(f"shared fixtures not found at {SHARED_FIXTURES} (a clone without ../shared)")
     return SHARED_FIXTURES
+
+
+# ---- spark: one local SparkSession for the whole test session (sweeper.spark) ----------------
+# Session-scoped because starting the JVM costs seconds; tests isolate through tmp_path tables.
+
+from pyspark.sql import SparkSession  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    from sweeper.spark import get_spark
+
+    session = get_spark(
+        "ledger-sweeper-tests",
+        master="local[2]",
+        conf={"spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "4", "spark.driver.memory": "2g"},
+    )
+    yield session
+    session.stop()
+
+
+# ---- end spark -------------------------------------------------------------------------------

@@ -1,0 +1,326 @@
+"""What every table engine shares: the errors, the result type, and schema enforcement.
+
+Schema rules are checked here, before any engine writes, so both engines accept and refuse the
+same appends: columns are matched by name (order does not matter, the table's order is used),
+types must be equal, and nullability is not a type difference: a NOT NULL column accepts a
+nullable column whose rows hold no nulls, and fails the write otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, ClassVar
+from urllib.parse import urlparse
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql.types import (
+    ArrayType,
+    BooleanType,
+    ByteType,
+    DataType,
+    DateType,
+    IntegerType,
+    LongType,
+    MapType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from sweeper.tables.files import NotNullViolation, check_not_null, is_local
+
+# Keys we add to every commit's metadata (user keys cannot override them).
+COMMIT_ID_KEY = "sweeper.commit_id"
+TABLE_KEY = "sweeper.table"
+ENGINE_KEY = "sweeper.engine"
+ROWS_KEY = "sweeper.rows"
+FILES_KEY = "sweeper.files"
+
+PARTITION_TYPES = (StringType, IntegerType, LongType, ShortType, ByteType, BooleanType, DateType)
+_TABLE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+
+
+class TableNotFoundError(LookupError):
+    """No Delta table (or no such version of it) at the path."""
+
+
+class TableSchemaError(ValueError):
+    """Data whose columns or types don't match the table's; nothing was committed."""
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    table: str
+    version: int  # Delta table version created by this commit (the current one when nothing was committed)
+    rows: int
+    files: int
+    engine: str
+
+
+# --------------------------------------------------------------------------- schema helpers
+
+
+def loose_type(dtype: DataType) -> DataType:
+    """The type with nullability and field metadata erased: what "same type" means here."""
+    if isinstance(dtype, StructType):
+        return StructType([StructField(f.name, loose_type(f.dataType), True) for f in dtype.fields])
+    if isinstance(dtype, ArrayType):
+        return ArrayType(loose_type(dtype.elementType), True)
+    if isinstance(dtype, MapType):
+        return MapType(loose_type(dtype.keyType), loose_type(dtype.valueType), True)
+    return dtype
+
+
+def schema_problems(actual: StructType, expected: StructType) -> list[str]:
+    """Differences between `actual` (the data) and `expected` (the table), as readable lines."""
+    have = {f.name: f.dataType for f in actual.fields}
+    want = {f.name: f.dataType for f in expected.fields}
+    problems = []
+    missing = [n for n in want if n not in have]
+    extra = [n for n in have if n not in want]
+    if missing:
+        problems.append(f"missing column(s): {', '.join(missing)}")
+    if extra:
+        problems.append(f"unexpected column(s): {', '.join(extra)}")
+    for name, dtype in want.items():
+        if name in have and loose_type(have[name]) != loose_type(dtype):
+            problems.append(f"column {name!r}: data has {have[name].simpleString()}, table has {dtype.simpleString()}")
+    if len(have) != len(actual.fields):
+        problems.append("duplicate column names in the data")
+    return problems
+
+
+def arrow_schema(schema: StructType) -> pa.Schema:
+    """Arrow schema of the table's Parquet files, exactly as Delta maps the Spark/Delta types
+    (timestamp -> timestamp[us, tz=UTC], timestamp_ntz -> timestamp[us], map entries key/value)."""
+    from deltalake import Schema as DeltaSchema
+
+    return pa.schema(DeltaSchema.from_json(schema.json()).to_arrow())
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Row) and hasattr(value, "__fields__"):
+        return value.asDict(recursive=True)
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple) and not isinstance(value, Row):
+        return [_plain(v) for v in value]
+    return value
+
+
+def rows_to_arrow(name: str, rows: Sequence[Mapping[str, Any] | Row | tuple], schema: StructType) -> pa.Table:
+    """Driver-side rows as an Arrow table of the table's types. Naive datetimes are taken as UTC."""
+    names = schema.fieldNames()
+    known = set(names)
+    records = []
+    for i, row in enumerate(rows):
+        if isinstance(row, Row) and hasattr(row, "__fields__"):
+            record = row.asDict(recursive=True)
+        elif isinstance(row, Mapping):
+            record = {k: _plain(v) for k, v in row.items()}
+        elif isinstance(row, tuple | list):
+            if len(row) != len(names):
+                raise TableSchemaError(f"table {name!r}: row {i} has {len(row)} values for {len(names)} columns")
+            record = {k: _plain(v) for k, v in zip(names, row, strict=True)}
+        else:
+            raise TableSchemaError(f"table {name!r}: row {i} is a {type(row).__name__}, not a dict or Row")
+        unknown = [k for k in record if k not in known]
+        if unknown:
+            # Silently dropping a misspelt key would store a null where the caller meant a value.
+            raise TableSchemaError(f"table {name!r}: row {i} has unknown column(s) {', '.join(map(str, unknown))}")
+        records.append(record)
+    target = arrow_schema(schema)
+    try:
+        table = pa.Table.from_pylist(records, schema=target)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
+        raise TableSchemaError(f"table {name!r}: rows don't fit the table schema: {exc}") from exc
+    for i, fld in enumerate(target):
+        check_not_null(table.column(i).combine_chunks(), fld, fld.name, name)
+    return table
+
+
+def to_millis(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return int(value.timestamp() * 1000)
+    return int(value)
+
+
+def parse_user_metadata(value: Any) -> dict[str, str]:
+    if not value:
+        return {}
+    try:
+        parsed = json.loads(value) if isinstance(value, str) else value
+    except ValueError:
+        return {"userMetadata": str(value)}
+    if not isinstance(parsed, dict):
+        return {"userMetadata": str(value)}
+    return {str(k): str(v) for k, v in parsed.items()}
+
+
+def history_entry(version: int, timestamp: Any, operation: Any, parameters: Any, metrics: Any,
+                  user_metadata: Any, engine_info: Any) -> dict[str, Any]:
+    """One commit, in the same shape for both engines."""
+    metadata = parse_user_metadata(user_metadata)
+    metrics = dict(metrics or {})
+    # Rows added: our delta-rs commits record it in their metadata, Delta-Spark and delta-rs's own
+    # writer in their operation metrics.
+    rows = metadata.get(ROWS_KEY, metrics.get("numOutputRows", metrics.get("num_added_rows")))
+    return {
+        "version": int(version),
+        "timestamp": to_millis(timestamp),  # ms since the epoch, UTC
+        "operation": operation,
+        "rows": int(rows) if rows is not None else None,
+        "operation_parameters": dict(parameters or {}),
+        "operation_metrics": metrics,
+        "metadata": metadata,  # what append(commit_metadata=...) recorded, plus sweeper.* keys
+        "engine_info": engine_info,
+    }
+
+
+def normalize_root(root: str) -> str:
+    if not root:
+        raise ValueError("table root is empty")
+    if is_local(root):
+        local = urlparse(root).path if root.startswith("file:") else root
+        return os.path.abspath(os.path.expanduser(local))
+    return root.rstrip("/")
+
+
+# --------------------------------------------------------------------------- the API
+
+
+class TableStore(ABC):
+    """Named Delta tables under one root; `name` lives at f"{root}/{name}".
+
+    Every append is one atomic Delta commit (or none). History of each commit carries the
+    caller's `commit_metadata` plus `sweeper.commit_id`, `sweeper.table` and `sweeper.engine`.
+    """
+
+    engine: ClassVar[str] = ""
+
+    def __init__(self, root: str, spark: SparkSession, storage_options: dict[str, str] | None = None) -> None:
+        self.root = normalize_root(root)
+        self.spark = spark
+        # Credentials may be in here: never log or repr them.
+        self._storage_options = dict(storage_options or {})
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(root={self.root!r}, engine={self.engine!r})"
+
+    def path(self, name: str) -> str:
+        if not _TABLE_NAME.match(name or ""):
+            raise ValueError(f"bad table name {name!r}: letters, digits, '_', '.', '-' only")
+        return f"{self.root}/{name}"
+
+    # ---- per-engine
+
+    @abstractmethod
+    def exists(self, name: str) -> bool: ...
+
+    @abstractmethod
+    def version(self, name: str) -> int | None:
+        """Latest version, or None when there is no table."""
+
+    @abstractmethod
+    def history(self, name: str) -> list[dict[str, Any]]:
+        """Commits newest first: version, timestamp (ms), operation, rows (added, when known),
+        operation_parameters, operation_metrics, metadata (the commit_metadata given to append,
+        plus sweeper.commit_id/table/engine), engine_info."""
+
+    @abstractmethod
+    def read(self, name: str, version: int | None = None) -> DataFrame:
+        """The table (or an earlier version of it) as a Spark DataFrame."""
+
+    @abstractmethod
+    def layout(self, name: str) -> tuple[StructType, list[str]] | None:
+        """(schema, partition columns) of the table, or None when there is none."""
+
+    @abstractmethod
+    def _append_frame(self, name: str, df: DataFrame, schema: StructType, partition_by: list[str],
+                      create: bool, metadata: dict[str, str]) -> CommitResult: ...
+
+    @abstractmethod
+    def _append_arrow(self, name: str, table: pa.Table, schema: StructType, partition_by: list[str],
+                      create: bool, metadata: dict[str, str]) -> CommitResult: ...
+
+    # ---- shared
+
+    def append(self, name: str, df: DataFrame, schema: StructType | None = None,
+               partition_by: list[str] | None = None, *,
+               commit_metadata: Mapping[str, Any] | None = None) -> CommitResult:
+        """Append all rows of `df` in ONE Delta commit, creating the table (with `schema`, else
+        df.schema, and `partition_by`) when missing.
+
+        A df with zero rows creates a missing table (that commit is the result) and otherwise
+        commits nothing: the result then carries the current version and rows=0, files=0.
+        Raises TableSchemaError, before anything is written, when the columns or types differ
+        from the table's (or from `schema`); rows with nulls in NOT NULL columns fail the write.
+        """
+        table_schema, parts, create = self._resolve(name, schema, df.schema, partition_by)
+        problems = schema_problems(df.schema, table_schema)
+        if problems:
+            raise TableSchemaError(f"cannot append to table {name!r} at {self.path(name)}: " + "; ".join(problems))
+        aligned = df.select(*[df[c] for c in table_schema.fieldNames()])
+        return self._append_frame(name, aligned, table_schema, parts, create, self._metadata(name, commit_metadata))
+
+    def append_rows(self, name: str, rows: Sequence[Mapping[str, Any] | Row], schema: StructType, *,
+                    commit_metadata: Mapping[str, Any] | None = None) -> CommitResult:
+        """append() for a few rows built on the driver (runs, quarantine): dicts keyed by column
+        (missing keys are null, unknown keys are an error) or Rows. Naive datetimes mean UTC."""
+        table_schema, parts, create = self._resolve(name, schema, schema, None)
+        table = rows_to_arrow(name, list(rows), table_schema)
+        return self._append_arrow(name, table, table_schema, parts, create, self._metadata(name, commit_metadata))
+
+    def _resolve(self, name: str, schema: StructType | None, fallback: StructType,
+                 partition_by: list[str] | None) -> tuple[StructType, list[str], bool]:
+        """(schema, partition columns, whether the table must be created)."""
+        layout = self.layout(name)
+        if layout is not None:
+            table_schema, table_parts = layout
+            if schema is not None:
+                problems = schema_problems(schema, table_schema)
+                if problems:
+                    raise TableSchemaError(
+                        f"table {name!r} at {self.path(name)} has another schema than the one given: "
+                        + "; ".join(problems))
+            if partition_by is not None and list(partition_by) != list(table_parts):
+                raise TableSchemaError(
+                    f"table {name!r} is partitioned by {table_parts}, not {list(partition_by)}")
+            return table_schema, list(table_parts), False
+        table_schema = schema if schema is not None else fallback
+        parts = list(partition_by or [])
+        for col in parts:
+            if col not in table_schema.fieldNames():
+                raise TableSchemaError(f"table {name!r}: partition column {col!r} is not in the schema")
+            if not isinstance(table_schema[col].dataType, PARTITION_TYPES):
+                raise TableSchemaError(
+                    f"table {name!r}: partition column {col!r} has type {table_schema[col].dataType.simpleString()}; "
+                    "use string, integral, boolean or date")
+        if len(set(table_schema.fieldNames())) != len(table_schema.fields):
+            raise TableSchemaError(f"table {name!r}: duplicate column names in {table_schema.fieldNames()}")
+        return table_schema, parts, True
+
+    def _metadata(self, name: str, commit_metadata: Mapping[str, Any] | None) -> dict[str, str]:
+        metadata = {str(k): str(v) for k, v in (commit_metadata or {}).items()}
+        metadata.update({COMMIT_ID_KEY: uuid.uuid4().hex, TABLE_KEY: name, ENGINE_KEY: self.engine})
+        return metadata
+
+
+__all__ = [
+    "CommitResult",
+    "NotNullViolation",
+    "TableNotFoundError",
+    "TableSchemaError",
+    "TableStore",
+]

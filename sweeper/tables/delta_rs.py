@@ -1,0 +1,263 @@
+"""Delta tables written by Spark tasks with pyarrow and committed with delta-rs.
+
+Runs anywhere pyspark does, with no Delta jars. A write is two steps:
+1. every Spark task writes its partition's rows as Parquet file(s) straight into the table
+   directory and returns one small record per file (path, size, stats);
+2. the driver commits all those files as ONE Delta transaction with delta-rs.
+Nothing big crosses to the driver, and the table changes atomically or not at all: a failed
+job commits nothing, and files of failed or duplicate task attempts are never referenced.
+
+Reading hands Spark the active file list of the wanted version, so time travel is a file list.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pyarrow as pa
+from deltalake import DeltaTable
+from deltalake import Schema as DeltaSchema
+from deltalake.transaction import AddAction, CommitProperties, create_table_with_add_actions
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType
+
+from sweeper.tables.base import (
+    COMMIT_ID_KEY,
+    FILES_KEY,
+    ROWS_KEY,
+    CommitResult,
+    TableNotFoundError,
+    TableSchemaError,
+    TableStore,
+    arrow_schema,
+    history_entry,
+    parse_user_metadata,
+    schema_problems,
+)
+from sweeper.tables.files import (
+    FILE_RECORD_DDL,
+    TARGET_FILE_BYTES,
+    WriteSpec,
+    is_local,
+    write_files,
+    write_files_task,
+)
+
+_FILE_COLUMN = "__sweeper_file"
+
+
+class DeltaRsTableStore(TableStore):
+    engine = "delta-rs"
+
+    def __init__(self, root: str, spark: SparkSession, storage_options: dict[str, str] | None = None,
+                 target_file_bytes: int = TARGET_FILE_BYTES) -> None:
+        super().__init__(root, spark, storage_options)
+        self.target_file_bytes = target_file_bytes
+
+    # ---- reading the log
+
+    @property
+    def _options(self) -> dict[str, str] | None:
+        return self._storage_options or None
+
+    def exists(self, name: str) -> bool:
+        return DeltaTable.is_deltatable(self.path(name), self._options)
+
+    def _table(self, name: str, version: int | None = None) -> DeltaTable:
+        path = self.path(name)
+        if not self.exists(name):
+            raise TableNotFoundError(f"no Delta table {name!r} at {path}")
+        if version is None:
+            return DeltaTable(path, storage_options=self._options)
+        latest = DeltaTable(path, storage_options=self._options).version()
+        if not 0 <= version <= latest:
+            raise TableNotFoundError(f"Delta table {name!r} at {path} has no version {version} (latest is {latest})")
+        return DeltaTable(path, version=version, storage_options=self._options)
+
+    def version(self, name: str) -> int | None:
+        if not self.exists(name):
+            return None
+        return DeltaTable(self.path(name), storage_options=self._options).version()
+
+    def layout(self, name: str) -> tuple[StructType, list[str]] | None:
+        if not self.exists(name):
+            return None
+        table = DeltaTable(self.path(name), storage_options=self._options)
+        _refuse_unsupported(name, table, writing=True)
+        return _spark_schema(table), list(table.metadata().partition_columns)
+
+    def history(self, name: str) -> list[dict[str, Any]]:
+        return [
+            history_entry(c["version"], c.get("timestamp"), c.get("operation"), c.get("operationParameters"),
+                          c.get("operationMetrics"), c.get("userMetadata"), c.get("engineInfo"))
+            for c in self._table(name).history()
+        ]
+
+    # ---- reading data
+
+    def read(self, name: str, version: int | None = None) -> DataFrame:
+        table = self._table(name, version)
+        _refuse_unsupported(name, table, writing=False)
+        schema = _spark_schema(table)
+        parts = list(table.metadata().partition_columns)
+        files = [self._spark_path(uri) for uri in table.file_uris()]
+        if not files:
+            return self.spark.createDataFrame([], schema)
+        if not parts:
+            return self.spark.read.schema(schema).parquet(*files)
+        # Partition values come from the log, never from directory names: writers escape those
+        # differently, and Delta-Spark leaves partition columns out of the files.
+        data_schema = StructType([f for f in schema.fields if f.name not in parts])
+        actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+        mapping = self.spark.createDataFrame(
+            [
+                (a["path"].rsplit("/", 1)[-1], *[_as_text(a.get(f"partition.{c}")) for c in parts])
+                for a in actions
+            ],
+            StructType([StructField(_FILE_COLUMN, StringType(), False),
+                        *[StructField(c, StringType(), True) for c in parts]]),
+        ).select(_FILE_COLUMN, *[F.col(c).cast(schema[c].dataType).alias(c) for c in parts])
+        data = self.spark.read.schema(data_schema).parquet(*files).withColumn(
+            _FILE_COLUMN, F.element_at(F.split(F.col("_metadata.file_path"), "/"), -1))
+        return data.join(F.broadcast(mapping), _FILE_COLUMN).select(*schema.fieldNames())
+
+    def _spark_path(self, uri: str) -> str:
+        if is_local(uri) or not uri.startswith("s3://"):
+            return uri
+        # Hadoop's S3 connector is s3a://, unless the cluster maps s3:// itself (EMR does).
+        if self.spark.conf.get("spark.hadoop.fs.s3.impl", None):
+            return uri
+        return "s3a://" + uri[len("s3://"):]
+
+    # ---- writing
+
+    def _spec(self, name: str, schema: StructType, partition_by: list[str]) -> WriteSpec:
+        return WriteSpec(
+            table=name,
+            table_uri=self.path(name),
+            arrow_schema=arrow_schema(schema),
+            partition_by=tuple(partition_by),
+            storage_options=self._storage_options,
+            target_file_bytes=self.target_file_bytes,
+        )
+
+    def _append_frame(self, name: str, df: DataFrame, schema: StructType, partition_by: list[str],
+                      create: bool, metadata: dict[str, str]) -> CommitResult:
+        spec = self._spec(name, schema, partition_by)
+
+        def write_partition(batches):  # runs in the Spark tasks
+            return write_files_task(spec, batches)
+
+        # One job; collect() brings back only the file records of successful task attempts.
+        records = [row.asDict() for row in df.mapInArrow(write_partition, FILE_RECORD_DDL).collect()]
+        return self._commit(name, records, schema, partition_by, create, metadata)
+
+    def _append_arrow(self, name: str, table: pa.Table, schema: StructType, partition_by: list[str],
+                      create: bool, metadata: dict[str, str]) -> CommitResult:
+        # Small driver-side data: write the file here, no Spark job needed.
+        records = write_files(self._spec(name, schema, partition_by), table.to_batches())
+        return self._commit(name, records, schema, partition_by, create, metadata)
+
+    def _commit(self, name: str, records: list[dict[str, Any]], schema: StructType, partition_by: list[str],
+                create: bool, metadata: dict[str, str]) -> CommitResult:
+        path = self.path(name)
+        delta_schema = DeltaSchema.from_json(schema.json())
+        adds = [
+            AddAction(
+                path=r["path"],  # raw relative path; delta-rs URI-encodes it for the log
+                size=int(r["size"]),
+                partition_values=json.loads(r["partition_values"]),
+                modification_time=int(r["modification_time"]),
+                data_change=True,
+                stats=r["stats"],
+            )
+            for r in records
+        ]
+        rows = sum(int(r["num_records"]) for r in records)
+        # Add actions carry no operation metrics, so the counts go into the commit's metadata.
+        metadata = {**metadata, ROWS_KEY: str(rows), FILES_KEY: str(len(adds))}
+        properties = CommitProperties(custom_metadata={"userMetadata": json.dumps(metadata, sort_keys=True)})
+        if create:
+            try:
+                if adds:
+                    create_table_with_add_actions(path, delta_schema, adds, mode="error", partition_by=partition_by,
+                                                  storage_options=self._options, commit_properties=properties)
+                else:
+                    DeltaTable.create(path, delta_schema, mode="error", partition_by=partition_by,
+                                      storage_options=self._options, commit_properties=properties)
+            except Exception:
+                if not self.exists(name):
+                    raise
+                # Another writer created it first: append to it if it is the same table.
+                self._check_same_layout(name, schema, partition_by)
+                create = False
+        if not create:
+            if not adds:
+                return CommitResult(name, self.version(name) or 0, 0, 0, self.engine)
+            DeltaTable(path, storage_options=self._options).create_write_transaction(
+                adds, mode="append", schema=delta_schema, partition_by=partition_by, commit_properties=properties)
+        return CommitResult(name, self._commit_version(name, metadata[COMMIT_ID_KEY]), rows, len(adds), self.engine)
+
+    def _check_same_layout(self, name: str, schema: StructType, partition_by: list[str]) -> None:
+        layout = self.layout(name)
+        assert layout is not None
+        problems = schema_problems(schema, layout[0])
+        if problems or layout[1] != partition_by:
+            raise TableSchemaError(f"table {name!r} was created concurrently with another layout: {problems}")
+
+    def _commit_version(self, name: str, commit_id: str) -> int:
+        # Find our own commit rather than trusting "latest": others may have committed since.
+        table = DeltaTable(self.path(name), storage_options=self._options)
+        for commit in table.history(limit=100):
+            if parse_user_metadata(commit.get("userMetadata")).get(COMMIT_ID_KEY) == commit_id:
+                return int(commit["version"])
+        return table.version()
+
+
+def _refuse_unsupported(name: str, table: DeltaTable, writing: bool) -> None:
+    """Tables written by other Delta writers may use features this engine would get wrong.
+
+    Our own tables never have them; a table made by Delta-Spark with default settings neither.
+    """
+    config = table.metadata().configuration or {}
+    schema_json = table.schema().to_json()
+    problems = []
+    if (config.get("delta.columnMapping.mode") or "none") != "none":
+        problems.append("column mapping")  # physical column names differ from the schema's
+    if "typeWidening" in (table.protocol().reader_features or []):
+        problems.append("type widening")
+    if writing:
+        if any(key.startswith("delta.constraints.") for key in config):
+            problems.append("CHECK constraints")  # we'd add files without evaluating them
+        if "delta.generationExpression" in schema_json:
+            problems.append("generated columns")
+        if "delta.identity." in schema_json:
+            problems.append("identity columns")
+    elif _has_deletion_vectors(table):
+        problems.append("deletion vectors")  # reading plain Parquet would resurrect deleted rows
+    if problems:
+        action = "append to" if writing else "read"
+        raise NotImplementedError(
+            f"the delta-rs engine cannot {action} table {name!r}: it uses {', '.join(problems)}; "
+            "use engine='delta-spark'")
+
+
+def _has_deletion_vectors(table: DeltaTable) -> bool:
+    if "deletionVectors" not in (table.protocol().reader_features or []):
+        return False
+    return any(batch.num_rows for batch in pa.RecordBatchReader.from_stream(table.deletion_vectors()))
+
+
+def _spark_schema(table: DeltaTable) -> StructType:
+    # Delta's schema JSON is Spark's StructType JSON, so this is exact (nullability included).
+    return StructType.fromJson(json.loads(table.schema().to_json()))
+
+
+def _as_text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)

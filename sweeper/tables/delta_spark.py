@@ -1,0 +1,151 @@
+"""Delta tables through Delta Lake's own Spark integration (the delta-spark jars).
+
+For clusters started with the Delta packages and SQL extension (see `spark-submit.sh`). Same
+contract as the delta-rs engine: schema checks happen before writing (base class), one append is
+one Delta commit, a zero-row append to an existing table commits nothing.
+
+Differences to know:
+- Creating a table is its own commit (CREATE TABLE with the exact schema, so NOT NULL columns
+  stay NOT NULL; a DataFrame write would make every column nullable), followed by the append.
+- The zero-row check is `df.isEmpty()`, which evaluates the DataFrame up to its first row.
+- `storage_options` only passes Hadoop keys (`fs.*`, `dfs.*`) as read/write options; credentials for
+  s3a:// normally come from the cluster's Hadoop configuration instead.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
+
+from sweeper.tables.base import (
+    COMMIT_ID_KEY,
+    CommitResult,
+    TableNotFoundError,
+    TableStore,
+    history_entry,
+    parse_user_metadata,
+)
+
+log = logging.getLogger(__name__)
+
+_USER_METADATA_CONF = "spark.databricks.delta.commitInfo.userMetadata"
+# The session-wide userMetadata setting is shared state: one table creation at a time sets it.
+_conf_lock = threading.Lock()
+
+
+class DeltaSparkTableStore(TableStore):
+    engine = "delta-spark"
+
+    def __init__(self, root: str, spark: SparkSession, storage_options: dict[str, str] | None = None) -> None:
+        super().__init__(root, spark, storage_options)
+        from delta.tables import DeltaTable  # the delta-spark Python package
+
+        self._delta_table = DeltaTable
+        self._hadoop_options = {k: v for k, v in self._storage_options.items() if k.startswith(("fs.", "dfs."))}
+        ignored = sorted(set(self._storage_options) - set(self._hadoop_options))
+        if ignored:
+            log.warning("delta-spark engine ignores non-Hadoop storage options: %s", ", ".join(ignored))
+
+    def _handle(self, name: str):  # -> delta.tables.DeltaTable
+        if not self.exists(name):
+            raise TableNotFoundError(f"no Delta table {name!r} at {self.path(name)}")
+        return self._delta_table.forPath(self.spark, self.path(name), self._hadoop_options)
+
+    def exists(self, name: str) -> bool:
+        return bool(self._delta_table.isDeltaTable(self.spark, self.path(name)))
+
+    def version(self, name: str) -> int | None:
+        if not self.exists(name):
+            return None
+        return int(self._handle(name).history(1).select("version").head()[0])
+
+    def layout(self, name: str) -> tuple[StructType, list[str]] | None:
+        if not self.exists(name):
+            return None
+        handle = self._handle(name)
+        parts = handle.detail().select("partitionColumns").head()[0] or []
+        return handle.toDF().schema, list(parts)
+
+    def history(self, name: str) -> list[dict[str, Any]]:
+        rows = self._handle(name).history().orderBy("version", ascending=False).collect()
+        return [
+            history_entry(r["version"], r["timestamp"], r["operation"], r["operationParameters"],
+                          r["operationMetrics"], r["userMetadata"], r["engineInfo"])
+            for r in rows
+        ]
+
+    def read(self, name: str, version: int | None = None) -> DataFrame:
+        latest = self.version(name)
+        if latest is None:
+            raise TableNotFoundError(f"no Delta table {name!r} at {self.path(name)}")
+        reader = self.spark.read.format("delta").options(**self._hadoop_options)
+        if version is not None:
+            if not 0 <= version <= latest:
+                raise TableNotFoundError(
+                    f"Delta table {name!r} at {self.path(name)} has no version {version} (latest is {latest})")
+            reader = reader.option("versionAsOf", version)
+        return reader.load(self.path(name))
+
+    # ---- writing
+
+    def _create(self, name: str, schema: StructType, partition_by: list[str], metadata: dict[str, str]) -> None:
+        builder = self._delta_table.createIfNotExists(self.spark).location(self.path(name)).addColumns(schema)
+        if partition_by:
+            builder = builder.partitionedBy(*partition_by)
+        with _conf_lock:
+            previous = self.spark.conf.get(_USER_METADATA_CONF, None)
+            self.spark.conf.set(_USER_METADATA_CONF, json.dumps(metadata, sort_keys=True))
+            try:
+                builder.execute()
+            finally:
+                if previous is None:
+                    self.spark.conf.unset(_USER_METADATA_CONF)
+                else:
+                    self.spark.conf.set(_USER_METADATA_CONF, previous)
+
+    def _append_frame(self, name: str, df: DataFrame, schema: StructType, partition_by: list[str],
+                      create: bool, metadata: dict[str, str]) -> CommitResult:
+        if create:
+            self._create(name, schema, partition_by, metadata)
+        if df.isEmpty():
+            if create:
+                return CommitResult(name, self._commit_version(name, metadata[COMMIT_ID_KEY]), 0, 0, self.engine)
+            return CommitResult(name, self.version(name) or 0, 0, 0, self.engine)
+        writer = (
+            df.write.format("delta")
+            .mode("append")
+            .option("mergeSchema", "false")
+            .option("userMetadata", json.dumps(metadata, sort_keys=True))
+            .options(**self._hadoop_options)
+        )
+        if partition_by:
+            writer = writer.partitionBy(*partition_by)
+        writer.save(self.path(name))
+        # Our commit, found by its id; if 100 others landed since, the latest stands in for it.
+        entry = self._find_commit(name, metadata[COMMIT_ID_KEY]) or self.history(name)[0]
+        metrics = entry["operation_metrics"]
+        return CommitResult(name, entry["version"], int(metrics.get("numOutputRows", 0)),
+                            int(metrics.get("numFiles", 0)), self.engine)
+
+    def _append_arrow(self, name: str, table: pa.Table, schema: StructType, partition_by: list[str],
+                      create: bool, metadata: dict[str, str]) -> CommitResult:
+        df = self.spark.createDataFrame(table, schema=schema)
+        return self._append_frame(name, df, schema, partition_by, create, metadata)
+
+    def _find_commit(self, name: str, commit_id: str) -> dict[str, Any] | None:
+        rows = self._handle(name).history(100).collect()
+        for r in rows:
+            if parse_user_metadata(r["userMetadata"]).get(COMMIT_ID_KEY) == commit_id:
+                return history_entry(r["version"], r["timestamp"], r["operation"], r["operationParameters"],
+                                     r["operationMetrics"], r["userMetadata"], r["engineInfo"])
+        return None
+
+    def _commit_version(self, name: str, commit_id: str) -> int:
+        entry = self._find_commit(name, commit_id)
+        return entry["version"] if entry is not None else (self.version(name) or 0)

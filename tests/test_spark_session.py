@@ -1,0 +1,66 @@
+"""sweeper.spark: the local session is usable, and its Python workers run our code."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from sweeper.spark import REPO_ROOT, delta_spark_available, get_spark
+
+REPO = str(Path(__file__).resolve().parents[1])
+
+
+def test_local_session_is_configured(spark: SparkSession) -> None:
+    assert spark.sparkContext.master.startswith("local")
+    assert spark.conf.get("spark.sql.session.timeZone") == "UTC"
+    assert spark.conf.get("spark.sql.execution.arrow.pyspark.enabled") == "true"
+    assert spark.conf.get("spark.ui.enabled") == "false"
+    assert spark.sparkContext.getConf().get("spark.driver.host") == "127.0.0.1"
+    assert spark.range(100).selectExpr("sum(id) AS s").head()["s"] == 4950
+
+
+def test_get_spark_returns_the_active_session_without_changing_master(spark: SparkSession) -> None:
+    again = get_spark("another-name", master="local[1]")
+    assert again is spark
+    assert again.sparkContext.master == spark.sparkContext.master
+
+
+def _probe(_: object) -> list[tuple[str, str, str]]:
+    import sweeper  # the point of the test: workers can import our package
+
+    return [(sweeper.__file__, sys.executable, os.environ.get("PYTHONPATH", ""))]
+
+
+def test_workers_import_sweeper_with_the_drivers_python(spark: SparkSession) -> None:
+    assert REPO_ROOT == REPO
+    results = spark.sparkContext.parallelize(range(4), 2).mapPartitions(_probe).collect()
+    assert len(results) == 2
+    for module_file, executable, pythonpath in results:
+        assert Path(module_file).resolve().is_relative_to(REPO)
+        # Same interpreter (the venv's pyarrow/deltalake), and the repo reaches workers through
+        # PYTHONPATH rather than by luck of the working directory.
+        assert Path(executable).resolve() == Path(sys.executable).resolve()
+        assert REPO in pythonpath.split(os.pathsep)
+
+
+def test_workers_import_sweeper_in_arrow_udfs(spark: SparkSession) -> None:
+    def probe(batches):
+        import pyarrow as pa
+
+        import sweeper.tables.files as files
+
+        for batch in batches:
+            yield pa.RecordBatch.from_pydict({"n": [batch.num_rows], "f": [files.__name__]})
+
+    rows = spark.range(10, numPartitions=2).mapInArrow(probe, "n long, f string").collect()
+    assert sum(r["n"] for r in rows) == 10
+    assert {r["f"] for r in rows} == {"sweeper.tables.files"}
+
+
+def test_delta_spark_detection_is_false_without_the_jars(spark: SparkSession) -> None:
+    has_delta_jars = "delta" in (spark.conf.get("spark.jars.packages", "") or "") + (
+        spark.conf.get("spark.jars", "") or "")
+    assert delta_spark_available(spark) is has_delta_jars

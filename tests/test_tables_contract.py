@@ -1,0 +1,419 @@
+"""Contract of sweeper.tables, run against every engine this machine can run.
+
+delta-rs always; delta-spark only when the Spark session has Delta's jars (not here: no Maven
+access), so its parametrization is skipped with the reason shown.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from sweeper.spark import delta_spark_available
+from sweeper.tables import (
+    CommitResult,
+    DeltaRsTableStore,
+    DeltaSparkUnavailableError,
+    NotNullViolation,
+    TableNotFoundError,
+    TableSchemaError,
+    TableStore,
+    open_table_store,
+)
+
+SCHEMA = StructType([
+    StructField("run_id", StringType(), False),
+    StructField("id", LongType(), False),
+    StructField("captured_at", TimestampType()),
+    StructField("name", StringType()),
+    StructField("raw", BinaryType()),
+    StructField("bookies", ArrayType(StringType())),
+    StructField("meta", MapType(StringType(), StringType())),
+])
+TS_COLUMNS = {"captured_at"}
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+T0 = datetime(2024, 2, 29, 23, 59, 59, 123456, tzinfo=UTC)
+
+
+@pytest.fixture(params=["delta-rs", "delta-spark"])
+def store(request: pytest.FixtureRequest, spark: SparkSession, tmp_path: Path) -> TableStore:
+    engine = request.param
+    if engine == "delta-spark" and not delta_spark_available(spark):
+        pytest.skip("delta-spark engine: Delta's jars are not on this Spark session's classpath "
+                    "(start Spark with --packages io.delta:delta-spark_<spark>_2.13:<version> to run it)")
+    return open_table_store(str(tmp_path / "tables"), spark, engine=engine)
+
+
+# --------------------------------------------------------------------------- data helpers
+
+
+def sample_rows(n: int, run_id: str = "r1", start: int = 0) -> list[dict[str, Any]]:
+    """Rows exercising every column type, with nulls, empties and awkward values."""
+    rows = []
+    for i in range(start, start + n):
+        rows.append({
+            "run_id": run_id,
+            "id": i * 1_000_000_007 + 2**53,  # beyond double precision: must stay exact
+            "captured_at": None if i % 5 == 0 else T0 + timedelta(microseconds=i * 1_001),
+            "name": None if i % 7 == 0 else f"ledger-{i}-ü€",
+            "raw": None if i % 3 == 0 else bytes([i % 256, 0, 255, 0x80]),  # not UTF-8
+            "bookies": None if i % 4 == 0 else ([] if i % 4 == 1 else [f"bk{i}:3181", None]),
+            "meta": None if i % 6 == 0 else {"application": "pulsar", "n": str(i), "empty": None},
+        })
+    return rows
+
+
+def frame(spark: SparkSession, rows: list[dict[str, Any]], partitions: int = 3) -> DataFrame:
+    return spark.createDataFrame(rows, SCHEMA).repartition(partitions)
+
+
+def big_frame(spark: SparkSession, n: int, partitions: int, run_id: str) -> DataFrame:
+    """n rows in exactly `partitions` Spark partitions, generated in the JVM."""
+    ids = spark.range(0, n, numPartitions=partitions)
+    return ids.select(
+        F.lit(run_id).alias("run_id"),
+        F.col("id"),
+        F.timestamp_micros(F.col("id") * 1_000_003).alias("captured_at"),
+        F.when(F.col("id") % 10 == 0, None).otherwise(F.concat(F.lit("n"), F.col("id").cast("string"))).alias("name"),
+        F.col("id").cast("string").cast("binary").alias("raw"),
+        F.array(F.col("id").cast("string")).alias("bookies"),
+        F.create_map(F.lit("k"), F.col("id").cast("string")).alias("meta"),
+    )
+
+
+def _canon_value(value: Any) -> Any:
+    if isinstance(value, datetime):
+        aware = value if value.tzinfo else value.replace(tzinfo=UTC)
+        return (aware - EPOCH) // timedelta(microseconds=1)
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, dict):
+        return tuple(sorted(value.items()))
+    if isinstance(value, list) and value and isinstance(value[0], tuple):  # Arrow map entries
+        return tuple(sorted(value))
+    if isinstance(value, list):
+        return tuple(value)
+    return value
+
+
+def canon(records: list[dict[str, Any]], columns: list[str] | None = None) -> list[tuple]:
+    """Comparable, order-free form: timestamps as epoch micros, maps as sorted items."""
+    columns = columns or SCHEMA.fieldNames()
+    return sorted((tuple(_canon_value(r[c]) for c in columns) for r in records), key=repr)
+
+
+def spark_records(df: DataFrame) -> list[dict[str, Any]]:
+    # Timestamps leave Spark as epoch micros so the check doesn't depend on the machine's zone.
+    cols = [F.unix_micros(c).alias(c) if c in TS_COLUMNS else F.col(c) for c in SCHEMA.fieldNames()]
+    return [row.asDict(recursive=True) for row in df.select(*cols).collect()]
+
+
+def parquet_files(store: TableStore, name: str) -> list[str]:
+    return glob.glob(os.path.join(store.path(name), "**", "*.parquet"), recursive=True)
+
+
+# --------------------------------------------------------------------------- the contract
+
+
+def test_missing_table(store: TableStore) -> None:
+    assert not store.exists("nope")
+    assert store.version("nope") is None
+    with pytest.raises(TableNotFoundError, match=str(store.path("nope"))):
+        store.read("nope")
+    with pytest.raises(TableNotFoundError):
+        store.history("nope")
+
+
+def test_first_append_creates_the_table(store: TableStore, spark: SparkSession) -> None:
+    rows = sample_rows(20)
+    result = store.append("bk_ledgers", frame(spark, rows), SCHEMA)
+    assert isinstance(result, CommitResult)
+    assert (result.table, result.rows, result.engine) == ("bk_ledgers", 20, store.engine)
+    assert result.files >= 1
+    assert store.exists("bk_ledgers")
+    assert store.version("bk_ledgers") == result.version
+    if store.engine == "delta-rs":
+        assert result.version == 0  # created and filled in one commit
+    read = store.read("bk_ledgers")
+    assert read.columns == SCHEMA.fieldNames()
+    assert canon(spark_records(read)) == canon(rows)
+
+
+def test_many_partitions_append_is_one_commit(store: TableStore, spark: SparkSession) -> None:
+    first = store.append("t", big_frame(spark, 100, 2, "r0"), SCHEMA)
+    history_before = len(store.history("t"))
+    df = big_frame(spark, 10_000, 10, "r1")
+    assert df.rdd.getNumPartitions() == 10
+    result = store.append("t", df, SCHEMA)
+    assert result.version == first.version + 1 == store.version("t")
+    assert len(store.history("t")) == history_before + 1
+    assert result.rows == 10_000
+    if store.engine == "delta-rs":
+        assert result.files == 10  # one file per task
+    counts = {r["run_id"]: r["count"] for r in store.read("t").groupBy("run_id").count().collect()}
+    assert counts == {"r0": 100, "r1": 10_000}
+
+
+def test_read_back_equals_written_for_every_type(store: TableStore, spark: SparkSession) -> None:
+    rows = sample_rows(60)
+    store.append("types", frame(spark, rows, partitions=4), SCHEMA)
+    assert canon(spark_records(store.read("types"))) == canon(rows)
+    schema = store.read("types").schema
+    assert [(f.name, f.dataType) for f in schema.fields] == [(f.name, f.dataType) for f in SCHEMA.fields]
+
+
+def test_table_is_readable_by_an_independent_delta_reader(store: TableStore, spark: SparkSession) -> None:
+    rows = sample_rows(30)
+    result = store.append("plain", frame(spark, rows), SCHEMA)
+    table = DeltaTable(store.path("plain"))
+    assert table.version() == result.version
+    assert canon(table.to_pyarrow_table().to_pylist()) == canon(rows)
+    assert [f.name for f in table.schema().fields] == SCHEMA.fieldNames()
+
+
+def test_time_travel(store: TableStore, spark: SparkSession) -> None:
+    versions = []
+    for i in range(3):
+        versions.append(store.append("tt", frame(spark, sample_rows(5, f"r{i}", start=10 * i)), SCHEMA).version)
+    assert versions == sorted(versions) and len(set(versions)) == 3
+    for i, version in enumerate(versions):
+        run_ids = {r["run_id"] for r in store.read("tt", version=version).select("run_id").distinct().collect()}
+        assert run_ids == {f"r{j}" for j in range(i + 1)}
+    assert store.read("tt").count() == 15
+    with pytest.raises(TableNotFoundError, match="no version"):
+        store.read("tt", version=versions[-1] + 1)
+
+
+def test_schema_mismatch_raises_and_commits_nothing(store: TableStore, spark: SparkSession) -> None:
+    store.append("s", frame(spark, sample_rows(5)), SCHEMA)
+    version, files = store.version("s"), parquet_files(store, "s")
+    good = frame(spark, sample_rows(5))
+    wrong_type = good.withColumn("id", F.col("id").cast("string"))
+    missing = good.drop("name")
+    extra = good.withColumn("surprise", F.lit(1))
+    for bad, what in ((wrong_type, "'id'"), (missing, "missing column"), (extra, "unexpected column")):
+        with pytest.raises(TableSchemaError, match=what):
+            store.append("s", bad)
+    other = StructType([*SCHEMA.fields[:-1], StructField("meta", MapType(StringType(), LongType()))])
+    with pytest.raises(TableSchemaError, match="another schema"):
+        store.append("s", good, other)
+    with pytest.raises(TableSchemaError, match="partitioned by"):
+        store.append("s", good, SCHEMA, partition_by=["run_id"])
+    assert store.version("s") == version
+    assert parquet_files(store, "s") == files
+
+
+def test_columns_are_matched_by_name(store: TableStore, spark: SparkSession) -> None:
+    rows = sample_rows(8)
+    reordered = frame(spark, rows).select(*reversed(SCHEMA.fieldNames()))
+    store.append("by_name", reordered, SCHEMA)
+    assert store.read("by_name").columns == SCHEMA.fieldNames()
+    assert canon(spark_records(store.read("by_name"))) == canon(rows)
+
+
+def test_not_null_violation_fails_and_commits_nothing(store: TableStore, spark: SparkSession) -> None:
+    store.append("nn", frame(spark, sample_rows(3)), SCHEMA)
+    version = store.version("nn")
+    with_null = frame(spark, sample_rows(3)).withColumn(
+        "run_id", F.when(F.col("id") > 2**53, None).otherwise(F.col("run_id")))
+    with pytest.raises(Exception, match=r"(?i)not null"):
+        store.append("nn", with_null)
+    with pytest.raises(NotNullViolation):
+        store.append_rows("nn", [{"run_id": None, "id": 1}], SCHEMA)
+    assert store.version("nn") == version
+
+
+def test_zero_row_append(store: TableStore, spark: SparkSession) -> None:
+    empty = spark.createDataFrame([], SCHEMA).repartition(3)
+    created = store.append("z", empty, SCHEMA)
+    assert store.exists("z")
+    assert (created.rows, created.files, created.version) == (0, 0, store.version("z"))
+    read = store.read("z")
+    assert read.count() == 0 and read.columns == SCHEMA.fieldNames()
+
+    store.append("z", frame(spark, sample_rows(4)), SCHEMA)
+    version, history = store.version("z"), len(store.history("z"))
+    again = store.append("z", empty)
+    assert (again.rows, again.files, again.version) == (0, 0, version)
+    assert store.version("z") == version and len(store.history("z")) == history
+
+
+def test_append_rows(store: TableStore) -> None:
+    naive = datetime(2024, 5, 1, 12, 0, 0, 250)
+    rows: list[Any] = [
+        {"run_id": "r1", "id": 1, "captured_at": naive, "meta": {"a": "b"}},  # missing keys are null
+        Row(run_id="r1", id=2, captured_at=T0, name="x", raw=b"\x00\xff", bookies=["b1"], meta=None),
+    ]
+    result = store.append_rows("runs", rows, SCHEMA, commit_metadata={"stage": "test"})
+    assert result.rows == 2 and result.version == store.version("runs")
+    got = {r["id"]: r for r in spark_records(store.read("runs"))}
+    assert got[1]["captured_at"] == (naive.replace(tzinfo=UTC) - EPOCH) // timedelta(microseconds=1)  # naive = UTC
+    assert got[1]["name"] is None and got[1]["meta"] == {"a": "b"}
+    assert bytes(got[2]["raw"]) == b"\x00\xff" and got[2]["bookies"] == ["b1"]
+    with pytest.raises(TableSchemaError, match="unknown column"):
+        store.append_rows("runs", [{"run_id": "r", "id": 3, "nmae": "typo"}], SCHEMA)
+    with pytest.raises(TableSchemaError):
+        store.append_rows("runs", [{"run_id": "r", "id": "three"}], SCHEMA)
+    assert store.version("runs") == result.version
+
+
+def test_history_lists_commit_metadata(store: TableStore, spark: SparkSession) -> None:
+    store.append("h", frame(spark, sample_rows(3)), SCHEMA, commit_metadata={"run_id": "run-1", "stage": "snapshot"})
+    second = store.append("h", frame(spark, sample_rows(3)), commit_metadata={"run_id": "run-2", "stage": "reconcile"})
+    history = store.history("h")
+    assert [h["version"] for h in history] == sorted((h["version"] for h in history), reverse=True)
+    latest = history[0]
+    assert latest["version"] == second.version
+    assert latest["metadata"]["run_id"] == "run-2" and latest["metadata"]["stage"] == "reconcile"
+    assert latest["metadata"]["sweeper.table"] == "h" and latest["metadata"]["sweeper.engine"] == store.engine
+    assert isinstance(latest["timestamp"], int) and latest["timestamp"] > 0
+    assert isinstance(latest["operation"], str)
+    assert latest["rows"] == 3
+    stages = [h["metadata"].get("stage") for h in history]
+    assert "snapshot" in stages
+
+
+def test_failed_task_leaves_no_partial_commit(store: TableStore, spark: SparkSession) -> None:
+    def fail_in_partition_2(batches):
+        from pyspark import TaskContext
+
+        if TaskContext.get().partitionId() == 2:
+            raise RuntimeError("boom in partition 2")
+        yield from batches
+
+    def failing(n: int) -> DataFrame:
+        return big_frame(spark, n, 4, "bad").mapInArrow(fail_in_partition_2, SCHEMA)
+
+    with pytest.raises(Exception, match="boom in partition 2"):
+        store.append("f", failing(400), SCHEMA)
+    assert not store.exists("f")  # not even created
+
+    store.append("f", big_frame(spark, 40, 2, "good"), SCHEMA)
+    version = store.version("f")
+    with pytest.raises(Exception, match="boom in partition 2"):
+        store.append("f", failing(4000))
+    assert store.version("f") == version
+    assert {r["run_id"] for r in store.read("f").select("run_id").distinct().collect()} == {"good"}
+    assert store.read("f").count() == 40
+
+
+def test_partitioned_table(store: TableStore, spark: SparkSession) -> None:
+    rows = sample_rows(24)
+    for i, row in enumerate(rows):
+        row["run_id"] = ["a b", "x/y:z=1", "ü%", "plain"][i % 4]
+    schema = StructType([StructField("shard", IntegerType()), *SCHEMA.fields])
+    for i, row in enumerate(rows):
+        row["shard"] = None if i % 5 == 0 else i % 2
+    df = spark.createDataFrame(rows, schema).repartition(3)
+    result = store.append("parts", df, schema, partition_by=["run_id", "shard"])
+    assert result.rows == 24
+    read = store.read("parts")
+    assert read.columns == schema.fieldNames()
+    got = [r.asDict(recursive=True) for r in read.select(
+        "shard", *[F.unix_micros(c).alias(c) if c in TS_COLUMNS else F.col(c) for c in SCHEMA.fieldNames()]
+    ).collect()]
+    columns = schema.fieldNames()
+    assert canon(got, columns) == canon(rows, columns)
+    assert read.where(F.col("run_id") == "x/y:z=1").count() == 6
+    independent = DeltaTable(store.path("parts")).to_pyarrow_table().to_pylist()
+    assert canon(independent, columns) == canon(rows, columns)
+    # Later appends keep the table's partitioning; another one is refused.
+    store.append("parts", df)
+    assert store.read("parts").count() == 48
+    with pytest.raises(TableSchemaError, match="partitioned by"):
+        store.append("parts", df, partition_by=["shard"])
+
+
+# --------------------------------------------------------------------------- delta-rs specifics
+
+
+def test_delta_rs_rolls_files_but_commits_once(spark: SparkSession, tmp_path: Path) -> None:
+    store = DeltaRsTableStore(str(tmp_path / "tables"), spark, target_file_bytes=1)
+    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    previous = spark.conf.get(key)
+    spark.conf.set(key, "100")
+    try:
+        result = store.append("roll", big_frame(spark, 1_000, 2, "r"), SCHEMA)
+    finally:
+        spark.conf.set(key, previous)
+    assert result.version == 0 and result.rows == 1_000
+    assert result.files >= 10  # every 100-row batch rolled to a new file
+    assert len(DeltaTable(store.path("roll")).file_uris()) == result.files
+    assert store.read("roll").count() == 1_000
+
+
+def test_delta_rs_file_statistics_allow_pruning(spark: SparkSession, tmp_path: Path) -> None:
+    store = DeltaRsTableStore(str(tmp_path / "tables"), spark)
+    store.append("stats", big_frame(spark, 1_000, 4, "r"), SCHEMA)  # range partitions: contiguous ids
+    table = DeltaTable(store.path("stats"))
+    assert len(table.file_uris()) == 4
+    assert len(table.file_uris(file_pruning_predicate="id >= 900")) == 1
+    assert table.count() == 1_000
+    # captured_at grows with id (about 1 s per id): only the last file can hold > 900 s.
+    assert len(table.file_uris(file_pruning_predicate=[("captured_at", ">", EPOCH + timedelta(seconds=900))])) == 1
+
+
+def test_engine_selection(spark: SparkSession, tmp_path: Path) -> None:
+    if not delta_spark_available(spark):
+        assert open_table_store(str(tmp_path), spark).engine == "delta-rs"
+        how = r"--packages io\.delta:delta-spark_.*spark\.sql\.extensions"
+        with pytest.raises(DeltaSparkUnavailableError, match=how):
+            open_table_store(str(tmp_path), spark, engine="delta-spark")
+    with pytest.raises(ValueError, match="unknown table engine"):
+        open_table_store(str(tmp_path), spark, engine="parquet")
+    store = open_table_store(str(tmp_path / "rel" / ".." / "tables"), spark, engine="delta-rs")
+    assert store.root == str(tmp_path / "tables")
+    assert store.path("runs") == f"{tmp_path}/tables/runs"
+    with pytest.raises(ValueError, match="bad table name"):
+        store.path("../escape")
+
+
+def test_delta_rs_refuses_tables_with_features_it_would_bypass(spark: SparkSession, tmp_path: Path) -> None:
+    store = DeltaRsTableStore(str(tmp_path / "tables"), spark)
+    store.append("checked", frame(spark, sample_rows(3)), SCHEMA)
+    DeltaTable(store.path("checked")).alter.add_constraint({"positive_id": "id > 0"})
+    version = store.version("checked")
+    with pytest.raises(NotImplementedError, match="CHECK constraints"):
+        store.append("checked", frame(spark, sample_rows(3)))
+    assert store.version("checked") == version
+    assert store.read("checked").count() == 3  # reading is unaffected
+
+
+def test_delta_rs_writes_to_s3(spark: SparkSession, tmp_path: Path) -> None:
+    s3server = pytest.importorskip("sweeper.s3server")
+    boto3 = pytest.importorskip("boto3")
+    info = s3server.start_s3(tmp_path / "moto")
+    try:
+        options = {"AWS_ENDPOINT_URL": info.endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+                   "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
+        boto3.client("s3", endpoint_url=info.endpoint, aws_access_key_id="test", aws_secret_access_key="test",
+                     region_name="us-east-1").create_bucket(Bucket="lake")
+        store = open_table_store("s3://lake/tables/", spark, engine="delta-rs", storage_options=options)
+        assert "test" not in repr(store)  # credentials stay out of logs
+        assert store.append_rows("runs", sample_rows(2), SCHEMA).version == 0  # driver-side write
+        result = store.append("runs", big_frame(spark, 300, 3, "r"), SCHEMA)  # task-side writes
+        assert (result.version, result.rows, result.files) == (1, 300, 3)
+        table = DeltaTable("s3://lake/tables/runs", storage_options=options)
+        assert table.version() == 1 and table.to_pyarrow_table().num_rows == 302
+        assert store.history("runs")[0]["metadata"]["sweeper.table"] == "runs"
+    finally:
+        s3server.stop_s3(info)
