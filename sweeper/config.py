@@ -50,12 +50,29 @@ class ScanConfig:
 
 
 @dataclass(frozen=True)
+class SafetyConfig:
+    min_age_hours: float = 168.0  # grace period; under 24 h only with force_min_age
+    force_min_age: bool = False
+    max_orphan_fraction: float = 0.10  # circuit breaker over Pulsar ledgers
+    allow: str = ""  # comma-separated tenant or tenant/namespace globs; empty: everything
+    deny: str = ""  # comma-separated globs; deny wins over allow
+
+
+@dataclass(frozen=True)
+class GatesConfig:
+    max_drop_fraction: float = 0.5  # a table shrinking more than this against the last good run stops the run
+    allow_empty: bool = False  # an empty ledger snapshot is suspicious unless said otherwise
+
+
+@dataclass(frozen=True)
 class SweeperConfig:
     bookkeeper: BookKeeperConfig = field(default_factory=BookKeeperConfig)
     pulsar: PulsarMetadataConfig = field(default_factory=PulsarMetadataConfig)
     tables: TablesConfig = field(default_factory=TablesConfig)
     spark: SparkConfig = field(default_factory=SparkConfig)
     scan: ScanConfig = field(default_factory=ScanConfig)
+    safety: SafetyConfig = field(default_factory=SafetyConfig)
+    gates: GatesConfig = field(default_factory=GatesConfig)
 
     @property
     def pulsar_zookeeper(self) -> str:
@@ -122,6 +139,12 @@ def validate(config: SweeperConfig) -> None:
             raise ConfigError(f"[{section}] {key} must be an absolute znode path other than '/', got {path!r}")
     if config.scan.window < 1 or config.scan.chunk < 1 or config.scan.multi_read < 1:
         raise ConfigError("[scan] window, chunk and multi_read must be positive")
+    if not 0 < config.safety.max_orphan_fraction <= 1:
+        raise ConfigError("[safety] max_orphan_fraction must be in (0, 1]")
+    if config.safety.min_age_hours < 24 and not config.safety.force_min_age:
+        raise ConfigError("[safety] min_age_hours under 24 needs force_min_age = true")
+    if not 0 <= config.gates.max_drop_fraction <= 1:
+        raise ConfigError("[gates] max_drop_fraction must be in [0, 1]")
     if config.spark.scan_partitions < 0:
         raise ConfigError("[spark] scan_partitions must be >= 0")
 

@@ -1,0 +1,131 @@
+"""Data-quality gates on a snapshot, with great-expectations, before anything is planned.
+
+A snapshot that is empty, partial, or much smaller than the last good one means the scan (or
+the metadata store) went wrong: planning deletions from it would turn every ledger it missed
+into an "orphan". Gates fail the run with a readable list of what failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from sweeper.config import GatesConfig
+from sweeper.tables import TableStore
+
+log = logging.getLogger(__name__)
+os.environ.setdefault("TQDM_DISABLE", "1")  # great-expectations draws progress bars otherwise
+
+
+@dataclass
+class GateResult:
+    run_id: str
+    failures: list[str] = field(default_factory=list)
+    checked: int = 0
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
+class GateFailed(RuntimeError):
+    def __init__(self, result: GateResult) -> None:
+        lines = "\n".join(f"  - {failure}" for failure in result.failures)
+        super().__init__(f"data-quality gates failed for snapshot {result.run_id}:\n{lines}")
+        self.result = result
+
+
+def _runs(store: TableStore) -> list[dict[str, Any]]:
+    rows = store.read("runs").where((F.col("stage") == "snapshot") & (F.col("status") == "succeeded")).collect()
+    return sorted((r.asDict() for r in rows), key=lambda r: r["started_at"])
+
+
+def _expectations(table: str, count_floor: int) -> list[Any]:
+    import great_expectations.expectations as gxe
+
+    rows = [gxe.ExpectTableRowCountToBeBetween(min_value=count_floor)]
+    if table == "bk_ledgers":
+        return [*rows, gxe.ExpectColumnValuesToBeUnique(column="ledger_id"),
+                gxe.ExpectColumnValuesToBeBetween(column="ledger_id", min_value=0),
+                *[gxe.ExpectColumnValuesToNotBeNull(column=c) for c in ("ledger_id", "path", "zk_version",
+                                                                        "created_ms", "is_pulsar")]]
+    if table == "managed_ledgers":
+        return [*rows, gxe.ExpectColumnValuesToBeUnique(column="managed_ledger"),
+                gxe.ExpectColumnValuesToNotBeNull(column="managed_ledger")]
+    if table == "ml_ledgers":
+        return [*rows, gxe.ExpectCompoundColumnsToBeUnique(column_list=["managed_ledger", "ledger_id"]),
+                gxe.ExpectColumnValuesToBeBetween(column="ledger_id", min_value=0),
+                gxe.ExpectColumnValuesToNotBeNull(column="ledger_id")]
+    if table == "ml_cursors":
+        return [*rows, gxe.ExpectCompoundColumnsToBeUnique(column_list=["managed_ledger", "cursor"]),
+                gxe.ExpectColumnValuesToNotBeNull(column="cursors_ledger_id")]
+    if table == "schema_ledgers":
+        return [*rows, gxe.ExpectColumnValuesToBeBetween(column="ledger_id", min_value=0)]
+    return rows
+
+
+def _describe(result: Any) -> str:
+    config = result.expectation_config
+    kwargs = {k: v for k, v in config.kwargs.items() if k not in ("batch_id",)}
+    observed = result.result.get("observed_value", result.result.get("unexpected_count"))
+    return f"{config.type}({', '.join(f'{k}={v}' for k, v in kwargs.items())}): observed {observed}"
+
+
+def run_gates(store: TableStore, run_id: str, config: GatesConfig) -> GateResult:
+    import great_expectations as gx
+
+    result = GateResult(run_id)
+    good_runs = _runs(store)
+    this = next((r for r in good_runs if r["run_id"] == run_id), None)
+    if this is None:
+        result.failures.append(f"no successful snapshot recorded for run {run_id}")
+        return result
+    previous = [r for r in good_runs if r["started_at"] < this["started_at"]]
+    recorded = this["counts"] or {}
+    frames: dict[str, DataFrame] = {}
+    for table in ("bk_ledgers", "managed_ledgers", "ml_ledgers", "ml_cursors", "schema_ledgers", "quarantine"):
+        frames[table] = store.read(table).where(F.col("run_id") == run_id) if store.exists(table) else None
+
+    # A partial or mixed snapshot: what the tables hold for the run must be what the scan counted.
+    for table, frame in frames.items():
+        actual = frame.count() if frame is not None else 0
+        if actual != recorded.get(table, 0):
+            result.failures.append(f"{table} holds {actual} rows for run {run_id}, the snapshot recorded "
+                                   f"{recorded.get(table, 0)}: partial or mixed snapshot")
+    bk_count = recorded.get("bk_ledgers", 0)
+    quarantined = recorded.get("quarantine", 0)
+    if bk_count and quarantined > max(10, 0.01 * bk_count):
+        result.failures.append(f"{quarantined} znodes quarantined against {bk_count} ledgers: the scan is partial")
+
+    context = gx.get_context(mode="ephemeral")
+    source = context.data_sources.add_spark("snapshot")
+    pulsar_expected = bool(frames["bk_ledgers"] is not None and bk_count)
+    for table in ("bk_ledgers", "managed_ledgers", "ml_ledgers", "ml_cursors", "schema_ledgers"):
+        frame = frames[table]
+        floor = 0
+        if table == "bk_ledgers" and not config.allow_empty:
+            floor = 1
+        if table == "managed_ledgers" and pulsar_expected and not config.allow_empty:
+            floor = 1
+        if previous:
+            before = (previous[-1]["counts"] or {}).get(table, 0)
+            floor = max(floor, int(before * (1 - config.max_drop_fraction)))
+        if frame is None:
+            if floor:
+                result.failures.append(f"{table} does not exist but at least {floor} rows were expected")
+            continue
+        suite = context.suites.add(gx.ExpectationSuite(name=f"{table}-{run_id}"))
+        for expectation in _expectations(table, floor):
+            suite.add_expectation(expectation)
+        batch = source.add_dataframe_asset(table).add_batch_definition_whole_dataframe("run")
+        validation = context.validation_definitions.add(
+            gx.ValidationDefinition(name=f"{table}-{run_id}", data=batch, suite=suite))
+        outcome = validation.run(batch_parameters={"dataframe": frame})
+        result.checked += len(outcome.results)
+        result.failures += [f"{table}: {_describe(r)}" for r in outcome.results if not r.success]
+    return result

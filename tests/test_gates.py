@@ -1,0 +1,70 @@
+"""Data-quality gates: each bad snapshot shape stops the run with a readable reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kazoo.client import KazooClient
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from sweeper.config import GatesConfig, SweeperConfig
+from sweeper.gates import GateFailed, run_gates
+from sweeper.layout import LedgerLayout, layout_znode
+from sweeper.sandbox.model import SandboxSpec, build_cluster
+from sweeper.sandbox.seed import seed_zookeeper
+from sweeper.snapshot import run_snapshot
+from sweeper.table_schemas import BK_LEDGERS
+from sweeper.tables import TableStore, open_table_store
+from tests.conftest import ZkTarget
+
+
+def _store_and_config(target: ZkTarget, spark: SparkSession, tmp_path: Path) -> tuple[TableStore, SweeperConfig]:
+    cfg = SweeperConfig().replace(bookkeeper={"zookeeper": target.hosts},
+                                  tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"})
+    return open_table_store(cfg.tables.root, spark, engine="delta-rs"), cfg
+
+
+def test_good_snapshot_passes_and_a_sharp_drop_fails(
+    zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path
+) -> None:
+    cluster = build_cluster(SandboxSpec(seed=8, topics=20))
+    seed_zookeeper(zk, cluster)
+    store, cfg = _store_and_config(zk_target, spark, tmp_path)
+    first = run_snapshot(spark, cfg, store)
+    good = run_gates(store, first.run_id, GatesConfig())
+    assert good.passed, good.failures
+    assert good.checked > 10
+
+    # Most of the ledger tree disappears from view (a wrong chroot half-migrated, say).
+    zk.delete("/ledgers/00", recursive=True)
+    zk.create("/ledgers/00/0000/L0001", b"BookieMetadataFormatVersion\t3\n\x00", makepath=True)
+    second = run_snapshot(spark, cfg, store)
+    bad = run_gates(store, second.run_id, GatesConfig(max_drop_fraction=0.5))
+    assert not bad.passed
+    assert any("bk_ledgers" in f and "row_count" in f for f in bad.failures), bad.failures
+    assert "row_count" in str(GateFailed(bad))
+
+
+def test_empty_snapshot_fails(zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path) -> None:
+    zk.create("/ledgers/LAYOUT", layout_znode(LedgerLayout.HIERARCHICAL), makepath=True)
+    zk.ensure_path("/managed-ledgers")
+    store, cfg = _store_and_config(zk_target, spark, tmp_path)
+    result = run_snapshot(spark, cfg, store)
+    gate = run_gates(store, result.run_id, GatesConfig())
+    assert any("bk_ledgers" in f for f in gate.failures), gate.failures
+    assert run_gates(store, result.run_id, GatesConfig(allow_empty=True)).passed
+
+
+def test_mixed_or_tampered_snapshot_fails(
+    zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path
+) -> None:
+    seed_zookeeper(zk, build_cluster(SandboxSpec(seed=4, topics=10)))
+    store, cfg = _store_and_config(zk_target, spark, tmp_path)
+    result = run_snapshot(spark, cfg, store)
+    # Rows of the run appended again by mistake: duplicates, and counts that no longer match.
+    again = store.read("bk_ledgers").where(F.col("run_id") == result.run_id).limit(3)
+    store.append("bk_ledgers", again, BK_LEDGERS)
+    gate = run_gates(store, result.run_id, GatesConfig())
+    assert any("partial or mixed" in f for f in gate.failures), gate.failures
+    assert any("unique" in f for f in gate.failures), gate.failures
