@@ -1,7 +1,7 @@
 """`sweeper` command line: sandbox management and the pipeline stages.
 
 Exit codes (for schedulers): 0 success, 1 unexpected error, 2 usage or configuration error,
-3 a stage refused to run (wrong root, unreachable server, failed gate).
+3 a stage refused to run (wrong root, unreachable server, failed gate, circuit breaker).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 from sweeper import config as config_mod
 from sweeper.config import ConfigError, SweeperConfig
@@ -71,14 +72,19 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
     raise AssertionError(args.action)
 
 
-def cmd_snapshot(args: argparse.Namespace) -> int:
-    from sweeper.snapshot import run_snapshot
+def _session(cfg: SweeperConfig) -> tuple[Any, Any]:
     from sweeper.spark import get_spark
     from sweeper.tables import open_table_store
 
-    cfg = _load_config(args)
     spark = get_spark(cfg.spark.app_name, master=cfg.spark.master or None)
-    store = open_table_store(cfg.tables.root, spark, engine=cfg.tables.engine)
+    return spark, open_table_store(cfg.tables.root, spark, engine=cfg.tables.engine)
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    from sweeper.snapshot import run_snapshot
+
+    cfg = _load_config(args)
+    spark, store = _session(cfg)
     result = run_snapshot(spark, cfg, store, run_id=args.run_id)
     print(f"snapshot {result.run_id}: layout {result.layout}, {result.units} scan units, "
           f"{result.duration_s:.1f}s ({result.ledgers_per_second:,.0f} ledgers/s scanned), engine {store.engine}")
@@ -88,8 +94,28 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    from sweeper.pipeline import latest_snapshot_run, reconcile_stage
+
+    cfg = _load_config(args)
+    spark, store = _session(cfg)
+    run_id = args.run_id or latest_snapshot_run(store)
+    if run_id is None:
+        print(f"refused: no successful snapshot in {cfg.tables.root}; run `sweeper snapshot` first", file=sys.stderr)
+        return EXIT_REFUSED
+    result = reconcile_stage(spark, cfg, store, run_id, check_gates=not args.skip_gates)
+    print(f"reconcile {run_id}: {result.duration_s:.1f}s (dry run: nothing was deleted)")
+    _print_counts("orphans by status:", result.counts)
+    _print_counts("candidates by reason:", result.by_reason)
+    if args.json:
+        print(json.dumps({"run_id": run_id, "counts": result.counts, "by_reason": result.by_reason}))
+    return EXIT_OK
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
-    """Run the pipeline stages in order. Stages land one by one; today: snapshot."""
+    """Run the stages in order with one run id, stopping at the first refusal."""
+    from sweeper.pipeline import sweep
+
     if args.sandbox:
         from sweeper.sandbox import SandboxError, sandbox_up
 
@@ -100,7 +126,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             cmd_sandbox(argparse.Namespace(**{**vars(args), "action": "seed"}))
         except SandboxError as exc:
             print(f"sandbox: {exc}; scanning what is there")
-    return cmd_snapshot(args)
+    cfg = _load_config(args)
+    spark, store = _session(cfg)
+    result = sweep(spark, cfg, store, until=args.until, run_id=args.run_id)
+    if args.json:
+        print(json.dumps({"run_id": result.run_id, "stages": result.stages}))
+    return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -137,11 +168,19 @@ def build_parser() -> argparse.ArgumentParser:
     common(snapshot)
     snapshot.set_defaults(func=cmd_snapshot)
 
-    sweep = sub.add_parser("sweep", help="run the pipeline (snapshot today; more stages as they land)")
+    reconcile = sub.add_parser("reconcile", help="find orphans in a snapshot (default: the latest)")
+    stage_options(reconcile)
+    common(reconcile)
+    reconcile.add_argument("--skip-gates", action="store_true", help="skip the data-quality gates (audits only)")
+    reconcile.set_defaults(func=cmd_reconcile)
+
+    sweep = sub.add_parser("sweep", help="run the pipeline stages in order")
     stage_options(sweep)
     sandbox_options(sweep)
     common(sweep)
     sweep.add_argument("--sandbox", action="store_true", help="start and seed the embedded sandbox first")
+    sweep.add_argument("--until", default="reconcile", choices=["snapshot", "reconcile"],
+                       help="last stage to run (default: reconcile)")
     sweep.set_defaults(func=cmd_sweep)
     return parser
 
@@ -151,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from sweeper.layout import LayoutError
+    from sweeper.pipeline import StageRefused
     from sweeper.zk import WrongRootError, ZooKeeperUnavailableError
 
     try:
@@ -158,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (WrongRootError, ZooKeeperUnavailableError, LayoutError) as exc:
+    except (WrongRootError, ZooKeeperUnavailableError, LayoutError, StageRefused) as exc:
         print(f"refused: {exc}", file=sys.stderr)
         return EXIT_REFUSED
 

@@ -1,0 +1,103 @@
+"""The stages in order, with one run id: what `sweeper sweep` and the stage jobs call.
+
+Each stage records a `runs` row (succeeded, failed or refused) so that a scheduler, a notebook
+or an operator can see how far a run got and why it stopped.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from sweeper.config import SweeperConfig
+from sweeper.gates import GateFailed, run_gates
+from sweeper.reconcile import ReconcileRefused, ReconcileResult, SafetySettings, run_reconcile
+from sweeper.safety import HOUR_MS, CircuitBreaker, GracePeriod, Scope
+from sweeper.snapshot import SnapshotResult, record_run, run_snapshot
+from sweeper.tables import TableStore
+
+STAGES = ("snapshot", "reconcile")
+
+
+class StageRefused(RuntimeError):
+    """A stage stopped on purpose (gate, breaker, bad input): exit code 3, nothing planned."""
+
+
+def safety_settings(config: SweeperConfig) -> SafetySettings:
+    def patterns(text: str) -> tuple[str, ...]:
+        return tuple(p.strip() for p in text.split(",") if p.strip())
+
+    return SafetySettings(
+        grace=GracePeriod.of(int(config.safety.min_age_hours * HOUR_MS), force=config.safety.force_min_age),
+        breaker=CircuitBreaker(config.safety.max_orphan_fraction),
+        scope=Scope(allow=patterns(config.safety.allow), deny=patterns(config.safety.deny)),
+    )
+
+
+def latest_snapshot_run(store: TableStore) -> str | None:
+    if not store.exists("runs"):
+        return None
+    rows = (store.read("runs").where((F.col("stage") == "snapshot") & (F.col("status") == "succeeded"))
+            .orderBy(F.desc("started_at")).limit(1).collect())
+    return rows[0]["run_id"] if rows else None
+
+
+@dataclass
+class SweepResult:
+    run_id: str
+    stages: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stopped_at: str | None = None
+    reason: str = ""
+
+
+def reconcile_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str,
+                    check_gates: bool = True) -> ReconcileResult:
+    started = datetime.now(UTC)
+    try:
+        if check_gates:
+            gates = run_gates(store, run_id, config.gates)
+            if not gates.passed:
+                raise GateFailed(gates)
+        result = run_reconcile(spark, store, run_id, safety_settings(config))
+    except (GateFailed, ReconcileRefused) as exc:
+        record_run(store, run_id, "reconcile", "refused", started, {}, config, str(exc))
+        raise StageRefused(str(exc)) from exc
+    except Exception as exc:
+        record_run(store, run_id, "reconcile", "failed", started, {}, config, f"{type(exc).__name__}: {exc}")
+        raise
+    counts = {**result.counts, **{f"reason.{k}": v for k, v in result.by_reason.items()}}
+    record_run(store, run_id, "reconcile", "succeeded", started, counts, config)
+    return result
+
+
+def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: str = "reconcile",
+          run_id: str | None = None, log: Any = print) -> SweepResult:
+    if until not in STAGES:
+        raise ValueError(f"unknown stage {until!r}; stages: {', '.join(STAGES)}")
+    t0 = time.monotonic()
+    snap: SnapshotResult = run_snapshot(spark, config, store, run_id=run_id)
+    result = SweepResult(snap.run_id)
+    result.stages["snapshot"] = {"seconds": round(snap.duration_s, 1), **snap.counts}
+    log(f"[snapshot]  {snap.counts.get('bk_ledgers', 0):>10,} ledgers, {snap.counts.get('managed_ledgers', 0):,} "
+        f"managed ledgers, {snap.counts.get('quarantine', 0):,} quarantined in {snap.duration_s:.1f}s "
+        f"({snap.ledgers_per_second:,.0f} ledgers/s)")
+    if until == "snapshot":
+        return result
+    rec = reconcile_stage(spark, config, store, snap.run_id)
+    result.stages["reconcile"] = {"seconds": round(rec.duration_s, 1), **rec.counts}
+    log(f"[reconcile] {rec.counts.get('candidate', 0):>10,} candidates, {rec.counts.get('unknown', 0):,} unknown, "
+        f"{rec.counts.get('young', 0):,} young, {rec.counts.get('missing', 0):,} missing in {rec.duration_s:.1f}s")
+    for reason, count in sorted(rec.by_reason.items(), key=lambda kv: -kv[1]):
+        log(f"              {count:>8,}  {reason}")
+    if rec.report:
+        log("top topics by reclaimable bytes:")
+        for row in rec.report[:10]:
+            log(f"  {row['tenant']}/{row['namespace']}/{row['topic']}: {row['orphans']} orphans, "
+                f"{row['reclaimable_bytes'] or 0:,} bytes, oldest {row['max_age_days'] or 0:.0f} days")
+    log(f"run {snap.run_id} done in {time.monotonic() - t0:.1f}s (dry run: nothing was deleted)")
+    return result
