@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15pulsar_metadata.proto\x12\x14ledgersweeper.pulsar\"&\n\x08KeyValue\x12\x0b\n\x03key\x18\x01 \x02(\t\x12\r\n\x05value\x18\x02 \x02(\t\"Y\n\x15OffloadDriverMetadata\x12\x0c\n\x04name\x18\x01 \x02(\t\x12\x32\n\nproperties\x18\x02 \x03(\x0b\x32\x1e.ledgersweeper.pulsar.KeyValue\"\xb5\x01\n\x0eOffloadContext\x12\x0e\n\x06uidMsb\x18\x01 \x01(\x03\x12\x0e\n\x06uidLsb\x18\x02 \x01(\x03\x12\x10\n\x08\x63omplete\x18\x03 \x01(\x08\x12\x19\n\x11\x62ookkeeperDeleted\x18\x04 \x01(\x08\x12\x11\n\ttimestamp\x18\x05 \x01(\x03\x12\x43\n\x0e\x64riverMetadata\x18\x06 \x01(\x0b\x32+.ledgersweeper.pulsar.OffloadDriverMetadata\"7\n\x12NestedPositionInfo\x12\x10\n\x08ledgerId\x18\x01 \x02(\x03\x12\x0f\n\x07\x65ntryId\x18\x02 \x02(\x03\"\x9a\x03\n\x11ManagedLedgerInfo\x12\x46\n\nledgerInfo\x18\x01 \x03(\x0b\x32\x32.ledgersweeper.pulsar.ManagedLedgerInfo.LedgerInfo\x12\x44\n\x12terminatedPosition\x18\x02 \x01(\x0b\x32(.ledgersweeper.pulsar.NestedPositionInfo\x12\x32\n\nproperties\x18\x03 \x03(\x0b\x32\x1e.ledgersweeper.pulsar.KeyValue\x1a\xc2\x01\n\nLedgerInfo\x12\x10\n\x08ledgerId\x18\x01 \x02(\x03\x12\x0f\n\x07\x65ntries\x18\x02 \x01(\x03\x12\x0c\n\x04size\x18\x03 \x01(\x03\x12\x11\n\ttimestamp\x18\x04 \x01(\x03\x12<\n\x0eoffloadContext\x18\x05 \x01(\x0b\x32$.ledgersweeper.pulsar.OffloadContext\x12\x32\n\nproperties\x18\x06 \x03(\x0b\x32\x1e.ledgersweeper.pulsar.KeyValue\"+\n\x0cLongProperty\x12\x0c\n\x04name\x18\x01 \x02(\t\x12\r\n\x05value\x18\x02 \x02(\x03\"-\n\x0eStringProperty\x12\x0c\n\x04name\x18\x01 \x02(\t\x12\r\n\x05value\x18\x02 \x02(\t\"\xef\x01\n\x11ManagedCursorInfo\x12\x17\n\x0f\x63ursorsLedgerId\x18\x01 \x02(\x03\x12\x1a\n\x12markDeleteLedgerId\x18\x02 \x01(\x03\x12\x19\n\x11markDeleteEntryId\x18\x03 \x01(\x03\x12\x36\n\nproperties\x18\x05 \x03(\x0b\x32\".ledgersweeper.pulsar.LongProperty\x12\x12\n\nlastActive\x18\x06 \x01(\x03\x12>\n\x10\x63ursorProperties\x18\x08 \x03(\x0b\x32$.ledgersweeper.pulsar.StringProperty\"u\n\x19ManagedLedgerInfoMetadata\x12>\n\x0f\x63ompressionType\x18\x01 \x02(\x0e\x32%.ledgersweeper.pulsar.CompressionType\x12\x18\n\x10uncompressedSize\x18\x02 \x02(\x05\"1\n\x0cPositionInfo\x12\x10\n\x08ledgerId\x18\x01 \x02(\x03\x12\x0f\n\x07\x65ntryId\x18\x02 \x02(\x03\"a\n\nIndexEntry\x12\x0f\n\x07version\x18\x01 \x02(\x03\x12\x34\n\x08position\x18\x02 \x02(\x0b\x32\".ledgersweeper.pulsar.PositionInfo\x12\x0c\n\x04hash\x18\x03 \x02(\x0c\"p\n\rSchemaLocator\x12.\n\x04info\x18\x01 \x02(\x0b\x32 .ledgersweeper.pulsar.IndexEntry\x12/\n\x05index\x18\x02 \x03(\x0b\x32 .ledgersweeper.pulsar.IndexEntry*D\n\x0f\x43ompressionType\x12\x08\n\x04NONE\x10\x00\x12\x07\n\x03LZ4\x10\x01\x12\x08\n\x04ZLIB\x10\x02\x12\x08\n\x04ZSTD\x10\x03\x12\n\n\x06SNAPPY\x10\x04')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15pulsar_metadata.proto\x12\x14ledgersweeper.pulsar\"&\n\x08KeyValue\x12\x0b\n\x03key\x18\x01 \x02(\t\x12\r\n\x05value\x18\x02 \x02(\t\"Y\n\x15OffloadDriverMetadata\x12\x0c\n\x04name\x18\x01 \x02(\t\x12\x32\n\nproperties\x18\x02 \x03(\x0b\x32\x1e.ledgersweeper.pulsar.KeyValue\"\xb5\x01\n\x0eOffloadContext\x12\x0e\n\x06uidMsb\x18\x01 \x01(\x03\x12\x0e\n\x06uidLsb\x18\x02 \x01(\x03\x12\x10\n\x08\x63omplete\x18\x03 \x01(\x08\x12\x19\n\x11\x62ookkeeperDeleted\x18\x04 \x01(\x08\x12\x11\n\ttimestamp\x18\x05 \x01(\x03\x12\x43\n\x0e\x64riverMetadata\x18\x06 \x01(\x0b\x32+.ledgersweeper.pulsar.OffloadDriverMetadata\"7\n\x12NestedPositionInfo\x12\x10\n\x08ledgerId\x18\x01 \x02(\x03\x12\x0f\n\x07\x65ntryId\x18\x02 \x02(\x03\"\x9a\x03\n\x11ManagedLedgerInfo\x12\x46\n\nledgerInfo\x18\x01 \x03(\x0b\x32\x32.ledgersweeper.pulsar.ManagedLedgerInfo.LedgerInfo\x12\x44\n\x12terminatedPosition\x18\x02 \x01(\x0b\x32(.ledgersweeper.pulsar.NestedPositionInfo\x12\x32\n\nproperties\x18\x03 \x03(\x0b\x32\x1e.ledgersweeper.pulsar.KeyValue\x1a\xc2\x01\n\nLedgerInfo\x12\x10\n\x08ledgerId\x18\x01 \x02(\x03\x12\x0f\n\x07\x65ntries\x18\x02 \x01(\x03\x12\x0c\n\x04size\x18\x03 \x01(\x03\x12\x11\n\ttimestamp\x18\x04 \x01(\x03\x12<\n\x0eoffloadContext\x18\x05 \x01(\x0b\x32$.ledgersweeper.pulsar.OffloadContext\x12\x32\n\nproperties\x18\x06 \x03(\x0b\x32\x1e.ledgersweeper.pulsar.KeyValue\"+\n\x0cLongProperty\x12\x0c\n\x04name\x18\x01 \x02(\t\x12\r\n\x05value\x18\x02 \x02(\x03\"-\n\x0eStringProperty\x12\x0c\n\x04name\x18\x01 \x02(\t\x12\r\n\x05value\x18\x02 \x02(\t\"\xef\x01\n\x11ManagedCursorInfo\x12\x17\n\x0f\x63ursorsLedgerId\x18\x01 \x02(\x03\x12\x1a\n\x12markDeleteLedgerId\x18\x02 \x01(\x03\x12\x19\n\x11markDeleteEntryId\x18\x03 \x01(\x03\x12\x36\n\nproperties\x18\x05 \x03(\x0b\x32\".ledgersweeper.pulsar.LongProperty\x12\x12\n\nlastActive\x18\x06 \x01(\x03\x12>\n\x10\x63ursorProperties\x18\x08 \x03(\x0b\x32$.ledgersweeper.pulsar.StringProperty\"u\n\x19ManagedLedgerInfoMetadata\x12>\n\x0f\x63ompressionType\x18\x01 \x02(\x0e\x32%.ledgersweeper.pulsar.CompressionType\x12\x18\n\x10uncompressedSize\x18\x02 \x02(\x05\"u\n\x19ManagedCursorInfoMetadata\x12>\n\x0f\x63ompressionType\x18\x01 \x02(\x0e\x32%.ledgersweeper.pulsar.CompressionType\x12\x18\n\x10uncompressedSize\x18\x02 \x02(\x05\"1\n\x0cPositionInfo\x12\x10\n\x08ledgerId\x18\x01 \x02(\x03\x12\x0f\n\x07\x65ntryId\x18\x02 \x02(\x03\"a\n\nIndexEntry\x12\x0f\n\x07version\x18\x01 \x02(\x03\x12\x34\n\x08position\x18\x02 \x02(\x0b\x32\".ledgersweeper.pulsar.PositionInfo\x12\x0c\n\x04hash\x18\x03 \x02(\x0c\"p\n\rSchemaLocator\x12.\n\x04info\x18\x01 \x02(\x0b\x32 .ledgersweeper.pulsar.IndexEntry\x12/\n\x05index\x18\x02 \x03(\x0b\x32 .ledgersweeper.pulsar.IndexEntry*D\n\x0f\x43ompressionType\x12\x08\n\x04NONE\x10\x00\x12\x07\n\x03LZ4\x10\x01\x12\x08\n\x04ZLIB\x10\x02\x12\x08\n\x04ZSTD\x10\x03\x12\n\n\x06SNAPPY\x10\x04')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'pulsar_metadata_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_COMPRESSIONTYPE']._serialized_start=1549
-  _globals['_COMPRESSIONTYPE']._serialized_end=1617
+  _globals['_COMPRESSIONTYPE']._serialized_start=1668
+  _globals['_COMPRESSIONTYPE']._serialized_end=1736
   _globals['_KEYVALUE']._serialized_start=47
   _globals['_KEYVALUE']._serialized_end=85
   _globals['_OFFLOADDRIVERMETADATA']._serialized_start=87
@@ -53,10 +53,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MANAGEDCURSORINFO']._serialized_end=1164
   _globals['_MANAGEDLEDGERINFOMETADATA']._serialized_start=1166
   _globals['_MANAGEDLEDGERINFOMETADATA']._serialized_end=1283
-  _globals['_POSITIONINFO']._serialized_start=1285
-  _globals['_POSITIONINFO']._serialized_end=1334
-  _globals['_INDEXENTRY']._serialized_start=1336
-  _globals['_INDEXENTRY']._serialized_end=1433
-  _globals['_SCHEMALOCATOR']._serialized_start=1435
-  _globals['_SCHEMALOCATOR']._serialized_end=1547
+  _globals['_MANAGEDCURSORINFOMETADATA']._serialized_start=1285
+  _globals['_MANAGEDCURSORINFOMETADATA']._serialized_end=1402
+  _globals['_POSITIONINFO']._serialized_start=1404
+  _globals['_POSITIONINFO']._serialized_end=1453
+  _globals['_INDEXENTRY']._serialized_start=1455
+  _globals['_INDEXENTRY']._serialized_end=1552
+  _globals['_SCHEMALOCATOR']._serialized_start=1554
+  _globals['_SCHEMALOCATOR']._serialized_end=1666
 # @@protoc_insertion_point(module_scope)

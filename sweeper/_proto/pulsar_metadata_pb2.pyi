@@ -125,6 +125,14 @@ class ManagedLedgerInfoMetadata(_message.Message):
     uncompressedSize: int
     def __init__(self, compressionType: _Optional[_Union[CompressionType, str]] = ..., uncompressedSize: _Optional[int] = ...) -> None: ...
 
+class ManagedCursorInfoMetadata(_message.Message):
+    __slots__ = ("compressionType", "uncompressedSize")
+    COMPRESSIONTYPE_FIELD_NUMBER: _ClassVar[int]
+    UNCOMPRESSEDSIZE_FIELD_NUMBER: _ClassVar[int]
+    compressionType: CompressionType
+    uncompressedSize: int
+    def __init__(self, compressionType: _Optional[_Union[CompressionType, str]] = ..., uncompressedSize: _Optional[int] = ...) -> None: ...
+
 class PositionInfo(_message.Message):
     __slots__ = ("ledgerId", "entryId")
     LEDGERID_FIELD_NUMBER: _ClassVar[int]

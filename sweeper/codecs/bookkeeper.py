@@ -12,14 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from google.protobuf import text_format
-from google.protobuf.internal.decoder import _DecodeVarint32  # type: ignore[attr-defined]
-from google.protobuf.internal.encoder import _VarintBytes  # type: ignore[attr-defined]
 from google.protobuf.message import DecodeError
 
 from sweeper._proto import bookkeeper_metadata_pb2 as pb
 from sweeper.codecs.errors import MetadataDecodeError
 
 HEADER_PREFIX = b"BookieMetadataFormatVersion\t"
+_V3_HEADER = HEADER_PREFIX + b"3\n"  # nearly every znode since BookKeeper 4.9: one compare, no parsing
 SUPPORTED_VERSIONS = (1, 2, 3)
 V1_IN_RECOVERY = -102
 V1_CLOSED = "CLOSED"
@@ -70,7 +69,26 @@ def _split_header(data: bytes) -> tuple[int, bytes]:
     return version, data[end + 1 :]
 
 
+def _text(value: str | bytes) -> str:
+    # upb hands back a proto2 string field holding invalid UTF-8 as bytes; Java decodes it with
+    # replacement characters, and so do we, so that every field has one type.
+    return value if isinstance(value, str) else value.decode("utf-8", "replace")
+
+
 def _from_message(msg: pb.LedgerMetadataFormat, version: int) -> LedgerMetadata:
+    segments = []
+    for s in msg.segment:
+        ensemble = tuple(s.ensembleMember)
+        try:
+            "".join(ensemble)  # the cheap way to find a bytes member among the strings
+        except TypeError:
+            ensemble = tuple(map(_text, ensemble))
+        segments.append(Segment(s.firstEntryId, ensemble))
+    custom = {e.key: e.value for e in msg.customMetadata}
+    try:
+        "".join(custom)
+    except TypeError:
+        custom = {_text(e.key): e.value for e in msg.customMetadata}
     return LedgerMetadata(
         format_version=version,
         ensemble_size=msg.ensembleSize,
@@ -79,27 +97,49 @@ def _from_message(msg: pb.LedgerMetadataFormat, version: int) -> LedgerMetadata:
         state=_STATE_NAMES[msg.state],
         last_entry_id=msg.lastEntryId if msg.HasField("lastEntryId") else INVALID_ENTRY_ID,
         length=msg.length,
-        segments=tuple(Segment(s.firstEntryId, tuple(s.ensembleMember)) for s in msg.segment),
+        segments=tuple(segments),
         digest_type=_DIGEST_NAMES[msg.digestType] if msg.HasField("digestType") else None,
         password=msg.password if msg.HasField("password") else None,
         ctime=msg.ctime if msg.HasField("ctime") else None,
         ctoken=msg.cToken if msg.HasField("cToken") else None,
-        custom_metadata={e.key: e.value for e in msg.customMetadata},
+        custom_metadata=custom,
     )
 
 
-def _decode_v3(body: bytes) -> pb.LedgerMetadataFormat:
-    try:
-        size, pos = _DecodeVarint32(body, 0)
-    except (DecodeError, IndexError) as exc:
-        raise MetadataDecodeError("v3 metadata has no valid length prefix", kind="truncated") from exc
-    if pos + size > len(body):
+def _read_varint32(data: bytes, pos: int) -> tuple[int, int]:
+    """(value, next position) of the varint32 length prefix, as BookKeeper's readRawVarint32 reads it."""
+    result = shift = 0
+    while shift < 35:
+        if pos >= len(data):
+            raise MetadataDecodeError("v3 metadata ends inside its length prefix", kind="truncated")
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+    raise MetadataDecodeError("v3 metadata length prefix is not a valid varint32", kind="invalid_protobuf")
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _decode_v3(data: bytes, pos: int) -> pb.LedgerMetadataFormat:
+    size, pos = _read_varint32(data, pos)
+    if pos + size > len(data):
         raise MetadataDecodeError(
-            f"v3 metadata truncated: length prefix says {size} bytes, {len(body) - pos} present", kind="truncated"
+            f"v3 metadata truncated: length prefix says {size} bytes, {len(data) - pos} present", kind="truncated"
         )
     msg = pb.LedgerMetadataFormat()
     try:
-        msg.ParseFromString(body[pos : pos + size])
+        # Bytes after the delimited message are ignored, as BookKeeper's readDelimited does.
+        msg.ParseFromString(data[pos : pos + size])
     except DecodeError as exc:
         raise MetadataDecodeError(f"v3 metadata is not valid protobuf: {exc}", kind="invalid_protobuf") from exc
     if not msg.IsInitialized():
@@ -132,12 +172,13 @@ def _decode_v1(body: bytes) -> LedgerMetadata:
             if not line:
                 continue
             parts = line.split("\t")
-            if len(parts) == 2 and parts[1] == V1_CLOSED:
+            if len(parts) >= 2 and parts[1] == V1_CLOSED:
                 marker = int(parts[0])
                 if marker == V1_IN_RECOVERY:
                     state = "IN_RECOVERY"
                 else:
                     state, last_entry_id = "CLOSED", marker
+                break  # BookKeeper stops reading at the state line
             else:
                 segments.append(Segment(int(parts[0]), tuple(parts[1:])))
     except ValueError as exc:
@@ -160,9 +201,12 @@ def _decode_v1(body: bytes) -> LedgerMetadata:
 
 
 def decode_ledger_metadata(data: bytes) -> LedgerMetadata:
+    """Decode a ledger znode's data (any of the three formats); raises MetadataDecodeError."""
+    if data.startswith(_V3_HEADER):
+        return _from_message(_decode_v3(data, len(_V3_HEADER)), 3)
     version, body = _split_header(data)
-    if version == 3:
-        return _from_message(_decode_v3(body), 3)
+    if version == 3:  # a header spelled unusually, e.g. "03"
+        return _from_message(_decode_v3(body, 0), 3)
     if version == 2:
         msg = _decode_v2(body)
         if not msg.IsInitialized():
@@ -207,12 +251,15 @@ def _encode_v1(md: LedgerMetadata) -> bytes:
 
 
 def encode_ledger_metadata(md: LedgerMetadata, format_version: int = 3) -> bytes:
+    """Serialize as BookKeeper would in `format_version`; v1 drops what v1 cannot hold, v2 drops cToken."""
     header = HEADER_PREFIX + str(format_version).encode() + b"\n"
     if format_version == 3:
         payload = _to_message(md).SerializeToString()
-        return header + _VarintBytes(len(payload)) + payload
+        return header + _varint(len(payload)) + payload
     if format_version == 2:
-        return header + text_format.MessageToString(_to_message(md)).encode()
+        msg = _to_message(md)
+        msg.ClearField("cToken")  # as BookKeeper: v2 is frozen, older text parsers reject fields they lack
+        return header + text_format.MessageToString(msg).encode()
     if format_version == 1:
         return header + _encode_v1(md)
     raise ValueError(f"cannot encode ledger metadata format version {format_version}")

@@ -28,19 +28,32 @@ MAX_UNCOMPRESSED = 256 * 1024 * 1024
 
 
 def has_envelope(data: bytes) -> bool:
+    # Unambiguous: 0x47 would open a protobuf field with wire type 7, which does not exist.
     return len(data) >= 2 and (data[0] << 8 | data[1]) == MAGIC
 
 
 def _decompress(kind: str, payload: bytes, size: int) -> bytes:
+    # Each codec is held to the header's uncompressed size, so a forged size or a bomb cannot
+    # make us allocate more than that.
     if kind == "NONE":
         return payload
     if kind == "LZ4":
         return lz4.block.decompress(payload, uncompressed_size=size)
     if kind == "ZLIB":
-        return zlib.decompress(payload)
+        inflater = zlib.decompressobj()
+        out = inflater.decompress(payload, size + 1)
+        if not inflater.eof:
+            raise ValueError("zlib stream is incomplete or longer than the header says")
+        return out
     if kind == "ZSTD":
+        declared = zstandard.frame_content_size(payload)
+        if declared not in (-1, size):  # -1: the frame does not say
+            raise ValueError(f"zstd frame declares {declared} bytes")
         return zstandard.ZstdDecompressor().decompress(payload, max_output_size=size)
     if kind == "SNAPPY":
+        declared = cramjam.snappy.decompress_raw_len(payload)
+        if declared != size:
+            raise ValueError(f"snappy block declares {declared} bytes")
         return bytes(cramjam.snappy.decompress_raw(payload))
     raise AssertionError(kind)
 
@@ -71,6 +84,8 @@ def unwrap(data: bytes) -> bytes:
                 f"unknown compression type {unknown[0]} in metadata envelope", kind="unknown_compression"
             )
         raise MetadataDecodeError("compression envelope header has no compression type", kind="bad_header")
+    if not header.HasField("uncompressedSize"):
+        raise MetadataDecodeError("compression envelope header has no uncompressed size", kind="bad_header")
     kind = pb.CompressionType.Name(header.compressionType)
     size = header.uncompressedSize
     if size < 0 or size > MAX_UNCOMPRESSED:

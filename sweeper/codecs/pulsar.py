@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError, Message
 
 from sweeper._proto import pulsar_metadata_pb2 as pb
@@ -26,6 +27,63 @@ __all__ = [
 ]
 
 
+# Per message type: its string fields and its message fields that lead to one, as (name, repeated).
+_Plan = tuple[tuple[tuple[str, bool], ...], tuple[tuple[str, bool], ...]]
+_TEXT_PLANS: dict[str, _Plan] = {}
+
+
+def _reaches_text(desc: Descriptor, seen: set[str]) -> bool:
+    seen.add(desc.full_name)
+    for f in desc.fields:
+        if f.type == FieldDescriptor.TYPE_STRING:
+            return True
+        if (
+            f.type == FieldDescriptor.TYPE_MESSAGE
+            and f.message_type.full_name not in seen
+            and _reaches_text(f.message_type, seen)
+        ):
+            return True
+    return False
+
+
+def _text_plan(desc: Descriptor) -> _Plan:
+    plan = _TEXT_PLANS.get(desc.full_name)
+    if plan is None:
+        strings = tuple((f.name, f.is_repeated) for f in desc.fields if f.type == FieldDescriptor.TYPE_STRING)
+        nested = tuple(
+            (f.name, f.is_repeated)
+            for f in desc.fields
+            if f.type == FieldDescriptor.TYPE_MESSAGE and _reaches_text(f.message_type, set())
+        )
+        plan = _TEXT_PLANS[desc.full_name] = (strings, nested)
+    return plan
+
+
+def _repair_text(message: Message) -> None:
+    """Give invalid UTF-8 in string fields Java's replacement characters, in place.
+
+    upb returns such a proto2 string as bytes; Pulsar's Java parser decodes it with U+FFFD and
+    carries on, so we do the same rather than let a stray byte in a property hide the ledgers.
+    """
+    strings, nested = _text_plan(message.DESCRIPTOR)
+    for name, repeated in strings:
+        if repeated:
+            values = getattr(message, name)
+            for i, value in enumerate(values):
+                if isinstance(value, bytes):
+                    values[i] = value.decode("utf-8", "replace")
+        else:
+            value = getattr(message, name)
+            if isinstance(value, bytes):
+                setattr(message, name, value.decode("utf-8", "replace"))
+    for name, repeated in nested:
+        if repeated:
+            for item in getattr(message, name):
+                _repair_text(item)
+        elif message.HasField(name):
+            _repair_text(getattr(message, name))
+
+
 def _parse(message: Message, payload: bytes, what: str) -> None:
     try:
         message.ParseFromString(payload)
@@ -34,6 +92,7 @@ def _parse(message: Message, payload: bytes, what: str) -> None:
     if not message.IsInitialized():
         missing = ", ".join(message.FindInitializationErrors())
         raise MetadataDecodeError(f"{what} lacks required fields: {missing}", kind="invalid_protobuf")
+    _repair_text(message)
 
 
 def decode_managed_ledger_info(data: bytes) -> pb.ManagedLedgerInfo:
