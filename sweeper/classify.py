@@ -132,3 +132,34 @@ def _topic_owned(f: LedgerFacts) -> Classification:
                               "the compacted-ledger reference is in the cursor ledger, out of a ZooKeeper scan's reach")
     return Classification(Verdict.ORPHAN, Reason.COMPACTED_LEDGER_LEAKED,
                           f"{f.owner_topic}'s compaction points at another ledger")
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectFacts:
+    """What reconcile knows about one tiered-storage object."""
+
+    referenced: bool  # some managed ledger lists (uuid, ledger id) in an offload context
+    offload_complete: bool | None = None  # of the referencing context
+    offload_in_flight: bool = False  # incomplete and recent: still being written
+    owner_quarantined: bool = False
+
+
+class ObjectReason(StrEnum):
+    REFERENCED = "offload_referenced"
+    IN_FLIGHT = "offload_in_flight"
+    STALE_INCOMPLETE = "offload_incomplete_and_stale"
+    UNREFERENCED = "offload_unreferenced"
+    OWNER_UNREADABLE = "owner_metadata_quarantined"
+
+
+def classify_object(f: ObjectFacts) -> tuple[Verdict, ObjectReason]:
+    """Only an object no offload context names is an orphan; an incomplete one is never guessed at."""
+    if f.referenced:
+        if f.offload_complete:
+            return Verdict.IN_USE, ObjectReason.REFERENCED
+        if f.offload_in_flight:
+            return Verdict.IN_USE, ObjectReason.IN_FLIGHT
+        return Verdict.UNKNOWN, ObjectReason.STALE_INCOMPLETE
+    if f.owner_quarantined:
+        return Verdict.UNKNOWN, ObjectReason.OWNER_UNREADABLE
+    return Verdict.ORPHAN, ObjectReason.UNREFERENCED

@@ -30,6 +30,8 @@ def _load_config(args: argparse.Namespace) -> SweeperConfig:
         overrides["tables"] = {"root": args.tables}
     if getattr(args, "zookeeper", None):
         overrides["bookkeeper"] = {"zookeeper": args.zookeeper}
+    if getattr(args, "s3_endpoint", None):
+        overrides["offload"] = {"endpoint_override": args.s3_endpoint}
     return cfg.replace(**overrides) if overrides else cfg
 
 
@@ -42,12 +44,13 @@ def _print_counts(title: str, counts: dict[str, int]) -> None:
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
     from sweeper.layout import LedgerLayout
-    from sweeper.sandbox import SandboxSpec, sandbox_down, sandbox_up, seed_sandbox
+    from sweeper.sandbox import SandboxSpec, s3_endpoint, sandbox_down, sandbox_up, seed_sandbox
 
     home = Path(args.home)
     if args.action == "up":
         info = sandbox_up(home, port=args.port)
-        print(f"ZooKeeper sandbox serving on {info.connect_string} (pid {info.pid}, data {info.data_dir})")
+        print(f"ZooKeeper sandbox serving on {info.connect_string} (pid {info.pid}, data {info.data_dir}); "
+              f"S3 on {s3_endpoint(home)}")
         return EXIT_OK
     if args.action == "down":
         stopped = sandbox_down(home, wipe=args.wipe)
@@ -64,7 +67,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
             managed_ledgers_root=cfg.pulsar.managed_ledgers_root,
             schemas_root=cfg.pulsar.schemas_root,
         )
-        seeded = seed_sandbox(cfg.bookkeeper.zookeeper, spec, home / "manifest.json")
+        seeded = seed_sandbox(cfg.bookkeeper.zookeeper, spec, home / "manifest.json", s3=s3_endpoint(home))
         print(f"seeded {seeded.seed.znodes:,} znodes in {seeded.seed.seconds:.1f}s "
               f"({seeded.seed.rate:,.0f}/s); manifest: {seeded.manifest_path}")
         _print_counts("ground truth:", seeded.cluster.counts())
@@ -117,11 +120,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from sweeper.pipeline import sweep
 
     if args.sandbox:
-        from sweeper.sandbox import SandboxError, sandbox_up
+        from sweeper.sandbox import SandboxError, s3_endpoint, sandbox_up
 
         info = sandbox_up(Path(args.home), port=args.port)
         args.zookeeper = args.zookeeper or info.connect_string
-        print(f"sandbox: ZooKeeper on {info.connect_string}")
+        args.s3_endpoint = s3_endpoint(Path(args.home))
+        print(f"sandbox: ZooKeeper on {info.connect_string}, S3 on {args.s3_endpoint}")
         try:
             cmd_sandbox(argparse.Namespace(**{**vars(args), "action": "seed"}))
         except SandboxError as exc:

@@ -50,6 +50,15 @@ class ScanConfig:
 
 
 @dataclass(frozen=True)
+class OffloadConfig:
+    enabled: bool = True  # list the tiered-storage buckets named in the offload contexts
+    endpoint_override: str = ""  # an S3-compatible endpoint for every bucket (empty: as recorded by Pulsar)
+    extra_buckets: str = ""  # comma-separated buckets to list as well (e.g. from an older offloader config)
+    region: str = ""  # for extra buckets
+    head_metadata: bool = True  # read each object's user metadata (managedledgername) for reports
+
+
+@dataclass(frozen=True)
 class SafetyConfig:
     min_age_hours: float = 168.0  # grace period; under 24 h only with force_min_age
     force_min_age: bool = False
@@ -71,6 +80,7 @@ class SweeperConfig:
     tables: TablesConfig = field(default_factory=TablesConfig)
     spark: SparkConfig = field(default_factory=SparkConfig)
     scan: ScanConfig = field(default_factory=ScanConfig)
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
     safety: SafetyConfig = field(default_factory=SafetyConfig)
     gates: GatesConfig = field(default_factory=GatesConfig)
 

@@ -17,8 +17,8 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from sweeper.classify import LedgerFacts, Verdict, classify
-from sweeper.safety import CircuitBreaker, GracePeriod, Scope
+from sweeper.classify import LedgerFacts, ObjectFacts, Verdict, classify, classify_object
+from sweeper.safety import CircuitBreaker, GracePeriod, Scope, offload_in_flight
 from sweeper.scan.pulsar import split_ml_name
 from sweeper.table_schemas import ORPHAN_REPORT, ORPHANS, SNAPSHOT_TABLES
 from sweeper.tables import TableStore
@@ -250,6 +250,64 @@ def _classify_partition(
             yield pa.RecordBatch.from_pylist(out, schema=schema)
 
 
+def _object_facts_frame(frames: dict[str, DataFrame]) -> DataFrame:
+    contexts = (frames["ml_ledgers"].where(F.col("offload_uuid").isNotNull())
+                .groupBy(F.col("offload_uuid").alias("uuid"), "ledger_id")
+                .agg(F.max(F.coalesce("offload_complete", F.lit(False))).alias("complete"),
+                     F.max("offload_timestamp_ms").alias("offload_ts"),
+                     F.first("managed_ledger").alias("ref_ml")))
+    quarantined = (frames["quarantine"].where(F.col("owner").isNotNull()).select(F.col("owner").alias("_q"))
+                   .distinct().withColumn("owner_quarantined", F.lit(True)))
+    return (frames["offload_objects"].join(contexts, ["uuid", "ledger_id"], "left")
+            .join(quarantined, F.col("managed_ledger") == F.col("_q"), "left")
+            .select("bucket", "key", "uuid", "ledger_id", "size", "last_modified_ms", "managed_ledger", "ref_ml",
+                    "complete", "offload_ts", F.coalesce("owner_quarantined", F.lit(False)).alias("owner_quarantined")))
+
+
+def _classify_objects(batches: Iterator[pa.RecordBatch], run_id: str, now_ms: int,
+                      settings: SafetySettings) -> Iterator[pa.RecordBatch]:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    schema = to_arrow_schema(ORPHANS, timezone="UTC")
+    captured_at = datetime.fromtimestamp(now_ms / 1000, UTC)
+    for batch in batches:
+        out = []
+        for r in batch.to_pylist():
+            referenced = r["ref_ml"] is not None
+            facts = ObjectFacts(
+                referenced=referenced,
+                offload_complete=r["complete"],
+                offload_in_flight=referenced and offload_in_flight(r["complete"], r["offload_ts"], now_ms,
+                                                                   settings.grace),
+                owner_quarantined=r["owner_quarantined"],
+            )
+            verdict, reason = classify_object(facts)
+            if verdict is Verdict.IN_USE:
+                continue
+            owner = r["ref_ml"] or r["managed_ledger"]
+            tenant, namespace, topic = owner_scope(owner, None, None) if owner else (None, None, None)
+            if verdict is Verdict.UNKNOWN:
+                status = UNKNOWN
+            elif not settings.grace.is_old_enough(r["last_modified_ms"], now_ms):
+                status = YOUNG
+            elif not settings.scope.permits(tenant, namespace):
+                status = OUT_OF_SCOPE
+            else:
+                status = CANDIDATE
+            out.append({
+                "run_id": run_id, "captured_at": captured_at, "object_type": "offload_object",
+                "ledger_id": r["ledger_id"], "status": status, "verdict": verdict.value, "reason": reason.value,
+                "detail": f"s3://{r['bucket']}/{r['key']}", "tenant": tenant, "namespace": namespace,
+                "topic": topic, "managed_ledger": owner, "size_bytes": r["size"],
+                "created_ms": r["last_modified_ms"],
+                "age_ms": now_ms - r["last_modified_ms"] if r["last_modified_ms"] else None,
+                "created_source": "s3_last_modified", "s3_bucket": r["bucket"], "s3_key": r["key"],
+                "offload_uuid": r["uuid"],
+            })
+        if out:
+            yield pa.RecordBatch.from_pylist(out, schema=schema)
+
+
 def missing_ledgers(frames: dict[str, DataFrame], refs: DataFrame, run_id: str, now_ms: int) -> DataFrame:
     """Referenced ledgers absent from BookKeeper: data loss to report, never anything to delete."""
     known = (
@@ -328,9 +386,13 @@ def run_reconcile(
     if now_ms is None:
         now_ms = int(captured[0].timestamp() * 1000) if captured and captured[0] else int(time.time() * 1000)
     classified = facts.mapInArrow(lambda b: _classify_partition(b, run_id, now_ms, settings), ORPHANS)
-    orphans = classified.unionByName(missing_ledgers(frames, refs, run_id, now_ms)).cache()
-    counts_rows = orphans.groupBy("status").count().collect()
-    counts = {row["status"]: int(row["count"]) for row in counts_rows}
+    objects = _object_facts_frame(frames).mapInArrow(lambda b: _classify_objects(b, run_id, now_ms, settings),
+                                                     ORPHANS)
+    orphans = classified.unionByName(objects).unionByName(missing_ledgers(frames, refs, run_id, now_ms)).cache()
+    counts: dict[str, int] = {}
+    for row in orphans.groupBy("object_type", "status").count().collect():
+        counts[row["status"]] = counts.get(row["status"], 0) + int(row["count"])
+        counts[f"{row['status']}.{row['object_type']}"] = int(row["count"])
     by_reason = {
         row["reason"]: int(row["count"])
         for row in orphans.where(F.col("status") == CANDIDATE).groupBy("reason").count().collect()
@@ -338,7 +400,8 @@ def run_reconcile(
     pulsar_ledgers = frames["bk_ledgers"].where(F.col("is_pulsar")).count()
     counts["pulsar_ledgers"] = pulsar_ledgers
     counts["non_pulsar_ledgers"] = frames["bk_ledgers"].where(~F.col("is_pulsar")).count()
-    tripped = settings.breaker.tripped(counts.get(CANDIDATE, 0), pulsar_ledgers)
+    # The breaker weighs ledgers against ledgers; offloaded objects come two to a ledger.
+    tripped = settings.breaker.tripped(counts.get(f"{CANDIDATE}.ledger", 0), pulsar_ledgers)
     if tripped:
         refs.unpersist()
         orphans.unpersist()

@@ -22,6 +22,7 @@ from pyspark.storagelevel import StorageLevel
 
 from sweeper import zk as zkutil
 from sweeper.config import SweeperConfig
+from sweeper.offload import S3Target, list_offload_objects, listing_units, s3_client
 from sweeper.scan import bookkeeper as bk_scan
 from sweeper.scan import pulsar as pulsar_scan
 from sweeper.table_schemas import QUARANTINE, RUNS, SNAPSHOT_TABLES, union_schema
@@ -179,6 +180,59 @@ def table_frame(scan: DataFrame, table: str) -> DataFrame:
     return scan.where(F.col("record_type") == table).select(*[F.col(f.name) for f in schema.fields])
 
 
+def offload_targets(scan: DataFrame, config: SweeperConfig) -> list[S3Target]:
+    """Buckets named in the managed ledgers' offload contexts, plus the configured extras."""
+    rows = (scan.where((F.col("record_type") == "ml_ledgers") & F.col("offload_bucket").isNotNull())
+            .select("offload_bucket", "offload_region", "offload_endpoint").distinct().collect())
+    targets = {r["offload_bucket"]: S3Target(r["offload_bucket"], r["offload_region"] or "",
+                                             r["offload_endpoint"] or "") for r in rows}
+    for bucket in (b.strip() for b in config.offload.extra_buckets.split(",")):
+        if bucket and bucket not in targets:
+            targets[bucket] = S3Target(bucket, config.offload.region)
+    return [targets[b] for b in sorted(targets)]
+
+
+def _list_partition(batches: Iterator[pa.RecordBatch], endpoint_override: str, head_metadata: bool,
+                    run_id: str, captured_at: datetime) -> Iterator[pa.RecordBatch]:
+    from botocore.exceptions import BotoCoreError, ClientError
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    arrow_schema = to_arrow_schema(SCAN_SCHEMA, timezone="UTC")
+    clients: dict[tuple[str, str, str], Any] = {}
+    for batch in batches:
+        for item in batch.to_pylist():
+            target = S3Target(item["bucket"], item["region"], item["endpoint"])
+            key = (target.bucket, target.region, target.endpoint)
+            if key not in clients:
+                clients[key] = s3_client(target, endpoint_override)
+            unit = (item["prefix"], item["start_after"], item["stop_at"])
+            rows: list[dict[str, Any]] = []
+            try:
+                rows = list(list_offload_objects(clients[key], target.bucket, unit, head_metadata))
+            except (ClientError, BotoCoreError) as exc:
+                # One row per bucket, not per slice: the first slice speaks for the bucket.
+                if item["slot"] == 0:
+                    rows = [{"record_type": "quarantine", "source": "offload", "path": f"s3://{target.bucket}/",
+                             "ledger_id": None, "owner": None, "error_kind": "bucket_unavailable",
+                             "error": f"cannot list bucket {target.bucket}: {exc}", "zk_version": None, "raw": None}]
+            for row in rows:
+                row["run_id"], row["captured_at"] = run_id, captured_at
+            if rows:
+                yield pa.RecordBatch.from_pylist(rows, schema=arrow_schema)
+
+
+def offload_dataframe(spark: SparkSession, config: SweeperConfig, targets: list[S3Target], run_id: str,
+                      captured_at: datetime) -> DataFrame:
+    units = [(t.bucket, t.region, t.endpoint, slot, prefix, start_after, stop_at)
+             for t in targets for slot, (prefix, start_after, stop_at) in enumerate(listing_units())]
+    frame = spark.createDataFrame(
+        units, "bucket string, region string, endpoint string, slot int, prefix string, start_after string, "
+               "stop_at string")
+    frame = frame.repartition(min(len(units), 4 * spark.sparkContext.defaultParallelism))
+    override, head = config.offload.endpoint_override, config.offload.head_metadata
+    return frame.mapInArrow(lambda b: _list_partition(b, override, head, run_id, captured_at), SCAN_SCHEMA)
+
+
 def record_run(store: TableStore, run_id: str, stage: str, status: str, started: datetime,
                counts: dict[str, int], config: SweeperConfig, message: str = "") -> None:
     finished = datetime.now(UTC)
@@ -222,11 +276,18 @@ def run_snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore,
         run_id=run_id,
         captured_at=started,
     )
-    scan = scan_dataframe(spark, config, target, tasks).persist(StorageLevel.MEMORY_AND_DISK)
+    zk_scan = scan_dataframe(spark, config, target, tasks).persist(StorageLevel.MEMORY_AND_DISK)
+    scan = zk_scan
     try:
         t_scan = time.monotonic()
-        counts = {row["record_type"]: int(row["count"]) for row in scan.groupBy("record_type").count().collect()}
+        counts = {row["record_type"]: int(row["count"]) for row in zk_scan.groupBy("record_type").count().collect()}
         scan_s = time.monotonic() - t_scan
+        buckets = offload_targets(zk_scan, config) if config.offload.enabled else []
+        if buckets:
+            listing = offload_dataframe(spark, config, buckets, run_id, started).persist(StorageLevel.MEMORY_AND_DISK)
+            for row in listing.groupBy("record_type").count().collect():
+                counts[row["record_type"]] = counts.get(row["record_type"], 0) + int(row["count"])
+            scan = zk_scan.unionByName(listing)
         commit_metadata = {"run_id": run_id, "stage": "snapshot"}
         versions: dict[str, int] = {}
         for table, schema in SNAPSHOT_TABLES.items():
@@ -244,7 +305,9 @@ def run_snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore,
         record_run(store, run_id, "snapshot", "failed", started, {}, config, f"{type(exc).__name__}: {exc}")
         raise
     finally:
-        scan.unpersist()
+        zk_scan.unpersist()
+        if scan is not zk_scan:
+            scan.unpersist()
     record_run(store, run_id, "snapshot", "succeeded", started, counts, config)
     return SnapshotResult(
         run_id=run_id,

@@ -152,9 +152,22 @@ SCHEMA_LEDGERS = _schema(
     ("is_latest", B),
 )
 
+OFFLOAD_OBJECTS = _schema(
+    *RUN_COLUMNS,
+    ("bucket", S, False),
+    ("key", S, False),
+    ("uuid", S, False),
+    ("ledger_id", L, False),
+    ("role", S),  # data | index, from the key
+    ("size", L),
+    ("last_modified_ms", L),
+    ("metadata_role", S),  # the object's user metadata, when read
+    ("managed_ledger", S),  # user metadata `managedledgername`
+)
+
 QUARANTINE = _schema(
     *RUN_COLUMNS,
-    ("source", S, False),  # bookkeeper | managed_ledger | cursor | schema | layout
+    ("source", S, False),  # bookkeeper | managed_ledger | cursor | schema | layout | offload
     ("path", S, False),
     ("ledger_id", L),
     ("owner", S),  # managed ledger or schema id the znode belongs to, when known from its path
@@ -187,6 +200,9 @@ ORPHANS = _schema(
     ("created_source", S),
     ("zk_path", S),
     ("zk_version", INT),
+    ("s3_bucket", S),
+    ("s3_key", S),
+    ("offload_uuid", S),
 )
 
 ORPHAN_REPORT = _schema(
@@ -224,6 +240,8 @@ SNAPSHOT_TABLES: dict[str, StructType] = {
     "schema_ledgers": SCHEMA_LEDGERS,
     "quarantine": QUARANTINE,
 }
+ZK_SNAPSHOT_TABLES = dict(SNAPSHOT_TABLES)
+SNAPSHOT_TABLES = {**SNAPSHOT_TABLES, "offload_objects": OFFLOAD_OBJECTS}
 
 ALL_TABLES: dict[str, StructType] = {**SNAPSHOT_TABLES, "orphans": ORPHANS, "orphan_report": ORPHAN_REPORT,
                                      "runs": RUNS}

@@ -68,3 +68,16 @@ def test_orphan_reasons(facts: dict[str, object], expected: Reason) -> None:
 def test_what_cannot_be_established_is_unknown_never_orphan(facts: dict[str, object], expected: Reason) -> None:
     result = verdict(**facts)
     assert (result.verdict, result.reason) == (Verdict.UNKNOWN, expected)
+
+
+def test_objects_only_unreferenced_are_orphans() -> None:
+    from sweeper.classify import ObjectFacts, ObjectReason, classify_object
+
+    assert classify_object(ObjectFacts(referenced=True, offload_complete=True)) == (
+        Verdict.IN_USE, ObjectReason.REFERENCED)
+    assert classify_object(ObjectFacts(referenced=True, offload_complete=False, offload_in_flight=True)) == (
+        Verdict.IN_USE, ObjectReason.IN_FLIGHT)
+    assert classify_object(ObjectFacts(referenced=True, offload_complete=False)) == (
+        Verdict.UNKNOWN, ObjectReason.STALE_INCOMPLETE)
+    assert classify_object(ObjectFacts(referenced=False, owner_quarantined=True))[0] is Verdict.UNKNOWN
+    assert classify_object(ObjectFacts(referenced=False)) == (Verdict.ORPHAN, ObjectReason.UNREFERENCED)

@@ -21,7 +21,8 @@ from tests.conftest import ZkTarget
 
 def _store_and_config(target: ZkTarget, spark: SparkSession, tmp_path: Path) -> tuple[TableStore, SweeperConfig]:
     cfg = SweeperConfig().replace(bookkeeper={"zookeeper": target.hosts},
-                                  tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"})
+                                  tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"},
+                                  offload={"enabled": False})
     return open_table_store(cfg.tables.root, spark, engine="delta-rs"), cfg
 
 

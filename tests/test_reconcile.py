@@ -36,7 +36,8 @@ def _snapshot(zk: KazooClient, target: ZkTarget, spark: SparkSession, tmp_path: 
     cluster = build_cluster(spec)
     seed_zookeeper(zk, cluster)
     cfg = SweeperConfig().replace(bookkeeper={"zookeeper": target.hosts},
-                                  tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"})
+                                  tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"},
+                                  offload={"enabled": False})
     store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
     return cluster, store, run_snapshot(spark, cfg, store).run_id
 
@@ -74,7 +75,7 @@ def test_every_injected_orphan_found_and_nothing_in_use_listed(
     assert not in_use & set(ledgers), "a ledger in use (or not Pulsar's) was listed"
     missing = {lid for (kind, lid), row in found.items() if kind == "missing_ledger" and row["status"] == MISSING}
     assert missing == set(cluster.missing_ledgers)
-    assert result.counts[CANDIDATE] == len(expected_candidates)
+    assert result.counts[f"{CANDIDATE}.ledger"] == len(expected_candidates)
     assert result.counts["non_pulsar_ledgers"] == sum(1 for x in truth.values() if x.status is Status.NON_PULSAR)
     report = store.read("orphan_report").where(f"run_id = '{run_id}'").collect()
     assert sum(r["orphans"] for r in report) == len(expected_candidates)

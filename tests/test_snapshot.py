@@ -24,7 +24,8 @@ from tests.conftest import ZkTarget
 
 def _config(target: ZkTarget, tables: Path) -> SweeperConfig:
     return SweeperConfig().replace(
-        bookkeeper={"zookeeper": target.hosts}, tables={"root": str(tables), "engine": "delta-rs"}
+        bookkeeper={"zookeeper": target.hosts}, tables={"root": str(tables), "engine": "delta-rs"},
+        offload={"enabled": False},
     )
 
 
@@ -224,6 +225,7 @@ def test_unreachable_zookeeper_is_a_clear_error(spark: SparkSession, tmp_path: P
     cfg = SweeperConfig().replace(
         bookkeeper={"zookeeper": hosts, "session_timeout_s": 2.0},
         tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"},
+        offload={"enabled": False},
     )
     store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
     with pytest.raises(ZooKeeperUnavailableError, match=hosts):

@@ -5,13 +5,17 @@ For local runs, demos, tests and benchmarks only; production points at real clus
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from sweeper import zk as zkutil
+from sweeper.offload import S3Target, s3_client
+from sweeper.s3server import S3ServerInfo, start_s3, stop_s3
 from sweeper.sandbox.model import SandboxCluster, SandboxSpec, build_cluster
-from sweeper.sandbox.seed import SeedResult, seed_zookeeper, write_manifest
+from sweeper.sandbox.seed import SeedResult, seed_s3, seed_zookeeper, write_manifest
 from sweeper.zkserver import ZooKeeperServerInfo, running_server, start_zookeeper, stop_zookeeper
 
 DEFAULT_HOME = Path("var/sandbox")
@@ -40,12 +44,28 @@ class SeededSandbox:
 
 
 def sandbox_up(home: str | Path = DEFAULT_HOME, port: int = DEFAULT_PORT) -> ZooKeeperServerInfo:
-    """Start the sandbox ZooKeeper (idempotent: an already running one is returned)."""
+    """Start the sandbox ZooKeeper and S3 endpoint (idempotent: running ones are kept).
+
+    S3 (moto's server) listens on `port + 1`; its state lives in memory, so `down` loses it.
+    """
     zk_home = Path(home) / "zookeeper"
-    existing = running_server(zk_home)
-    if existing is not None:
-        return existing
-    return start_zookeeper(zk_home, port=port)
+    info = running_server(zk_home) or start_zookeeper(zk_home, port=port)
+    if s3_endpoint(home) is None:
+        s3 = start_s3(Path(home) / "s3", port=info.port + 1)
+        (Path(home) / "s3" / "server.json").write_text(json.dumps({"endpoint": s3.endpoint, "pid": s3.pid}))
+    return info
+
+
+def s3_endpoint(home: str | Path = DEFAULT_HOME) -> str | None:
+    marker = Path(home) / "s3" / "server.json"
+    if not marker.exists():
+        return None
+    data = json.loads(marker.read_text())
+    try:
+        os.kill(data["pid"], 0)
+    except ProcessLookupError:
+        return None
+    return str(data["endpoint"])
 
 
 def sandbox_down(home: str | Path = DEFAULT_HOME, wipe: bool = False) -> bool:
@@ -53,13 +73,18 @@ def sandbox_down(home: str | Path = DEFAULT_HOME, wipe: bool = False) -> bool:
     existing = running_server(zk_home)
     if existing is not None:
         stop_zookeeper(existing)
+    marker = Path(home) / "s3" / "server.json"
+    if marker.exists():
+        data = json.loads(marker.read_text())
+        stop_s3(S3ServerInfo(data["endpoint"], data["pid"]))
+        marker.unlink()
     if wipe and Path(home).exists():
         shutil.rmtree(home)
     return existing is not None
 
 
-def seed_sandbox(hosts: str, spec: SandboxSpec, manifest_path: str | Path) -> SeededSandbox:
-    """Seed `spec` into the ZooKeeper at `hosts`; refuses to seed over existing metadata."""
+def seed_sandbox(hosts: str, spec: SandboxSpec, manifest_path: str | Path, s3: str | None = None) -> SeededSandbox:
+    """Seed `spec` into the ZooKeeper at `hosts` (and S3 at `s3`); refuses to seed over existing metadata."""
     cluster = build_cluster(spec)
     client = zkutil.connect(hosts)
     try:
@@ -72,5 +97,7 @@ def seed_sandbox(hosts: str, spec: SandboxSpec, manifest_path: str | Path) -> Se
         result = seed_zookeeper(client, cluster)
     finally:
         zkutil.close(client)
+    if s3:
+        seed_s3(s3_client(S3Target(spec.offload_bucket), s3), cluster)
     path = write_manifest(cluster, manifest_path)
     return SeededSandbox(cluster, result, path)

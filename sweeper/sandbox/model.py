@@ -159,12 +159,24 @@ class SchemaLocatorModel:
 
 
 @dataclass
+class OffloadObject:
+    bucket: str
+    key: str
+    uuid: str
+    ledger_id: int
+    managed_ledger: str
+    status: str  # in_use | in_flight | orphan
+    kind: str | None = None  # topic_deleted | superseded_offload, for orphans
+
+
+@dataclass
 class SandboxCluster:
     spec: SandboxSpec
     ledgers: dict[int, BkLedger]
     managed_ledgers: list[ManagedLedger]
     schemas: list[SchemaLocatorModel]
     missing_ledgers: list[int]  # referenced, never created in BookKeeper
+    offload_objects: list[OffloadObject] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
         by_status = Counter(ledger.status.value for ledger in self.ledgers.values())
@@ -178,6 +190,8 @@ class SandboxCluster:
             "ml_cursors": sum(len(ml.cursors) for ml in self.managed_ledgers),
             "schema_ledgers": sum(len(s.entries) for s in self.schemas),
             "missing_ledgers": len(self.missing_ledgers),
+            "offload_objects": len(self.offload_objects),
+            "offload_objects.orphan": sum(1 for o in self.offload_objects if o.status == "orphan"),
             **{f"status.{k}": v for k, v in sorted(by_status.items())},
             **{f"orphan.{k}": v for k, v in sorted(by_kind.items())},
         }
@@ -330,7 +344,12 @@ class _Builder:
             offload = None
             bookkeeper_deleted = False
             if i < offload_upto:
-                offload = self.offload(complete=True, bookkeeper_deleted=rng.random() < 0.5)
+                if rng.random() < 0.1:
+                    # Being offloaded right now: not complete yet, started an hour ago.
+                    offload = self.offload(complete=False, bookkeeper_deleted=False)
+                    offload.timestamp_ms = now - HOUR_MS
+                else:
+                    offload = self.offload(complete=True, bookkeeper_deleted=rng.random() < 0.5)
                 bookkeeper_deleted = offload.bookkeeper_deleted
             entries = rng.randrange(1, 50_000)
             ml.ledgers.append(
@@ -548,7 +567,38 @@ class _Builder:
                 ledger.status, ledger.orphan_kind, ledger.referrers = Status.ORPHAN, OrphanKind.SCHEMA_DELETED, []
                 if ledger.ctime_ms is None:
                     ledger.ctime_ms = spec.now_ms - self.old_age()
-        return SandboxCluster(spec, self.ledgers, self.managed_ledgers, self.schemas, self.missing)
+        objects = self.offload_objects([ml for ml, _ in mls if ml.name not in doomed_names],
+                                       [ml for ml, _ in doomed])
+        return SandboxCluster(spec, self.ledgers, self.managed_ledgers, self.schemas, self.missing, objects)
+
+    def offload_objects(self, alive: list[ManagedLedger], doomed: list[ManagedLedger]) -> list[OffloadObject]:
+        """What tiered storage holds: live offloads, offloads of deleted topics, superseded attempts."""
+        objects: list[OffloadObject] = []
+        first = True
+
+        def add(ml: ManagedLedger, entry: MlLedger, offload: Offload, status: str, kind: str | None) -> None:
+            uuid = java_uuid(offload.uuid_msb, offload.uuid_lsb)
+            for suffix in ("", "-index"):
+                objects.append(OffloadObject(offload.bucket, f"{uuid}-ledger-{entry.ledger_id}{suffix}", uuid,
+                                             entry.ledger_id, ml.name, status, kind))
+
+        for ml in alive:
+            if ml.properties.get("PULSAR.SHADOW_SOURCE"):
+                continue  # a shadow topic reads its source's offloads
+            for entry in ml.ledgers:
+                if entry.offload is None:
+                    continue
+                add(ml, entry, entry.offload, "in_use" if entry.offload.complete else "in_flight", None)
+                if first or self.rng.random() < 0.3:
+                    first = False
+                    # An earlier attempt whose cleanup failed: same ledger, another uuid.
+                    add(ml, entry, self.offload(complete=True, bookkeeper_deleted=False), "orphan",
+                        "superseded_offload")
+        for ml in doomed:
+            for entry in ml.ledgers:
+                if entry.offload is not None:
+                    add(ml, entry, entry.offload, "orphan", "topic_deleted")
+        return objects
 
     def add_shadow_topics(self, mls: list[tuple[ManagedLedger, bool]]) -> None:
         """Shadow topics list their source's ledgers: one ledger, two referrers."""
@@ -569,6 +619,13 @@ class _Builder:
                 if ledger is not None:
                     ledger.referrers.append(f"ml:{shadow.name}")
             mls.append((shadow, False))
+
+
+def java_uuid(msb: int, lsb: int) -> str:
+    """`new java.util.UUID(msb, lsb).toString()`."""
+    import uuid
+
+    return str(uuid.UUID(int=((msb & 0xFFFFFFFFFFFFFFFF) << 64) | (lsb & 0xFFFFFFFFFFFFFFFF)))
 
 
 def schema_id_of(ml: ManagedLedger) -> str:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError
@@ -218,3 +220,18 @@ def write_manifest(cluster: SandboxCluster, path: str | Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(manifest(cluster), indent=1, sort_keys=True))
     return target
+
+
+def seed_s3(client: Any, cluster: SandboxCluster, stray_keys: int = 1) -> int:
+    """Upload the cluster's offloaded objects (tiny bodies) and a stray non-offload key."""
+    buckets = {obj.bucket for obj in cluster.offload_objects} | {cluster.spec.offload_bucket}
+    for bucket in sorted(buckets):
+        with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
+            client.create_bucket(Bucket=bucket)
+    for obj in cluster.offload_objects:
+        role = "index" if obj.key.endswith("-index") else "data"
+        client.put_object(Bucket=obj.bucket, Key=obj.key, Body=b"x" * 64,
+                          Metadata={"role": role, "managedledgername": obj.managed_ledger})
+    for i in range(stray_keys):
+        client.put_object(Bucket=cluster.spec.offload_bucket, Key=f"notes/readme-{i}.txt", Body=b"not an offload")
+    return len(cluster.offload_objects) + stray_keys

@@ -1,0 +1,136 @@
+"""Tiered-storage (S3) objects written by Pulsar's offloader: key parsing and listing.
+
+Pulsar names them `<uuid>-ledger-<id>` (data) and `<uuid>-ledger-<id>-index`, the uuid being
+the offload context's (uidMsb, uidLsb) as a Java UUID. Listing is split by the first hex digit
+of the uuid so that Spark tasks can list one bucket in parallel.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+OFFLOAD_KEY = re.compile(
+    r"^(?P<uuid>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})-ledger-(?P<ledger>\d{1,19})"
+    r"(?P<index>-index)?$"
+)
+PREFIXES = tuple("0123456789abcdef")
+_TOP = "\U0010ffff"  # sorts after any character S3 can hold in a key, in UTF-8 byte order
+
+
+def listing_units() -> list[tuple[str, str, str]]:
+    """(prefix, start_after, stop_at) slices covering a whole bucket, one Spark task each.
+
+    Offload keys start with a hex digit (the uuid), so 16 prefix slices hold them all; three
+    range slices pick up every other key, which we must see to report it.
+    """
+    units = [(p, "", "") for p in PREFIXES]
+    units += [("", "", "0"), ("", "9" + _TOP, "a"), ("", "f" + _TOP, "")]
+    return units
+
+
+@dataclass(frozen=True, slots=True)
+class OffloadKey:
+    uuid: str
+    ledger_id: int
+    role: str  # data | index
+
+
+def parse_offload_key(key: str) -> OffloadKey | None:
+    """The (uuid, ledger id, role) a key encodes, or None when it is not an offload object."""
+    match = OFFLOAD_KEY.match(key)
+    if match is None:
+        return None
+    ledger_id = int(match["ledger"])
+    if ledger_id >= 2**63:
+        return None
+    return OffloadKey(match["uuid"], ledger_id, "index" if match["index"] else "data")
+
+
+def offload_keys(uuid: str, ledger_id: int) -> tuple[str, str]:
+    return f"{uuid}-ledger-{ledger_id}", f"{uuid}-ledger-{ledger_id}-index"
+
+
+@dataclass(frozen=True)
+class S3Target:
+    """Where and how to reach a bucket; credentials come from the environment, never from here."""
+
+    bucket: str
+    region: str = ""
+    endpoint: str = ""
+
+
+def _loopback(endpoint: str) -> bool:
+    host = urllib.parse.urlparse(endpoint).hostname or ""
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def s3_client(target: S3Target, endpoint_override: str = "") -> Any:
+    """A boto3 client; credentials from boto3's usual chain (environment, profile, instance role)."""
+    import boto3
+    from botocore.config import Config
+
+    endpoint = endpoint_override or target.endpoint or None
+    extra: dict[str, str] = {}
+    if endpoint and _loopback(endpoint) and not os.environ.get("AWS_ACCESS_KEY_ID"):
+        # The local sandbox endpoint accepts any key; never used for a remote endpoint.
+        extra = {"aws_access_key_id": "sandbox", "aws_secret_access_key": "sandbox"}
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name=target.region or "us-east-1",
+        config=Config(retries={"max_attempts": 5, "mode": "adaptive"}, max_pool_connections=32),
+        **extra,
+    )
+
+
+def _list(client: Any, bucket: str, prefix: str, start_after: str, stop_at: str) -> Iterator[dict[str, Any]]:
+    kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+    if start_after:
+        kwargs["StartAfter"] = start_after
+    for page in client.get_paginator("list_objects_v2").paginate(**kwargs):
+        for obj in page.get("Contents", []):
+            if stop_at and obj["Key"] >= stop_at:
+                return
+            yield obj
+
+
+def list_offload_objects(client: Any, bucket: str, unit: tuple[str, str, str],
+                         head_metadata: bool = True) -> Iterator[dict[str, Any]]:
+    """Rows for `offload_objects` (and `quarantine` for keys that are not offload objects)."""
+    prefix, start_after, stop_at = unit
+    for obj in _list(client, bucket, prefix, start_after, stop_at):
+        key = obj["Key"]
+        parsed = parse_offload_key(key)
+        if parsed is None:
+            yield {
+                "record_type": "quarantine",
+                "source": "offload",
+                "path": f"s3://{bucket}/{key}",
+                "ledger_id": None,
+                "owner": None,
+                "error_kind": "unknown_key",
+                "error": "not an offload object key (<uuid>-ledger-<id>[-index])",
+                "zk_version": None,
+                "raw": None,
+            }
+            continue
+        metadata: dict[str, str] = {}
+        if head_metadata:
+            metadata = {k.lower(): v for k, v in client.head_object(Bucket=bucket, Key=key)["Metadata"].items()}
+        yield {
+            "record_type": "offload_objects",
+            "bucket": bucket,
+            "key": key,
+            "uuid": parsed.uuid,
+            "ledger_id": parsed.ledger_id,
+            "role": parsed.role,
+            "size": int(obj.get("Size", 0)),
+            "last_modified_ms": int(obj["LastModified"].timestamp() * 1000),
+            "metadata_role": metadata.get("role"),
+            "managed_ledger": metadata.get("managedledgername"),
+        }

@@ -1,0 +1,99 @@
+"""Tiered storage: listing a real S3 endpoint (moto's server) and reconciling its objects."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+from pyspark.sql import SparkSession
+
+from sweeper.config import SweeperConfig
+from sweeper.offload import S3Target, listing_units, parse_offload_key, s3_client
+from sweeper.reconcile import CANDIDATE, UNKNOWN, YOUNG, SafetySettings, run_reconcile
+from sweeper.s3server import S3ServerInfo, start_s3, stop_s3
+from sweeper.safety import DAY_MS, CircuitBreaker
+from sweeper.sandbox.model import SandboxSpec, build_cluster
+from sweeper.sandbox.seed import seed_s3, seed_zookeeper
+from sweeper.snapshot import run_snapshot
+from sweeper.tables import open_table_store
+from tests.conftest import ZkTarget
+
+
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3ServerInfo]:
+    info = start_s3(tmp_path_factory.mktemp("moto"))
+    yield info
+    stop_s3(info)
+
+
+def test_key_parsing() -> None:
+    key = parse_offload_key("123e4567-e89b-12d3-a456-426614174000-ledger-42-index")
+    assert key is not None and (key.uuid, key.ledger_id, key.role) == ("123e4567-e89b-12d3-a456-426614174000", 42,
+                                                                       "index")
+    for bad in ("notes.txt", "123e4567-e89b-12d3-a456-426614174000-ledger-", "x-ledger-1",
+                "123e4567-e89b-12d3-a456-426614174000-ledger-99999999999999999999"):
+        assert parse_offload_key(bad) is None
+
+
+def test_listing_units_cover_every_key(s3_server: S3ServerInfo) -> None:
+    client = s3_client(S3Target("cover"), s3_server.endpoint)
+    client.create_bucket(Bucket="cover")
+    keys = ["!early", "0abc", "9zz", ":colon", "Upper", "`tick", "a1", "fff", "f~", "g", "zzz", "\u00e9t\u00e9"]
+    for key in keys:
+        client.put_object(Bucket="cover", Key=key, Body=b"")
+    from sweeper.offload import _list
+
+    seen = [obj["Key"] for unit in listing_units() for obj in _list(client, "cover", *unit)]
+    assert sorted(seen) == sorted(keys)
+
+
+def _run(zk_target: ZkTarget, spark: SparkSession, tables: Path, endpoint: str, extra: str = "") -> tuple[Any, str]:
+    cfg = SweeperConfig().replace(
+        bookkeeper={"zookeeper": zk_target.hosts},
+        tables={"root": str(tables), "engine": "delta-rs"},
+        offload={"endpoint_override": endpoint, "extra_buckets": extra},
+    )
+    store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
+    return store, run_snapshot(spark, cfg, store).run_id
+
+
+def test_offloaded_objects_snapshot_and_reconcile(
+    zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, s3_server: S3ServerInfo, tmp_path: Path
+) -> None:
+    cluster = build_cluster(SandboxSpec(seed=5, topics=50, offload_bucket="offload-a"))
+    seed_zookeeper(zk, cluster)
+    seed_s3(s3_client(S3Target("offload-a"), s3_server.endpoint), cluster)
+    assert {o.status for o in cluster.offload_objects} == {"in_use", "in_flight", "orphan"}
+
+    store, run_id = _run(zk_target, spark, tmp_path / "tables", s3_server.endpoint, extra="no-such-bucket")
+    objects = {r["key"]: r for r in (x.asDict() for x in store.read("offload_objects").collect())}
+    assert set(objects) == {o.key for o in cluster.offload_objects}
+    some = cluster.offload_objects[0]
+    assert objects[some.key]["managed_ledger"] == some.managed_ledger
+    assert objects[some.key]["uuid"] == some.uuid
+    quarantine = {r["path"]: r["error_kind"] for r in store.read("quarantine").collect()}
+    assert quarantine["s3://offload-a/notes/readme-0.txt"] == "unknown_key"
+    assert quarantine["s3://no-such-bucket/"] == "bucket_unavailable"
+
+    # Now: the orphan objects were written seconds ago, so they are inside the grace period.
+    permissive = SafetySettings(breaker=CircuitBreaker(1.0))
+    run_reconcile(spark, store, run_id, permissive)
+    rows = [r.asDict() for r in store.read("orphans").where(f"run_id = '{run_id}'").collect()]
+    listed = {r["s3_key"]: r for r in rows if r["object_type"] == "offload_object"}
+    orphans = {o.key for o in cluster.offload_objects if o.status == "orphan"}
+    assert {k for k, r in listed.items() if r["status"] == YOUNG} == orphans
+    assert not {o.key for o in cluster.offload_objects if o.status != "orphan"} & set(listed)
+
+    # Eight days on: the same objects are candidates; the in-flight offloads are now stale, never candidates.
+    _, later_run = _run(zk_target, spark, tmp_path / "tables", s3_server.endpoint)
+    run_reconcile(spark, store, later_run, permissive, now_ms=int(time.time() * 1000) + 8 * DAY_MS)
+    rows = [r.asDict() for r in store.read("orphans").where(f"run_id = '{later_run}'").collect()]
+    listed = {r["s3_key"]: r for r in rows if r["object_type"] == "offload_object"}
+    assert {k for k, r in listed.items() if r["status"] == CANDIDATE} == orphans
+    assert {r["reason"] for k, r in listed.items() if r["status"] == CANDIDATE} == {"offload_unreferenced"}
+    in_flight = {o.key for o in cluster.offload_objects if o.status == "in_flight"}
+    assert {listed[k]["status"] for k in in_flight} == {UNKNOWN}
