@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 from pyspark.storagelevel import StorageLevel
 
 from sweeper import zk as zkutil
@@ -25,14 +26,21 @@ from sweeper.config import SweeperConfig
 from sweeper.offload import S3Target, list_offload_objects, listing_units, s3_client
 from sweeper.scan import bookkeeper as bk_scan
 from sweeper.scan import pulsar as pulsar_scan
-from sweeper.table_schemas import QUARANTINE, RUNS, SNAPSHOT_TABLES, union_schema
+from sweeper.table_schemas import QUARANTINE, RUNS, SNAPSHOT_TABLES
 from sweeper.tables import TableStore
 from sweeper.zk import ChildrenRead, ZnodeRead
 from sweeper.zkwire import WireReader
 
 log = logging.getLogger(__name__)
 
-SCAN_SCHEMA = union_schema(SNAPSHOT_TABLES)
+# What scan and listing tasks emit: each row carries a whole Arrow IPC batch of one table's rows.
+# A task reads each znode once and produces rows for several tables; packing them per table keeps
+# each batch narrow and leaves Spark (and its cache) a few large values instead of many wide rows.
+PACKED_SCHEMA = StructType([
+    StructField("record_type", StringType(), False),
+    StructField("rows", LongType(), False),
+    StructField("payload", BinaryType(), False),
+])
 TASK_BK, TASK_ML, TASK_SCHEMA = "bk", "ml", "schema"
 BATCH_ROWS = 10_000
 
@@ -97,10 +105,7 @@ class ScanReader:
 
 
 def _scan_partition(target: ScanTarget, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """One Spark task: read its share of units and emit wide rows in Arrow batches."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    arrow_schema = to_arrow_schema(SCAN_SCHEMA, timezone="UTC")
+    """One Spark task: read its share of units and emit its rows, packed per table."""
     tasks = [(kind, payload) for batch in batches for kind, payload in zip(
         batch.column("kind").to_pylist(), batch.column("payload").to_pylist(), strict=True)]
     if not tasks:
@@ -128,14 +133,10 @@ def _scan_partition(target: ScanTarget, batches: Iterator[pa.RecordBatch]) -> It
                 )
 
     try:
-        buffer: list[dict[str, Any]] = []
-        for row in bk_scan.with_run(rows(), target.run_id, target.captured_at):
-            buffer.append(row)
-            if len(buffer) >= BATCH_ROWS:
-                yield pa.RecordBatch.from_pylist(buffer, schema=arrow_schema)
-                buffer = []
-        if buffer:
-            yield pa.RecordBatch.from_pylist(buffer, schema=arrow_schema)
+        packer = TablePacker(target.run_id, target.captured_at)
+        for row in rows():
+            yield from packer.add(row)
+        yield from packer.flush()
     finally:
         for reader in readers.values():
             reader.close()
@@ -172,17 +173,65 @@ def scan_dataframe(spark: SparkSession, config: SweeperConfig, target: ScanTarge
     indexed = [(i % partitions, kind, payload) for i, (kind, payload) in enumerate(tasks)]
     units = spark.createDataFrame(indexed, "slot int, kind string, payload string")
     units = units.repartition(partitions, "slot").drop("slot")
-    return units.mapInArrow(lambda batches: _scan_partition(target, batches), SCAN_SCHEMA)
+    return units.mapInArrow(lambda batches: _scan_partition(target, batches), PACKED_SCHEMA)
+
+
+class TablePacker:
+    """Collects rows of several tables and packs them per table into Arrow IPC batches."""
+
+    def __init__(self, run_id: str, captured_at: datetime, batch_rows: int = BATCH_ROWS) -> None:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        self.run_id, self.captured_at, self.batch_rows = run_id, captured_at, batch_rows
+        self.schemas = {t: to_arrow_schema(schema, timezone="UTC") for t, schema in SNAPSHOT_TABLES.items()}
+        self.packed = to_arrow_schema(PACKED_SCHEMA)
+        self.buffers: dict[str, list[dict[str, Any]]] = {t: [] for t in SNAPSHOT_TABLES}
+
+    def add(self, row: dict[str, Any]) -> Iterator[pa.RecordBatch]:
+        table = row.pop("record_type")
+        row["run_id"], row["captured_at"] = self.run_id, self.captured_at
+        buffer = self.buffers[table]
+        buffer.append(row)
+        if len(buffer) >= self.batch_rows:
+            yield self._pack(table)
+
+    def flush(self) -> Iterator[pa.RecordBatch]:
+        for table, buffer in self.buffers.items():
+            if buffer:
+                yield self._pack(table)
+
+    def _pack(self, table: str) -> pa.RecordBatch:
+        rows, self.buffers[table] = self.buffers[table], []
+        batch = pa.RecordBatch.from_pylist(rows, schema=self.schemas[table])
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batch.schema) as writer:
+            writer.write_batch(batch)
+        return pa.RecordBatch.from_pydict(
+            {"record_type": [table], "rows": [len(rows)], "payload": [sink.getvalue().to_pybytes()]},
+            schema=self.packed,
+        )
+
+
+def _unpack(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        for payload in batch.column("payload").to_pylist():
+            with pa.ipc.open_stream(payload) as reader:
+                yield from reader
 
 
 def table_frame(scan: DataFrame, table: str) -> DataFrame:
-    schema = SNAPSHOT_TABLES[table]
-    return scan.where(F.col("record_type") == table).select(*[F.col(f.name) for f in schema.fields])
+    """One table's rows out of the packed scan output."""
+    return scan.where(F.col("record_type") == table).select("payload").mapInArrow(_unpack, SNAPSHOT_TABLES[table])
+
+
+def _counts(packed: DataFrame) -> dict[str, int]:
+    return {r["record_type"]: int(r["rows"]) for r in packed.groupBy("record_type").agg(F.sum("rows").alias("rows"))
+            .collect()}
 
 
 def offload_targets(scan: DataFrame, config: SweeperConfig) -> list[S3Target]:
     """Buckets named in the managed ledgers' offload contexts, plus the configured extras."""
-    rows = (scan.where((F.col("record_type") == "ml_ledgers") & F.col("offload_bucket").isNotNull())
+    rows = (table_frame(scan, "ml_ledgers").where(F.col("offload_bucket").isNotNull())
             .select("offload_bucket", "offload_region", "offload_endpoint").distinct().collect())
     targets = {r["offload_bucket"]: S3Target(r["offload_bucket"], r["offload_region"] or "",
                                              r["offload_endpoint"] or "") for r in rows}
@@ -195,9 +244,8 @@ def offload_targets(scan: DataFrame, config: SweeperConfig) -> list[S3Target]:
 def _list_partition(batches: Iterator[pa.RecordBatch], endpoint_override: str, head_metadata: bool,
                     run_id: str, captured_at: datetime) -> Iterator[pa.RecordBatch]:
     from botocore.exceptions import BotoCoreError, ClientError
-    from pyspark.sql.pandas.types import to_arrow_schema
 
-    arrow_schema = to_arrow_schema(SCAN_SCHEMA, timezone="UTC")
+    packer = TablePacker(run_id, captured_at)
     clients: dict[tuple[str, str, str], Any] = {}
     for batch in batches:
         for item in batch.to_pylist():
@@ -216,9 +264,8 @@ def _list_partition(batches: Iterator[pa.RecordBatch], endpoint_override: str, h
                              "ledger_id": None, "owner": None, "error_kind": "bucket_unavailable",
                              "error": f"cannot list bucket {target.bucket}: {exc}", "zk_version": None, "raw": None}]
             for row in rows:
-                row["run_id"], row["captured_at"] = run_id, captured_at
-            if rows:
-                yield pa.RecordBatch.from_pylist(rows, schema=arrow_schema)
+                yield from packer.add(row)
+    yield from packer.flush()
 
 
 def offload_dataframe(spark: SparkSession, config: SweeperConfig, targets: list[S3Target], run_id: str,
@@ -230,7 +277,7 @@ def offload_dataframe(spark: SparkSession, config: SweeperConfig, targets: list[
                "stop_at string")
     frame = frame.repartition(min(len(units), 4 * spark.sparkContext.defaultParallelism))
     override, head = config.offload.endpoint_override, config.offload.head_metadata
-    return frame.mapInArrow(lambda b: _list_partition(b, override, head, run_id, captured_at), SCAN_SCHEMA)
+    return frame.mapInArrow(lambda b: _list_partition(b, override, head, run_id, captured_at), PACKED_SCHEMA)
 
 
 def record_run(store: TableStore, run_id: str, stage: str, status: str, started: datetime,
@@ -280,13 +327,13 @@ def run_snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore,
     scan = zk_scan
     try:
         t_scan = time.monotonic()
-        counts = {row["record_type"]: int(row["count"]) for row in zk_scan.groupBy("record_type").count().collect()}
+        counts = _counts(zk_scan)
         scan_s = time.monotonic() - t_scan
         buckets = offload_targets(zk_scan, config) if config.offload.enabled else []
         if buckets:
             listing = offload_dataframe(spark, config, buckets, run_id, started).persist(StorageLevel.MEMORY_AND_DISK)
-            for row in listing.groupBy("record_type").count().collect():
-                counts[row["record_type"]] = counts.get(row["record_type"], 0) + int(row["count"])
+            for table, rows in _counts(listing).items():
+                counts[table] = counts.get(table, 0) + rows
             scan = zk_scan.unionByName(listing)
         commit_metadata = {"run_id": run_id, "stage": "snapshot"}
         versions: dict[str, int] = {}

@@ -245,19 +245,3 @@ SNAPSHOT_TABLES = {**SNAPSHOT_TABLES, "offload_objects": OFFLOAD_OBJECTS}
 
 ALL_TABLES: dict[str, StructType] = {**SNAPSHOT_TABLES, "orphans": ORPHANS, "orphan_report": ORPHAN_REPORT,
                                      "runs": RUNS}
-
-
-def union_schema(tables: dict[str, StructType], tag: str = "record_type") -> StructType:
-    """One wide schema holding rows of several tables, told apart by `tag`.
-
-    A scan task reads each znode once and emits rows for several tables; the wide schema lets
-    one Spark stage carry them all, to be split by `tag` afterwards.
-    """
-    fields: dict[str, StructField] = {}
-    for table, schema in tables.items():
-        for f in schema.fields:
-            known = fields.get(f.name)
-            if known is not None and known.dataType != f.dataType:
-                raise TypeError(f"column {f.name} has two types ({table}): {known.dataType} vs {f.dataType}")
-            fields[f.name] = StructField(f.name, f.dataType, True)
-    return StructType([StructField(tag, S, False), *fields.values()])

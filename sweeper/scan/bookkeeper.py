@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -242,10 +241,3 @@ def scan_ledger_units(
             yield ledger_row(read.path, parsed.ledger_id, parsed.tree, md, stat.version, stat.ctime, stat.mtime)
         except MetadataDecodeError as exc:
             yield quarantine_row(read.path, exc.kind, str(exc), read.data, read.stat.version, parsed.ledger_id)
-
-
-def with_run(rows: Iterator[Row], run_id: str, captured_at: datetime) -> Iterator[Row]:
-    for row in rows:
-        row["run_id"] = run_id
-        row["captured_at"] = captured_at
-        yield row
