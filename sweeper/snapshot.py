@@ -11,6 +11,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -169,10 +170,11 @@ def scan_dataframe(spark: SparkSession, config: SweeperConfig, target: ScanTarge
                    tasks: list[tuple[str, str]]) -> DataFrame:
     parallelism = config.spark.scan_partitions or 4 * spark.sparkContext.defaultParallelism
     partitions = max(1, min(parallelism, len(tasks)))
-    # Spread units evenly: task i goes to partition i mod n, big and small units interleaved.
-    indexed = [(i % partitions, kind, payload) for i, (kind, payload) in enumerate(tasks)]
-    units = spark.createDataFrame(indexed, "slot int, kind string, payload string")
-    units = units.repartition(partitions, "slot").drop("slot")
+    # Deal units round-robin so big and small ones interleave; parallelize keeps that split
+    # without a shuffle.
+    dealt = [tasks[i::partitions] for i in range(partitions)]
+    rdd = spark.sparkContext.parallelize([t for part in dealt for t in part], partitions)
+    units = spark.createDataFrame(rdd, "kind string, payload string")
     return units.mapInArrow(lambda batches: _scan_partition(target, batches), PACKED_SCHEMA)
 
 
@@ -336,15 +338,19 @@ def run_snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore,
                 counts[table] = counts.get(table, 0) + rows
             scan = zk_scan.unionByName(listing)
         commit_metadata = {"run_id": run_id, "stage": "snapshot"}
-        versions: dict[str, int] = {}
-        for table, schema in SNAPSHOT_TABLES.items():
-            frame = table_frame(scan, table)
-            if table == "quarantine" and ledger_plan.quarantine:
-                planned = [{**row, "run_id": run_id, "captured_at": started} for row in ledger_plan.quarantine]
-                frame = frame.unionByName(spark.createDataFrame(
-                    [{k: r.get(k) for k in QUARANTINE.fieldNames()} for r in planned], QUARANTINE))
-                counts["quarantine"] = counts.get("quarantine", 0) + len(planned)
-            versions[table] = store.append(table, frame, schema, commit_metadata=commit_metadata).version
+        frames = {table: table_frame(scan, table) for table in SNAPSHOT_TABLES}
+        if ledger_plan.quarantine:
+            planned = [{**row, "run_id": run_id, "captured_at": started} for row in ledger_plan.quarantine]
+            frames["quarantine"] = frames["quarantine"].unionByName(spark.createDataFrame(
+                [{k: r.get(k) for k in QUARANTINE.fieldNames()} for r in planned], QUARANTINE))
+            counts["quarantine"] = counts.get("quarantine", 0) + len(planned)
+        # Tables are independent Delta logs: commit them from a few driver threads at once
+        # (Spark runs their jobs side by side) instead of one after another.
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            commits = {table: pool.submit(store.append, table, frame, SNAPSHOT_TABLES[table],
+                                          commit_metadata=commit_metadata)
+                       for table, frame in frames.items()}
+            versions = {table: future.result().version for table, future in commits.items()}
         for table in SNAPSHOT_TABLES:
             counts.setdefault(table, 0)
         counts["scan_units"] = len(tasks)
