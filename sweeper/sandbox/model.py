@@ -252,6 +252,7 @@ class _Builder:
         self.ledgers: dict[int, BkLedger] = {}
         self.managed_ledgers: list[ManagedLedger] = []
         self.schemas: list[SchemaLocatorModel] = []
+        self.schema_index: dict[str, SchemaLocatorModel] = {}
         self.missing: list[int] = []
         self.bookies = [f"bookie-{i}.bookkeeper.pulsar.svc:3181" for i in range(6)]
 
@@ -434,10 +435,11 @@ class _Builder:
 
     def add_schema(self, ml: ManagedLedger, long_ids: bool) -> SchemaLocatorModel:
         schema_id = schema_id_of(ml)
-        for existing in self.schemas:
-            if existing.schema_id == schema_id:
-                return existing
+        existing = self.schema_index.get(schema_id)
+        if existing is not None:
+            return existing
         locator = SchemaLocatorModel(schema_id=schema_id, entries=[])
+        self.schema_index[schema_id] = locator
         for version in range(self.rng.randrange(1, 4)):
             ledger_id = self.new_id(long_ids)
             locator.entries.append(SchemaEntry(version, ledger_id, 0, self.rng.randbytes(32)))
