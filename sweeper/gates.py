@@ -8,7 +8,6 @@ into an "orphan". Gates fail the run with a readable list of what failed.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +18,7 @@ from sweeper.config import GatesConfig
 from sweeper.tables import TableStore
 
 log = logging.getLogger(__name__)
-os.environ.setdefault("TQDM_DISABLE", "1")  # great-expectations draws progress bars otherwise
+logging.getLogger("great_expectations").setLevel(logging.WARNING)
 
 
 @dataclass
@@ -102,7 +101,14 @@ def run_gates(store: TableStore, run_id: str, config: GatesConfig) -> GateResult
     if bk_count and quarantined > max(10, 0.01 * bk_count):
         result.failures.append(f"{quarantined} znodes quarantined against {bk_count} ledgers: the scan is partial")
 
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    # It sets its own loggers' levels on import; its INFO lines would fill a scheduler's log.
+    for name in ("great_expectations", "great_expectations.data_context.types.base"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
     context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = ProgressBarsConfig(globally=False)  # a scheduler's log is no terminal
     source = context.data_sources.add_spark("snapshot")
     pulsar_expected = bool(frames["bk_ledgers"] is not None and bk_count)
     for table in ("bk_ledgers", "managed_ledgers", "ml_ledgers", "ml_cursors", "schema_ledgers"):
