@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from sweeper.scan import quarantine_row
+
 OFFLOAD_KEY = re.compile(
     r"^(?P<uuid>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})-ledger-(?P<ledger>\d{1,19})"
     r"(?P<index>-index)?$"
@@ -107,17 +109,8 @@ def list_offload_objects(client: Any, bucket: str, unit: tuple[str, str, str],
         key = obj["Key"]
         parsed = parse_offload_key(key)
         if parsed is None:
-            yield {
-                "record_type": "quarantine",
-                "source": "offload",
-                "path": f"s3://{bucket}/{key}",
-                "ledger_id": None,
-                "owner": None,
-                "error_kind": "unknown_key",
-                "error": "not an offload object key (<uuid>-ledger-<id>[-index])",
-                "zk_version": None,
-                "raw": None,
-            }
+            yield quarantine_row("offload", f"s3://{bucket}/{key}", "unknown_key",
+                                 "not an offload object key (<uuid>-ledger-<id>[-index])")
             continue
         metadata: dict[str, str] = {}
         if head_metadata:

@@ -27,6 +27,7 @@ from sweeper.config import SweeperConfig
 from sweeper.offload import S3Target, list_offload_objects, listing_units, s3_client
 from sweeper.scan import bookkeeper as bk_scan
 from sweeper.scan import pulsar as pulsar_scan
+from sweeper.scan import quarantine_row
 from sweeper.table_schemas import QUARANTINE, RUNS, SNAPSHOT_TABLES
 from sweeper.tables import TableStore
 from sweeper.zk import ChildrenRead, ZnodeRead
@@ -262,9 +263,8 @@ def _list_partition(batches: Iterator[pa.RecordBatch], endpoint_override: str, h
             except (ClientError, BotoCoreError) as exc:
                 # One row per bucket, not per slice: the first slice speaks for the bucket.
                 if item["slot"] == 0:
-                    rows = [{"record_type": "quarantine", "source": "offload", "path": f"s3://{target.bucket}/",
-                             "ledger_id": None, "owner": None, "error_kind": "bucket_unavailable",
-                             "error": f"cannot list bucket {target.bucket}: {exc}", "zk_version": None, "raw": None}]
+                    rows = [quarantine_row("offload", f"s3://{target.bucket}/", "bucket_unavailable",
+                                           f"cannot list bucket {target.bucket}: {exc}")]
             for row in rows:
                 yield from packer.add(row)
     yield from packer.flush()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from kazoo.client import KazooClient
 
@@ -27,8 +26,7 @@ from sweeper.layout import (
     parse_ledger_relative_path,
     tree_depth,
 )
-
-Row = dict[str, Any]
+from sweeper.scan import Row, quarantine_row
 
 # Keys whose values decide ownership: if one of them is not text we cannot trust the ledger.
 OWNERSHIP_KEYS = frozenset(
@@ -106,33 +104,13 @@ def plan_ledger_units(client: KazooClient, root: str, flat_chunk: int = 5000) ->
 
 
 def _unexpected(root: str, relative: str, why: str) -> Row:
-    return {
-        "record_type": "quarantine",
-        "source": "layout",
-        "path": zkutil.join(root, relative),
-        "ledger_id": None,
-        "owner": None,
-        "error_kind": "unexpected_znode",
-        "error": f"unexpected znode {relative!r} under the ledgers root: {why}",
-        "zk_version": None,
-        "raw": None,
-    }
+    return quarantine_row("layout", zkutil.join(root, relative), "unexpected_znode",
+                          f"unexpected znode {relative!r} under the ledgers root: {why}")
 
 
-def quarantine_row(
-    path: str, error_kind: str, error: str, raw: bytes | None, zk_version: int | None, ledger_id: int | None
-) -> Row:
-    return {
-        "record_type": "quarantine",
-        "source": "bookkeeper",
-        "path": path,
-        "ledger_id": ledger_id,
-        "owner": None,
-        "error_kind": error_kind,
-        "error": error,
-        "zk_version": zk_version,
-        "raw": raw,
-    }
+def _bad_ledger(path: str, error_kind: str, error: str, raw: bytes | None = None, zk_version: int | None = None,
+                ledger_id: int | None = None) -> Row:
+    return quarantine_row("bookkeeper", path, error_kind, error, raw=raw, zk_version=zk_version, ledger_id=ledger_id)
 
 
 def split_custom_metadata(custom: dict[str, bytes]) -> tuple[dict[str, str], dict[str, bytes]]:
@@ -204,7 +182,7 @@ def _leaf_paths(
     for unit, result in zip(dirs, reader.children_many((zkutil.join(root, d) for d in dirs), window),
                             strict=True):
         if result.error is not None:
-            yield quarantine_row(result.path, "read_error", repr(result.error), None, None, None)
+            yield _bad_ledger(result.path, "read_error", repr(result.error))
             continue
         for child in result.children or []:  # None: the directory vanished, its ledgers with it
             relative = f"{unit}/{child}"
@@ -227,17 +205,17 @@ def scan_ledger_units(
     relative_of = dict((absolute, relative) for relative, absolute in pending)
     for read in reader.get_many((absolute for _, absolute in pending), window):
         if read.error is not None:
-            yield quarantine_row(read.path, "read_error", repr(read.error), None, None, None)
+            yield _bad_ledger(read.path, "read_error", repr(read.error))
             continue
         if read.data is None or read.stat is None:
             continue  # deleted since listing: normal while Pulsar works
         parsed = parse_ledger_relative_path(relative_of[read.path])
         if parsed is None:
-            yield quarantine_row(read.path, "bad_path", "not a ledger path", read.data, read.stat.version, None)
+            yield _bad_ledger(read.path, "bad_path", "not a ledger path", read.data, read.stat.version)
             continue
         try:
             md = decode_ledger_metadata(read.data)
             stat = read.stat
             yield ledger_row(read.path, parsed.ledger_id, parsed.tree, md, stat.version, stat.ctime, stat.mtime)
         except MetadataDecodeError as exc:
-            yield quarantine_row(read.path, exc.kind, str(exc), read.data, read.stat.version, parsed.ledger_id)
+            yield _bad_ledger(read.path, exc.kind, str(exc), read.data, read.stat.version, parsed.ledger_id)

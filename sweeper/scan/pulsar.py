@@ -18,8 +18,7 @@ from sweeper import zk as zkutil
 from sweeper.codecs import pulsar as codec
 from sweeper.codecs.envelope import MAGIC
 from sweeper.codecs.errors import MetadataDecodeError
-
-Row = dict[str, Any]
+from sweeper.scan import Row, quarantine_row
 
 DOMAIN = "persistent"
 BUCKET_PREFIX = "#pulsar.internal.delayed.bucket"
@@ -99,18 +98,8 @@ def split_ml_name(name: str) -> tuple[str, str, str]:
 
 
 def _quarantine(source: str, path: str, owner: str | None, kind: str, error: str, raw: bytes | None,
-                version: int | None, ledger_id: int | None = None) -> Row:
-    return {
-        "record_type": "quarantine",
-        "source": source,
-        "path": path,
-        "ledger_id": ledger_id,
-        "owner": owner,
-        "error_kind": kind,
-        "error": error,
-        "zk_version": version,
-        "raw": raw,
-    }
+                version: int | None) -> Row:
+    return quarantine_row(source, path, kind, error, raw=raw, zk_version=version, owner=owner)
 
 
 def _compression_of(data: bytes) -> str:
