@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from kazoo.client import KazooClient
+from pyspark.sql import SparkSession
 
 from sweeper import zk as zkutil
 from sweeper.zkserver import ZooKeeperServerInfo, start_zookeeper, stop_zookeeper
@@ -66,8 +67,6 @@ def shared_fixtures() -> Path:
 
 # ---- spark: one local SparkSession for the whole test session (sweeper.spark) ----------------
 # Session-scoped because starting the JVM costs seconds; tests isolate through tmp_path tables.
-
-from pyspark.sql import SparkSession  # noqa: E402
 
 
 @pytest.fixture(scope="session")
