@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -73,8 +73,6 @@ class SnapshotResult:
     layout: str
     units: int
     quarantined: int = 0
-    failed: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ledgers_per_second(self) -> float:
