@@ -28,7 +28,7 @@ from sweeper.offload import S3Target, list_offload_objects, listing_units, s3_cl
 from sweeper.scan import bookkeeper as bk_scan
 from sweeper.scan import pulsar as pulsar_scan
 from sweeper.scan import quarantine_row
-from sweeper.table_schemas import QUARANTINE, RUNS, SNAPSHOT_TABLES
+from sweeper.table_schemas import RUNS, SNAPSHOT_TABLES
 from sweeper.tables import TableStore
 from sweeper.zk import ChildrenRead, ZnodeRead
 from sweeper.zkwire import WireReader
@@ -336,18 +336,22 @@ def run_snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore,
                 counts[table] = counts.get(table, 0) + rows
             scan = zk_scan.unionByName(listing)
         commit_metadata = {"run_id": run_id, "stage": "snapshot"}
-        frames = {table: table_frame(scan, table) for table in SNAPSHOT_TABLES}
         if ledger_plan.quarantine:
-            planned = [{**row, "run_id": run_id, "captured_at": started} for row in ledger_plan.quarantine]
-            frames["quarantine"] = frames["quarantine"].unionByName(spark.createDataFrame(
-                [{k: r.get(k) for k in QUARANTINE.fieldNames()} for r in planned], QUARANTINE))
-            counts["quarantine"] = counts.get("quarantine", 0) + len(planned)
+            # What the driver met while planning joins the tasks' rows, packed the same way.
+            packer = TablePacker(run_id, started)
+            packed = [b for row in ledger_plan.quarantine for b in packer.add(dict(row))] + list(packer.flush())
+            rows = [tuple(r.values()) for b in packed for r in b.to_pylist()]
+            scan = scan.unionByName(spark.createDataFrame(rows, PACKED_SCHEMA))
+            counts["quarantine"] = counts.get("quarantine", 0) + len(ledger_plan.quarantine)
         # Tables are independent Delta logs: commit them from a few driver threads at once
         # (Spark runs their jobs side by side) instead of one after another.
         with ThreadPoolExecutor(max_workers=4) as pool:
-            commits = {table: pool.submit(store.append, table, frame, SNAPSHOT_TABLES[table],
-                                          commit_metadata=commit_metadata)
-                       for table, frame in frames.items()}
+            commits = {
+                table: pool.submit(store.append_arrow_frame, table,
+                                   scan.where(F.col("record_type") == table).select("payload"), _unpack,
+                                   SNAPSHOT_TABLES[table], commit_metadata=commit_metadata)
+                for table in SNAPSHOT_TABLES
+            }
             versions = {table: future.result().version for table, future in commits.items()}
         for table in SNAPSHOT_TABLES:
             counts.setdefault(table, 0)

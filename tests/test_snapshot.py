@@ -156,7 +156,8 @@ def test_bad_znodes_are_quarantined_and_the_rest_is_scanned(
     }
     for ledger_id, (data, _) in bad_ledgers.items():
         _put(zk, ledger_path("/ledgers", ledger_id, LedgerLayout.HIERARCHICAL), data)
-    _put(zk, "/ledgers/00/0000/stray", b"not a ledger")
+    _put(zk, "/ledgers/00/0000/stray", b"not a ledger")  # met by a scan task
+    _put(zk, "/ledgers/00/stray-dir", b"")  # met by the driver while planning
     ml = cluster.managed_ledgers[0]
     unknown_compression = b"\x47\x78" + (2).to_bytes(4, "big") + b"\x08\x07" + b"junk"
     _put(zk, f"/managed-ledgers/{ml.name}", unknown_compression)
@@ -173,11 +174,12 @@ def test_bad_znodes_are_quarantined_and_the_rest_is_scanned(
         assert (row["error_kind"], row["ledger_id"], row["raw"]) == (kind, ledger_id, data), row
         assert row["error"]
     assert quarantine["/ledgers/00/0000/stray"]["error_kind"] == "unexpected_znode"
+    assert quarantine["/ledgers/00/stray-dir"]["source"] == "layout"
     assert quarantine[f"/managed-ledgers/{ml.name}"]["owner"] == ml.name
     assert quarantine[f"/managed-ledgers/{ml.name}"]["error_kind"] == "unknown_compression"
     assert quarantine[cursor_path]["source"] == "cursor"
     assert quarantine["/schemas/tenant-0/ns-0/broken"]["source"] == "schema"
-    assert result.counts["quarantine"] == len(quarantine) == len(bad_ledgers) + 4
+    assert result.counts["quarantine"] == len(quarantine) == len(bad_ledgers) + 5
 
     # Everything else still arrived.
     scanned = {row["ledger_id"] for row in _rows(store, "bk_ledgers")}

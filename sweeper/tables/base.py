@@ -13,7 +13,7 @@ import os
 import re
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar
@@ -273,6 +273,17 @@ class TableStore(ABC):
             raise TableSchemaError(f"cannot append to table {name!r} at {self.path(name)}: " + "; ".join(problems))
         aligned = df.select(*[df[c] for c in table_schema.fieldNames()])
         return self._append_frame(name, aligned, table_schema, parts, create, self._metadata(name, commit_metadata))
+
+    def append_arrow_frame(self, name: str, source: DataFrame,
+                           to_batches: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+                           schema: StructType, *, commit_metadata: Mapping[str, Any] | None = None) -> CommitResult:
+        """append() of the rows `to_batches` makes, inside the Spark tasks, from `source`'s Arrow batches.
+
+        For producers that already hold Arrow (the snapshot's packed scan output). This default
+        turns them into a DataFrame and appends it; an engine that writes Arrow itself can skip
+        the round trip through the JVM.
+        """
+        return self.append(name, source.mapInArrow(to_batches, schema), schema, commit_metadata=commit_metadata)
 
     def append_rows(self, name: str, rows: Sequence[Mapping[str, Any] | Row], schema: StructType, *,
                     commit_metadata: Mapping[str, Any] | None = None) -> CommitResult:

@@ -13,6 +13,7 @@ Reading hands Spark the active file list of the wanted version, so time travel i
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -153,6 +154,19 @@ class DeltaRsTableStore(TableStore):
         # One job; collect() brings back only the file records of successful task attempts.
         records = [row.asDict() for row in df.mapInArrow(write_partition, FILE_RECORD_DDL).collect()]
         return self._commit(name, records, schema, partition_by, create, metadata)
+
+    def append_arrow_frame(self, name: str, source: DataFrame,
+                           to_batches: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+                           schema: StructType, *, commit_metadata: Mapping[str, Any] | None = None) -> CommitResult:
+        # The tasks that make the batches write them: no Arrow -> JVM rows -> Arrow round trip.
+        table_schema, parts, create = self._resolve(name, schema, schema, None)
+        spec = self._spec(name, table_schema, parts)
+
+        def write_partition(batches):  # runs in the Spark tasks
+            return write_files_task(spec, to_batches(batches))
+
+        records = [row.asDict() for row in source.mapInArrow(write_partition, FILE_RECORD_DDL).collect()]
+        return self._commit(name, records, table_schema, parts, create, self._metadata(name, commit_metadata))
 
     def _append_arrow(self, name: str, table: pa.Table, schema: StructType, partition_by: list[str],
                       create: bool, metadata: dict[str, str]) -> CommitResult:
