@@ -1,0 +1,37 @@
+"""Run the endpoint in the foreground for the local sandbox: ``python -m sweeper.pulsar_endpoint``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import threading
+
+from .server import PulsarEndpoint
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Test/sandbox Pulsar endpoint (producer side). Not for production.")
+    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=6650)
+    parser.add_argument(
+        "--partitioned", action="append", default=[], metavar="TOPIC=N", help="create a partitioned topic"
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    ep = PulsarEndpoint(args.data_dir, host=args.host, port=args.port)
+    for spec in args.partitioned:
+        topic, _, n = spec.rpartition("=")
+        ep.create_partitioned_topic(topic, int(n))
+    ep.start()
+    print(ep.service_url, flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        ep.stop()
+
+
+if __name__ == "__main__":
+    main()
