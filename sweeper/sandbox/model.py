@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from sweeper.codecs.pulsar import offload_uuid
 from sweeper.layout import INT_MAX, LedgerLayout
 
 DAY_MS = 86_400_000
@@ -579,7 +580,7 @@ class _Builder:
         first = True
 
         def add(ml: ManagedLedger, entry: MlLedger, offload: Offload, status: str, kind: str | None) -> None:
-            uuid = java_uuid(offload.uuid_msb, offload.uuid_lsb)
+            uuid = offload_uuid(offload.uuid_msb, offload.uuid_lsb)
             for suffix in ("", "-index"):
                 objects.append(OffloadObject(offload.bucket, f"{uuid}-ledger-{entry.ledger_id}{suffix}", uuid,
                                              entry.ledger_id, ml.name, status, kind))
@@ -621,13 +622,6 @@ class _Builder:
                 if ledger is not None:
                     ledger.referrers.append(f"ml:{shadow.name}")
             mls.append((shadow, False))
-
-
-def java_uuid(msb: int, lsb: int) -> str:
-    """`new java.util.UUID(msb, lsb).toString()`."""
-    import uuid
-
-    return str(uuid.UUID(int=((msb & 0xFFFFFFFFFFFFFFFF) << 64) | (lsb & 0xFFFFFFFFFFFFFFFF)))
 
 
 def schema_id_of(ml: ManagedLedger) -> str:
