@@ -184,6 +184,18 @@ def owner_scope(managed_ledger: str | None, schema_id: str | None, topic: str | 
     return None, None, None
 
 
+def plan_status(verdict: Verdict, created_ms: int | None, now_ms: int, tenant: str | None, namespace: str | None,
+                settings: SafetySettings) -> str:
+    """Whether an orphan or unknown verdict may be acted on: only `candidate` ever is."""
+    if verdict is Verdict.UNKNOWN:
+        return UNKNOWN
+    if not settings.grace.is_old_enough(created_ms, now_ms):
+        return YOUNG
+    if not settings.scope.permits(tenant, namespace):
+        return OUT_OF_SCOPE
+    return CANDIDATE
+
+
 def _classify_partition(
     batches: Iterator[pa.RecordBatch], run_id: str, now_ms: int, settings: SafetySettings
 ) -> Iterator[pa.RecordBatch]:
@@ -212,14 +224,7 @@ def _classify_partition(
             )
             verdict = classify(facts)
             tenant, namespace, topic = owner_scope(facts.managed_ledger, r["schema_id"], r["owner_topic"])
-            if verdict.verdict is Verdict.UNKNOWN:
-                status = UNKNOWN
-            elif not settings.grace.is_old_enough(r["created_ms"], now_ms):
-                status = YOUNG
-            elif not settings.scope.permits(tenant, namespace):
-                status = OUT_OF_SCOPE
-            else:
-                status = CANDIDATE
+            status = plan_status(verdict.verdict, r["created_ms"], now_ms, tenant, namespace, settings)
             out.append(
                 {
                     "run_id": run_id,
@@ -286,14 +291,7 @@ def _classify_objects(batches: Iterator[pa.RecordBatch], run_id: str, now_ms: in
                 continue
             owner = r["ref_ml"] or r["managed_ledger"]
             tenant, namespace, topic = owner_scope(owner, None, None) if owner else (None, None, None)
-            if verdict is Verdict.UNKNOWN:
-                status = UNKNOWN
-            elif not settings.grace.is_old_enough(r["last_modified_ms"], now_ms):
-                status = YOUNG
-            elif not settings.scope.permits(tenant, namespace):
-                status = OUT_OF_SCOPE
-            else:
-                status = CANDIDATE
+            status = plan_status(verdict, r["last_modified_ms"], now_ms, tenant, namespace, settings)
             out.append({
                 "run_id": run_id, "captured_at": captured_at, "object_type": "offload_object",
                 "ledger_id": r["ledger_id"], "status": status, "verdict": verdict.value, "reason": reason.value,

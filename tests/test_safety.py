@@ -70,3 +70,16 @@ def test_scope_allow_and_deny() -> None:
     assert not scope.permits("other", "ns")
     assert not scope.permits(None, None)  # unknown owner is out of a restricted scope
     assert Scope().permits(None, None)
+
+
+def test_plan_status_applies_every_rule_in_order() -> None:
+    from sweeper.classify import Verdict
+    from sweeper.reconcile import CANDIDATE, OUT_OF_SCOPE, UNKNOWN, YOUNG, SafetySettings, plan_status
+
+    settings = SafetySettings(scope=Scope(deny=("t2",)))
+    old = NOW - 30 * DAY_MS
+    assert plan_status(Verdict.ORPHAN, old, NOW, "t1", "ns", settings) == CANDIDATE
+    assert plan_status(Verdict.UNKNOWN, old, NOW, "t1", "ns", settings) == UNKNOWN
+    assert plan_status(Verdict.ORPHAN, NOW - HOUR_MS, NOW, "t1", "ns", settings) == YOUNG
+    assert plan_status(Verdict.ORPHAN, None, NOW, "t1", "ns", settings) == YOUNG
+    assert plan_status(Verdict.ORPHAN, old, NOW, "t2", "ns", settings) == OUT_OF_SCOPE
