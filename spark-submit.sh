@@ -27,6 +27,8 @@ with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_DEFLATED) as zf:
     for top in ("sweeper", "jobs"):
         for path in sorted(pathlib.Path(top).rglob("*.py")):
             zf.write(path)
+    for path in sorted(pathlib.Path("schemas").rglob("*.avsc")):
+        zf.write(path)  # read by sweeper.pending_delete through the zip importer
 PY
 )
 

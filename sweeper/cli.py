@@ -1,7 +1,8 @@
 """`sweeper` command line: sandbox management and the pipeline stages.
 
 Exit codes (for schedulers): 0 success, 1 unexpected error, 2 usage or configuration error,
-3 a stage refused to run (wrong root, unreachable server, failed gate, circuit breaker).
+3 a stage refused to run (wrong root, unreachable server or broker, failed gate, circuit breaker,
+a system topic that is not as configured).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def _load_config(args: argparse.Namespace) -> SweeperConfig:
         overrides["bookkeeper"] = {"zookeeper": args.zookeeper}
     if getattr(args, "s3_endpoint", None):
         overrides["offload"] = {"endpoint_override": args.s3_endpoint}
+    if getattr(args, "pulsar_urls", None):
+        overrides["system_topic"] = {"service_url": args.pulsar_urls[0], "admin_url": args.pulsar_urls[1]}
     return cfg.replace(**overrides) if overrides else cfg
 
 
@@ -115,17 +118,40 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_emit(args: argparse.Namespace) -> int:
+    from sweeper.pipeline import emit_stage, latest_run
+
+    cfg = _load_config(args)
+    spark, store = _session(cfg)
+    run_id = args.run_id or latest_run(store, "reconcile")
+    if run_id is None:
+        print(f"refused: no reconciled run in {cfg.tables.root}; run `sweeper reconcile` first", file=sys.stderr)
+        return EXIT_REFUSED
+    result = emit_stage(spark, cfg, store, run_id)
+    print(f"emit {run_id}: {result.counts.get('published', 0):,} published to {cfg.system_topic.topic} in "
+          f"{result.duration_s:.1f}s ({result.records_per_second:,.0f} records/s)")
+    _print_counts("records:", result.counts)
+    if args.json:
+        print(json.dumps({"run_id": run_id, "counts": result.counts}))
+    return EXIT_OK
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Run the stages in order with one run id, stopping at the first refusal."""
     from sweeper.pipeline import sweep
 
     if args.sandbox:
         from sweeper.sandbox import SandboxError, s3_endpoint, sandbox_up
+        from sweeper.sandbox.pulsar import running_pulsar
 
         info = sandbox_up(Path(args.home), port=args.port)
         args.zookeeper = args.zookeeper or info.connect_string
         args.s3_endpoint = s3_endpoint(Path(args.home))
-        print(f"sandbox: ZooKeeper on {info.connect_string}, S3 on {args.s3_endpoint}")
+        pulsar = running_pulsar(Path(args.home) / "pulsar")
+        if pulsar is not None:
+            args.pulsar_urls = (pulsar.service_url, pulsar.admin_url)
+        print(f"sandbox: ZooKeeper on {info.connect_string}, S3 on {args.s3_endpoint}, Pulsar on "
+              f"{pulsar.service_url if pulsar else '-'}")
         try:
             cmd_sandbox(argparse.Namespace(**{**vars(args), "action": "seed"}))
         except SandboxError as exc:
@@ -178,13 +204,18 @@ def build_parser() -> argparse.ArgumentParser:
     reconcile.add_argument("--skip-gates", action="store_true", help="skip the data-quality gates (audits only)")
     reconcile.set_defaults(func=cmd_reconcile)
 
+    emit = sub.add_parser("emit", help="publish a reconciled run's candidates to the pending-delete topic")
+    stage_options(emit)
+    common(emit)
+    emit.set_defaults(func=cmd_emit)
+
     sweep = sub.add_parser("sweep", help="run the pipeline stages in order")
     stage_options(sweep)
     sandbox_options(sweep)
     common(sweep)
     sweep.add_argument("--sandbox", action="store_true", help="start and seed the embedded sandbox first")
-    sweep.add_argument("--until", default="reconcile", choices=["snapshot", "reconcile"],
-                       help="last stage to run (default: reconcile)")
+    sweep.add_argument("--until", default="reconcile", choices=["snapshot", "reconcile", "emit"],
+                       help="last stage to run (default: reconcile, a dry run; emit marks ledgers for deletion)")
     sweep.set_defaults(func=cmd_sweep)
     return parser
 
@@ -195,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from sweeper.layout import LayoutError
     from sweeper.pipeline import StageRefused
+    from sweeper.system_topic import SystemTopicError
     from sweeper.zk import WrongRootError, ZooKeeperUnavailableError
 
     try:
@@ -202,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (WrongRootError, ZooKeeperUnavailableError, LayoutError, StageRefused) as exc:
+    except (WrongRootError, ZooKeeperUnavailableError, LayoutError, StageRefused, SystemTopicError) as exc:
         print(f"refused: {exc}", file=sys.stderr)
         return EXIT_REFUSED
 

@@ -74,6 +74,31 @@ class GatesConfig:
 
 
 @dataclass(frozen=True)
+class SystemTopicConfig:
+    """PIP-186's pending-delete topic and how to reach the broker; secrets only by file or env name."""
+
+    service_url: str = ""  # pulsar:// or pulsar+ssl://; empty: no emit, no pending-delete snapshot
+    admin_url: str = ""  # http(s):// admin REST endpoint, used to read and create the partitioned topic
+    topic: str = "persistent://pulsar/system/__ledger_deletion"
+    partitions: int = 4
+    create_if_missing: bool = True
+    read_in_snapshot: bool = True  # snapshot reads the topic into `pending_deletes` (a reader, never acks)
+    auth_token_file: str = ""  # a file holding the token (the token itself never goes in the config)
+    auth_token_env: str = ""  # or the name of an environment variable holding it
+    tls_trust_certs_file: str = ""
+    tls_allow_insecure: bool = False
+    tls_validate_hostname: bool = True
+    tls_cert_file: str = ""  # mTLS client certificate and key
+    tls_key_file: str = ""
+    operation_timeout_s: int = 30
+    send_timeout_ms: int = 30000
+    batch_max_messages: int = 1000
+    batch_max_bytes: int = 128 * 1024
+    max_pending_messages: int = 2000  # bounded in-flight sends per producer
+    records_per_producer: int = 50000  # one producer (and one Spark task) per this many records of a partition
+
+
+@dataclass(frozen=True)
 class SweeperConfig:
     bookkeeper: BookKeeperConfig = field(default_factory=BookKeeperConfig)
     pulsar: PulsarMetadataConfig = field(default_factory=PulsarMetadataConfig)
@@ -83,6 +108,7 @@ class SweeperConfig:
     offload: OffloadConfig = field(default_factory=OffloadConfig)
     safety: SafetyConfig = field(default_factory=SafetyConfig)
     gates: GatesConfig = field(default_factory=GatesConfig)
+    system_topic: SystemTopicConfig = field(default_factory=SystemTopicConfig)
 
     @property
     def pulsar_zookeeper(self) -> str:
@@ -128,6 +154,9 @@ def from_dict(data: dict[str, Any]) -> SweeperConfig:
         field_types = get_type_hints(cls)
         kwargs = {}
         for key, value in values.items():
+            if key in ("auth_token", "token", "password", "secret_key"):
+                raise ConfigError(f"[{name}] {key}: secrets never go in the config file; name a file "
+                                  "(auth_token_file) or an environment variable (auth_token_env) instead")
             if key not in field_types:
                 raise ConfigError(f"unknown option [{name}] {key}; known: {', '.join(sorted(field_types))}")
             kwargs[key] = _coerce(name, key, value, field_types[key])
@@ -155,6 +184,22 @@ def validate(config: SweeperConfig) -> None:
         raise ConfigError("[safety] min_age_hours under 24 needs force_min_age = true")
     if not 0 <= config.gates.max_drop_fraction <= 1:
         raise ConfigError("[gates] max_drop_fraction must be in [0, 1]")
+    topic = config.system_topic
+    if topic.service_url and not topic.service_url.startswith(("pulsar://", "pulsar+ssl://")):
+        raise ConfigError(f"[system_topic] service_url must start with pulsar:// or pulsar+ssl://, got "
+                          f"{topic.service_url!r}")
+    if topic.admin_url and not topic.admin_url.startswith(("http://", "https://")):
+        raise ConfigError(f"[system_topic] admin_url must start with http:// or https://, got {topic.admin_url!r}")
+    if not topic.topic.startswith("persistent://") or topic.topic.count("/") != 4:
+        raise ConfigError(f"[system_topic] topic must be persistent://tenant/namespace/name, got {topic.topic!r}")
+    if "-partition-" in topic.topic:
+        raise ConfigError("[system_topic] topic must name the partitioned topic, not one of its partitions")
+    for key in ("partitions", "batch_max_messages", "batch_max_bytes", "max_pending_messages", "records_per_producer",
+                "operation_timeout_s", "send_timeout_ms"):
+        if getattr(topic, key) < 1:
+            raise ConfigError(f"[system_topic] {key} must be positive")
+    if topic.auth_token_file and topic.auth_token_env:
+        raise ConfigError("[system_topic] set auth_token_file or auth_token_env, not both")
     if config.spark.scan_partitions < 0:
         raise ConfigError("[spark] scan_partitions must be >= 0")
 

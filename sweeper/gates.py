@@ -97,7 +97,7 @@ def run_gates(store: TableStore, run_id: str, config: GatesConfig) -> GateResult
             result.failures.append(f"{table} holds {actual} rows for run {run_id}, the snapshot recorded "
                                    f"{recorded.get(table, 0)}: partial or mixed snapshot")
     bk_count = recorded.get("bk_ledgers", 0)
-    quarantined = recorded.get("quarantine", 0)
+    quarantined = recorded.get("quarantine", 0) - recorded.get("quarantine.pending_delete", 0)
     if bk_count and quarantined > max(10, 0.01 * bk_count):
         result.failures.append(f"{quarantined} znodes quarantined against {bk_count} ledgers: the scan is partial")
 

@@ -37,8 +37,18 @@ class InvalidPendingDelete(ValueError):
 
 
 @cache
+def schema_json() -> str:
+    """The Avro schema's JSON, as registered for the topic."""
+    try:
+        return SCHEMA_PATH.read_text()
+    except (FileNotFoundError, NotADirectoryError):
+        # Shipped to executors inside spark-submit.sh's zip: the zip importer reads it.
+        return __loader__.get_data(str(SCHEMA_PATH)).decode()  # type: ignore[union-attr]
+
+
+@cache
 def schema() -> Any:
-    return fastavro.parse_schema(json.loads(SCHEMA_PATH.read_text()))
+    return fastavro.parse_schema(json.loads(schema_json()))
 
 
 def _topic_of(managed_ledger: str | None) -> str | None:
@@ -49,6 +59,13 @@ def _topic_of(managed_ledger: str | None) -> str | None:
     if len(parts) < 4 or parts[-2] != "persistent":
         return None
     return "persistent://" + "/".join(parts[:-2] + parts[-1:])
+
+
+def _topic_from_scope(row: Mapping[str, Any]) -> str | None:
+    """The owner topic from the orphan's tenant/namespace/topic (bucket and compacted ledgers of deleted topics)."""
+    if row.get("tenant") and row.get("namespace") and row.get("topic"):
+        return f"persistent://{row['tenant']}/{row['namespace']}/{row['topic']}"
+    return None
 
 
 def records_for_orphans(orphans: Iterable[Mapping[str, Any]], offload_targets: Mapping[str, tuple[str, str]]
@@ -70,7 +87,7 @@ def records_for_orphans(orphans: Iterable[Mapping[str, Any]], offload_targets: M
             if component == "MANAGED_LEDGER" and row.get("cursor"):
                 component = "MANAGED_CURSOR"
             out.append({
-                "topicName": _topic_of(row.get("managed_ledger")),
+                "topicName": _topic_of(row.get("managed_ledger")) or _topic_from_scope(row),
                 "ledgerComponent": component,
                 "ledgerType": "LEDGER",
                 "ledgerId": int(row["ledger_id"]),
@@ -149,3 +166,12 @@ def validate(record: Mapping[str, Any]) -> None:
             raise InvalidPendingDelete(f"offload keys {sorted(stray)} are not ledger {ledger_id}'s", "mismatch")
     elif context is not None:
         raise InvalidPendingDelete("a LEDGER record carries no offloadContext", "invalid_field")
+
+
+def record_key(record: Mapping[str, Any]) -> str:
+    """What makes two records the same request: a ledger's BookKeeper copy, or one offloaded copy of it."""
+    key = f"{record['ledgerType']}/{record['ledgerId']}"
+    context = record.get("offloadContext")
+    if context:
+        key += f"/{context['bucket']}/{context['uuid']}"
+    return key

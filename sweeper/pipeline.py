@@ -15,13 +15,14 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from sweeper.config import SweeperConfig
+from sweeper.emit import EmitFailed, EmitRefused, EmitResult, run_emit
 from sweeper.gates import GateFailed, run_gates
 from sweeper.reconcile import ReconcileRefused, ReconcileResult, SafetySettings, run_reconcile
 from sweeper.safety import HOUR_MS, CircuitBreaker, GracePeriod, Scope
 from sweeper.snapshot import SnapshotResult, record_run, run_snapshot
 from sweeper.tables import TableStore
 
-STAGES = ("snapshot", "reconcile")
+STAGES = ("snapshot", "reconcile", "emit")
 
 
 class StageRefused(RuntimeError):
@@ -39,12 +40,17 @@ def safety_settings(config: SweeperConfig) -> SafetySettings:
     )
 
 
-def latest_snapshot_run(store: TableStore) -> str | None:
+def latest_run(store: TableStore, stage: str = "snapshot") -> str | None:
+    """The newest run whose `stage` succeeded."""
     if not store.exists("runs"):
         return None
-    rows = (store.read("runs").where((F.col("stage") == "snapshot") & (F.col("status") == "succeeded"))
+    rows = (store.read("runs").where((F.col("stage") == stage) & (F.col("status") == "succeeded"))
             .orderBy(F.desc("started_at")).limit(1).collect())
     return rows[0]["run_id"] if rows else None
+
+
+def latest_snapshot_run(store: TableStore) -> str | None:
+    return latest_run(store, "snapshot")
 
 
 @dataclass
@@ -75,8 +81,26 @@ def reconcile_stage(spark: SparkSession, config: SweeperConfig, store: TableStor
     return result
 
 
+def emit_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str) -> EmitResult:
+    started = datetime.now(UTC)
+    try:
+        result = run_emit(spark, config, store, run_id)
+    except EmitRefused as exc:
+        record_run(store, run_id, "emit", "refused", started, {}, config, str(exc))
+        raise StageRefused(str(exc)) from exc
+    except Exception as exc:
+        record_run(store, run_id, "emit", "failed", started, {}, config, f"{type(exc).__name__}: {exc}")
+        if isinstance(exc, EmitFailed):
+            raise StageRefused(f"emit failed, nothing recorded as emitted (a rerun resends only what the broker "
+                               f"lacks): {exc}") from exc
+        raise
+    record_run(store, run_id, "emit", "succeeded", started, result.counts, config)
+    return result
+
+
 def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: str = "reconcile",
           run_id: str | None = None, log: Any = print) -> SweepResult:
+    """Stages in order up to `until`. Emitting marks ledgers for deletion, so it only runs when asked."""
     if until not in STAGES:
         raise ValueError(f"unknown stage {until!r}; stages: {', '.join(STAGES)}")
     t0 = time.monotonic()
@@ -99,5 +123,16 @@ def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: 
         for row in rec.report[:10]:
             log(f"  {row['tenant']}/{row['namespace']}/{row['topic']}: {row['orphans']} orphans, "
                 f"{row['reclaimable_bytes'] or 0:,} bytes, oldest {row['max_age_days'] or 0:.0f} days")
-    log(f"run {snap.run_id} done in {time.monotonic() - t0:.1f}s (dry run: nothing was deleted)")
+    pending = {k.split(".", 1)[1]: v for k, v in rec.counts.items() if k.startswith("pending_delete.")}
+    if pending:
+        log("pending deletes on the system topic: " + ", ".join(f"{v:,} {k}" for k, v in sorted(pending.items())))
+    if until == "emit":
+        emitted = emit_stage(spark, config, store, snap.run_id)
+        result.stages["emit"] = {"seconds": round(emitted.duration_s, 1), **emitted.counts}
+        log(f"[emit]      {emitted.counts.get('published', 0):>10,} records published to "
+            f"{config.system_topic.topic}, {emitted.counts.get('already_published', 0):,} already there, in "
+            f"{emitted.duration_s:.1f}s")
+    else:
+        log(f"dry run: {rec.counts.get('candidate', 0):,} candidates would be marked; nothing was published")
+    log(f"run {snap.run_id} done in {time.monotonic() - t0:.1f}s (nothing was deleted)")
     return result

@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from sweeper.classify import LedgerFacts, ObjectFacts, Verdict, classify, classify_object
 from sweeper.safety import CircuitBreaker, GracePeriod, Scope, offload_in_flight
 from sweeper.scan.pulsar import split_ml_name
-from sweeper.table_schemas import ORPHAN_REPORT, ORPHANS, SNAPSHOT_TABLES
+from sweeper.table_schemas import ORPHAN_REPORT, ORPHANS, PENDING_DELETE_STATUS, SNAPSHOT_TABLES
 from sweeper.tables import TableStore
 
 # Orphan row statuses: only `candidate` may ever be emitted or deleted.
@@ -56,7 +56,9 @@ class ReconcileResult:
 
 
 def snapshot_frames(store: TableStore, run_id: str) -> dict[str, DataFrame]:
-    return {name: store.read(name).where(F.col("run_id") == run_id) for name in SNAPSHOT_TABLES}
+    # Tables added in later versions may be missing from a store written before them: read as empty.
+    return {name: (store.read(name).where(F.col("run_id") == run_id) if store.exists(name)
+                   else store.spark.createDataFrame([], schema)) for name, schema in SNAPSHOT_TABLES.items()}
 
 
 def references(frames: dict[str, DataFrame]) -> DataFrame:
@@ -335,6 +337,53 @@ def missing_ledgers(frames: dict[str, DataFrame], refs: DataFrame, run_id: str, 
     return grouped.select(*[columns[f.name].alias(f.name) for f in ORPHANS.fields])
 
 
+# Pending-delete states (PIP-186 records found on the system topic, against this snapshot).
+STUCK, IN_USE, DONE = "stuck", "in_use", "done"
+
+
+def pending_delete_states(frames: dict[str, DataFrame], refs: DataFrame, run_id: str) -> DataFrame:
+    """Each distinct pending delete: stuck (still there, unreferenced), in use (referenced), done (gone)."""
+    pending = frames["pending_deletes"]
+    grouped = pending.groupBy("record_key").agg(
+        F.first("ledger_id").alias("ledger_id"), F.first("ledger_type").alias("ledger_type"),
+        F.first("component").alias("component"), F.first("topic_name").alias("topic_name"),
+        F.first("source_run_id").alias("source_run_id"), F.first("offload_uuid").alias("offload_uuid"),
+        F.first("s3_bucket").alias("s3_bucket"), F.count("*").alias("messages"),
+        F.min("publish_time_ms").alias("first_publish_time_ms"))
+    bk = frames["bk_ledgers"].select("ledger_id", F.lit(True).alias("_on_bk"))
+    unreadable = (frames["quarantine"].where(F.col("ledger_id").isNotNull() & (F.col("source") == "bookkeeper"))
+                  .select("ledger_id").distinct().withColumn("_unreadable", F.lit(True)))
+    referenced = (refs.groupBy("ledger_id").agg(F.first("referrer").alias("_referrer")))
+    objects = (frames["offload_objects"].groupBy(F.col("bucket").alias("s3_bucket"),
+                                                  F.col("uuid").alias("offload_uuid"), "ledger_id")
+               .agg(F.count("*").alias("_objects")))
+    contexts = (frames["ml_ledgers"].where(F.col("offload_uuid").isNotNull())
+                .groupBy("offload_uuid", "ledger_id").agg(F.first("managed_ledger").alias("_offload_referrer")))
+    unlisted = (frames["quarantine"].where(F.col("source") == "offload")
+                .select(F.regexp_extract("path", r"^s3://([^/]+)/", 1).alias("s3_bucket")).distinct()
+                .withColumn("_bucket_unlisted", F.lit(True)))
+    joined = (grouped.join(bk, "ledger_id", "left").join(unreadable, "ledger_id", "left")
+              .join(referenced, "ledger_id", "left")
+              .join(objects, ["s3_bucket", "offload_uuid", "ledger_id"], "left")
+              .join(contexts, ["offload_uuid", "ledger_id"], "left")
+              .join(unlisted, "s3_bucket", "left"))
+    is_ledger = F.col("ledger_type") == "LEDGER"
+    exists = F.when(is_ledger, F.col("_on_bk").isNotNull()).otherwise(F.col("_objects").isNotNull())
+    unknown = F.when(is_ledger, F.col("_unreadable").isNotNull()).otherwise(F.col("_bucket_unlisted").isNotNull())
+    referrer = F.when(is_ledger, F.col("_referrer")).otherwise(F.col("_offload_referrer"))
+    state = (F.when(exists & referrer.isNotNull(), F.lit(IN_USE)).when(exists, F.lit(STUCK))
+             .when(unknown, F.lit(UNKNOWN)).otherwise(F.lit(DONE)))
+    detail = (F.when(exists & referrer.isNotNull(),
+                     F.concat(F.lit("still referenced by "), referrer,
+                              F.lit(": phase 1 was sent but the metadata update never happened; never delete")))
+              .when(exists, F.lit("still exists and nothing references it: phase 2 never ran or failed"))
+              .when(unknown, F.lit("could not be read in this snapshot"))
+              .otherwise(F.lit("gone: the delete was carried out")))
+    return joined.select(F.lit(run_id).alias("run_id"), "record_key", "ledger_id", "ledger_type", "component",
+                         "topic_name", "source_run_id", "messages", "first_publish_time_ms", state.alias("state"),
+                         detail.alias("detail"))
+
+
 def build_report(orphans: DataFrame, run_id: str) -> DataFrame:
     """Per tenant / namespace / topic: candidates, reclaimable bytes, and how old they are."""
     candidates = orphans.where(F.col("status") == CANDIDATE)
@@ -408,6 +457,12 @@ def run_reconcile(
     report = build_report(orphans, run_id)
     store.append("orphan_report", report, ORPHAN_REPORT, commit_metadata={"run_id": run_id, "stage": "reconcile"})
     report_rows = [r.asDict() for r in report.orderBy(F.desc("reclaimable_bytes")).limit(20).collect()]
+    states = pending_delete_states(frames, refs, run_id).cache()
+    for row in states.groupBy("state").count().collect():
+        counts[f"pending_delete.{row['state']}"] = int(row["count"])
+    store.append("pending_delete_status", states, PENDING_DELETE_STATUS,
+                 commit_metadata={"run_id": run_id, "stage": "reconcile"})
+    states.unpersist()
     refs.unpersist()
     orphans.unpersist()
     return ReconcileResult(run_id, counts, by_reason, time.monotonic() - started, report_rows)

@@ -28,6 +28,8 @@ from sweeper.offload import S3Target, list_offload_objects, listing_units, s3_cl
 from sweeper.scan import bookkeeper as bk_scan
 from sweeper.scan import pulsar as pulsar_scan
 from sweeper.scan import quarantine_row
+from sweeper.scan.pending_deletes import read_partition
+from sweeper.system_topic import AdminClient, BrokerSettings, broker_partitions
 from sweeper.table_schemas import RUNS, SNAPSHOT_TABLES
 from sweeper.tables import TableStore
 from sweeper.zk import ChildrenRead, ZnodeRead
@@ -280,6 +282,33 @@ def offload_dataframe(spark: SparkSession, config: SweeperConfig, targets: list[
     return frame.mapInArrow(lambda b: _list_partition(b, override, head, run_id, captured_at), PACKED_SCHEMA)
 
 
+def topic_partitions(config: SweeperConfig) -> int:
+    """How many partitions the pending-delete topic has now (0: it does not exist yet)."""
+    cfg = config.system_topic
+    broker = BrokerSettings.from_config(cfg)
+    return AdminClient(cfg).partitions(cfg.topic) if cfg.admin_url else broker_partitions(broker, cfg.topic)
+
+
+def _read_pending(partitions: Iterator[int], broker: BrokerSettings, topic: str, run_id: str,
+                  captured_at: datetime) -> Iterator[tuple[str, int, bytes]]:
+    packer = TablePacker(run_id, captured_at)
+    for partition in partitions:
+        for row in read_partition(broker, topic, partition):
+            for batch in packer.add(row):
+                yield from (tuple(r.values()) for r in batch.to_pylist())
+    for batch in packer.flush():
+        yield from (tuple(r.values()) for r in batch.to_pylist())
+
+
+def pending_deletes_dataframe(spark: SparkSession, config: SweeperConfig, partitions: int, run_id: str,
+                              captured_at: datetime) -> DataFrame:
+    """One Spark task per partition of the system topic, each with its own reader."""
+    broker, topic = BrokerSettings.from_config(config.system_topic), config.system_topic.topic
+    rdd = spark.sparkContext.parallelize(range(partitions), partitions).mapPartitions(
+        lambda items: _read_pending(items, broker, topic, run_id, captured_at))
+    return spark.createDataFrame(rdd, PACKED_SCHEMA)
+
+
 def record_run(store: TableStore, run_id: str, stage: str, status: str, started: datetime,
                counts: dict[str, int], config: SweeperConfig, message: str = "") -> None:
     finished = datetime.now(UTC)
@@ -335,6 +364,18 @@ def run_snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore,
             for table, rows in _counts(listing).items():
                 counts[table] = counts.get(table, 0) + rows
             scan = zk_scan.unionByName(listing)
+        if config.system_topic.service_url and config.system_topic.read_in_snapshot:
+            partitions = topic_partitions(config)
+            counts["pending_delete_partitions"] = partitions
+            if partitions:
+                pending = pending_deletes_dataframe(spark, config, partitions, run_id, started).persist(
+                    StorageLevel.MEMORY_AND_DISK)
+                pending_counts = _counts(pending)
+                for table, rows in pending_counts.items():
+                    counts[table] = counts.get(table, 0) + rows
+                # Messages anyone could have produced: counted apart so they never pass for a partial scan.
+                counts["quarantine.pending_delete"] = pending_counts.get("quarantine", 0)
+                scan = scan.unionByName(pending)
         commit_metadata = {"run_id": run_id, "stage": "snapshot"}
         if ledger_plan.quarantine:
             # What the driver met while planning joins the tasks' rows, packed the same way.

@@ -231,6 +231,28 @@ RUNS = _schema(
     ("message", S),
 )
 
+# The pending-delete system topic as read by the snapshot (a reader: nothing is acknowledged).
+PENDING_DELETES = _schema(
+    *RUN_COLUMNS,
+    ("topic_partition", INT, False),
+    ("message_id", S, False),  # ledger:entry:batch of the system topic's partition
+    ("publish_time_ms", L),
+    ("message_key", S),
+    ("record_key", S, False),  # what makes two messages the same request (sweeper.pending_delete.record_key)
+    ("ledger_id", L, False),
+    ("ledger_type", S, False),  # LEDGER | OFFLOAD_LEDGER
+    ("component", S, False),
+    ("topic_name", S),
+    ("cursor", S),
+    ("schema_id", S),
+    ("offload_uuid", S),
+    ("s3_bucket", S),
+    ("s3_keys", ArrayType(S)),
+    ("reason", S),
+    ("source_run_id", S),  # the run that emitted it (null for records from other producers)
+    ("payload", BIN, False),
+)
+
 SNAPSHOT_TABLES: dict[str, StructType] = {
     "bk_ledgers": BK_LEDGERS,
     "managed_ledgers": MANAGED_LEDGERS,
@@ -241,7 +263,39 @@ SNAPSHOT_TABLES: dict[str, StructType] = {
     "quarantine": QUARANTINE,
 }
 ZK_SNAPSHOT_TABLES = dict(SNAPSHOT_TABLES)
-SNAPSHOT_TABLES = {**SNAPSHOT_TABLES, "offload_objects": OFFLOAD_OBJECTS}
+SNAPSHOT_TABLES = {**SNAPSHOT_TABLES, "offload_objects": OFFLOAD_OBJECTS, "pending_deletes": PENDING_DELETES}
+
+# What the emit stage published, one row per record, committed once per stage run.
+EMITTED = _schema(
+    ("run_id", S, False),
+    ("emitted_at", TS, False),
+    ("record_key", S, False),
+    ("ledger_id", L, False),
+    ("ledger_type", S, False),
+    ("component", S, False),
+    ("topic_name", S),
+    ("topic_partition", INT, False),
+    ("producer_name", S, False),
+    ("sequence_id", L, False),
+    ("message_id", S),  # null when the broker already held it (deduplicated by producer name and sequence id)
+    ("status", S, False),  # published | already_published
+    ("payload", BIN, False),  # the Avro record as sent, so the delete stage needs no topic read
+)
+
+# Reconcile's verdict on every pending delete found on the topic.
+PENDING_DELETE_STATUS = _schema(
+    ("run_id", S, False),
+    ("record_key", S, False),
+    ("ledger_id", L, False),
+    ("ledger_type", S, False),
+    ("component", S, False),
+    ("topic_name", S),
+    ("source_run_id", S),
+    ("messages", L, False),  # copies of the record on the topic
+    ("first_publish_time_ms", L),
+    ("state", S, False),  # stuck | in_use | done | unknown
+    ("detail", S),
+)
 
 ALL_TABLES: dict[str, StructType] = {**SNAPSHOT_TABLES, "orphans": ORPHANS, "orphan_report": ORPHAN_REPORT,
-                                     "runs": RUNS}
+                                     "runs": RUNS, "emitted": EMITTED, "pending_delete_status": PENDING_DELETE_STATUS}

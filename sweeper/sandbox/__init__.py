@@ -15,6 +15,7 @@ from sweeper import zk as zkutil
 from sweeper.offload import S3Target, s3_client
 from sweeper.s3server import S3ServerInfo, start_s3, stop_s3
 from sweeper.sandbox.model import SandboxCluster, SandboxSpec, build_cluster
+from sweeper.sandbox.pulsar import running_pulsar, start_pulsar, stop_pulsar
 from sweeper.sandbox.seed import SeedResult, seed_s3, seed_zookeeper, write_manifest
 from sweeper.zkserver import ZooKeeperServerInfo, running_server, start_zookeeper, stop_zookeeper
 
@@ -47,12 +48,16 @@ def sandbox_up(home: str | Path = DEFAULT_HOME, port: int = DEFAULT_PORT) -> Zoo
     """Start the sandbox ZooKeeper and S3 endpoint (idempotent: running ones are kept).
 
     S3 (moto's server) listens on `port + 1`; its state lives in memory, so `down` loses it.
+    The Pulsar endpoint listens on `port + 2` (binary protocol) and `port + 3` (admin REST); its
+    messages persist under `home/pulsar`.
     """
     zk_home = Path(home) / "zookeeper"
     info = running_server(zk_home) or start_zookeeper(zk_home, port=port)
     if s3_endpoint(home) is None:
         s3 = start_s3(Path(home) / "s3", port=info.port + 1)
         (Path(home) / "s3" / "server.json").write_text(json.dumps({"endpoint": s3.endpoint, "pid": s3.pid}))
+    if running_pulsar(Path(home) / "pulsar") is None:
+        start_pulsar(Path(home) / "pulsar", info.port + 2, info.port + 3)
     return info
 
 
@@ -78,6 +83,9 @@ def sandbox_down(home: str | Path = DEFAULT_HOME, wipe: bool = False) -> bool:
         data = json.loads(marker.read_text())
         stop_s3(S3ServerInfo(data["endpoint"], data["pid"]))
         marker.unlink()
+    pulsar = running_pulsar(Path(home) / "pulsar")
+    if pulsar is not None:
+        stop_pulsar(pulsar, Path(home) / "pulsar")
     if wipe and Path(home).exists():
         shutil.rmtree(home)
     return existing is not None

@@ -1,0 +1,232 @@
+"""Emit (PIP-186 phase 1) end to end: sandbox ZooKeeper, Spark, Delta, and the real pulsar-client
+talking to the local endpoint over TCP."""
+
+from __future__ import annotations
+
+import io
+import json
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import fastavro
+import pytest
+from kazoo.client import KazooClient
+from pyspark.sql import SparkSession
+
+from sweeper import pending_delete
+from sweeper.config import SweeperConfig
+from sweeper.emit import (
+    ALREADY_PUBLISHED,
+    PUBLISHED,
+    EmitRefused,
+    ProducerSettings,
+    candidate_records,
+    plan_messages,
+    run_emit,
+    send_slot,
+)
+from sweeper.pulsar_endpoint import PulsarEndpoint
+from sweeper.pulsar_endpoint.admin import AdminServer
+from sweeper.reconcile import CANDIDATE, SafetySettings, run_reconcile
+from sweeper.safety import CircuitBreaker
+from sweeper.sandbox.model import SandboxSpec, build_cluster
+from sweeper.sandbox.seed import seed_zookeeper
+from sweeper.snapshot import record_run, run_snapshot
+from sweeper.system_topic import BrokerSettings, partition_for, partition_topic
+from sweeper.tables import TableStore, open_table_store
+from sweeper.zkserver import free_port
+from tests.conftest import ZkTarget
+
+TOPIC = "persistent://pulsar/system/__ledger_deletion"
+
+
+class Broker:
+    """The local endpoint plus its admin REST sliver, restartable on the same ports and data."""
+
+    def __init__(self, data_dir: Path, token: str | None = None) -> None:
+        self.data_dir, self.token = data_dir, token
+        self.port, self.admin_port = free_port(), free_port()
+        self.endpoint: PulsarEndpoint | None = None
+        self.admin: AdminServer | None = None
+
+    def start(self) -> Broker:
+        self.endpoint = PulsarEndpoint(self.data_dir, port=self.port).start()
+        self.admin = AdminServer(self.endpoint, port=self.admin_port, token=self.token).start()
+        return self
+
+    def stop(self) -> None:
+        assert self.endpoint and self.admin
+        self.admin.stop()
+        self.endpoint.stop()
+
+    def messages(self, partitions: int = 4) -> list[Any]:
+        assert self.endpoint
+        return [m for p in range(partitions) for m in self.endpoint.messages(partition_topic(TOPIC, p))]
+
+    def config(self, **overrides: Any) -> dict[str, Any]:
+        return {"service_url": f"pulsar://127.0.0.1:{self.port}", "admin_url": f"http://127.0.0.1:{self.admin_port}",
+                "operation_timeout_s": 5, **overrides}
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    b = Broker(tmp_path / "pulsar").start()
+    yield b
+    b.stop()
+
+
+def _reconciled(zk: KazooClient, target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker,
+                topics: int = 40) -> tuple[SweeperConfig, TableStore, str]:
+    seed_zookeeper(zk, build_cluster(SandboxSpec(seed=3, topics=topics)))
+    cfg = SweeperConfig().replace(bookkeeper={"zookeeper": target.hosts}, offload={"enabled": False},
+                                  tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"},
+                                  system_topic=broker.config(read_in_snapshot=False))
+    store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
+    run_id = run_snapshot(spark, cfg, store).run_id
+    run_reconcile(spark, store, run_id, SafetySettings(breaker=CircuitBreaker(1.0)))
+    record_run(store, run_id, "reconcile", "succeeded", datetime.now(UTC), {}, cfg)
+    return cfg, store, run_id
+
+
+def _decode_all(broker: Broker) -> list[dict[str, Any]]:
+    schema = broker.endpoint.schema(partition_topic(TOPIC, 0)) if broker.endpoint else None
+    assert schema is not None, "the producer registered no schema"
+    parsed = fastavro.parse_schema(json.loads(schema.schema_data))
+    return [fastavro.schemaless_reader(io.BytesIO(m.payload), parsed) for m in broker.messages()]
+
+
+def test_emitted_records_decode_and_match_candidates_one_to_one(
+        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
+    cfg, store, run_id = _reconciled(zk, zk_target, spark, tmp_path, broker)
+    candidates = {r["ledger_id"] for r in store.read("orphans").where(
+        f"run_id = '{run_id}' AND status = '{CANDIDATE}' AND object_type = 'ledger'").collect()}
+    assert candidates
+
+    result = run_emit(spark, cfg, store, run_id)
+
+    assert result.counts["published"] == len(candidates) == result.counts["records"]
+    decoded = _decode_all(broker)
+    assert sorted(r["ledgerId"] for r in decoded) == sorted(candidates)  # one to one: no duplicates, none missing
+    assert all(r["runId"] == run_id and r["ledgerType"] == "LEDGER" for r in decoded)
+    for message in broker.messages():
+        record = pending_delete.decode(message.payload)  # our validating decoder accepts every one
+        assert message.key == str(record["ledgerId"])
+        assert message.topic == partition_topic(TOPIC, partition_for(message.key or "", 4))
+    emitted = store.read("emitted").where(f"run_id = '{run_id}'").collect()
+    assert {r["ledger_id"] for r in emitted} == candidates
+    assert all(r["status"] == PUBLISHED and r["message_id"] for r in emitted)
+    assert store.history("emitted")[0]["operation"] in ("WRITE", "CREATE TABLE")  # one commit for the stage
+    assert len(store.history("emitted")) == 1
+
+
+def test_rerun_and_killed_task_publish_no_duplicates(
+        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
+    cfg, store, run_id = _reconciled(zk, zk_target, spark, tmp_path, broker)
+    records = candidate_records(spark, store, run_id)
+    planned = plan_messages(records, 4, cfg.system_topic.records_per_producer)
+    # A task that died after sending part of its slot, before anything reached `emitted`.
+    first_slot = [m for m in planned if (m.topic_partition, m.producer_slot) == (planned[0].topic_partition, 0)]
+    half = first_slot[: max(1, len(first_slot) // 2)]
+    send_slot(half, BrokerSettings.from_config(cfg.system_topic), ProducerSettings.from_config(cfg.system_topic,
+                                                                                                 run_id),
+              datetime.now(UTC))
+    assert len(broker.messages()) == len(half)
+
+    rerun = run_emit(spark, cfg, store, run_id)
+    assert rerun.counts["already_published"] == len(half)
+    assert rerun.counts["published"] == len(planned) - len(half)
+    keys = [pending_delete.record_key(r) for r in _decode_all(broker)]
+    assert sorted(keys) == sorted(m.record_key for m in planned)
+
+    # A rerun after a committed stage sends nothing at all.
+    again = run_emit(spark, cfg, store, run_id)
+    assert again.counts["previously_emitted"] == len(planned) and again.counts.get("published") == 0
+    assert len(broker.messages()) == len(planned)
+    statuses = [r["status"] for r in store.read("emitted").where(f"run_id = '{run_id}'").collect()]
+    assert sorted(statuses) == sorted([ALREADY_PUBLISHED] * len(half) + [PUBLISHED] * (len(planned) - len(half)))
+
+
+def _synthetic_records(n: int) -> list[dict[str, Any]]:
+    return [{"topicName": "persistent://t/ns/topic", "ledgerComponent": "MANAGED_LEDGER", "ledgerType": "LEDGER",
+             "ledgerId": 1_000_000 + i, "cursorName": None, "schemaId": None, "offloadContext": None,
+             "properties": {}, "reason": "dropped_from_ledger_list", "runId": "r-restart"} for i in range(n)]
+
+
+def test_broker_restart_mid_emit_loses_nothing_and_duplicates_nothing(tmp_path: Path) -> None:
+    broker = Broker(tmp_path / "pulsar").start()
+    planned = [m for m in plan_messages(_synthetic_records(20_000), 1, 100_000)]
+    settings = SweeperConfig().replace(system_topic=broker.config(batch_max_messages=20, max_pending_messages=50,
+                                                                  partitions=1)).system_topic
+    broker.endpoint.create_partitioned_topic(TOPIC, 1)  # type: ignore[union-attr]
+    rows: list[dict[str, Any]] = []
+    failure: list[BaseException] = []
+
+    def emit() -> None:
+        try:
+            rows.extend(send_slot(planned, BrokerSettings.from_config(settings),
+                                  ProducerSettings.from_config(settings, "r-restart"), datetime.now(UTC)))
+        except BaseException as exc:  # reported by the assertion below
+            failure.append(exc)
+
+    sender = threading.Thread(target=emit)
+    sender.start()
+    deadline = time.monotonic() + 20
+    first_partition = partition_topic(TOPIC, 0)
+    while len(broker.endpoint.store.entries(first_partition)) < 5 and time.monotonic() < deadline:  # type: ignore
+        time.sleep(0.002)
+    broker.stop()
+    assert sender.is_alive(), "the emit finished before the restart: make it bigger"
+    time.sleep(0.5)
+    broker.start()
+    sender.join(60)
+    assert not failure, failure
+    ids = [pending_delete.decode(m.payload)["ledgerId"] for m in broker.messages(1)]
+    assert len(ids) == len(set(ids)) == len(planned)
+    assert len(rows) == len(planned)
+    broker.stop()
+
+
+def test_unreachable_broker_refuses_and_marks_nothing(
+        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
+    cfg, store, run_id = _reconciled(zk, zk_target, spark, tmp_path, broker, topics=10)
+    down = cfg.replace(system_topic={"service_url": f"pulsar://127.0.0.1:{free_port()}", "admin_url": ""})
+    with pytest.raises(EmitRefused, match="unreachable"):
+        run_emit(spark, down, store, run_id)
+    assert not store.exists("emitted")
+
+
+def test_partition_count_mismatch_missing_topic_and_auth_refusal(
+        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
+    cfg, store, run_id = _reconciled(zk, zk_target, spark, tmp_path, broker, topics=10)
+    no_create = cfg.replace(system_topic={"create_if_missing": False})
+    with pytest.raises(EmitRefused, match="create-partitioned-topic"):
+        run_emit(spark, no_create, store, run_id)
+    broker.endpoint.create_partitioned_topic(TOPIC, 2)  # type: ignore[union-attr]
+    with pytest.raises(EmitRefused, match="has 2 partitions"):
+        run_emit(spark, cfg, store, run_id)
+    assert not broker.messages(2)
+
+    guarded = Broker(tmp_path / "guarded", token="s3cret").start()
+    try:
+        token_file = tmp_path / "token"
+        token_file.write_text("wrong-token\n")
+        bad = cfg.replace(system_topic=guarded.config(auth_token_file=str(token_file)))
+        with pytest.raises(EmitRefused, match="refused our credentials") as info:
+            run_emit(spark, bad, store, run_id)
+        assert "wrong-token" not in str(info.value)
+    finally:
+        guarded.stop()
+    assert not store.exists("emitted")
+
+
+def test_emit_refuses_a_run_that_was_not_reconciled(
+        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
+    cfg = SweeperConfig().replace(tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"},
+                                  system_topic=broker.config())
+    store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
+    with pytest.raises(EmitRefused, match="no successful reconcile"):
+        run_emit(spark, cfg, store, "r-never")
