@@ -99,6 +99,21 @@ class SystemTopicConfig:
 
 
 @dataclass(frozen=True)
+class DeleteConfig:
+    """Phase 2. There is deliberately no `execute` option: deleting takes `--execute` on the command line."""
+
+    max_deletes_per_run: int = 10000  # records beyond this wait for the next run (reported as deferred)
+    deletes_per_second: float = 200.0  # per Spark task, so ZooKeeper and the bookies are not flooded
+    batch_size: int = 100  # ledgers per ZooKeeper multi (compare-and-set deletes)
+    tasks: int = 0  # Spark tasks (0: 2 x default parallelism, at most one per 1000 records)
+    max_attempts: int = 10  # then the record goes to dead_letter
+    in_task_attempts: int = 3  # retries with back-off inside a task before queueing for a later run
+    retry_after_s: int = 300  # when a queued record is due again
+    lock_path: str = "/ledger-sweeper/locks/delete"  # ephemeral znode: one delete run at a time
+    op_timeout_s: float = 10.0
+
+
+@dataclass(frozen=True)
 class SweeperConfig:
     bookkeeper: BookKeeperConfig = field(default_factory=BookKeeperConfig)
     pulsar: PulsarMetadataConfig = field(default_factory=PulsarMetadataConfig)
@@ -109,6 +124,7 @@ class SweeperConfig:
     safety: SafetyConfig = field(default_factory=SafetyConfig)
     gates: GatesConfig = field(default_factory=GatesConfig)
     system_topic: SystemTopicConfig = field(default_factory=SystemTopicConfig)
+    delete: DeleteConfig = field(default_factory=DeleteConfig)
 
     @property
     def pulsar_zookeeper(self) -> str:
@@ -154,6 +170,9 @@ def from_dict(data: dict[str, Any]) -> SweeperConfig:
         field_types = get_type_hints(cls)
         kwargs = {}
         for key, value in values.items():
+            if key == "execute":
+                raise ConfigError(f"[{name}] execute: deleting is never switched on by a config file; pass "
+                                  "--execute on the command line")
             if key in ("auth_token", "token", "password", "secret_key"):
                 raise ConfigError(f"[{name}] {key}: secrets never go in the config file; name a file "
                                   "(auth_token_file) or an environment variable (auth_token_env) instead")
@@ -200,6 +219,14 @@ def validate(config: SweeperConfig) -> None:
             raise ConfigError(f"[system_topic] {key} must be positive")
     if topic.auth_token_file and topic.auth_token_env:
         raise ConfigError("[system_topic] set auth_token_file or auth_token_env, not both")
+    d = config.delete
+    if d.max_deletes_per_run < 0 or d.deletes_per_second <= 0 or d.batch_size < 1 or d.tasks < 0:
+        raise ConfigError("[delete] max_deletes_per_run must be >= 0; deletes_per_second and batch_size positive; "
+                          "tasks >= 0")
+    if d.max_attempts < 1 or not 1 <= d.in_task_attempts <= d.max_attempts or d.retry_after_s < 0:
+        raise ConfigError("[delete] need 1 <= in_task_attempts <= max_attempts and retry_after_s >= 0")
+    if not d.lock_path.startswith("/") or d.lock_path.rstrip("/") == "":
+        raise ConfigError(f"[delete] lock_path must be an absolute znode path, got {d.lock_path!r}")
     if config.spark.scan_partitions < 0:
         raise ConfigError("[spark] scan_partitions must be >= 0")
 

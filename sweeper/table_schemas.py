@@ -282,6 +282,54 @@ EMITTED = _schema(
     ("payload", BIN, False),  # the Avro record as sent, so the delete stage needs no topic read
 )
 
+# Phase 2: one row per record per attempt that ended a task's work on it (PIP-186's outcomes).
+DELETE_RESULTS = _schema(
+    ("run_id", S, False),
+    ("origin_run_id", S),  # the run that planned it (differs for retried and operator-listed records)
+    ("finished_at", TS, False),
+    ("record_key", S, False),
+    ("ledger_id", L),
+    ("ledger_type", S),
+    ("component", S),
+    ("topic_name", S),
+    ("outcome", S, False),  # deleted | would_delete | already_gone | in_use | mismatch | invalid | failed
+    ("detail", S),
+    ("error", S),
+    ("attempt", INT, False),  # attempts so far across runs, this one included
+    ("duration_ms", L),
+    ("zk_path", S),
+    ("zk_version", INT),
+    ("s3_bucket", S),
+    ("s3_keys", ArrayType(S)),
+    ("dry_run", B, False),
+    ("source", S, False),  # emitted | retry_queue | from_json
+)
+
+# Records still failing after a task's retries: due again at next_attempt_at. Append-only; the
+# latest row per record_key says whether it is queued, resolved or dead-lettered.
+RETRY_QUEUE = _schema(
+    ("run_id", S, False),
+    ("recorded_at", TS, False),
+    ("record_key", S, False),
+    ("ledger_id", L),
+    ("state", S, False),  # queued | resolved | dead_lettered
+    ("attempts", INT, False),
+    ("next_attempt_at", TS),
+    ("last_error", S),
+    ("payload", BIN, False),
+)
+
+DEAD_LETTER = _schema(
+    ("run_id", S, False),
+    ("recorded_at", TS, False),
+    ("record_key", S, False),
+    ("ledger_id", L),
+    ("state", S, False),  # dead | redriven
+    ("attempts", INT, False),
+    ("last_error", S),
+    ("payload", BIN, False),
+)
+
 # Reconcile's verdict on every pending delete found on the topic.
 PENDING_DELETE_STATUS = _schema(
     ("run_id", S, False),
@@ -298,4 +346,6 @@ PENDING_DELETE_STATUS = _schema(
 )
 
 ALL_TABLES: dict[str, StructType] = {**SNAPSHOT_TABLES, "orphans": ORPHANS, "orphan_report": ORPHAN_REPORT,
-                                     "runs": RUNS, "emitted": EMITTED, "pending_delete_status": PENDING_DELETE_STATUS}
+                                     "runs": RUNS, "emitted": EMITTED, "pending_delete_status": PENDING_DELETE_STATUS,
+                                     "delete_results": DELETE_RESULTS, "retry_queue": RETRY_QUEUE,
+                                     "dead_letter": DEAD_LETTER}

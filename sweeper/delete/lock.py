@@ -1,0 +1,86 @@
+"""One delete run at a time per cluster: an ephemeral znode naming the holder.
+
+Ephemeral, so a crashed driver's lock goes away with its session instead of blocking every
+later run until someone deletes it by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from types import TracebackType
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NodeExistsError, NoNodeError
+
+from sweeper.delete.retry import is_transient
+
+DEFAULT_LOCK_PATH = "/ledger-sweeper/locks/delete"
+
+
+class RunLockHeld(RuntimeError):
+    def __init__(self, path: str, holder: dict[str, Any]) -> None:
+        super().__init__(
+            f"another delete run holds {path}: run {holder.get('run_id')!r} on {holder.get('host')!r} "
+            f"(pid {holder.get('pid')}, since {holder.get('started_ms')} ms)"
+        )
+        self.path = path
+        self.holder = holder
+
+
+class DeleteRunLock:
+    def __init__(self, client: KazooClient, path: str = DEFAULT_LOCK_PATH, *, run_id: str) -> None:
+        self.client = client
+        self.path = path
+        self.run_id = run_id
+        self._version: int | None = None
+
+    def acquire(self) -> None:
+        parent = self.path.rsplit("/", 1)[0]
+        if parent:
+            self.client.ensure_path(parent)
+        body = {"run_id": self.run_id, "host": socket.gethostname(), "pid": os.getpid(),
+                "started_ms": int(time.time() * 1000)}
+        try:
+            self.client.create(self.path, json.dumps(body).encode(), ephemeral=True)
+        except NodeExistsError:
+            raise RunLockHeld(self.path, self.holder() or {"run_id": "(released meanwhile)"}) from None
+        self._version = 0
+
+    def holder(self) -> dict[str, Any] | None:
+        try:
+            data, _ = self.client.get(self.path)
+        except NoNodeError:
+            return None
+        try:
+            return dict(json.loads(data))
+        except (ValueError, TypeError):
+            return {"run_id": None, "raw": data[:200].decode("utf-8", "replace")}
+
+    def release(self) -> None:
+        if self._version is None:
+            return
+        self._version = None
+        try:
+            _, stat = self.client.get(self.path)
+            # Only our own session's node: after our session expired, the lock may be someone else's.
+            session = self.client.client_id
+            if session is not None and stat.ephemeralOwner == session[0]:
+                self.client.delete(self.path, version=stat.version)
+        except NoNodeError:
+            pass
+        except Exception as exc:
+            # The ephemeral node ends with our session anyway; never mask the run's own error with this.
+            if not is_transient(exc):
+                raise
+
+    def __enter__(self) -> DeleteRunLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.release()

@@ -1,0 +1,59 @@
+"""What the delete phase reports for one PendingDeleteLedgerInfo record."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+DELETED = "deleted"
+WOULD_DELETE = "would_delete"
+ALREADY_GONE = "already_gone"
+IN_USE = "in_use"
+MISMATCH = "mismatch"
+INVALID = "invalid"
+FAILED = "failed"
+
+# Every outcome but `failed` settles the record: PIP-186 acknowledges in-use, gone and mismatched
+# records instead of retrying them, since retrying cannot change the answer.
+FINAL_OUTCOMES = frozenset({DELETED, WOULD_DELETE, ALREADY_GONE, IN_USE, MISMATCH, INVALID})
+
+
+@dataclass
+class DeleteResult:
+    ledger_id: int | None
+    ledger_type: str | None
+    component: str | None
+    topic_name: str | None
+    outcome: str
+    detail: str = ""
+    error: str | None = None
+    attempt: int = 1
+    duration_ms: int = 0
+    zk_path: str | None = None
+    zk_version: int | None = None
+    s3_bucket: str | None = None
+    s3_keys: list[str] = field(default_factory=list)
+
+    @property
+    def final(self) -> bool:
+        return self.outcome in FINAL_OUTCOMES
+
+
+def result_for(record: Mapping[str, Any], outcome: str, detail: str = "", **fields: Any) -> DeleteResult:
+    """A result carrying the record's identity; tolerant of malformed records (they are reported, not raised)."""
+    context = record.get("offloadContext") or {}
+    ledger_id = record.get("ledgerId")
+    result = DeleteResult(
+        ledger_id=ledger_id if isinstance(ledger_id, int) else None,
+        ledger_type=record.get("ledgerType"),
+        component=record.get("ledgerComponent"),
+        topic_name=record.get("topicName"),
+        outcome=outcome,
+        detail=detail,
+        s3_bucket=context.get("bucket") if isinstance(context, Mapping) else None,
+        s3_keys=list(context.get("keys") or []) if isinstance(context, Mapping) else [],
+    )
+    for name, value in fields.items():
+        setattr(result, name, value)
+    return result

@@ -1,0 +1,183 @@
+"""Delete orphan offloaded copies (tiered storage objects) after re-checking their managed ledger.
+
+S3 has no compare-and-set across a ZooKeeper znode, so the guard is the re-read just before the
+delete: Pulsar never re-references an offload uuid once it has dropped it (each offload attempt
+draws a new uuid), so an unreferenced (uuid, ledger) pair stays unreferenced.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from botocore.exceptions import ClientError
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+from sweeper import zk as zkutil
+from sweeper.codecs import pulsar as codec
+from sweeper.codecs.errors import MetadataDecodeError
+from sweeper.delete import decide
+from sweeper.delete.decide import ReferrerState, managed_ledger_name
+from sweeper.delete.results import DELETED, FAILED, WOULD_DELETE, DeleteResult, result_for
+from sweeper.delete.retry import is_transient, is_transient_code
+
+MAX_KEYS_PER_REQUEST = 1000  # S3's DeleteObjects limit
+_MISSING_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
+
+
+def _error_text(exc: BaseException) -> str:
+    if isinstance(exc, ClientError):
+        error = exc.response.get("Error", {})
+        return f"{error.get('Code')}: {error.get('Message') or exc}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+@dataclass
+class _Pending:
+    index: int
+    record: Mapping[str, Any]
+    bucket: str
+    keys: list[str]
+    started: float
+
+
+class ObjectDeleter:
+    def __init__(
+        self,
+        s3_client: Any,
+        zk_client: KazooClient,
+        *,
+        managed_ledgers_root: str = "/managed-ledgers",
+        allowed_buckets: Collection[str],
+        execute: bool = False,
+        op_timeout_s: float = 10.0,
+        max_keys_per_request: int = MAX_KEYS_PER_REQUEST,
+    ) -> None:
+        if not 1 <= max_keys_per_request <= MAX_KEYS_PER_REQUEST:
+            raise ValueError(f"max_keys_per_request must be in 1..{MAX_KEYS_PER_REQUEST}")
+        self.s3 = s3_client
+        self.zk = zk_client
+        self.ml_root = "/" + managed_ledgers_root.strip("/")
+        self.allowed_buckets = frozenset(allowed_buckets)
+        self.execute = execute
+        self.op_timeout_s = op_timeout_s
+        self.max_keys = max_keys_per_request
+
+    def process(self, records: Sequence[Mapping[str, Any]]) -> list[DeleteResult]:
+        """One result per record, in input order; never raises for an S3 or ZooKeeper error."""
+        results: list[DeleteResult | None] = [None] * len(records)
+        pending: list[_Pending] = []
+        offloads: dict[str, Any] = {}  # ML path -> decoded info (or the exception met reading it)
+        for index, record in enumerate(records):
+            started = time.monotonic()
+            try:
+                result = self._verify(index, record, offloads, started, pending)
+            except Exception as exc:  # per record: one bad read must not sink the others
+                detail = "could not verify" if is_transient(exc) else "could not verify (unexpected error)"
+                result = result_for(record, FAILED, detail, error=_error_text(exc))
+            if result is not None:
+                result.duration_ms = int((time.monotonic() - started) * 1000)
+                results[index] = result
+        for index, result in self._delete(pending).items():
+            results[index] = result
+        return [r for r in results if r is not None]
+
+    def _verify(self, index: int, record: Mapping[str, Any], offloads: dict[str, Any], started: float,
+                pending: list[_Pending]) -> DeleteResult | None:
+        early = decide.check_object(record, self.allowed_buckets)
+        if early is not None:
+            return result_for(record, early.outcome, early.detail)
+        context = record["offloadContext"]
+        bucket = context["bucket"]
+        present = [key for key in context["keys"] if self._exists(bucket, key)]
+        referrer = self._referrer(record, offloads)
+        decision = decide.decide_object(record, present, referrer, self.allowed_buckets)
+        if not decision.delete:
+            return result_for(record, decision.outcome, decision.detail)
+        if not self.execute:
+            return result_for(record, WOULD_DELETE, decision.detail, s3_keys=present)
+        pending.append(_Pending(index, record, bucket, present, started))
+        return None
+
+    def _exists(self, bucket: str, key: str) -> bool:
+        try:
+            self.s3.head_object(Bucket=bucket, Key=key)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in _MISSING_CODES:
+                return False
+            raise
+        return True
+
+    def _referrer(self, record: Mapping[str, Any], offloads: dict[str, Any]) -> ReferrerState:
+        ml_name = managed_ledger_name(record.get("topicName"))
+        if ml_name is None:
+            return ReferrerState(unverifiable=f"no managed ledger for topic {record.get('topicName')!r}")
+        path = zkutil.join(self.ml_root, ml_name)
+        if path not in offloads:
+            try:
+                data, _ = self.zk.get_async(path).get(timeout=self.op_timeout_s)
+                offloads[path] = codec.decode_managed_ledger_info(data)
+            except NoNodeError:
+                offloads[path] = None
+            except MetadataDecodeError as exc:
+                offloads[path] = exc
+        info = offloads[path]
+        if info is None:
+            return ReferrerState()
+        if isinstance(info, MetadataDecodeError):
+            return ReferrerState(unverifiable=decide.unreadable(f"managed ledger {ml_name}", info))
+        ledger_id, uuid = record["ledgerId"], record["offloadContext"]["uuid"]
+        refs = [
+            f"offload {uuid} of ledger {ledger_id} listed in managed ledger {ml_name}"
+            for entry in info.ledgerInfo
+            if entry.ledgerId == ledger_id and entry.HasField("offloadContext")
+            and codec.offload_uuid(entry.offloadContext.uidMsb, entry.offloadContext.uidLsb) == uuid
+        ]
+        return ReferrerState(tuple(refs))
+
+    def _delete(self, pending: list[_Pending]) -> dict[int, DeleteResult]:
+        """Batched DeleteObjects across records; a record is deleted only when every key of it is gone."""
+        errors: dict[tuple[str, str], str] = {}
+        by_bucket: dict[str, dict[str, None]] = {}  # insertion-ordered sets: a key once per request
+        for item in pending:
+            by_bucket.setdefault(item.bucket, {}).update(dict.fromkeys(item.keys))
+        for bucket, unique in by_bucket.items():
+            keys = list(unique)
+            for start in range(0, len(keys), self.max_keys):
+                chunk = keys[start:start + self.max_keys]
+                errors.update(self._delete_chunk(bucket, chunk))
+        out: dict[int, DeleteResult] = {}
+        for item in pending:
+            failures = [f"{key}: {errors[(item.bucket, key)]}" for key in item.keys if (item.bucket, key) in errors]
+            if failures:
+                result = result_for(item.record, FAILED, "not every object was deleted", error="; ".join(failures),
+                                    s3_keys=item.keys)
+            else:
+                result = result_for(item.record, DELETED, f"deleted {len(item.keys)} object(s)", s3_keys=item.keys)
+            result.duration_ms = int((time.monotonic() - item.started) * 1000)
+            out[item.index] = result
+        return out
+
+    def _delete_chunk(self, bucket: str, keys: list[str]) -> dict[tuple[str, str], str]:
+        """Errors by (bucket, key) for keys that may still exist."""
+        try:
+            response = self.s3.delete_objects(
+                Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys], "Quiet": False})
+        except Exception as exc:
+            return {(bucket, k): _error_text(exc) for k in keys}
+        done = {d["Key"] for d in response.get("Deleted", [])}
+        errors: dict[tuple[str, str], str] = {}
+        for error in response.get("Errors", []):
+            code = error.get("Code")
+            if code in _MISSING_CODES:
+                done.add(error["Key"])
+                continue
+            kind = "transient" if is_transient_code(code) else "refused"
+            errors[(bucket, error["Key"])] = f"{code} ({kind}): {error.get('Message', '')}"
+        for key in keys:
+            if key not in done and (bucket, key) not in errors:
+                errors[(bucket, key)] = "no answer for this key in the DeleteObjects response"
+        return errors

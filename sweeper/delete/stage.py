@@ -1,0 +1,442 @@
+"""The delete action (PIP-186 phase 2): a run's pending deletes, re-verified and deleted by Spark tasks.
+
+Input is what the run emitted plus whatever the retry queue says is due. Records are spread over
+tasks by ledger id; each task opens its own ZooKeeper (and S3) clients and runs the executors of
+`sweeper.delete`, which re-read the ledger and its referrers and delete with compare-and-set.
+The driver then commits one `delete_results` row per record, queues what still fails in
+`retry_queue` (with back-off), and moves what exhausted its attempts to `dead_letter`.
+
+Dry run unless `execute`; with `execute`, a ZooKeeper run lock keeps a second delete run out.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from sweeper import pending_delete
+from sweeper import zk as zkutil
+from sweeper.codecs.bookkeeper import decode_ledger_metadata
+from sweeper.config import SweeperConfig
+from sweeper.delete.lock import DeleteRunLock
+from sweeper.delete.results import DELETED, FAILED, INVALID, WOULD_DELETE, DeleteResult, result_for
+from sweeper.delete.retry import RetryPolicy, run_with_retries
+from sweeper.delete.s3_executor import ObjectDeleter
+from sweeper.delete.zk_executor import LedgerDeleter
+from sweeper.layout import LedgerLayout, ledger_path
+from sweeper.offload import S3Target, s3_client
+from sweeper.safety import HOUR_MS, GracePeriod
+from sweeper.scan.bookkeeper import read_layout, split_custom_metadata
+from sweeper.table_schemas import DEAD_LETTER, DELETE_RESULTS, RETRY_QUEUE
+from sweeper.tables import TableStore
+
+SOURCE_EMITTED, SOURCE_RETRY, SOURCE_JSON = "emitted", "retry_queue", "from_json"
+QUEUED, RESOLVED, DEAD_LETTERED = "queued", "resolved", "dead_lettered"
+
+
+class DeleteRefused(RuntimeError):
+    """The delete stage will not start: nothing emitted, another run holds the lock, or an unsafe setup."""
+
+
+@dataclass(frozen=True)
+class PendingRecord:
+    record_key: str
+    source: str
+    origin_run_id: str | None
+    attempts_before: int
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class DeleteTarget:
+    """What a delete task needs: small and picklable."""
+
+    zk_hosts: str
+    session_timeout_s: float
+    ledgers_root: str
+    layout: str
+    ml_root: str
+    schemas_root: str
+    min_age_ms: int
+    now_ms: int | None
+    execute: bool
+    batch_size: int
+    deletes_per_second: float
+    op_timeout_s: float
+    policy: RetryPolicy
+    endpoint_override: str
+    buckets: tuple[tuple[str, str, str], ...]  # (bucket, region, endpoint) this run may delete from
+
+
+@dataclass
+class DeleteRunResult:
+    run_id: str
+    execute: bool
+    counts: dict[str, int]
+    duration_s: float
+    results: list[DeleteResult] = field(default_factory=list)
+    guards: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def queued(self) -> int:
+        return self.counts.get("queued_for_retry", 0)
+
+
+# ---- inputs ------------------------------------------------------------------------------------
+
+def _latest_by_key(rows: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    latest: dict[str, Mapping[str, Any]] = {}
+    for row in sorted(rows, key=lambda r: r["recorded_at"]):
+        latest[row["record_key"]] = row
+    return latest
+
+
+def retry_states(store: TableStore) -> dict[str, Mapping[str, Any]]:
+    if not store.exists("retry_queue"):
+        return {}
+    return _latest_by_key(store.read("retry_queue").toArrow().to_pylist())
+
+
+def load_inputs(store: TableStore, run_id: str, now: datetime) -> tuple[list[PendingRecord], dict[str, int]]:
+    """The run's emitted records without a final result yet, and every queued record that is due."""
+    counts = {"emitted": 0, "already_final": 0, "not_due": 0, "due_retries": 0}
+    final: set[str] = set()
+    if store.exists("delete_results"):
+        final = {r["record_key"] for r in store.read("delete_results").where(
+            (F.col("run_id") == run_id) & (F.col("outcome") != FAILED) & ~F.col("dry_run")).select(
+            "record_key").distinct().toArrow().to_pylist()}
+    queue = retry_states(store)
+    picked: dict[str, PendingRecord] = {}
+    if store.exists("emitted"):
+        emitted = store.read("emitted").where(F.col("run_id") == run_id).select("record_key", "payload")
+        for row in emitted.toArrow().to_pylist():
+            if row["record_key"] in picked:
+                continue
+            counts["emitted"] += 1
+            if row["record_key"] in final:
+                counts["already_final"] += 1
+            elif row["record_key"] not in queue:  # the queue governs records that failed before
+                picked[row["record_key"]] = PendingRecord(row["record_key"], SOURCE_EMITTED, run_id, 0,
+                                                          row["payload"])
+    for key, row in queue.items():
+        if row["state"] != QUEUED:
+            continue
+        due = row["next_attempt_at"]
+        if due is not None and due.replace(tzinfo=due.tzinfo or UTC) > now:
+            counts["not_due"] += 1
+            continue
+        counts["due_retries"] += 1
+        picked[key] = PendingRecord(key, SOURCE_RETRY, row["run_id"], int(row["attempts"]), row["payload"])
+    return sorted(picked.values(), key=lambda p: p.record_key), counts
+
+
+def records_from_json(path: str | Path, client: Any, ledgers_root: str, layout: LedgerLayout) -> list[PendingRecord]:
+    """An operator's list: full PendingDeleteLedgerInfo objects, or `{"ledgerId": N}` completed from the
+    ledger's own metadata (its ownership then only decides the referrer to check; every other rule holds)."""
+    try:
+        entries = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise DeleteRefused(f"cannot read the ledger list {path}: {exc}") from exc
+    if isinstance(entries, Mapping):
+        entries = entries.get("ledgers")
+    if not isinstance(entries, list):
+        raise DeleteRefused(f"{path} must hold a JSON list of ledgers (or {{\"ledgers\": [...]}})")
+    out: list[PendingRecord] = []
+    for n, entry in enumerate(entries):
+        if isinstance(entry, int) and not isinstance(entry, bool):
+            entry = {"ledgerId": entry}
+        if not isinstance(entry, Mapping):
+            raise DeleteRefused(f"{path} entry {n} is not an object or a ledger id: {entry!r}")
+        record = dict(entry) if "ledgerType" in entry else _record_from_metadata(entry, client, ledgers_root, layout)
+        try:
+            payload = pending_delete.encode({**_RECORD_DEFAULTS, **record})
+        except Exception:  # the delete path reports it as invalid, with the reason
+            payload = json.dumps(record, default=str).encode()
+        out.append(PendingRecord(f"json/{n}/{record.get('ledgerType')}/{record.get('ledgerId')}", SOURCE_JSON, None,
+                                 0, payload))
+    return out
+
+
+_RECORD_DEFAULTS: dict[str, Any] = {"topicName": None, "cursorName": None, "schemaId": None, "offloadContext": None,
+                                    "properties": {}, "reason": "operator_list", "runId": None}
+
+
+def _record_from_metadata(entry: Mapping[str, Any], client: Any, ledgers_root: str,
+                          layout: LedgerLayout) -> dict[str, Any]:
+    ledger_id = entry.get("ledgerId", entry.get("ledger_id"))
+    base = {**_RECORD_DEFAULTS, "ledgerType": "LEDGER", "ledgerId": ledger_id, "ledgerComponent": "MANAGED_LEDGER"}
+    if not isinstance(ledger_id, int) or isinstance(ledger_id, bool) or ledger_id < 0:
+        return base  # refused as invalid by the executor, with the reason
+    try:
+        data, _ = client.get(ledger_path(ledgers_root, ledger_id, layout))
+        custom, _ = split_custom_metadata(decode_ledger_metadata(data).custom_metadata)
+    except Exception:  # missing or unreadable: the executor reports already_gone / invalid
+        return base
+    component = pending_delete.COMPONENTS.get(custom.get("component") or "", "MANAGED_LEDGER")
+    if component == "MANAGED_LEDGER" and custom.get("pulsar/cursor"):
+        component = "MANAGED_CURSOR"
+    ml = custom.get("pulsar/managed-ledger")
+    topic = custom.get("pulsar/compactedTopic") or custom.get("pulsar/delayedIndexTopic")
+    if ml and ml.count("/") >= 3:
+        parts = ml.split("/")
+        topic = "persistent://" + "/".join(parts[:-2] + parts[-1:])
+    properties = {"bucket_key": custom["pulsar/delayedIndexBucketKey"]} if custom.get(
+        "pulsar/delayedIndexBucketKey") else {}
+    return {**base, "ledgerComponent": component, "topicName": topic, "cursorName": custom.get("pulsar/cursor"),
+            "schemaId": custom.get("pulsar/schemaId"), "properties": properties}
+
+
+# ---- tasks -------------------------------------------------------------------------------------
+
+def _decode(item: PendingRecord) -> tuple[dict[str, Any] | None, str | None]:
+    """Well-formed Avro only: the executors validate the fields themselves, after "gone" and "not Pulsar's"."""
+    try:
+        return pending_delete.decode(item.payload, check=False), None
+    except pending_delete.InvalidPendingDelete as exc:
+        return None, f"{exc.kind}: {exc}"
+
+
+def _paced(items: list[Any], per_second: float) -> Iterator[list[Any]]:
+    """Chunks of work, sleeping between them so the task stays under `per_second` records."""
+    chunk = max(1, min(int(per_second), 2000))
+    started = time.monotonic()
+    done = 0
+    for start in range(0, len(items), chunk):
+        part = items[start:start + chunk]
+        yield part
+        done += len(part)
+        ahead = done / per_second - (time.monotonic() - started)
+        if ahead > 0 and start + chunk < len(items):
+            time.sleep(ahead)
+
+
+def _run_records(fn: Any, pairs: list[tuple[PendingRecord, dict[str, Any]]], target: DeleteTarget,
+                 rng: random.Random) -> list[tuple[PendingRecord, DeleteResult]]:
+    out: list[tuple[PendingRecord, DeleteResult]] = []
+    for part in _paced(pairs, target.deletes_per_second):
+        results = run_with_retries(fn, [r for _, r in part], target.policy, rng=rng)
+        for (item, _), result in zip(part, results, strict=True):
+            result.attempt += item.attempts_before
+            out.append((item, result))
+    return out
+
+
+def delete_partition(items: Iterator[PendingRecord], target: DeleteTarget) -> Iterator[dict[str, Any]]:
+    items = list(items)
+    if not items:
+        return
+    decoded: list[tuple[PendingRecord, dict[str, Any]]] = []
+    finished: list[tuple[PendingRecord, DeleteResult]] = []
+    for item in items:
+        record, problem = _decode(item)
+        if record is None:
+            finished.append((item, result_for({}, INVALID, f"record refused: {problem}")))
+        else:
+            decoded.append((item, record))
+    rng = random.Random(hash(items[0].record_key))
+    client = zkutil.connect(target.zk_hosts, timeout=target.session_timeout_s)
+    try:
+        ledgers = [(i, r) for i, r in decoded if r["ledgerType"] == "LEDGER"]
+        objects = [(i, r) for i, r in decoded if r["ledgerType"] != "LEDGER"]
+        if ledgers:
+            deleter = LedgerDeleter(
+                client, ledgers_root=target.ledgers_root, layout=LedgerLayout(target.layout),
+                managed_ledgers_root=target.ml_root, schemas_root=target.schemas_root, min_age_ms=target.min_age_ms,
+                now_ms=target.now_ms, execute=target.execute, batch_size=target.batch_size,
+                op_timeout_s=target.op_timeout_s)
+            finished += _run_records(deleter.process, ledgers, target, rng)
+        by_bucket: dict[str, list[tuple[PendingRecord, dict[str, Any]]]] = {}
+        for item, record in objects:
+            by_bucket.setdefault((record.get("offloadContext") or {}).get("bucket") or "", []).append((item, record))
+        allowed = {b for b, _, _ in target.buckets}
+        regions = {b: (region, endpoint) for b, region, endpoint in target.buckets}
+        for bucket, pairs in sorted(by_bucket.items()):
+            region, endpoint = regions.get(bucket, ("", ""))
+            s3 = s3_client(S3Target(bucket or "-", region, endpoint), target.endpoint_override)
+            objects_deleter = ObjectDeleter(s3, client, managed_ledgers_root=target.ml_root, allowed_buckets=allowed,
+                                            execute=target.execute, op_timeout_s=target.op_timeout_s)
+            finished += _run_records(objects_deleter.process, pairs, target, rng)
+    finally:
+        zkutil.close(client)
+    for item, result in finished:
+        yield {"record_key": item.record_key, "source": item.source, "origin_run_id": item.origin_run_id,
+               "payload": item.payload, **result.__dict__}
+
+
+# ---- the stage ---------------------------------------------------------------------------------
+
+def _check_emitted(store: TableStore, run_id: str) -> None:
+    if not store.exists("runs") or not store.read("runs").where(
+            (F.col("run_id") == run_id) & (F.col("stage") == "emit") & (F.col("status") == "succeeded")
+    ).limit(1).count():
+        raise DeleteRefused(f"run {run_id} has no successful emit: nothing was marked for deletion")
+
+
+def _buckets(store: TableStore, config: SweeperConfig, run_id: str | None) -> tuple[tuple[str, str, str], ...]:
+    """Buckets named by the offload contexts of the run's snapshot (or the latest), plus the configured extras."""
+    found: dict[str, tuple[str, str, str]] = {}
+    if store.exists("ml_ledgers"):
+        frame = store.read("ml_ledgers").where(F.col("offload_bucket").isNotNull())
+        if run_id is not None:
+            frame = frame.where(F.col("run_id") == run_id)
+        for r in frame.select("offload_bucket", "offload_region", "offload_endpoint").distinct().collect():
+            found[r["offload_bucket"]] = (r["offload_bucket"], r["offload_region"] or "", r["offload_endpoint"] or "")
+    for bucket in (b.strip() for b in config.offload.extra_buckets.split(",")):
+        if bucket and bucket not in found:
+            found[bucket] = (bucket, config.offload.region, "")
+    return tuple(found[b] for b in sorted(found))
+
+
+def _partitions(spark: SparkSession, config: SweeperConfig, records: int) -> int:
+    wanted = config.delete.tasks or 2 * spark.sparkContext.defaultParallelism
+    return max(1, min(wanted, (records + 999) // 1000))
+
+
+def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str, *, execute: bool = False,
+               from_json: str | Path | None = None, now_ms: int | None = None) -> DeleteRunResult:
+    t0 = time.monotonic()
+    now = datetime.now(UTC) if now_ms is None else datetime.fromtimestamp(now_ms / 1000, UTC)
+    d = config.delete
+    if config.pulsar.zookeeper and config.pulsar.zookeeper != config.bookkeeper.zookeeper and execute:
+        # The compare-and-set multi must cover the ledger znode and its referrers in one ensemble.
+        raise DeleteRefused("Pulsar and BookKeeper metadata are in different ZooKeeper ensembles; deleting "
+                            "needs one multi-operation across both, so only dry runs are possible")
+    client = zkutil.connect(config.bookkeeper.zookeeper, timeout=config.bookkeeper.session_timeout_s)
+    lock: DeleteRunLock | None = None
+    try:
+        layout = read_layout(client, config.bookkeeper.ledgers_root)
+        if from_json is not None:
+            inputs = records_from_json(from_json, client, config.bookkeeper.ledgers_root, layout)
+            counts = {"from_json": len(inputs)}
+            buckets = _buckets(store, config, None)
+        else:
+            _check_emitted(store, run_id)
+            inputs, counts = load_inputs(store, run_id, now)
+            buckets = _buckets(store, config, run_id)
+        cap = d.max_deletes_per_run
+        counts["deferred_by_cap"] = max(0, len(inputs) - cap)
+        inputs = inputs[:cap]
+        counts["records"] = len(inputs)
+        guards = {"execute": execute, "max_deletes_per_run": cap, "deletes_per_second_per_task": d.deletes_per_second,
+                  "min_age_hours": config.safety.min_age_hours, "lock": d.lock_path if execute else None}
+        if execute:
+            lock = DeleteRunLock(client, d.lock_path, run_id=run_id)
+            lock.acquire()
+        grace = GracePeriod.of(int(config.safety.min_age_hours * HOUR_MS), force=config.safety.force_min_age)
+        target = DeleteTarget(
+            zk_hosts=config.bookkeeper.zookeeper, session_timeout_s=config.bookkeeper.session_timeout_s,
+            ledgers_root=config.bookkeeper.ledgers_root, layout=layout.value,
+            ml_root=config.pulsar.managed_ledgers_root, schemas_root=config.pulsar.schemas_root,
+            min_age_ms=grace.min_age_ms, now_ms=now_ms, execute=execute,
+            batch_size=d.batch_size, deletes_per_second=d.deletes_per_second, op_timeout_s=d.op_timeout_s,
+            policy=RetryPolicy(max_attempts=d.max_attempts, in_task_attempts=d.in_task_attempts,
+                               retry_after_s=d.retry_after_s),
+            endpoint_override=config.offload.endpoint_override, buckets=buckets)
+        rows: list[dict[str, Any]] = []
+        if inputs:
+            parts = _partitions(spark, config, len(inputs))
+            keyed = spark.sparkContext.parallelize([(_ledger_of(i), i) for i in inputs], parts)
+            rows = (keyed.partitionBy(parts, lambda ledger: ledger % parts if ledger >= 0 else 0).values()
+                    .mapPartitions(lambda it: delete_partition(it, target)).collect())
+        result = _commit(store, run_id, rows, target, execute, now, counts)
+    finally:
+        if lock is not None:
+            lock.release()
+        zkutil.close(client)
+    result.guards = guards
+    result.duration_s = time.monotonic() - t0
+    return result
+
+
+def _ledger_of(item: PendingRecord) -> int:
+    try:
+        return int(item.record_key.split("/")[-1 if item.source == SOURCE_JSON else 1])
+    except (ValueError, IndexError):
+        return -1
+
+
+def _commit(store: TableStore, run_id: str, rows: list[dict[str, Any]], target: DeleteTarget, execute: bool,
+            now: datetime, counts: dict[str, int]) -> DeleteRunResult:
+    results: list[DeleteResult] = []
+    result_rows, queue_rows, dead_rows = [], [], []
+    # Rows are ordered by when they were written; `now` (the decision clock) only sets next_attempt_at.
+    written = datetime.now(UTC)
+    for row in rows:
+        result = DeleteResult(**{k: row[k] for k in DeleteResult.__dataclass_fields__})
+        results.append(result)
+        counts[result.outcome] = counts.get(result.outcome, 0) + 1
+        result_rows.append({
+            "run_id": run_id, "origin_run_id": row["origin_run_id"], "finished_at": written,
+            "record_key": row["record_key"], "ledger_id": result.ledger_id, "ledger_type": result.ledger_type,
+            "component": result.component, "topic_name": result.topic_name, "outcome": result.outcome,
+            "detail": result.detail[:2000], "error": (result.error or "")[:2000] or None, "attempt": result.attempt,
+            "duration_ms": result.duration_ms, "zk_path": result.zk_path, "zk_version": result.zk_version,
+            "s3_bucket": result.s3_bucket, "s3_keys": result.s3_keys, "dry_run": not execute,
+            "source": row["source"]})
+        if not execute:
+            continue
+        base = {"run_id": run_id, "recorded_at": written, "record_key": row["record_key"],
+                "ledger_id": result.ledger_id, "attempts": result.attempt, "payload": row["payload"]}
+        if result.outcome == FAILED:
+            step, due_ms = target.policy.next_step(result.attempt, int(now.timestamp() * 1000))
+            if step == "retry":
+                queue_rows.append({**base, "state": QUEUED, "last_error": result.error,
+                                   "next_attempt_at": datetime.fromtimestamp((due_ms or 0) / 1000, UTC)})
+            else:
+                queue_rows.append({**base, "state": DEAD_LETTERED, "last_error": result.error})
+                dead_rows.append({**base, "state": "dead", "last_error": result.error})
+        elif row["source"] == SOURCE_RETRY:
+            queue_rows.append({**base, "state": RESOLVED, "last_error": None})
+    metadata = {"run_id": run_id, "stage": "delete"}
+    if result_rows:
+        store.append_rows("delete_results", result_rows, DELETE_RESULTS, commit_metadata=metadata)
+    if queue_rows:
+        store.append_rows("retry_queue", queue_rows, RETRY_QUEUE, commit_metadata=metadata)
+    if dead_rows:
+        store.append_rows("dead_letter", dead_rows, DEAD_LETTER, commit_metadata=metadata)
+    counts["queued_for_retry"] = sum(1 for r in queue_rows if r["state"] == QUEUED)
+    counts["dead_lettered"] = len(dead_rows)
+    counts.setdefault(DELETED if execute else WOULD_DELETE, 0)
+    return DeleteRunResult(run_id, execute, counts, 0.0, results)
+
+
+# ---- dead letters --------------------------------------------------------------------------------
+
+def dead_letters(store: TableStore) -> list[Mapping[str, Any]]:
+    """Records whose latest dead-letter row is `dead` (not yet re-driven)."""
+    if not store.exists("dead_letter"):
+        return []
+    return [r for r in _latest_by_key(store.read("dead_letter").toArrow().to_pylist()).values() if r["state"] == "dead"]
+
+
+def redrive(store: TableStore, record_keys: Sequence[str] | None = None) -> int:
+    """Queue dead letters again with a fresh attempt budget; all of them when `record_keys` is None."""
+    now = datetime.now(UTC)
+    chosen = [r for r in dead_letters(store) if record_keys is None or r["record_key"] in record_keys]
+    if not chosen:
+        return 0
+    store.append_rows("retry_queue", [{
+        "run_id": r["run_id"], "recorded_at": now, "record_key": r["record_key"], "ledger_id": r["ledger_id"],
+        "state": QUEUED, "attempts": 0, "next_attempt_at": now, "last_error": r["last_error"], "payload": r["payload"],
+    } for r in chosen], RETRY_QUEUE, commit_metadata={"stage": "dlq_redrive"})
+    store.append_rows("dead_letter", [{**r, "recorded_at": now, "state": "redriven"} for r in chosen], DEAD_LETTER,
+                      commit_metadata={"stage": "dlq_redrive"})
+    return len(chosen)
+
+
+def describe(result: DeleteResult) -> str:
+    """One line per record, for `sweeper delete --from-json` and the logs."""
+    where = result.zk_path or (f"s3://{result.s3_bucket}/{','.join(result.s3_keys)}" if result.s3_bucket else "")
+    error = f" error={result.error}" if result.error else ""
+    return (f"{result.outcome:<13} ledger={result.ledger_id} type={result.ledger_type} "
+            f"component={result.component} {where} attempt={result.attempt} {result.detail}{error}")
+

@@ -1,0 +1,393 @@
+"""Delete orphan BookKeeper ledgers: re-verify each against ZooKeeper, then delete with compare-and-set.
+
+Verification reads the ledger znode and the znodes that could still reference it (managed
+ledger, cursors, schema locator). The delete is a ZooKeeper multi that checks every one of those
+referrer znodes at the version just read and deletes the ledger znode at the version just
+verified: if Pulsar touched any of them in between, nothing is deleted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import (
+    BadVersionError,
+    NoNodeError,
+    NotEmptyError,
+    RolledBackError,
+    RuntimeInconsistency,
+)
+
+from sweeper import zk as zkutil
+from sweeper.codecs import pulsar as codec
+from sweeper.codecs.bookkeeper import decode_ledger_metadata
+from sweeper.codecs.errors import MetadataDecodeError
+from sweeper.delete import decide
+from sweeper.delete.decide import LiveLedger, ReferrerState, managed_ledger_name
+from sweeper.delete.results import (
+    ALREADY_GONE,
+    DELETED,
+    FAILED,
+    IN_USE,
+    INVALID,
+    WOULD_DELETE,
+    DeleteResult,
+    result_for,
+)
+from sweeper.delete.retry import is_transient
+from sweeper.layout import LayoutError, LedgerLayout, is_middle, is_tree_top, ledger_path, tree_depth
+from sweeper.scan.pulsar import BUCKET_PREFIX, COMPACTED_TOPIC_LEDGER, COMPACTION_CURSOR
+
+NowMs = int | Callable[[], int]
+Read = tuple[bytes, Any] | None  # (data, stat), None when the znode does not exist
+
+
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+@dataclass
+class Verified:
+    """A ledger found deletable, with everything its compare-and-set delete must check."""
+
+    index: int
+    record: Mapping[str, Any]
+    path: str
+    version: int
+    checks: tuple[tuple[str, int], ...]
+    detail: str
+    started: float = field(default_factory=time.monotonic)
+
+
+class _Reads:
+    """Referrer reads shared by the records of one call: safe, since the delete re-checks their versions."""
+
+    def __init__(self, deleter: LedgerDeleter) -> None:
+        self.deleter = deleter
+        self.data: dict[str, Read] = {}
+        self.children: dict[str, list[str] | None] = {}
+
+    def get(self, path: str) -> Read:
+        if path not in self.data:
+            self.data[path] = self.deleter.read(path)
+        return self.data[path]
+
+    def get_children(self, path: str) -> list[str] | None:
+        if path not in self.children:
+            try:
+                self.children[path] = sorted(
+                    self.deleter.client.get_children_async(path).get(timeout=self.deleter.op_timeout_s))
+            except NoNodeError:
+                self.children[path] = None
+        return self.children[path]
+
+
+class LedgerDeleter:
+    def __init__(
+        self,
+        client: KazooClient,
+        *,
+        ledgers_root: str,
+        layout: LedgerLayout,
+        managed_ledgers_root: str = "/managed-ledgers",
+        schemas_root: str = "/schemas",
+        min_age_ms: int,
+        now_ms: NowMs | None = None,
+        execute: bool = False,
+        batch_size: int = 100,
+        op_timeout_s: float = 10.0,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        self.client = client
+        self.ledgers_root = "/" + ledgers_root.strip("/")
+        self.layout = layout
+        self.ml_root = "/" + managed_ledgers_root.strip("/")
+        self.schemas_root = "/" + schemas_root.strip("/")
+        self.min_age_ms = min_age_ms
+        self._now: Callable[[], int] = now_ms if callable(now_ms) else (
+            _wall_ms if now_ms is None else (lambda: int(now_ms)))  # type: ignore[arg-type]
+        self.execute = execute
+        self.batch_size = batch_size
+        # Sync kazoo calls wait forever while the session is reconnecting; a task must fail and retry instead.
+        self.op_timeout_s = op_timeout_s
+
+    # ---- the whole job ---------------------------------------------------------------------
+
+    def process(self, records: Sequence[Mapping[str, Any]]) -> list[DeleteResult]:
+        """One result per record, in input order; never raises for a ZooKeeper error."""
+        verified, results = self.verify(records)
+        if verified:
+            for index, result in self.delete(verified).items():
+                results[index] = result
+        return [r for r in results if r is not None]
+
+    # ---- step 1: verify ----------------------------------------------------------------------
+
+    def read(self, path: str) -> Read:
+        try:
+            data, stat = self.client.get_async(path).get(timeout=self.op_timeout_s)
+        except NoNodeError:
+            return None
+        return data, stat
+
+    def verify(self, records: Sequence[Mapping[str, Any]]) -> tuple[list[Verified], list[DeleteResult | None]]:
+        """Deletable ledgers, and the final result of every other record (None where deletable)."""
+        reads = _Reads(self)
+        verified: list[Verified] = []
+        results: list[DeleteResult | None] = []
+        outage: str | None = None
+        for index, record in enumerate(records):
+            started = time.monotonic()
+            if outage is not None and not self.client.connected:
+                # Each read would wait out its timeout in turn; the retry re-verifies them all anyway.
+                results.append(result_for(record, FAILED, "ZooKeeper unavailable", error=outage))
+                continue
+            try:
+                item = self._verify_one(index, record, reads, started)
+            except Exception as exc:  # per record: one bad read must not sink the others
+                item = result_for(record, FAILED, "could not verify", error=_error_text(exc))
+                if is_transient(exc):
+                    outage = item.error
+                else:
+                    item.detail = "could not verify (unexpected error)"
+            if isinstance(item, Verified):
+                if self.execute:
+                    verified.append(item)
+                    results.append(None)
+                    continue
+                item_result = result_for(record, WOULD_DELETE, item.detail, zk_path=item.path,
+                                         zk_version=item.version)
+                results.append(self._timed(item_result, started))
+            else:
+                results.append(self._timed(item, started))
+        return verified, results
+
+    @staticmethod
+    def _timed(result: DeleteResult, started: float) -> DeleteResult:
+        result.duration_ms = int((time.monotonic() - started) * 1000)
+        return result
+
+    def _verify_one(self, index: int, record: Mapping[str, Any], reads: _Reads,
+                    started: float) -> Verified | DeleteResult:
+        ledger_id = record.get("ledgerId")
+        try:
+            path = ledger_path(self.ledgers_root, ledger_id, self.layout)  # type: ignore[arg-type]
+        except (LayoutError, TypeError) as exc:
+            return result_for(record, INVALID, f"no ledger path for id {ledger_id!r}: {exc}")
+        got = self.read(path)
+        live: LiveLedger | None = None
+        if got is not None:
+            data, stat = got
+            try:
+                live = LiveLedger.of(path, decode_ledger_metadata(data), stat.version, stat.ctime)
+            except MetadataDecodeError as exc:
+                # Never delete what we cannot read: it may be a ledger of a format we do not know.
+                return result_for(record, INVALID, decide.unreadable("ledger metadata", exc), zk_path=path,
+                                  zk_version=stat.version)
+        version = live.zk_version if live else None
+        early = decide.check_ledger(record, live, self._now(), self.min_age_ms, path)
+        if early is not None:
+            return result_for(record, early.outcome, early.detail, zk_path=path, zk_version=version)
+        assert live is not None
+        referrer = self.referrer_state(record, reads)
+        decision = decide.decide_ledger(record, live, referrer, self._now(), self.min_age_ms, path)
+        if not decision.delete:
+            return result_for(record, decision.outcome, decision.detail, zk_path=path, zk_version=version)
+        return Verified(index, record, path, live.zk_version, referrer.versions, decision.detail, started)
+
+    # ---- referrers -------------------------------------------------------------------------
+
+    def referrer_state(self, record: Mapping[str, Any], reads: _Reads) -> ReferrerState:
+        ledger_id = int(record["ledgerId"])
+        component = record["ledgerComponent"]
+        if component == "SCHEMA_STORAGE":
+            return self._schema_referrer(str(record["schemaId"]), ledger_id, reads)
+        ml_name = managed_ledger_name(record.get("topicName"))
+        if ml_name is None:
+            return ReferrerState(unverifiable=f"no managed ledger for topic {record.get('topicName')!r}")
+        ml_path = zkutil.join(self.ml_root, ml_name)
+        refs: list[str] = []
+        versions: list[tuple[str, int]] = []
+        got = reads.get(ml_path)
+        if got is None:
+            return ReferrerState()  # topic deleted: nothing of it references the ledger
+        data, stat = got
+        versions.append((ml_path, stat.version))
+        if component == "MANAGED_LEDGER":
+            try:
+                info = codec.decode_managed_ledger_info(data)
+            except MetadataDecodeError as exc:
+                return ReferrerState(unverifiable=decide.unreadable(f"managed ledger {ml_name}", exc),
+                                     versions=tuple(versions))
+            for entry in info.ledgerInfo:
+                if entry.ledgerId != ledger_id:
+                    continue
+                if entry.HasField("offloadContext") and entry.offloadContext.bookkeeperDeleted:
+                    continue  # offloaded and released: the BookKeeper copy is garbage by design
+                refs.append(f"listed in managed ledger {ml_name}")
+        cursors = reads.get_children(ml_path) or []
+        if component == "COMPACTED_LEDGER":
+            cursors = [c for c in cursors if c == COMPACTION_CURSOR]
+        for cursor in cursors:
+            cursor_path = zkutil.join(ml_path, cursor)
+            got = reads.get(cursor_path)
+            if got is None:
+                continue
+            cdata, cstat = got
+            versions.append((cursor_path, cstat.version))
+            try:
+                cinfo = codec.decode_managed_cursor_info(cdata)
+            except MetadataDecodeError as exc:
+                return ReferrerState(tuple(refs), decide.unreadable(f"cursor {cursor_path}", exc), tuple(versions))
+            problem = self._cursor_refs(component, ledger_id, cursor, cinfo, refs)
+            if problem:
+                return ReferrerState(tuple(refs), problem, tuple(versions))
+        return ReferrerState(tuple(refs), None, tuple(versions))
+
+    @staticmethod
+    def _cursor_refs(component: str, ledger_id: int, cursor: str, info: Any, refs: list[str]) -> str | None:
+        """Append the cursor's references to `ledger_id`; return why it cannot be verified, if so."""
+        if component in ("MANAGED_LEDGER", "MANAGED_CURSOR") and info.cursorsLedgerId == ledger_id:
+            refs.append(f"cursor {cursor} stores its position in it")
+        if component == "DELAYED_INDEX_BUCKET":
+            for prop in info.cursorProperties:
+                if not prop.name.startswith(BUCKET_PREFIX):
+                    continue
+                try:
+                    value = int(prop.value)
+                except ValueError:
+                    return f"cursor {cursor} bucket property {prop.name!r} is not a ledger id: {prop.value!r}"
+                if value == ledger_id:
+                    refs.append(f"cursor {cursor} bucket {prop.name}")
+        if component == "COMPACTED_LEDGER":
+            longs = {p.name: p.value for p in info.properties}
+            if COMPACTED_TOPIC_LEDGER in longs:
+                if longs[COMPACTED_TOPIC_LEDGER] == ledger_id:
+                    refs.append(f"cursor {cursor} {COMPACTED_TOPIC_LEDGER}")
+            elif info.cursorsLedgerId != -1:
+                return (f"cursor {cursor} keeps {COMPACTED_TOPIC_LEDGER} in its cursor ledger "
+                        f"{info.cursorsLedgerId}, which ZooKeeper does not show")
+        return None
+
+    def _schema_referrer(self, schema_id: str, ledger_id: int, reads: _Reads) -> ReferrerState:
+        parts = schema_id.split("/")
+        if len(parts) != 3 or any(p in ("", ".", "..") for p in parts):
+            return ReferrerState(unverifiable=f"schemaId {schema_id!r} is not tenant/namespace/topic")
+        path = zkutil.join(self.schemas_root, schema_id)
+        got = reads.get(path)
+        if got is None:
+            return ReferrerState()
+        data, stat = got
+        versions = ((path, stat.version),)
+        try:
+            locator = codec.decode_schema_locator(data)
+        except MetadataDecodeError as exc:
+            return ReferrerState(unverifiable=decide.unreadable(f"schema locator {schema_id}", exc), versions=versions)
+        refs = []
+        if locator.HasField("info") and locator.info.position.ledgerId == ledger_id:
+            refs.append(f"latest version {locator.info.version} of schema {schema_id}")
+        refs += [f"version {e.version} of schema {schema_id}" for e in locator.index
+                 if e.position.ledgerId == ledger_id]
+        return ReferrerState(tuple(refs), None, versions)
+
+    # ---- step 2: delete ----------------------------------------------------------------------
+
+    def delete(self, verified: Sequence[Verified]) -> dict[int, DeleteResult]:
+        """Results by record index. Batches of compare-and-set deletes; a failed batch is retried one by one."""
+        results: dict[int, DeleteResult] = {}
+        for start in range(0, len(verified), self.batch_size):
+            batch = list(verified[start:start + self.batch_size])
+            outcome = self._commit_batch(batch)
+            if outcome is None:
+                for item in batch:
+                    results[item.index] = self._done(item, DELETED, "deleted with the verified version")
+            elif len(batch) == 1:
+                results[batch[0].index] = outcome
+            else:
+                for item in batch:
+                    single = self._commit_batch([item])
+                    results[item.index] = single or self._done(item, DELETED, "deleted with the verified version")
+        self.remove_empty_parents(r.zk_path for r in results.values() if r.outcome == DELETED and r.zk_path)
+        return results
+
+    def _done(self, item: Verified, outcome: str, detail: str, error: str | None = None) -> DeleteResult:
+        result = result_for(item.record, outcome, detail, error=error, zk_path=item.path, zk_version=item.version)
+        return self._timed(result, item.started)
+
+    def _commit_batch(self, batch: list[Verified]) -> DeleteResult | None:
+        """None when every delete went through; else, for a single-ledger batch, that ledger's result
+        (for a larger batch only that it failed: the caller retries its members one by one)."""
+        tx = self.client.transaction()
+        checks = list(dict.fromkeys(c for item in batch for c in item.checks))
+        for path, version in checks:
+            tx.check(path, version)
+        for item in batch:
+            tx.delete(item.path, version=item.version)
+        try:
+            outcome = tx.commit_async().get(timeout=self.op_timeout_s)
+        except Exception as exc:
+            # Unknown whether it was applied: the retry re-verifies and finds it deleted or not.
+            return self._done(batch[0], FAILED, "delete not confirmed", _error_text(exc))
+        failure = next(((i, r) for i, r in enumerate(outcome)
+                        if isinstance(r, Exception) and not isinstance(r, RolledBackError | RuntimeInconsistency)),
+                       None)
+        if failure is None:
+            if any(isinstance(r, Exception) for r in outcome):
+                return self._done(batch[0], FAILED, "multi rolled back without a reason", repr(outcome))
+            return None
+        position, error = failure
+        item = batch[0]
+        if len(batch) > 1:
+            return self._done(item, FAILED, "batch failed", _error_text(error))
+        if position < len(checks):
+            path = checks[position][0]
+            # The referrer moved after we read it: what it says now must be verified again, so retry.
+            return self._done(item, FAILED, f"referrer {path} changed after verification", _error_text(error))
+        if isinstance(error, NoNodeError):
+            return self._done(item, ALREADY_GONE, "deleted by someone else after verification")
+        if isinstance(error, BadVersionError):
+            return self._done(item, IN_USE, "ledger metadata changed after verification")
+        return self._done(item, FAILED, "delete refused", _error_text(error))
+
+    # ---- step 3: tidy ------------------------------------------------------------------------
+
+    def _is_layout_dir(self, path: str) -> bool:
+        if not path.startswith(self.ledgers_root + "/"):
+            return False
+        parts = path[len(self.ledgers_root) + 1:].split("/")
+        return (is_tree_top(parts[0]) and len(parts) <= tree_depth(parts[0])
+                and all(is_middle(p) for p in parts[1:]))
+
+    def remove_empty_parents(self, deleted_paths: Iterable[str]) -> list[str]:
+        """Delete the layout directories the deletes emptied, deepest first; the ledgers root never.
+
+        A plain delete of a directory that gained a child fails with NotEmpty, so a ledger created
+        meanwhile is safe; BookKeeper recreates missing parents when it creates a ledger.
+        """
+        removed: list[str] = []
+        kept: set[str] = set()
+        parents = {p.rsplit("/", 1)[0] for p in deleted_paths}
+        for parent in sorted(parents, key=lambda p: (-p.count("/"), p)):
+            path = parent
+            while self._is_layout_dir(path) and path not in kept:
+                try:
+                    self.client.delete_async(path).get(timeout=self.op_timeout_s)
+                    removed.append(path)
+                except NoNodeError:
+                    pass  # removed by another task: the level above may be empty now
+                except NotEmptyError:
+                    kept.add(path)
+                    break
+                except Exception:
+                    break  # cosmetic: an empty directory harms nothing, the next run tidies it
+                path = path.rsplit("/", 1)[0]
+        return removed

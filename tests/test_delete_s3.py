@@ -1,0 +1,115 @@
+"""Deleting offloaded copies from a real S3 endpoint (moto's server), re-checked against ZooKeeper."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from botocore.config import Config
+from kazoo.client import KazooClient
+
+from sweeper.codecs import pulsar as codec
+from sweeper.delete import ALREADY_GONE, DELETED, FAILED, IN_USE, INVALID, WOULD_DELETE, ObjectDeleter
+from sweeper.offload import S3Target, s3_client
+from sweeper.s3server import S3ServerInfo, start_s3, stop_s3
+from sweeper.zkserver import free_port
+
+ML_ROOT = "/managed-ledgers"
+ML = "t/ns/persistent/topic-a"
+TOPIC = "persistent://t/ns/topic-a"
+U1 = (0x123E4567E89B12D3, -0x5B9BD9EBBFFFFFFF)  # referenced by the managed ledger
+U1_TEXT = codec.offload_uuid(*U1)
+U2 = "22222222-2222-4222-8222-222222222222"  # orphan copy of ledger 10
+U3 = "33333333-3333-4333-8333-333333333333"  # orphan copy of ledger 11, data object only
+
+
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3ServerInfo]:
+    info = start_s3(tmp_path_factory.mktemp("moto-delete"))
+    yield info
+    stop_s3(info)
+
+
+def keys(uuid: str, ledger_id: int) -> list[str]:
+    return [f"{uuid}-ledger-{ledger_id}", f"{uuid}-ledger-{ledger_id}-index"]
+
+
+def orec(uuid: str, ledger_id: int, bucket: str = "offload-a") -> dict[str, Any]:
+    return {"topicName": TOPIC, "ledgerComponent": "MANAGED_LEDGER", "ledgerType": "OFFLOAD_LEDGER",
+            "ledgerId": ledger_id, "cursorName": None, "schemaId": None,
+            "offloadContext": {"uuid": uuid, "bucket": bucket, "region": None, "endpoint": None,
+                               "keys": keys(uuid, ledger_id)},
+            "properties": {}, "reason": "offload_unreferenced", "runId": "run-1"}
+
+
+def listing(client: Any, bucket: str) -> list[str]:
+    return sorted(o["Key"] for o in client.list_objects_v2(Bucket=bucket).get("Contents", []))
+
+
+@pytest.fixture
+def world(zk: KazooClient, s3_server: S3ServerInfo, tmp_path: Path) -> tuple[Any, str, str]:
+    # Fresh buckets per test (named after its tmp dir), so tests never see each other's objects.
+    suffix = tmp_path.name.lower().replace("_", "-")[-20:].strip("-")
+    a, b = f"a-{suffix}", f"b-{suffix}"
+    s3 = s3_client(S3Target(a), s3_server.endpoint)
+    s3.create_bucket(Bucket=a)
+    s3.create_bucket(Bucket=b)
+    for key in [*keys(U1_TEXT, 10), *keys(U2, 10), keys(U3, 11)[0]]:
+        s3.put_object(Bucket=a, Key=key, Body=b"x")
+    s3.put_object(Bucket=b, Key=keys(U2, 10)[0], Body=b"x")
+    info = codec.pb.ManagedLedgerInfo()
+    entry = info.ledgerInfo.add(ledgerId=10, entries=1, size=1, timestamp=1)
+    entry.offloadContext.uidMsb, entry.offloadContext.uidLsb, entry.offloadContext.complete = U1[0], U1[1], True
+    info.ledgerInfo.add(ledgerId=12, entries=1, size=1, timestamp=1)
+    zk.create(f"{ML_ROOT}/{ML}", codec.encode_managed_ledger_info(info), makepath=True)
+    return s3, a, b
+
+
+def with_bucket(record: dict[str, Any], bucket: str) -> dict[str, Any]:
+    record["offloadContext"]["bucket"] = bucket
+    return record
+
+
+def test_orphan_copies_deleted_referenced_and_other_buckets_left_alone(
+        zk: KazooClient, world: tuple[Any, str, str]) -> None:
+    s3, a, b = world
+    recs = [with_bucket(orec(U2, 10), a), with_bucket(orec(U3, 11), a), with_bucket(orec(U1_TEXT, 10), a),
+            with_bucket(orec(U2, 10), b)]
+    before = (listing(s3, a), listing(s3, b))
+
+    dry = ObjectDeleter(s3, zk, managed_ledgers_root=ML_ROOT, allowed_buckets={a})
+    assert [r.outcome for r in dry.process(recs)] == [WOULD_DELETE, WOULD_DELETE, IN_USE, INVALID]
+    assert (listing(s3, a), listing(s3, b)) == before
+
+    # One key per request: the batching across records must still settle every record.
+    live = ObjectDeleter(s3, zk, managed_ledgers_root=ML_ROOT, allowed_buckets={a}, execute=True,
+                         max_keys_per_request=1)
+    results = live.process(recs)
+    assert [r.outcome for r in results] == [DELETED, DELETED, IN_USE, INVALID], [r.detail for r in results]
+    assert results[0].s3_keys == keys(U2, 10) and results[1].s3_keys == keys(U3, 11)[:1]
+    assert "listed in managed ledger" in results[2].detail and "not one this run" in results[3].detail
+    assert listing(s3, a) == sorted(keys(U1_TEXT, 10))
+    assert listing(s3, b) == before[1]
+
+    rerun = live.process(recs)
+    assert [r.outcome for r in rerun] == [ALREADY_GONE, ALREADY_GONE, IN_USE, INVALID]
+    assert listing(s3, a) == sorted(keys(U1_TEXT, 10))
+
+
+def test_unreadable_managed_ledger_and_unreachable_s3(zk: KazooClient, world: tuple[Any, str, str]) -> None:
+    s3, a, _ = world
+    zk.set(f"{ML_ROOT}/{ML}", b"\x0a\xff")
+    results = ObjectDeleter(s3, zk, managed_ledgers_root=ML_ROOT, allowed_buckets={a}, execute=True).process(
+        [with_bucket(orec(U2, 10), a)])
+    assert results[0].outcome == IN_USE and "cannot be verified" in results[0].detail
+    assert len(listing(s3, a)) == 5
+
+    dead = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{free_port()}", region_name="us-east-1",
+                        aws_access_key_id="x", aws_secret_access_key="x",
+                        config=Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=1))
+    results = ObjectDeleter(dead, zk, managed_ledgers_root=ML_ROOT, allowed_buckets={a}, execute=True).process(
+        [with_bucket(orec(U2, 10), a)])
+    assert results[0].outcome == FAILED and "EndpointConnectionError" in (results[0].error or "")

@@ -1,0 +1,281 @@
+"""The delete stage end to end on the sandbox: snapshot, reconcile, emit, then re-verified deletes by
+Spark tasks against real ZooKeeper, S3 (moto's server) and the local Pulsar endpoint."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+from pyspark.sql import SparkSession
+
+from sweeper import zk as zkutil
+from sweeper.codecs import pulsar as codec
+from sweeper.config import SweeperConfig
+from sweeper.delete.lock import DeleteRunLock, RunLockHeld
+from sweeper.delete.stage import DeleteRefused, dead_letters, redrive, retry_states, run_delete
+from sweeper.emit import run_emit
+from sweeper.layout import ledger_path
+from sweeper.offload import S3Target, s3_client
+from sweeper.pipeline import reconcile_stage, safety_settings
+from sweeper.reconcile import run_reconcile
+from sweeper.s3server import S3ServerInfo, start_s3, stop_s3
+from sweeper.sandbox.model import SandboxCluster, SandboxSpec, Status, build_cluster
+from sweeper.sandbox.seed import seed_s3, seed_zookeeper
+from sweeper.snapshot import record_run, run_snapshot
+from sweeper.tables import TableStore, open_table_store
+from sweeper.zkserver import free_port, start_zookeeper, stop_zookeeper
+from tests.conftest import ZkTarget
+from tests.test_emit import Broker
+
+DAY_MS = 86_400_000
+
+
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3ServerInfo]:
+    info = start_s3(tmp_path_factory.mktemp("moto"))
+    yield info
+    stop_s3(info)
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    b = Broker(tmp_path / "pulsar").start()
+    yield b
+    b.stop()
+
+
+def dump(zk: KazooClient, path: str = "/") -> dict[str, tuple[bytes, int]]:
+    """Every znode with its data and version, except the sweeper's own run-lock directory."""
+    out: dict[str, tuple[bytes, int]] = {}
+    stack = [path]
+    while stack:
+        node = stack.pop()
+        if node.startswith("/ledger-sweeper"):
+            continue
+        data, stat = zk.get(node)
+        out[node] = (data, stat.version)
+        stack.extend(zkutil.join(node, c) for c in zk.get_children(node))
+    return out
+
+
+def _planned(zk: KazooClient, hosts: str, spark: SparkSession, tmp_path: Path, broker: Broker,
+             spec: SandboxSpec, s3: S3ServerInfo | None = None) -> Planned:
+    """Seed, snapshot, reconcile and emit: what the delete stage starts from.
+
+    With S3, reconcile looks LATER_MS ahead: moto cannot backdate objects, so only then are its
+    orphan objects past the grace period (the delete stage is then run with the same clock).
+    """
+    cluster = build_cluster(spec)
+    seed_zookeeper(zk, cluster)
+    if s3 is not None:
+        seed_s3(s3_client(S3Target(spec.offload_bucket), s3.endpoint), cluster)
+    cfg = SweeperConfig().replace(
+        bookkeeper={"zookeeper": hosts}, offload={"enabled": s3 is not None,
+                                                  "endpoint_override": s3.endpoint if s3 else ""},
+        tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"},
+        safety={"max_orphan_fraction": 1.0}, system_topic=broker.config(read_in_snapshot=False),
+        delete={"deletes_per_second": 100_000.0, "in_task_attempts": 2, "op_timeout_s": 3.0})
+    store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
+    run_id = run_snapshot(spark, cfg, store).run_id
+    if s3 is None:
+        reconcile_stage(spark, cfg, store, run_id)
+    else:
+        started = datetime.now(UTC)
+        rec = run_reconcile(spark, store, run_id, safety_settings(cfg), now_ms=_later())
+        record_run(store, run_id, "reconcile", "succeeded", started, rec.counts, cfg)
+    emitted = run_emit(spark, cfg, store, run_id)
+    record_run(store, run_id, "emit", "succeeded", datetime.now(UTC), emitted.counts, cfg)
+    return cluster, cfg, store, run_id
+
+
+LATER_MS = 8 * DAY_MS
+Planned = tuple[SandboxCluster, SweeperConfig, TableStore, str]
+
+
+def _later() -> int:
+    return int(time.time() * 1000) + LATER_MS
+
+
+def _orphan_ids(cluster: SandboxCluster, later_ms: int = 0) -> set[int]:
+    """Orphans past the 7-day grace period, `later_ms` from now (young orphans age into candidates)."""
+    now = int(time.time() * 1000) + later_ms
+    return {i for i, x in cluster.ledgers.items() if x.status is Status.ORPHAN or (
+        later_ms and x.status is Status.YOUNG_ORPHAN and x.ctime_ms is not None and now - x.ctime_ms >= 7 * DAY_MS)}
+
+
+def test_sandbox_orphans_deleted_and_nothing_else_touched(
+        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker,
+        s3_server: S3ServerInfo) -> None:
+    spec = SandboxSpec(seed=5, topics=30, offload_bucket=f"offload-{free_port()}")
+    cluster, cfg, store, run_id = _planned(zk, zk_target.hosts, spark, tmp_path, broker, spec, s3_server)
+    orphans = _orphan_ids(cluster, LATER_MS)
+    before = dump(zk)
+    objects = s3_client(S3Target(spec.offload_bucket), s3_server.endpoint)
+    seeded = {o["Key"] for o in objects.list_objects_v2(Bucket=spec.offload_bucket).get("Contents", [])}
+
+    dry = run_delete(spark, cfg, store, run_id, now_ms=_later())  # dry run is the default
+    assert dump(zk) == before
+    not_planned = [(r.ledger_id, r.outcome, r.detail, r.error) for r in dry.results
+                   if r.ledger_type == "LEDGER" and r.outcome != "would_delete"]
+    assert not not_planned
+    assert {r.ledger_id for r in dry.results if r.outcome == "would_delete" and r.ledger_type == "LEDGER"} == orphans
+
+    done = run_delete(spark, cfg, store, run_id, execute=True, now_ms=_later())
+    deleted = {r.ledger_id for r in done.results if r.outcome == "deleted" and r.ledger_type == "LEDGER"}
+    assert deleted == orphans
+    after = dump(zk)
+    layout = spec.layout
+    gone = set(before) - set(after)
+    orphan_paths = {ledger_path(spec.ledgers_root, i, layout) for i in orphans}
+    assert orphan_paths <= gone
+    # Everything else that vanished is a layout directory the deletes emptied; nothing changed in place.
+    assert all(before[p][0] == b"" and not any(q.startswith(p + "/") for q in after) for p in gone - orphan_paths)
+    assert all(after[p] == before[p] for p in after)
+
+    left = {o["Key"] for o in objects.list_objects_v2(Bucket=spec.offload_bucket).get("Contents", [])}
+    assert left == seeded - {o.key for o in cluster.offload_objects if o.status == "orphan"}
+    assert done.counts.get("failed", 0) == 0 and done.counts.get("in_use", 0) == 0
+
+    # A rerun is a no-op: every record has its final result for this run.
+    again = run_delete(spark, cfg, store, run_id, execute=True, now_ms=_later())
+    assert again.counts["records"] == 0 and dump(zk) == after
+
+
+def test_reference_regained_or_new_ledger_between_plan_and_delete_is_left_alone(
+        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
+    spec = SandboxSpec(seed=8, topics=30)
+    cluster, cfg, store, run_id = _planned(zk, zk_target.hosts, spark, tmp_path, broker, spec)
+    # An orphan dropped from a live topic's list: put it back, as if the metadata update had been rolled back.
+    live_mls = {m.name: m for m in cluster.managed_ledgers}
+    regained = min(i for i in _orphan_ids(cluster)
+                   if cluster.ledgers[i].orphan_kind.value == "dropped_from_list"  # type: ignore[union-attr]
+                   and cluster.ledgers[i].custom.get("pulsar/managed-ledger", b"").decode() in live_mls)
+    ml = live_mls[cluster.ledgers[regained].custom["pulsar/managed-ledger"].decode()]
+    ml_path = zkutil.join(spec.managed_ledgers_root, ml.name)
+    data, _ = zk.get(ml_path)
+    info = codec.decode_managed_ledger_info(data)
+    info.ledgerInfo.add(ledgerId=regained, entries=1, size=1)
+    zk.set(ml_path, codec.encode_managed_ledger_info(info))
+    # A ledger created after the plan: never in any record, so never touched.
+    fresh = ledger_path(spec.ledgers_root, 999_999, spec.layout)
+    zk.create(fresh, zk.get(ledger_path(spec.ledgers_root, regained, spec.layout))[0], makepath=True)
+
+    result = run_delete(spark, cfg, store, run_id, execute=True)
+    outcome = {r.ledger_id: r for r in result.results if r.ledger_type == "LEDGER"}
+    assert outcome[regained].outcome == "in_use" and "listed in managed ledger" in outcome[regained].detail
+    assert zk.exists(ledger_path(spec.ledgers_root, regained, spec.layout))
+    assert zk.exists(fresh)
+    assert {i for i, r in outcome.items() if r.outcome == "deleted"} == _orphan_ids(cluster) - {regained}
+
+
+def test_operator_list_forged_and_bad_entries_get_final_outcomes(
+        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
+    spec = SandboxSpec(seed=9, topics=20)
+    cluster, cfg, store, _ = _planned(zk, zk_target.hosts, spark, tmp_path, broker, spec)
+    orphan = min(_orphan_ids(cluster))
+    in_use = min(i for i, x in cluster.ledgers.items() if x.status is Status.IN_USE)
+    in_use_ml = cluster.ledgers[in_use].custom.get("pulsar/managed-ledger", b"").decode()
+    non_pulsar = min(i for i, x in cluster.ledgers.items() if x.status is Status.NON_PULSAR)
+    other_topic = "persistent://someone/else/topic"
+    entries: list[Any] = [
+        {"ledgerId": orphan},  # completed from its metadata: the normal verified path
+        orphan,  # a duplicate: already gone by the time it runs
+        {"ledgerId": in_use},
+        {"ledgerId": non_pulsar},
+        {"ledgerId": 77_777_777},  # never existed
+        {"ledgerType": "LEDGER", "ledgerComponent": "MANAGED_LEDGER", "ledgerId": in_use, "topicName": other_topic},
+        {"ledgerType": "LEDGER", "ledgerComponent": "SCHEMA_STORAGE", "ledgerId": in_use},  # no schemaId
+        {"ledgerType": "OFFLOAD_LEDGER", "ledgerComponent": "MANAGED_LEDGER", "ledgerId": in_use,
+         "topicName": "persistent://" + in_use_ml.replace("/persistent/", "/"),
+         "offloadContext": {"uuid": "00000000-0000-0000-0000-000000000001", "bucket": "not-our-bucket",
+                            "keys": [f"00000000-0000-0000-0000-000000000001-ledger-{in_use}"]}},
+    ]
+    listing = tmp_path / "ledgers.json"
+    listing.write_text(json.dumps(entries))
+    before = dump(zk)
+    result = run_delete(spark, cfg, store, "operator", execute=True, from_json=listing)
+    outcomes = [r.outcome for r in result.results]
+    by_entry = dict(zip(range(len(entries)), sorted(result.results, key=lambda r: 0), strict=False))
+    assert len(outcomes) == len(entries)
+    assert by_entry  # every entry answered
+    keyed = {(r.ledger_id, r.outcome) for r in result.results}
+    assert (orphan, "deleted") in keyed and (orphan, "already_gone") in keyed
+    assert (in_use, "in_use") in keyed
+    assert (non_pulsar, "mismatch") in keyed
+    assert (77_777_777, "already_gone") in keyed
+    assert (in_use, "mismatch") in keyed  # the forged topic
+    assert sum(1 for r in result.results if r.outcome == "invalid") == 2  # missing schemaId, foreign bucket
+    gone = set(before) - set(dump(zk))
+    assert ledger_path(spec.ledgers_root, orphan, spec.layout) in gone
+    assert all(before[p][0] == b"" for p in gone - {ledger_path(spec.ledgers_root, orphan, spec.layout)})
+
+
+def test_zookeeper_down_refuses_cleanly_and_the_run_completes_once_it_is_back(
+        spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
+    server = start_zookeeper(tmp_path / "zk")
+    client = zkutil.connect(server.connect_string)
+    try:
+        spec = SandboxSpec(seed=12, topics=15)
+        cluster, cfg, store, run_id = _planned(client, server.connect_string, spark, tmp_path, broker, spec)
+        zkutil.close(client)
+        cfg = cfg.replace(delete={"max_attempts": 3, "retry_after_s": 60}, bookkeeper={"session_timeout_s": 4.0})
+        # The driver reads the layout, then ZooKeeper goes away before the tasks connect.
+        stop_zookeeper(server)
+        with pytest.raises(Exception, match="ZooKeeper"):
+            run_delete(spark, cfg, store, run_id, execute=True)
+        server = start_zookeeper(tmp_path / "zk", port=server.port)
+        first = run_delete(spark, cfg, store, run_id, execute=True)
+        assert first.counts.get("deleted", 0) == len(_orphan_ids(cluster))
+        assert retry_states(store) == {}
+    finally:
+        stop_zookeeper(server)
+
+
+def test_failures_are_queued_with_backoff_then_dead_lettered_and_redriven(
+        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker,
+        s3_server: S3ServerInfo) -> None:
+    spec = SandboxSpec(seed=4, topics=20, offload_bucket=f"offload-{free_port()}")
+    cluster, cfg, store, run_id = _planned(zk, zk_target.hosts, spark, tmp_path, broker, spec, s3_server)
+    objects = {o.key for o in cluster.offload_objects if o.status == "orphan"}
+    assert objects, "the sandbox should have orphan offloaded objects"
+    # S3 unreachable: transient errors, retried in the task, then queued with back-off.
+    broken = cfg.replace(offload={"endpoint_override": f"http://127.0.0.1:{free_port()}"},
+                         delete={"max_attempts": 4, "in_task_attempts": 2, "retry_after_s": 60})
+    first = run_delete(spark, broken, store, run_id, execute=True, now_ms=_later())
+    assert first.counts["queued_for_retry"] > 0
+    assert first.counts.get("deleted", 0) == len(_orphan_ids(cluster, LATER_MS))
+    queued = {k for k, v in retry_states(store).items() if v["state"] == "queued"}
+    assert queued and all(k.startswith("OFFLOAD_LEDGER/") for k in queued)
+    # Not due yet: a rerun now does nothing.
+    assert run_delete(spark, broken, store, run_id, execute=True, now_ms=_later()).counts["records"] == 0
+    second = run_delete(spark, broken, store, run_id, execute=True, now_ms=_later() + 61_000)
+    assert second.counts["dead_lettered"] == len(queued)  # 2 + 2 attempts = max_attempts
+    assert {r["record_key"] for r in dead_letters(store)} == queued
+
+    assert redrive(store) == len(queued)
+    healed = run_delete(spark, cfg, store, run_id, execute=True, now_ms=_later() + 61_000)
+    assert healed.counts.get("deleted", 0) == len(queued)
+    assert {v["state"] for v in retry_states(store).values()} == {"resolved"}
+    left = {o["Key"] for o in s3_client(S3Target(spec.offload_bucket), s3_server.endpoint).list_objects_v2(
+        Bucket=spec.offload_bucket).get("Contents", [])}
+    assert not left & objects
+
+
+def test_a_second_delete_run_is_locked_out_and_config_cannot_switch_deleting_on(
+        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
+    spec = SandboxSpec(seed=2, topics=10)
+    _, cfg, store, run_id = _planned(zk, zk_target.hosts, spark, tmp_path, broker, spec)
+    before = dump(zk)
+    with DeleteRunLock(zk, cfg.delete.lock_path, run_id="someone-else"), pytest.raises(RunLockHeld):
+        run_delete(spark, cfg, store, run_id, execute=True)
+    assert dump(zk) == before
+    with pytest.raises(Exception, match="--execute"):
+        cfg.replace(delete={"execute": True})
+    with pytest.raises(DeleteRefused, match="no successful emit"):
+        run_delete(spark, cfg, store, "r-unknown", execute=True)

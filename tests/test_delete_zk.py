@@ -1,0 +1,406 @@
+"""Delete phase against a real ZooKeeper: what is deleted, what is kept, and that nothing else moves."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+
+from sweeper import zk as zkutil
+from sweeper.codecs import pulsar as codec
+from sweeper.codecs.bookkeeper import LedgerMetadata, Segment, encode_ledger_metadata
+from sweeper.delete import (
+    ALREADY_GONE,
+    DELETED,
+    FAILED,
+    IN_USE,
+    INVALID,
+    MISMATCH,
+    WOULD_DELETE,
+    DeleteRunLock,
+    LedgerDeleter,
+    RetryPolicy,
+    RunLockHeld,
+    run_with_retries,
+)
+from sweeper.layout import LedgerLayout, layout_znode, ledger_path
+from sweeper.safety import DAY_MS
+from sweeper.zkserver import start_zookeeper, stop_zookeeper
+
+ROOT = "/ledgers"
+ML_ROOT = "/managed-ledgers"
+SCHEMAS = "/schemas"
+LAYOUT = LedgerLayout.HIERARCHICAL
+CREATED = 1_700_000_000_000
+NOW = CREATED + 10 * DAY_MS
+MIN_AGE = 7 * DAY_MS
+TOPIC = "persistent://t/ns/topic-a"
+ML = "t/ns/persistent/topic-a"
+SCHEMA_ID = "t/ns/topic-a"
+BUCKET_KEY = "#pulsar.internal.delayed.bucket_1_5"
+UUID_MSB, UUID_LSB = 0x123E4567E89B12D3, -0x5B9BD9EBBFFFFFFF
+
+# In use: 10, 11 listed; 12 cursor ledger of sub1; 13 compacted; 14 bucket; 15, 17 schema; 16 listed but offloaded
+# and released by BookKeeper (garbage by design). Orphans sit next to them (siblings) and in trees of their own.
+ORPHAN_ML = 100_000_020  # 01/0000/L0020: alone in its parents
+ORPHAN_CURSOR = 21  # sibling of the in-use ledgers under 00/0000
+ORPHAN_SCHEMA = 2_000_000_030  # 20/0000/L0030
+ORPHAN_COMPACTED = 23
+ORPHAN_BUCKET = 2**40  # long tree, 000/0001/0995/1162/L7776
+
+
+def ml_custom(cursor: str | None = None) -> dict[str, str]:
+    custom = {"application": "pulsar", "component": "managed-ledger", "pulsar/managed-ledger": ML}
+    if cursor:
+        custom["pulsar/cursor"] = cursor
+    return custom
+
+
+SCHEMA_CUSTOM = {"application": "pulsar", "component": "schema", "pulsar/schemaId": SCHEMA_ID}
+COMPACTED_CUSTOM = {"application": "pulsar", "component": "compacted-ledger", "pulsar/compactedTopic": TOPIC}
+BUCKET_CUSTOM = {"application": "pulsar", "component": "delayed-index-bucket",
+                 "pulsar/delayedIndexBucketKey": BUCKET_KEY, "pulsar/delayedIndexTopic": TOPIC,
+                 "pulsar/delayedIndexCursor": "sub2"}
+
+
+def ledger_bytes(custom: Mapping[str, str], state: str = "CLOSED", ctime: int | None = CREATED) -> bytes:
+    md = LedgerMetadata(
+        format_version=3, ensemble_size=1, write_quorum_size=1, ack_quorum_size=1, state=state,
+        last_entry_id=9 if state == "CLOSED" else -1, length=100, segments=(Segment(0, ("bookie-1:3181",)),),
+        digest_type="CRC32C", password=b"", ctime=ctime, ctoken=None,
+        custom_metadata={k: v.encode() for k, v in custom.items()})
+    return encode_ledger_metadata(md)
+
+
+def put_ledger(zk: KazooClient, ledger_id: int, custom: Mapping[str, str], **kw: Any) -> str:
+    path = ledger_path(ROOT, ledger_id, LAYOUT)
+    zk.create(path, ledger_bytes(custom, **kw), makepath=True)
+    return path
+
+
+def ml_bytes(ledgers: list[int], released: tuple[int, ...] = ()) -> bytes:
+    info = codec.pb.ManagedLedgerInfo()
+    for ledger_id in ledgers:
+        entry = info.ledgerInfo.add(ledgerId=ledger_id, entries=10, size=100, timestamp=CREATED)
+        if ledger_id in released:
+            ctx = entry.offloadContext
+            ctx.uidMsb, ctx.uidLsb, ctx.complete, ctx.bookkeeperDeleted = UUID_MSB, UUID_LSB, True, True
+    return codec.encode_managed_ledger_info(info)
+
+
+def cursor_bytes(cursors_ledger: int = -1, longs: Mapping[str, int] | None = None,
+                 strings: Mapping[str, str] | None = None) -> bytes:
+    info = codec.pb.ManagedCursorInfo(cursorsLedgerId=cursors_ledger, markDeleteLedgerId=10, markDeleteEntryId=3)
+    for name, value in (longs or {}).items():
+        info.properties.add(name=name, value=value)
+    for name, value in (strings or {}).items():
+        info.cursorProperties.add(name=name, value=value)
+    return codec.encode_managed_cursor_info(info)
+
+
+def schema_bytes(ledgers: list[int], latest: int | None = None) -> bytes:
+    locator = codec.pb.SchemaLocator()
+    for version, ledger_id in enumerate(ledgers):
+        locator.index.add(version=version, position=codec.pb.PositionInfo(ledgerId=ledger_id, entryId=0), hash=b"h")
+    locator.info.CopyFrom(locator.index[-1])
+    if latest is not None:  # the latest version, not (yet) in the index: its ledger is referenced all the same
+        locator.info.position.ledgerId = latest
+    return codec.encode_schema_locator(locator)
+
+
+def seed(zk: KazooClient) -> None:
+    zk.create(f"{ROOT}/LAYOUT", layout_znode(LAYOUT), makepath=True)
+    for child in ("available/bookie-1:3181", "idgen/ID-0000000001", "INSTANCEID", "underreplication/ledgers"):
+        zk.create(f"{ROOT}/{child}", b"", makepath=True)
+    for ledger_id in (10, 11, 16):
+        put_ledger(zk, ledger_id, ml_custom())
+    put_ledger(zk, 12, ml_custom("sub1"))
+    put_ledger(zk, 13, COMPACTED_CUSTOM)
+    put_ledger(zk, 14, BUCKET_CUSTOM)
+    put_ledger(zk, 15, SCHEMA_CUSTOM)
+    put_ledger(zk, 17, SCHEMA_CUSTOM)
+    put_ledger(zk, ORPHAN_ML, ml_custom())
+    put_ledger(zk, ORPHAN_CURSOR, ml_custom("sub1"))
+    put_ledger(zk, ORPHAN_SCHEMA, SCHEMA_CUSTOM)
+    put_ledger(zk, ORPHAN_COMPACTED, COMPACTED_CUSTOM)
+    put_ledger(zk, ORPHAN_BUCKET, BUCKET_CUSTOM)
+    put_ledger(zk, 30, {"application": "bookkeeper-tools"})  # not Pulsar's
+    ml = f"{ML_ROOT}/{ML}"
+    zk.create(ml, ml_bytes([10, 11, 16], released=(16,)), makepath=True)
+    zk.create(f"{ml}/sub1", cursor_bytes(12))
+    zk.create(f"{ml}/sub2", cursor_bytes(-1, strings={BUCKET_KEY: "14", "other": "x"}))
+    zk.create(f"{ml}/__compaction", cursor_bytes(-1, longs={"CompactedTopicLedger": 13}))
+    zk.create(f"{SCHEMAS}/{SCHEMA_ID}", schema_bytes([15], latest=17), makepath=True)
+
+
+def record(ledger_id: int, component: str = "MANAGED_LEDGER", topic: str | None = TOPIC, cursor: str | None = None,
+           schema_id: str | None = None, **properties: str) -> dict[str, Any]:
+    return {"topicName": topic, "ledgerComponent": component, "ledgerType": "LEDGER", "ledgerId": ledger_id,
+            "cursorName": cursor, "schemaId": schema_id, "offloadContext": None, "properties": properties,
+            "reason": "test", "runId": "run-1"}
+
+
+def orphan_records() -> list[dict[str, Any]]:
+    return [
+        record(ORPHAN_ML),
+        record(ORPHAN_CURSOR, "MANAGED_CURSOR", cursor="sub1"),
+        record(ORPHAN_SCHEMA, "SCHEMA_STORAGE", topic=None, schema_id=SCHEMA_ID),
+        record(ORPHAN_COMPACTED, "COMPACTED_LEDGER"),
+        record(ORPHAN_BUCKET, "DELAYED_INDEX_BUCKET", bucket_key=BUCKET_KEY),
+        record(16),  # listed, but its BookKeeper copy was released after offload
+    ]
+
+
+def dump(zk: KazooClient, path: str = "/") -> dict[str, tuple[bytes, int, int, int]]:
+    """Every znode below `path` with its data, version, child version and modification zxid."""
+    out: dict[str, tuple[bytes, int, int, int]] = {}
+    stack = [path]
+    while stack:
+        node = stack.pop()
+        data, stat = zk.get(node)
+        out[node] = (data, stat.version, stat.cversion, stat.mzxid)
+        stack.extend(zkutil.join(node, c) for c in zk.get_children(node))
+    return out
+
+
+def deleter(zk: KazooClient, execute: bool = True, **kw: Any) -> LedgerDeleter:
+    kw.setdefault("now_ms", NOW)
+    return LedgerDeleter(zk, ledgers_root=ROOT, layout=LAYOUT, managed_ledgers_root=ML_ROOT, schemas_root=SCHEMAS,
+                         min_age_ms=MIN_AGE, execute=execute, **kw)
+
+
+@pytest.fixture
+def cluster(zk: KazooClient) -> KazooClient:
+    seed(zk)
+    return zk
+
+
+def outcomes(results: list[Any]) -> list[str]:
+    return [r.outcome for r in results]
+
+
+def test_orphans_of_every_component_deleted_with_empty_parents_and_nothing_else(cluster: KazooClient) -> None:
+    before = dump(cluster)
+    results = deleter(cluster).process(orphan_records())
+    assert outcomes(results) == [DELETED] * 6, [(r.ledger_id, r.detail, r.error) for r in results]
+    after = dump(cluster)
+    deleted = {ledger_path(ROOT, r["ledgerId"], LAYOUT) for r in orphan_records()}
+    emptied = {f"{ROOT}/01/0000", f"{ROOT}/01", f"{ROOT}/20/0000", f"{ROOT}/20",
+               f"{ROOT}/000/0001/0995/1162", f"{ROOT}/000/0001/0995", f"{ROOT}/000/0001", f"{ROOT}/000"}
+    assert set(before) - set(after) == deleted | emptied
+    # Siblings, referrers, the root and BookKeeper's own znodes: byte for byte and version for version.
+    untouched = {p: v for p, v in before.items() if p not in deleted | emptied}
+    changed_parents = {p for p in untouched if any(d.rsplit("/", 1)[0] == p for d in deleted | emptied)}
+    assert {p: v for p, v in after.items() if p not in changed_parents} == {
+        p: v for p, v in untouched.items() if p not in changed_parents}
+    assert {p: after[p][:2] for p in changed_parents} == {p: untouched[p][:2] for p in changed_parents}
+    assert f"{ROOT}/00/0000" in after and ROOT in after
+    assert {r.zk_path for r in results} == deleted
+
+
+def test_dry_run_is_the_default_and_writes_nothing(cluster: KazooClient) -> None:
+    before = dump(cluster)
+    quiet = LedgerDeleter(cluster, ledgers_root=ROOT, layout=LAYOUT, managed_ledgers_root=ML_ROOT,
+                          schemas_root=SCHEMAS, min_age_ms=MIN_AGE, now_ms=lambda: NOW)
+    results = quiet.process(orphan_records())
+    assert outcomes(results) == [WOULD_DELETE] * 6
+    assert dump(cluster) == before
+
+
+def test_ledgers_still_referenced_are_kept(cluster: KazooClient) -> None:
+    before = dump(cluster)
+    results = deleter(cluster).process([
+        record(10), record(11),
+        record(12, "MANAGED_CURSOR", cursor="sub1"),
+        record(13, "COMPACTED_LEDGER"),
+        record(14, "DELAYED_INDEX_BUCKET", bucket_key=BUCKET_KEY),
+        record(15, "SCHEMA_STORAGE", topic=None, schema_id=SCHEMA_ID),
+        record(17, "SCHEMA_STORAGE", topic=None, schema_id=SCHEMA_ID),
+    ])
+    assert outcomes(results) == [IN_USE] * 7
+    assert "listed in managed ledger" in results[0].detail
+    assert "cursor sub1" in results[2].detail and "CompactedTopicLedger" in results[3].detail
+    assert BUCKET_KEY in results[4].detail and "schema" in results[5].detail
+    assert dump(cluster) == before
+
+
+def test_unverifiable_referrers_keep_the_ledger(cluster: KazooClient) -> None:
+    ml = f"{ML_ROOT}/{ML}"
+    # The compacted-topic pointer moved into the cursor ledger, out of ZooKeeper's sight.
+    cluster.set(f"{ml}/__compaction", cursor_bytes(99))
+    cluster.set(f"{ml}/sub2", cursor_bytes(-1, strings={BUCKET_KEY: "not-a-number"}))
+    cluster.set(f"{SCHEMAS}/{SCHEMA_ID}", b"\x0a\xff\xff")
+    before = dump(cluster)
+    results = deleter(cluster).process([
+        record(ORPHAN_COMPACTED, "COMPACTED_LEDGER"),
+        record(ORPHAN_BUCKET, "DELAYED_INDEX_BUCKET", bucket_key=BUCKET_KEY),
+        record(ORPHAN_SCHEMA, "SCHEMA_STORAGE", topic=None, schema_id=SCHEMA_ID),
+    ])
+    assert outcomes(results) == [IN_USE] * 3
+    assert all("cannot be verified" in r.detail for r in results)
+    cluster.set(ml, b"\x08\x01garbage")
+    results = deleter(cluster).process([record(ORPHAN_ML)])
+    assert outcomes(results) == [IN_USE] and "cannot be verified" in results[0].detail
+    assert {p: v[0] for p, v in dump(cluster).items() if p.startswith(ROOT)} == {
+        p: v[0] for p, v in before.items() if p.startswith(ROOT)}
+
+
+def test_reference_regained_between_verify_and_delete_stops_the_delete(cluster: KazooClient) -> None:
+    sweeper = deleter(cluster)
+    verified, results = sweeper.verify([record(ORPHAN_ML), record(ORPHAN_CURSOR, "MANAGED_CURSOR", cursor="sub1")])
+    assert results == [None, None] and len(verified) == 2
+    # Pulsar writes between our read and our delete: the ML lists the ledger again, sub1 moves to its ledger.
+    ml = f"{ML_ROOT}/{ML}"
+    cluster.set(ml, ml_bytes([10, 11, 16, ORPHAN_ML], released=(16,)))
+    cluster.set(f"{ml}/sub1", cursor_bytes(ORPHAN_CURSOR))
+    outcome = sweeper.delete(verified)
+    assert [outcome[0].outcome, outcome[1].outcome] == [FAILED, FAILED]
+    assert "changed after verification" in outcome[0].detail and "BadVersion" in (outcome[0].error or "")
+    assert cluster.exists(ledger_path(ROOT, ORPHAN_ML, LAYOUT)) is not None
+    assert cluster.exists(ledger_path(ROOT, ORPHAN_CURSOR, LAYOUT)) is not None
+    # The retry re-verifies and sees the reference.
+    again = sweeper.process([record(ORPHAN_ML), record(ORPHAN_CURSOR, "MANAGED_CURSOR", cursor="sub1")])
+    assert outcomes(again) == [IN_USE, IN_USE]
+
+
+def test_forged_records_are_mismatch_and_nothing_is_deleted(cluster: KazooClient) -> None:
+    before = dump(cluster)
+    forged = [
+        record(ORPHAN_ML, topic="persistent://t/ns/other-topic"),  # wrong topic
+        record(ORPHAN_ML, "SCHEMA_STORAGE", topic=None, schema_id=SCHEMA_ID),  # wrong component
+        record(ORPHAN_CURSOR),  # a cursor ledger claimed as a data ledger
+        record(ORPHAN_CURSOR, "MANAGED_CURSOR", cursor="sub9"),  # wrong cursor
+        record(ORPHAN_SCHEMA, "SCHEMA_STORAGE", topic=None, schema_id="t/ns/other"),  # wrong schema id
+        record(ORPHAN_COMPACTED, "COMPACTED_LEDGER", topic="persistent://t/ns/b"),  # wrong compacted topic
+        record(ORPHAN_BUCKET, "DELAYED_INDEX_BUCKET", bucket_key="#pulsar.internal.delayed.bucket_9_9"),
+        record(30),  # not a Pulsar ledger
+        record(ORPHAN_ML, zk_path=f"{ML_ROOT}/{ML}"),  # aimed at the managed-ledger znode
+        record(ORPHAN_ML, zk_path=f"{ROOT}/LAYOUT"),
+        record(7777, zk_path=ledger_path(ROOT, ORPHAN_ML, LAYOUT)),  # another ledger's znode
+    ]
+    results = deleter(cluster).process(forged)
+    assert outcomes(results) == [MISMATCH] * len(forged), [(r.ledger_id, r.outcome, r.detail) for r in results]
+    assert "application" in results[7].detail and "LAYOUT" in results[9].detail
+    assert dump(cluster) == before
+
+
+def test_never_existed_and_rerun_are_already_gone(cluster: KazooClient) -> None:
+    sweeper = deleter(cluster)
+    assert outcomes(sweeper.process([record(555), record(2**50)])) == [ALREADY_GONE, ALREADY_GONE]
+    assert outcomes(sweeper.process(orphan_records())) == [DELETED] * 6
+    before = dump(cluster)
+    assert outcomes(sweeper.process(orphan_records())) == [ALREADY_GONE] * 6
+    assert dump(cluster) == before
+
+
+def test_version_changes_keep_the_ledger(cluster: KazooClient) -> None:
+    path = ledger_path(ROOT, ORPHAN_ML, LAYOUT)
+    cluster.set(path, ledger_bytes(ml_custom()))  # version 1 now: someone touched it after the plan
+    results = deleter(cluster).process([record(ORPHAN_ML, zk_version="0")])
+    assert outcomes(results) == [IN_USE] and "changed since the plan" in results[0].detail
+    # Changed after our own verification: the compare-and-set delete refuses.
+    sweeper = deleter(cluster)
+    verified, _ = sweeper.verify([record(ORPHAN_ML, zk_version="1")])
+    cluster.set(path, ledger_bytes(ml_custom()))
+    assert sweeper.delete(verified)[0].outcome == IN_USE
+    assert cluster.exists(path) is not None
+
+
+def test_young_open_and_unreadable_ledgers_are_kept(cluster: KazooClient) -> None:
+    put_ledger(cluster, 40, ml_custom(), state="IN_RECOVERY")
+    put_ledger(cluster, 41, ml_custom(), ctime=NOW - DAY_MS)
+    put_ledger(cluster, 42, ml_custom(), ctime=None)  # falls back to the znode's ctime: just now
+    cluster.create(ledger_path(ROOT, 43, LAYOUT), b"BookieMetadataFormatVersion\t9\n")
+    results = deleter(cluster).process([record(40), record(41), record(42), record(43)])
+    assert outcomes(results) == [IN_USE, IN_USE, IN_USE, INVALID]
+    assert "IN_RECOVERY" in results[0].detail and "grace" in results[1].detail and "grace" in results[2].detail
+    for ledger_id in (40, 41, 42, 43):
+        assert cluster.exists(ledger_path(ROOT, ledger_id, LAYOUT)) is not None
+    # The znode ctime fallback counts once the ledger is old enough.
+    later = deleter(cluster, now_ms=lambda: int(time.time() * 1000) + 8 * DAY_MS)
+    assert outcomes(later.process([record(42)])) == [DELETED]
+
+
+def test_batch_with_bad_members_falls_back_to_singles(cluster: KazooClient) -> None:
+    sweeper = deleter(cluster, batch_size=10)
+    recs = [record(ORPHAN_ML), record(ORPHAN_CURSOR, "MANAGED_CURSOR", cursor="sub1"),
+            record(ORPHAN_COMPACTED, "COMPACTED_LEDGER")]
+    verified, _ = sweeper.verify(recs)
+    cluster.delete(ledger_path(ROOT, ORPHAN_CURSOR, LAYOUT))  # gone behind our back
+    cluster.set(ledger_path(ROOT, ORPHAN_COMPACTED, LAYOUT), ledger_bytes(COMPACTED_CUSTOM))  # changed
+    results = sweeper.delete(verified)
+    assert [results[i].outcome for i in range(3)] == [DELETED, ALREADY_GONE, IN_USE]
+    assert cluster.exists(ledger_path(ROOT, ORPHAN_ML, LAYOUT)) is None
+    assert cluster.exists(ledger_path(ROOT, ORPHAN_COMPACTED, LAYOUT)) is not None
+
+
+def test_small_batches_and_parent_rules(cluster: KazooClient) -> None:
+    sweeper = deleter(cluster, batch_size=2)
+    assert outcomes(sweeper.process(orphan_records())) == [DELETED] * 6
+    for path in (ROOT, f"{ROOT}/LAYOUT", f"{ROOT}/available", f"{ROOT}/idgen", f"{ROOT}/INSTANCEID",
+                 f"{ROOT}/underreplication", f"{ROOT}/00/0000/L0010", "/managed-ledgers/t"):
+        assert not sweeper._is_layout_dir(path), path
+    for path in (f"{ROOT}/00", f"{ROOT}/00/0000", f"{ROOT}/000/0000/0000/0000"):
+        assert sweeper._is_layout_dir(path), path
+    cluster.create(f"{ROOT}/available/empty", b"")
+    assert sweeper.remove_empty_parents([f"{ROOT}/available/empty/x", f"{ROOT}/idgen/ID-1"]) == []
+    assert cluster.exists(f"{ROOT}/available/empty") is not None
+
+
+def test_run_lock_refuses_a_second_holder_and_is_released(zk: KazooClient, zk_target: Any) -> None:
+    other = zkutil.connect(zk_target.hosts)
+    try:
+        with DeleteRunLock(zk, run_id="run-1") as lock:
+            assert lock.holder() is not None and lock.holder()["run_id"] == "run-1"  # type: ignore[index]
+            with pytest.raises(RunLockHeld, match="run-1"), DeleteRunLock(other, run_id="run-2"):
+                pass
+        with DeleteRunLock(other, run_id="run-2"):
+            assert DeleteRunLock(zk, run_id="x").holder()["run_id"] == "run-2"  # type: ignore[index]
+        # A holder whose session ends (a crashed driver) leaves no lock behind.
+        DeleteRunLock(other, run_id="run-3").acquire()
+    finally:
+        zkutil.close(other)
+    with DeleteRunLock(zk, run_id="run-4"):
+        pass
+
+
+@pytest.fixture
+def private_zk(tmp_path: Path) -> Iterator[tuple[Path, Any]]:
+    info = start_zookeeper(tmp_path / "zk")
+    holder = {"info": info}
+    yield tmp_path / "zk", holder
+    stop_zookeeper(holder["info"])
+
+
+def test_zookeeper_restart_mid_run_ends_in_success(private_zk: tuple[Path, Any]) -> None:
+    data_dir, holder = private_zk
+    info = holder["info"]
+    client = KazooClient(hosts=info.connect_string, timeout=10.0)
+    client.start(timeout=15)
+    try:
+        seed(client)
+        stop_zookeeper(info)
+        restarts: list[float] = []
+
+        def sleep(seconds: float) -> None:
+            restarts.append(seconds)
+            if len(restarts) == 1:
+                holder["info"] = start_zookeeper(data_dir, port=info.port)
+                deadline = time.monotonic() + 15
+                while not client.connected and time.monotonic() < deadline:
+                    time.sleep(0.05)
+
+        sweeper = deleter(client, op_timeout_s=1.0)
+        results = run_with_retries(sweeper.process, orphan_records(), RetryPolicy(), sleep=sleep,
+                                   rng=random.Random(1))
+        assert outcomes(results) == [DELETED] * 6, [(r.outcome, r.error) for r in results]
+        assert {r.attempt for r in results} == {2} and len(restarts) == 1
+        assert all(client.exists(ledger_path(ROOT, r["ledgerId"], LAYOUT)) is None for r in orphan_records())
+    finally:
+        client.stop()
+        client.close()
