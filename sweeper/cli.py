@@ -2,7 +2,8 @@
 
 Exit codes (for schedulers): 0 success, 1 unexpected error, 2 usage or configuration error,
 3 a stage refused to run (wrong root, unreachable server or broker, failed gate, circuit breaker,
-a system topic that is not as configured).
+a system topic that is not as configured, another delete run holding the lock), 4 partial: some
+deletes failed and wait in the retry queue (or were dead-lettered); rerun later.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 from sweeper import config as config_mod
 from sweeper.config import ConfigError, SweeperConfig
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 3
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED, EXIT_PARTIAL = 0, 1, 2, 3, 4
 DEFAULT_CONFIG = "conf/local.toml"
 
 
@@ -136,6 +137,47 @@ def cmd_emit(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_delete(args: argparse.Namespace) -> int:
+    from sweeper.delete.stage import describe
+    from sweeper.pipeline import delete_stage, delete_summary, is_partial, latest_run
+
+    cfg = _load_config(args)
+    spark, store = _session(cfg)
+    if args.from_json:
+        run_id = args.run_id or f"manual-{Path(args.from_json).stem}"
+    else:
+        run_id = args.run_id or latest_run(store, "emit")
+        if run_id is None:
+            print(f"refused: no emitted run in {cfg.tables.root}; run `sweeper emit` first", file=sys.stderr)
+            return EXIT_REFUSED
+    result = delete_stage(spark, cfg, store, run_id, execute=args.execute, from_json=args.from_json)
+    if args.from_json:
+        for item in result.results:
+            print(describe(item))
+    print(f"delete {run_id}: {delete_summary(result)} in {result.duration_s:.1f}s"
+          + ("" if args.execute else " (dry run: pass --execute to delete)"))
+    _print_counts("guards:", {k: int(v) for k, v in result.guards.items() if isinstance(v, int | float)})
+    if args.json:
+        print(json.dumps({"run_id": run_id, "counts": result.counts, "guards": result.guards}))
+    return EXIT_PARTIAL if is_partial(result) else EXIT_OK
+
+
+def cmd_dlq(args: argparse.Namespace) -> int:
+    from sweeper.delete.stage import dead_letters, redrive
+
+    cfg = _load_config(args)
+    _, store = _session(cfg)
+    if args.action == "list":
+        rows = dead_letters(store)
+        for r in rows:
+            print(f"{r['record_key']}  run={r['run_id']} attempts={r['attempts']} last_error={r['last_error']}")
+        print(f"{len(rows)} dead letter(s)")
+        return EXIT_OK
+    count = redrive(store, args.key or None)
+    print(f"re-drove {count} dead letter(s): the next `sweeper delete --execute` retries them")
+    return EXIT_OK
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Run the stages in order with one run id, stopping at the first refusal."""
     from sweeper.pipeline import sweep
@@ -158,10 +200,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(f"sandbox: {exc}; scanning what is there")
     cfg = _load_config(args)
     spark, store = _session(cfg)
-    result = sweep(spark, cfg, store, until=args.until, run_id=args.run_id)
+    until = "delete" if args.execute else args.until
+    result = sweep(spark, cfg, store, until=until, run_id=args.run_id, execute=args.execute)
     if args.json:
         print(json.dumps({"run_id": result.run_id, "stages": result.stages}))
-    return EXIT_OK
+    return EXIT_PARTIAL if result.partial else EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -209,13 +252,29 @@ def build_parser() -> argparse.ArgumentParser:
     common(emit)
     emit.set_defaults(func=cmd_emit)
 
+    delete = sub.add_parser("delete", help="re-verify and delete a run's pending deletes (dry run by default)")
+    stage_options(delete)
+    common(delete)
+    delete.add_argument("--execute", action="store_true", help="really delete (default: dry run)")
+    delete.add_argument("--from-json", help="an operator's list of ledgers instead of a run's emitted records")
+    delete.set_defaults(func=cmd_delete)
+
+    dlq = sub.add_parser("dlq", help="list or re-drive dead-lettered deletes")
+    dlq.add_argument("action", choices=["list", "redrive"])
+    dlq.add_argument("--key", action="append", help="record key to re-drive (repeatable; default: all)")
+    dlq.add_argument("--tables", help="table root (overrides [tables] root)")
+    common(dlq)
+    dlq.set_defaults(func=cmd_dlq)
+
     sweep = sub.add_parser("sweep", help="run the pipeline stages in order")
     stage_options(sweep)
     sandbox_options(sweep)
     common(sweep)
     sweep.add_argument("--sandbox", action="store_true", help="start and seed the embedded sandbox first")
-    sweep.add_argument("--until", default="reconcile", choices=["snapshot", "reconcile", "emit"],
-                       help="last stage to run (default: reconcile, a dry run; emit marks ledgers for deletion)")
+    sweep.add_argument("--until", default="reconcile", choices=["snapshot", "reconcile", "emit", "delete"],
+                       help="last stage to run (default: reconcile, a dry run; emit marks ledgers for deletion; "
+                            "delete without --execute only reports)")
+    sweep.add_argument("--execute", action="store_true", help="run every stage and really delete")
     sweep.set_defaults(func=cmd_sweep)
     return parser
 

@@ -25,6 +25,7 @@ from pyspark.sql import functions as F
 from sweeper import pending_delete
 from sweeper.config import SweeperConfig, SystemTopicConfig
 from sweeper.reconcile import CANDIDATE
+from sweeper.spark import task_error
 from sweeper.system_topic import (
     BrokerSettings,
     SystemTopicError,
@@ -59,7 +60,12 @@ class PlannedMessage:
     topic_partition: int
     producer_slot: int
     sequence_id: int
-    payload: bytes
+    record: dict[str, Any]
+
+    @property
+    def payload(self) -> bytes:
+        """Encoded where it is sent: Avro encoding is the costliest step of planning, so tasks share it."""
+        return pending_delete.encode(self.record)
 
 
 @dataclass(frozen=True)
@@ -108,7 +114,7 @@ def plan_messages(records: Iterable[dict[str, Any]], partitions: int,
             planned.append(PlannedMessage(
                 record_key=key, ledger_id=int(record["ledgerId"]), ledger_type=record["ledgerType"],
                 component=record["ledgerComponent"], topic_name=record.get("topicName"), topic_partition=partition,
-                producer_slot=seq // records_per_producer, sequence_id=seq, payload=pending_delete.encode(record)))
+                producer_slot=seq // records_per_producer, sequence_id=seq, record=record))
     return planned
 
 
@@ -125,9 +131,13 @@ def _preencoded_avro_schema() -> Any:
     return Preencoded(None, schema_definition=json.loads(pending_delete.schema_json()))
 
 
-def send_slot(messages: list[PlannedMessage], broker: BrokerSettings, producer: ProducerSettings,
-              emitted_at: datetime) -> list[dict[str, Any]]:
-    """One producer sends one slot's messages; returns an `emitted` row per message."""
+def send_slot(messages: list[PlannedMessage], broker: BrokerSettings,
+              producer: ProducerSettings) -> list[tuple[int, int, str | None, str, bytes]]:
+    """One producer sends one slot's messages.
+
+    Returns (partition, sequence id, message id or None when the broker already held it, producer
+    name, payload) per message; raises EmitFailed unless every message was acknowledged.
+    """
     import pulsar
 
     if not messages:
@@ -164,13 +174,14 @@ def send_slot(messages: list[PlannedMessage], broker: BrokerSettings, producer: 
                     done.notify_all()
             return callback
 
+        payloads = {m.sequence_id: m.payload for m in messages}
         for message in messages:
             if message.sequence_id <= last_persisted:
                 continue
             with done:
                 pending += 1
-            sender.send_async(message.payload, on_receipt(message.sequence_id), partition_key=str(message.ledger_id),
-                              sequence_id=message.sequence_id)
+            sender.send_async(payloads[message.sequence_id], on_receipt(message.sequence_id),
+                              partition_key=str(message.ledger_id), sequence_id=message.sequence_id)
         sender.flush()
         deadline = time.monotonic() + producer.send_timeout_ms / 1000 + 5
         with done:
@@ -182,16 +193,8 @@ def send_slot(messages: list[PlannedMessage], broker: BrokerSettings, producer: 
         sender.close()
     finally:
         client.close()
-    rows = []
-    for m in messages:
-        message_id = receipts.get(m.sequence_id)
-        rows.append({
-            "run_id": producer.run_id, "emitted_at": emitted_at, "record_key": m.record_key, "ledger_id": m.ledger_id,
-            "ledger_type": m.ledger_type, "component": m.component, "topic_name": m.topic_name,
-            "topic_partition": m.topic_partition, "producer_name": name, "sequence_id": m.sequence_id,
-            "message_id": message_id, "status": PUBLISHED if message_id else ALREADY_PUBLISHED, "payload": m.payload,
-        })
-    return rows
+    return [(m.topic_partition, m.sequence_id, receipts.get(m.sequence_id), name, payloads[m.sequence_id])
+            for m in messages]
 
 
 def candidate_records(spark: SparkSession, store: TableStore, run_id: str) -> list[dict[str, Any]]:
@@ -201,7 +204,11 @@ def candidate_records(spark: SparkSession, store: TableStore, run_id: str) -> li
         for r in (store.read("ml_ledgers").where((F.col("run_id") == run_id) & F.col("offload_bucket").isNotNull())
                   .select("offload_bucket", "offload_region", "offload_endpoint").distinct().collect()):
             targets[r["offload_bucket"]] = (r["offload_region"] or "", r["offload_endpoint"] or "")
-    return pending_delete.records_for_orphans((r.asDict() for r in orphans.collect()), targets)
+    # Arrow, not Rows, and only the columns records use: a run can have a hundred thousand candidates.
+    columns = ["run_id", "object_type", "ledger_id", "status", "reason", "component", "tenant", "namespace", "topic",
+               "managed_ledger", "cursor", "schema_id", "bucket_key", "zk_path", "zk_version", "s3_bucket", "s3_key",
+               "offload_uuid"]
+    return pending_delete.records_for_orphans(orphans.select(*columns).toArrow().to_pylist(), targets)
 
 
 def check_reconciled(store: TableStore, run_id: str) -> None:
@@ -241,19 +248,34 @@ def run_emit(spark: SparkSession, config: SweeperConfig, store: TableStore, run_
     rows: list[dict[str, Any]] = []
     if todo:
         producer = ProducerSettings.from_config(cfg, run_id)
-        slots = sorted({(m.topic_partition, m.producer_slot) for m in todo})
-        index = {slot: i for i, slot in enumerate(slots)}
         emitted_at = datetime.now(UTC)
-        keyed = spark.sparkContext.parallelize([(index[(m.topic_partition, m.producer_slot)], m) for m in todo],
-                                               min(len(slots), 64))
+        by_slot: dict[tuple[int, int], list[PlannedMessage]] = {}
+        for m in todo:
+            by_slot.setdefault((m.topic_partition, m.producer_slot), []).append(m)
+        # One element per Spark partition, so each task is exactly one producer and nothing is shuffled.
+        slots = spark.sparkContext.parallelize(list(by_slot.values()), len(by_slot))
 
-        def send_partition(items: Iterator[tuple[int, PlannedMessage]]) -> Iterator[dict[str, Any]]:
-            yield from send_slot([m for _, m in items], broker, producer, emitted_at)
+        def send_partition(items: Iterator[list[PlannedMessage]]) -> Iterator[tuple[int, int, str | None, str, bytes]]:
+            for messages in items:
+                yield from send_slot(messages, broker, producer)
 
+        sending = time.monotonic()
         try:
-            rows = keyed.partitionBy(len(slots), lambda slot: slot).mapPartitions(send_partition).collect()
+            acked = slots.mapPartitions(send_partition).collect()
         except Exception as exc:
             raise EmitFailed(_task_error(exc)) from exc
+        counts["send_ms"] = int((time.monotonic() - sending) * 1000)
+        outcome = {(partition, seq): (message_id, name, payload) for partition, seq, message_id, name, payload in acked}
+        rows = []
+        for m in todo:
+            message_id, name, payload = outcome[(m.topic_partition, m.sequence_id)]
+            rows.append({
+                "run_id": run_id, "emitted_at": emitted_at, "record_key": m.record_key, "ledger_id": m.ledger_id,
+                "ledger_type": m.ledger_type, "component": m.component, "topic_name": m.topic_name,
+                "topic_partition": m.topic_partition, "producer_name": name, "sequence_id": m.sequence_id,
+                "message_id": message_id, "status": PUBLISHED if message_id else ALREADY_PUBLISHED,
+                "payload": payload,
+            })
         store.append_rows("emitted", rows, EMITTED, commit_metadata={"run_id": run_id, "stage": "emit"})
     counts["published"] = sum(1 for r in rows if r["status"] == PUBLISHED)
     counts["already_published"] = sum(1 for r in rows if r["status"] == ALREADY_PUBLISHED)
@@ -262,9 +284,4 @@ def run_emit(spark: SparkSession, config: SweeperConfig, store: TableStore, run_
 
 
 def _task_error(exc: Exception) -> str:
-    """The first line a task raised (EmitFailed's message), not Spark's whole stack trace."""
-    text = str(exc)
-    for marker in ("EmitFailed: ", "SystemTopicError: "):
-        if marker in text:
-            return text.split(marker, 1)[1].splitlines()[0]
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+    return task_error(exc, ("EmitFailed", "SystemTopicError"))

@@ -6,6 +6,7 @@ or an operator can see how far a run got and why it stopped.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -15,6 +16,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from sweeper.config import SweeperConfig
+from sweeper.delete.lock import RunLockHeld
+from sweeper.delete.stage import DeleteRefused, DeleteRunResult, run_delete
 from sweeper.emit import EmitFailed, EmitRefused, EmitResult, run_emit
 from sweeper.gates import GateFailed, run_gates
 from sweeper.reconcile import ReconcileRefused, ReconcileResult, SafetySettings, run_reconcile
@@ -22,7 +25,7 @@ from sweeper.safety import HOUR_MS, CircuitBreaker, GracePeriod, Scope
 from sweeper.snapshot import SnapshotResult, record_run, run_snapshot
 from sweeper.tables import TableStore
 
-STAGES = ("snapshot", "reconcile", "emit")
+STAGES = ("snapshot", "reconcile", "emit", "delete")
 
 
 class StageRefused(RuntimeError):
@@ -59,6 +62,7 @@ class SweepResult:
     stages: dict[str, dict[str, Any]] = field(default_factory=dict)
     stopped_at: str | None = None
     reason: str = ""
+    partial: bool = False  # some deletes failed and wait in the retry queue (or dead-lettered)
 
 
 def reconcile_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str,
@@ -98,8 +102,40 @@ def emit_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
     return result
 
 
+def delete_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str, execute: bool = False,
+                 from_json: str | None = None) -> DeleteRunResult:
+    started = datetime.now(UTC)
+    try:
+        result = run_delete(spark, config, store, run_id, execute=execute, from_json=from_json)
+    except (DeleteRefused, RunLockHeld) as exc:
+        record_run(store, run_id, "delete", "refused", started, {}, config, str(exc))
+        raise StageRefused(str(exc)) from exc
+    except Exception as exc:
+        record_run(store, run_id, "delete", "failed", started, {}, config, f"{type(exc).__name__}: {exc}")
+        raise
+    status = "partial" if is_partial(result) else "succeeded"
+    record_run(store, run_id, "delete", status, started, {**result.counts, "execute": int(execute)}, config,
+               json.dumps({"guards": result.guards}))
+    return result
+
+
+def is_partial(result: DeleteRunResult) -> bool:
+    return bool(result.counts.get("queued_for_retry") or result.counts.get("dead_lettered")
+                or result.counts.get("failed"))
+
+
+def delete_summary(result: DeleteRunResult) -> str:
+    c = result.counts
+    verb = "deleted" if result.execute else "would delete"
+    done = c.get("deleted" if result.execute else "would_delete", 0)
+    return (f"{done:,} {verb}, {c.get('already_gone', 0):,} already gone, {c.get('in_use', 0):,} in use, "
+            f"{c.get('mismatch', 0):,} mismatch, {c.get('invalid', 0):,} invalid, {c.get('failed', 0):,} failed "
+            f"({c.get('queued_for_retry', 0):,} queued for retry, {c.get('dead_lettered', 0):,} dead-lettered); "
+            f"{c.get('deferred_by_cap', 0):,} deferred by max_deletes_per_run")
+
+
 def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: str = "reconcile",
-          run_id: str | None = None, log: Any = print) -> SweepResult:
+          run_id: str | None = None, log: Any = print, execute: bool = False) -> SweepResult:
     """Stages in order up to `until`. Emitting marks ledgers for deletion, so it only runs when asked."""
     if until not in STAGES:
         raise ValueError(f"unknown stage {until!r}; stages: {', '.join(STAGES)}")
@@ -126,7 +162,7 @@ def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: 
     pending = {k.split(".", 1)[1]: v for k, v in rec.counts.items() if k.startswith("pending_delete.")}
     if pending:
         log("pending deletes on the system topic: " + ", ".join(f"{v:,} {k}" for k, v in sorted(pending.items())))
-    if until == "emit":
+    if until in ("emit", "delete"):
         emitted = emit_stage(spark, config, store, snap.run_id)
         result.stages["emit"] = {"seconds": round(emitted.duration_s, 1), **emitted.counts}
         log(f"[emit]      {emitted.counts.get('published', 0):>10,} records published to "
@@ -134,5 +170,11 @@ def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: 
             f"{emitted.duration_s:.1f}s")
     else:
         log(f"dry run: {rec.counts.get('candidate', 0):,} candidates would be marked; nothing was published")
-    log(f"run {snap.run_id} done in {time.monotonic() - t0:.1f}s (nothing was deleted)")
+    if until == "delete":
+        deleted = delete_stage(spark, config, store, snap.run_id, execute=execute)
+        result.stages["delete"] = {"seconds": round(deleted.duration_s, 1), **deleted.counts}
+        result.partial = is_partial(deleted)
+        log(f"[delete]    {delete_summary(deleted)} in {deleted.duration_s:.1f}s")
+    done = "dry run: nothing was deleted" if not (until == "delete" and execute) else "deletes executed"
+    log(f"run {snap.run_id} done in {time.monotonic() - t0:.1f}s ({done})")
     return result

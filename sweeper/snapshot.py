@@ -29,7 +29,8 @@ from sweeper.scan import bookkeeper as bk_scan
 from sweeper.scan import pulsar as pulsar_scan
 from sweeper.scan import quarantine_row
 from sweeper.scan.pending_deletes import read_partition
-from sweeper.system_topic import AdminClient, BrokerSettings, broker_partitions
+from sweeper.spark import task_error
+from sweeper.system_topic import AdminClient, BrokerSettings, SystemTopicError, broker_partitions
 from sweeper.table_schemas import RUNS, SNAPSHOT_TABLES
 from sweeper.tables import TableStore
 from sweeper.zk import ChildrenRead, ZnodeRead
@@ -370,7 +371,11 @@ def run_snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore,
             if partitions:
                 pending = pending_deletes_dataframe(spark, config, partitions, run_id, started).persist(
                     StorageLevel.MEMORY_AND_DISK)
-                pending_counts = _counts(pending)
+                try:
+                    pending_counts = _counts(pending)
+                except Exception as exc:
+                    raise SystemTopicError(f"reading {config.system_topic.topic}: "
+                                           f"{task_error(exc, ('SystemTopicError',))}") from exc
                 for table, rows in pending_counts.items():
                     counts[table] = counts.get(table, 0) + rows
                 # Messages anyone could have produced: counted apart so they never pass for a partial scan.

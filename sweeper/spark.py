@@ -135,3 +135,13 @@ def delta_spark_configured(spark: SparkSession) -> bool:
     except Exception:
         return False
     return DELTA_EXTENSION_CLASS in extensions
+
+
+def task_error(exc: BaseException, kinds: tuple[str, ...]) -> str:
+    """The message a Spark task raised with one of our exception types, not the JVM's whole stack trace."""
+    text = str(exc)
+    for kind in kinds:
+        marker = f"{kind}: "
+        if marker in text:
+            return text.rsplit(marker, 1)[1].splitlines()[0]
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"

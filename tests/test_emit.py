@@ -131,9 +131,8 @@ def test_rerun_and_killed_task_publish_no_duplicates(
     # A task that died after sending part of its slot, before anything reached `emitted`.
     first_slot = [m for m in planned if (m.topic_partition, m.producer_slot) == (planned[0].topic_partition, 0)]
     half = first_slot[: max(1, len(first_slot) // 2)]
-    send_slot(half, BrokerSettings.from_config(cfg.system_topic), ProducerSettings.from_config(cfg.system_topic,
-                                                                                                 run_id),
-              datetime.now(UTC))
+    send_slot(half, BrokerSettings.from_config(cfg.system_topic),
+              ProducerSettings.from_config(cfg.system_topic, run_id))
     assert len(broker.messages()) == len(half)
 
     rerun = run_emit(spark, cfg, store, run_id)
@@ -162,13 +161,13 @@ def test_broker_restart_mid_emit_loses_nothing_and_duplicates_nothing(tmp_path: 
     settings = SweeperConfig().replace(system_topic=broker.config(batch_max_messages=20, max_pending_messages=50,
                                                                   partitions=1)).system_topic
     broker.endpoint.create_partitioned_topic(TOPIC, 1)  # type: ignore[union-attr]
-    rows: list[dict[str, Any]] = []
+    rows: list[tuple[int, int, str | None, str, bytes]] = []
     failure: list[BaseException] = []
 
     def emit() -> None:
         try:
             rows.extend(send_slot(planned, BrokerSettings.from_config(settings),
-                                  ProducerSettings.from_config(settings, "r-restart"), datetime.now(UTC)))
+                                  ProducerSettings.from_config(settings, "r-restart")))
         except BaseException as exc:  # reported by the assertion below
             failure.append(exc)
 
