@@ -276,6 +276,22 @@ def test_append_rows(store: TableStore) -> None:
     assert store.version("runs") == result.version
 
 
+def test_append_columns(store: TableStore) -> None:
+    result = store.append_columns("cols", {"run_id": ["r", "r"], "id": [1, 2], "captured_at": [T0, None],
+                                           "bookies": [["b1"], None]}, SCHEMA)
+    assert result.rows == 2
+    got = {r["id"]: r for r in spark_records(store.read("cols"))}
+    assert got[1]["captured_at"] == (T0 - EPOCH) // timedelta(microseconds=1) and got[1]["bookies"] == ["b1"]
+    assert got[2]["name"] is None and got[2]["captured_at"] is None  # missing columns are null
+    with pytest.raises(TableSchemaError, match="unknown column"):
+        store.append_columns("cols", {"run_id": ["r"], "id": [3], "nmae": ["typo"]}, SCHEMA)
+    with pytest.raises(TableSchemaError, match="different lengths"):
+        store.append_columns("cols", {"run_id": ["r", "r"], "id": [3]}, SCHEMA)
+    with pytest.raises(NotNullViolation):
+        store.append_columns("cols", {"run_id": [None], "id": [3]}, SCHEMA)
+    assert store.version("cols") == result.version
+
+
 def test_history_lists_commit_metadata(store: TableStore, spark: SparkSession) -> None:
     store.append("h", frame(spark, sample_rows(3)), SCHEMA, commit_metadata={"run_id": "run-1", "stage": "snapshot"})
     second = store.append("h", frame(spark, sample_rows(3)), commit_metadata={"run_id": "run-2", "stage": "reconcile"})

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from sweeper.codecs.bookkeeper import LedgerMetadata
@@ -68,6 +69,7 @@ class ReferrerState:
     versions: tuple[tuple[str, int], ...] = field(default=())  # (path, version) of every referrer znode read
 
 
+@lru_cache(maxsize=65536)
 def managed_ledger_name(topic_name: str | None) -> str | None:
     """`persistent://t/ns/topic` -> `t/ns/persistent/topic` (also the 5-part cluster-scoped form)."""
     if not topic_name or not topic_name.startswith(_TOPIC_PREFIX):

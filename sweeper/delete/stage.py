@@ -11,6 +11,7 @@ Dry run unless `execute`; with `execute`, a ZooKeeper run lock keeps a second de
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import time
@@ -38,6 +39,7 @@ from sweeper.safety import HOUR_MS, GracePeriod
 from sweeper.scan.bookkeeper import read_layout, split_custom_metadata
 from sweeper.table_schemas import DEAD_LETTER, DELETE_RESULTS, RETRY_QUEUE
 from sweeper.tables import TableStore
+from sweeper.zkwire import WireReader
 
 SOURCE_EMITTED, SOURCE_RETRY, SOURCE_JSON = "emitted", "retry_queue", "from_json"
 QUEUED, RESOLVED, DEAD_LETTERED = "queued", "resolved", "dead_lettered"
@@ -72,6 +74,7 @@ class DeleteTarget:
     batch_size: int
     deletes_per_second: float
     op_timeout_s: float
+    multi_read: int  # reads per ZooKeeper request when verifying (1: ZooKeeper < 3.6)
     policy: RetryPolicy
     endpoint_override: str
     buckets: tuple[tuple[str, str, str], ...]  # (bucket, region, endpoint) this run may delete from
@@ -230,8 +233,11 @@ def _run_records(fn: Any, pairs: list[tuple[PendingRecord, dict[str, Any]]], tar
     return out
 
 
-def delete_partition(items: Iterator[PendingRecord], target: DeleteTarget) -> Iterator[dict[str, Any]]:
-    items = list(items)
+TaskRow = tuple[str, str, str | None, bytes | None, DeleteResult]
+
+
+def delete_partition(items: Iterator[list[PendingRecord]], target: DeleteTarget) -> Iterator[TaskRow]:
+    items = [item for group in items for item in group]
     if not items:
         return
     decoded: list[tuple[PendingRecord, dict[str, Any]]] = []
@@ -244,15 +250,20 @@ def delete_partition(items: Iterator[PendingRecord], target: DeleteTarget) -> It
             decoded.append((item, record))
     rng = random.Random(hash(items[0].record_key))
     client = zkutil.connect(target.zk_hosts, timeout=target.session_timeout_s)
+    reader: WireReader | None = None
     try:
         ledgers = [(i, r) for i, r in decoded if r["ledgerType"] == "LEDGER"]
+        if ledgers:
+            # Bulk verification reads on a second session; a missing one only makes verification slower.
+            with contextlib.suppress(Exception):
+                reader = WireReader(target.zk_hosts, timeout=target.session_timeout_s, multi_read=target.multi_read)
         objects = [(i, r) for i, r in decoded if r["ledgerType"] != "LEDGER"]
         if ledgers:
             deleter = LedgerDeleter(
                 client, ledgers_root=target.ledgers_root, layout=LedgerLayout(target.layout),
                 managed_ledgers_root=target.ml_root, schemas_root=target.schemas_root, min_age_ms=target.min_age_ms,
                 now_ms=target.now_ms, execute=target.execute, batch_size=target.batch_size,
-                op_timeout_s=target.op_timeout_s)
+                op_timeout_s=target.op_timeout_s, reader=reader)
             finished += _run_records(deleter.process, ledgers, target, rng)
         by_bucket: dict[str, list[tuple[PendingRecord, dict[str, Any]]]] = {}
         for item, record in objects:
@@ -266,10 +277,13 @@ def delete_partition(items: Iterator[PendingRecord], target: DeleteTarget) -> It
                                             execute=target.execute, op_timeout_s=target.op_timeout_s)
             finished += _run_records(objects_deleter.process, pairs, target, rng)
     finally:
+        if reader is not None:
+            reader.close()
         zkutil.close(client)
     for item, result in finished:
-        yield {"record_key": item.record_key, "source": item.source, "origin_run_id": item.origin_run_id,
-               "payload": item.payload, **result.__dict__}
+        # The payload travels back only where the retry queue will need it.
+        yield (item.record_key, item.source, item.origin_run_id,
+               item.payload if result.outcome == FAILED else None, result)
 
 
 # ---- the stage ---------------------------------------------------------------------------------
@@ -338,14 +352,18 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
             ml_root=config.pulsar.managed_ledgers_root, schemas_root=config.pulsar.schemas_root,
             min_age_ms=grace.min_age_ms, now_ms=now_ms, execute=execute,
             batch_size=d.batch_size, deletes_per_second=d.deletes_per_second, op_timeout_s=d.op_timeout_s,
+            multi_read=config.scan.multi_read,
             policy=RetryPolicy(max_attempts=d.max_attempts, in_task_attempts=d.in_task_attempts,
                                retry_after_s=d.retry_after_s),
             endpoint_override=config.offload.endpoint_override, buckets=buckets)
-        rows: list[dict[str, Any]] = []
+        rows: list[TaskRow] = []
         if inputs:
             parts = _partitions(spark, config, len(inputs))
-            keyed = spark.sparkContext.parallelize([(_ledger_of(i), i) for i in inputs], parts)
-            rows = (keyed.partitionBy(parts, lambda ledger: ledger % parts if ledger >= 0 else 0).values()
+            # Grouped by ledger id on the driver, one group per Spark partition: no shuffle of the payloads.
+            groups: list[list[PendingRecord]] = [[] for _ in range(parts)]
+            for item in inputs:
+                groups[max(_ledger_of(item), 0) % parts].append(item)
+            rows = (spark.sparkContext.parallelize(groups, parts)
                     .mapPartitions(lambda it: delete_partition(it, target)).collect())
         result = _commit(store, run_id, rows, target, execute, now, counts)
     finally:
@@ -364,41 +382,42 @@ def _ledger_of(item: PendingRecord) -> int:
         return -1
 
 
-def _commit(store: TableStore, run_id: str, rows: list[dict[str, Any]], target: DeleteTarget, execute: bool,
+def _commit(store: TableStore, run_id: str, rows: list[TaskRow], target: DeleteTarget, execute: bool,
             now: datetime, counts: dict[str, int]) -> DeleteRunResult:
-    results: list[DeleteResult] = []
-    result_rows, queue_rows, dead_rows = [], [], []
     # Rows are ordered by when they were written; `now` (the decision clock) only sets next_attempt_at.
     written = datetime.now(UTC)
-    for row in rows:
-        result = DeleteResult(**{k: row[k] for k in DeleteResult.__dataclass_fields__})
+    columns: dict[str, list[Any]] = {name: [] for name in DELETE_RESULTS.fieldNames()}
+    queue_rows, dead_rows = [], []
+    results: list[DeleteResult] = []
+    for record_key, source, origin_run_id, payload, result in rows:
         results.append(result)
         counts[result.outcome] = counts.get(result.outcome, 0) + 1
-        result_rows.append({
-            "run_id": run_id, "origin_run_id": row["origin_run_id"], "finished_at": written,
-            "record_key": row["record_key"], "ledger_id": result.ledger_id, "ledger_type": result.ledger_type,
-            "component": result.component, "topic_name": result.topic_name, "outcome": result.outcome,
-            "detail": result.detail[:2000], "error": (result.error or "")[:2000] or None, "attempt": result.attempt,
-            "duration_ms": result.duration_ms, "zk_path": result.zk_path, "zk_version": result.zk_version,
-            "s3_bucket": result.s3_bucket, "s3_keys": result.s3_keys, "dry_run": not execute,
-            "source": row["source"]})
+        for name, value in (
+                ("run_id", run_id), ("origin_run_id", origin_run_id), ("finished_at", written),
+                ("record_key", record_key), ("ledger_id", result.ledger_id), ("ledger_type", result.ledger_type),
+                ("component", result.component), ("topic_name", result.topic_name), ("outcome", result.outcome),
+                ("detail", result.detail[:2000]), ("error", (result.error or "")[:2000] or None),
+                ("attempt", result.attempt), ("duration_ms", result.duration_ms), ("zk_path", result.zk_path),
+                ("zk_version", result.zk_version), ("s3_bucket", result.s3_bucket), ("s3_keys", result.s3_keys),
+                ("dry_run", not execute), ("source", source)):
+            columns[name].append(value)
         if not execute:
             continue
-        base = {"run_id": run_id, "recorded_at": written, "record_key": row["record_key"],
-                "ledger_id": result.ledger_id, "attempts": result.attempt, "payload": row["payload"]}
+        base = {"run_id": run_id, "recorded_at": written, "record_key": record_key,
+                "ledger_id": result.ledger_id, "attempts": result.attempt}
         if result.outcome == FAILED:
             step, due_ms = target.policy.next_step(result.attempt, int(now.timestamp() * 1000))
             if step == "retry":
-                queue_rows.append({**base, "state": QUEUED, "last_error": result.error,
+                queue_rows.append({**base, "payload": payload, "state": QUEUED, "last_error": result.error,
                                    "next_attempt_at": datetime.fromtimestamp((due_ms or 0) / 1000, UTC)})
             else:
-                queue_rows.append({**base, "state": DEAD_LETTERED, "last_error": result.error})
-                dead_rows.append({**base, "state": "dead", "last_error": result.error})
-        elif row["source"] == SOURCE_RETRY:
-            queue_rows.append({**base, "state": RESOLVED, "last_error": None})
+                queue_rows.append({**base, "payload": payload, "state": DEAD_LETTERED, "last_error": result.error})
+                dead_rows.append({**base, "payload": payload, "state": "dead", "last_error": result.error})
+        elif source == SOURCE_RETRY:
+            queue_rows.append({**base, "payload": b"", "state": RESOLVED, "last_error": None})
     metadata = {"run_id": run_id, "stage": "delete"}
-    if result_rows:
-        store.append_rows("delete_results", result_rows, DELETE_RESULTS, commit_metadata=metadata)
+    if rows:
+        store.append_columns("delete_results", columns, DELETE_RESULTS, commit_metadata=metadata)
     if queue_rows:
         store.append_rows("retry_queue", queue_rows, RETRY_QUEUE, commit_metadata=metadata)
     if dead_rows:

@@ -68,12 +68,60 @@ class Verified:
 
 
 class _Reads:
-    """Referrer reads shared by the records of one call: safe, since the delete re-checks their versions."""
+    """Reads shared by the records of one call: safe, since the delete re-checks every version it relies on.
+
+    `prefetch` issues many reads at once and waits for them together, so verifying a chunk costs a
+    few round trips instead of one per znode; anything a prefetch could not read is read again
+    (and its error reported) on first use.
+    """
+
+    WINDOW = 1000
 
     def __init__(self, deleter: LedgerDeleter) -> None:
         self.deleter = deleter
         self.data: dict[str, Read] = {}
         self.children: dict[str, list[str] | None] = {}
+
+    def prefetch(self, paths: Iterable[str], children: bool = False) -> None:
+        cache: dict[str, Any] = self.children if children else self.data
+        todo = [p for p in dict.fromkeys(paths) if p not in cache]
+        if self.deleter.reader is not None:
+            self._prefetch_wire(todo, children)
+            return
+        client, timeout = self.deleter.client, self.deleter.op_timeout_s
+        for start in range(0, len(todo), self.WINDOW):
+            window = todo[start:start + self.WINDOW]
+            calls = []
+            for path in window:
+                try:
+                    calls.append((path, client.get_children_async(path) if children else client.get_async(path)))
+                except Exception:  # e.g. a path the client refuses: left to the per-record read
+                    continue
+            for path, call in calls:
+                try:
+                    value = call.get(timeout=timeout)
+                except NoNodeError:
+                    cache[path] = None
+                except Exception:  # read again on use, where the error becomes the record's result
+                    continue
+                else:
+                    cache[path] = sorted(value) if children else value
+
+    def _prefetch_wire(self, todo: list[str], children: bool) -> None:
+        """The same through a pipelined reader (many reads per request); failures are read again on use."""
+        reader = self.deleter.reader
+        assert reader is not None
+        try:
+            if children:
+                for listing in reader.children_many(todo, self.WINDOW):
+                    if listing.error is None:
+                        self.children[listing.path] = None if listing.children is None else sorted(listing.children)
+            else:
+                for read in reader.get_many(todo, self.WINDOW):
+                    if read.error is None:
+                        self.data[read.path] = None if read.data is None else (read.data, read.stat)
+        except Exception:  # the reader's session is gone: fall back to per-record reads, which report it
+            self.deleter.reader = None
 
     def get(self, path: str) -> Read:
         if path not in self.data:
@@ -104,6 +152,7 @@ class LedgerDeleter:
         execute: bool = False,
         batch_size: int = 100,
         op_timeout_s: float = 10.0,
+        reader: zkutil.ZnodeReader | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -119,6 +168,9 @@ class LedgerDeleter:
         self.batch_size = batch_size
         # Sync kazoo calls wait forever while the session is reconnecting; a task must fail and retry instead.
         self.op_timeout_s = op_timeout_s
+        # Optional bulk reader for verification (e.g. sweeper.zkwire.WireReader with multiRead): many
+        # reads per request. Writes always go through `client`, whose multi checks every version read.
+        self.reader = reader
 
     # ---- the whole job ---------------------------------------------------------------------
 
@@ -142,6 +194,7 @@ class LedgerDeleter:
     def verify(self, records: Sequence[Mapping[str, Any]]) -> tuple[list[Verified], list[DeleteResult | None]]:
         """Deletable ledgers, and the final result of every other record (None where deletable)."""
         reads = _Reads(self)
+        self._prefetch(records, reads)
         verified: list[Verified] = []
         results: list[DeleteResult | None] = []
         outage: str | None = None
@@ -171,6 +224,27 @@ class LedgerDeleter:
                 results.append(self._timed(item, started))
         return verified, results
 
+    def _prefetch(self, records: Sequence[Mapping[str, Any]], reads: _Reads) -> None:
+        """Ledger znodes, then the referrers they may need, then those referrers' cursors, in bulk."""
+        if not self.client.connected:
+            return
+        ledgers, referrers, schemas = [], [], []
+        for record in records:
+            try:
+                ledgers.append(ledger_path(self.ledgers_root, record["ledgerId"], self.layout))
+            except (LayoutError, TypeError, KeyError):
+                continue
+            if record.get("ledgerComponent") == "SCHEMA_STORAGE" and isinstance(record.get("schemaId"), str):
+                schemas.append(zkutil.join(self.schemas_root, record["schemaId"]))
+            else:
+                ml_name = managed_ledger_name(record.get("topicName"))
+                if ml_name is not None:
+                    referrers.append(zkutil.join(self.ml_root, ml_name))
+        reads.prefetch(ledgers)
+        reads.prefetch(referrers + schemas)
+        reads.prefetch([p for p in referrers if reads.data.get(p) is not None], children=True)
+        reads.prefetch(zkutil.join(p, c) for p in referrers for c in (reads.children.get(p) or []))
+
     @staticmethod
     def _timed(result: DeleteResult, started: float) -> DeleteResult:
         result.duration_ms = int((time.monotonic() - started) * 1000)
@@ -183,7 +257,7 @@ class LedgerDeleter:
             path = ledger_path(self.ledgers_root, ledger_id, self.layout)  # type: ignore[arg-type]
         except (LayoutError, TypeError) as exc:
             return result_for(record, INVALID, f"no ledger path for id {ledger_id!r}: {exc}")
-        got = self.read(path)
+        got = reads.get(path)
         live: LiveLedger | None = None
         if got is not None:
             data, stat = got
@@ -199,7 +273,7 @@ class LedgerDeleter:
             return result_for(record, early.outcome, early.detail, zk_path=path, zk_version=version)
         assert live is not None
         referrer = self.referrer_state(record, reads)
-        decision = decide.decide_ledger(record, live, referrer, self._now(), self.min_age_ms, path)
+        decision = decide.decide_referrer(referrer)  # check_ledger's rules passed just above
         if not decision.delete:
             return result_for(record, decision.outcome, decision.detail, zk_path=path, zk_version=version)
         return Verified(index, record, path, live.zk_version, referrer.versions, decision.detail, started)
@@ -301,21 +375,26 @@ class LedgerDeleter:
 
     # ---- step 2: delete ----------------------------------------------------------------------
 
+    IN_FLIGHT = 8  # multi-operations awaiting their answer at once: ZooKeeper group-commits them
+
     def delete(self, verified: Sequence[Verified]) -> dict[int, DeleteResult]:
         """Results by record index. Batches of compare-and-set deletes; a failed batch is retried one by one."""
         results: dict[int, DeleteResult] = {}
-        for start in range(0, len(verified), self.batch_size):
-            batch = list(verified[start:start + self.batch_size])
-            outcome = self._commit_batch(batch)
-            if outcome is None:
-                for item in batch:
-                    results[item.index] = self._done(item, DELETED, "deleted with the verified version")
-            elif len(batch) == 1:
-                results[batch[0].index] = outcome
-            else:
-                for item in batch:
-                    single = self._commit_batch([item])
-                    results[item.index] = single or self._done(item, DELETED, "deleted with the verified version")
+        batches = [list(verified[i:i + self.batch_size]) for i in range(0, len(verified), self.batch_size)]
+        for start in range(0, len(batches), self.IN_FLIGHT):
+            sent = [(batch, *self._send(batch)) for batch in batches[start:start + self.IN_FLIGHT]]
+            for batch, checks, answer in sent:
+                outcome = self._settle(batch, checks, answer)
+                if outcome is None:
+                    for item in batch:
+                        results[item.index] = self._done(item, DELETED, "deleted with the verified version")
+                elif len(batch) == 1:
+                    results[batch[0].index] = outcome
+                else:
+                    for item in batch:
+                        single = self._settle([item], *self._send([item]))
+                        results[item.index] = single or self._done(item, DELETED,
+                                                                   "deleted with the verified version")
         self.remove_empty_parents(r.zk_path for r in results.values() if r.outcome == DELETED and r.zk_path)
         return results
 
@@ -323,9 +402,8 @@ class LedgerDeleter:
         result = result_for(item.record, outcome, detail, error=error, zk_path=item.path, zk_version=item.version)
         return self._timed(result, item.started)
 
-    def _commit_batch(self, batch: list[Verified]) -> DeleteResult | None:
-        """None when every delete went through; else, for a single-ledger batch, that ledger's result
-        (for a larger batch only that it failed: the caller retries its members one by one)."""
+    def _send(self, batch: list[Verified]) -> tuple[list[tuple[str, int]], Any]:
+        """One multi: check every referrer at the version read, delete every ledger at the version verified."""
         tx = self.client.transaction()
         checks = list(dict.fromkeys(c for item in batch for c in item.checks))
         for path, version in checks:
@@ -333,7 +411,17 @@ class LedgerDeleter:
         for item in batch:
             tx.delete(item.path, version=item.version)
         try:
-            outcome = tx.commit_async().get(timeout=self.op_timeout_s)
+            return checks, tx.commit_async()
+        except Exception as exc:  # not even sent (connection gone): settled as "not confirmed"
+            return checks, exc
+
+    def _settle(self, batch: list[Verified], checks: list[tuple[str, int]], answer: Any) -> DeleteResult | None:
+        """None when every delete went through; else, for a single-ledger batch, that ledger's result
+        (for a larger batch only that it failed: the caller retries its members one by one)."""
+        try:
+            if isinstance(answer, Exception):
+                raise answer
+            outcome = answer.get(timeout=self.op_timeout_s)
         except Exception as exc:
             # Unknown whether it was applied: the retry re-verifies and finds it deleted or not.
             return self._done(batch[0], FAILED, "delete not confirmed", _error_text(exc))

@@ -293,6 +293,29 @@ class TableStore(ABC):
         table = rows_to_arrow(name, list(rows), table_schema)
         return self._append_arrow(name, table, table_schema, parts, create, self._metadata(name, commit_metadata))
 
+    def append_columns(self, name: str, columns: Mapping[str, Sequence[Any]], schema: StructType, *,
+                       commit_metadata: Mapping[str, Any] | None = None) -> CommitResult:
+        """append_rows() for many driver-side rows held as columns (name -> values; missing columns are
+        null): one Arrow conversion per column instead of one per value. Datetimes must be timezone-aware."""
+        table_schema, parts, create = self._resolve(name, schema, schema, None)
+        unknown = set(columns) - set(table_schema.fieldNames())
+        if unknown:
+            raise TableSchemaError(f"table {name!r}: unknown column(s) {', '.join(sorted(unknown))}")
+        lengths = {len(v) for v in columns.values()}
+        if len(lengths) > 1:
+            raise TableSchemaError(f"table {name!r}: columns of different lengths {sorted(lengths)}")
+        rows = lengths.pop() if lengths else 0
+        target = arrow_schema(table_schema)
+        try:
+            arrays = [pa.array(columns[f.name], type=f.type) if f.name in columns else pa.nulls(rows, f.type)
+                      for f in target]
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
+            raise TableSchemaError(f"table {name!r}: columns don't fit the table schema: {exc}") from exc
+        table = pa.Table.from_arrays(arrays, schema=target)
+        for i, fld in enumerate(target):
+            check_not_null(table.column(i).combine_chunks(), fld, fld.name, name)
+        return self._append_arrow(name, table, table_schema, parts, create, self._metadata(name, commit_metadata))
+
     def _resolve(self, name: str, schema: StructType | None, fallback: StructType,
                  partition_by: list[str] | None) -> tuple[StructType, list[str], bool]:
         """(schema, partition columns, whether the table must be created)."""
