@@ -114,6 +114,13 @@ class DeleteConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    textfile: str = ""  # e.g. /var/lib/node_exporter/textfile/ledger_sweeper.prom (written atomically)
+    pushgateway_url: str = ""  # e.g. http://pushgateway:9091
+    job: str = "ledger_sweeper"
+
+
+@dataclass(frozen=True)
 class SweeperConfig:
     bookkeeper: BookKeeperConfig = field(default_factory=BookKeeperConfig)
     pulsar: PulsarMetadataConfig = field(default_factory=PulsarMetadataConfig)
@@ -125,6 +132,7 @@ class SweeperConfig:
     gates: GatesConfig = field(default_factory=GatesConfig)
     system_topic: SystemTopicConfig = field(default_factory=SystemTopicConfig)
     delete: DeleteConfig = field(default_factory=DeleteConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     @property
     def pulsar_zookeeper(self) -> str:
@@ -219,6 +227,10 @@ def validate(config: SweeperConfig) -> None:
             raise ConfigError(f"[system_topic] {key} must be positive")
     if topic.auth_token_file and topic.auth_token_env:
         raise ConfigError("[system_topic] set auth_token_file or auth_token_env, not both")
+    if config.metrics.pushgateway_url and not config.metrics.pushgateway_url.startswith(("http://", "https://")):
+        raise ConfigError(f"[metrics] pushgateway_url must be an http(s) URL, got {config.metrics.pushgateway_url!r}")
+    if not config.metrics.job or "/" in config.metrics.job:
+        raise ConfigError("[metrics] job must be a non-empty name without '/'")
     d = config.delete
     if d.max_deletes_per_run < 0 or d.deletes_per_second <= 0 or d.batch_size < 1 or d.tasks < 0:
         raise ConfigError("[delete] max_deletes_per_run must be >= 0; deletes_per_second and batch_size positive; "

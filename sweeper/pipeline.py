@@ -20,6 +20,7 @@ from sweeper.delete.lock import RunLockHeld
 from sweeper.delete.stage import DeleteRefused, DeleteRunResult, run_delete
 from sweeper.emit import EmitFailed, EmitRefused, EmitResult, run_emit
 from sweeper.gates import GateFailed, run_gates
+from sweeper.metrics import MetricsError, publish, render
 from sweeper.reconcile import ReconcileRefused, ReconcileResult, SafetySettings, run_reconcile
 from sweeper.safety import HOUR_MS, CircuitBreaker, GracePeriod, Scope
 from sweeper.snapshot import SnapshotResult, record_run, run_snapshot
@@ -63,6 +64,7 @@ class SweepResult:
     stopped_at: str | None = None
     reason: str = ""
     partial: bool = False  # some deletes failed and wait in the retry queue (or dead-lettered)
+    outcomes: list[tuple[str | None, str]] = field(default_factory=list)  # (ledger type, outcome) of deletes
 
 
 def reconcile_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str,
@@ -134,6 +136,19 @@ def delete_summary(result: DeleteRunResult) -> str:
             f"{c.get('deferred_by_cap', 0):,} deferred by max_deletes_per_run")
 
 
+def export_metrics(config: SweeperConfig, result: SweepResult, log: Any = print) -> None:
+    """Prometheus text file / Pushgateway, when configured; a metrics outage never fails a sweep."""
+    if not (config.metrics.textfile or config.metrics.pushgateway_url):
+        return
+    text = render(result.run_id, result.stages, result.outcomes, finished_at_s=time.time(),
+                  status="partial" if result.partial else "succeeded")
+    try:
+        for target in publish(text, config.metrics):
+            log(f"metrics written to {target}")
+    except MetricsError as exc:
+        log(f"warning: {exc}")
+
+
 def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: str = "reconcile",
           run_id: str | None = None, log: Any = print, execute: bool = False) -> SweepResult:
     """Stages in order up to `until`. Emitting marks ledgers for deletion, so it only runs when asked."""
@@ -174,7 +189,9 @@ def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: 
         deleted = delete_stage(spark, config, store, snap.run_id, execute=execute)
         result.stages["delete"] = {"seconds": round(deleted.duration_s, 1), **deleted.counts}
         result.partial = is_partial(deleted)
+        result.outcomes = [(r.ledger_type, r.outcome) for r in deleted.results]
         log(f"[delete]    {delete_summary(deleted)} in {deleted.duration_s:.1f}s")
+    export_metrics(config, result, log)
     done = "dry run: nothing was deleted" if not (until == "delete" and execute) else "deletes executed"
     log(f"run {snap.run_id} done in {time.monotonic() - t0:.1f}s ({done})")
     return result
