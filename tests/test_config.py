@@ -23,6 +23,13 @@ def test_defaults_and_local_config_load() -> None:
         ("[tables]\nengine = 'parquet'\n", "engine must be"),
         ("[bookkeeper]\nledgers_root = 'ledgers'\n", "absolute znode path"),
         ("[bookkeeper\n", "not valid TOML"),
+        ("[system_topic]\nauth_token = 'abc'\n", "secrets never go in the config file"),
+        ("[delete]\nexecute = true\n", "pass --execute on the command line"),
+        ("[system_topic]\nservice_url = 'http://x'\n", "service_url must start with pulsar://"),
+        ("[system_topic]\ntopic = 'persistent://a/b/c-partition-1'\n", "not one of its partitions"),
+        ("[system_topic]\npartitions = 0\n", "partitions must be positive"),
+        ("[delete]\nin_task_attempts = 20\n", "in_task_attempts <= max_attempts"),
+        ("[metrics]\njob = 'a/b'\n", "job must be"),
     ],
 )
 def test_bad_config_names_the_option(tmp_path: Path, text: str, message: str) -> None:
@@ -30,6 +37,12 @@ def test_bad_config_names_the_option(tmp_path: Path, text: str, message: str) ->
     path.write_text(text)
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         load(path)
+
+
+def test_cluster_example_loads_and_holds_no_secret() -> None:
+    cfg = load(REPO / "conf" / "cluster.example.toml")
+    assert cfg.system_topic.auth_token_env and not cfg.system_topic.auth_token_file
+    assert cfg.safety.max_orphan_fraction <= SweeperConfig().safety.max_orphan_fraction
 
 
 def test_missing_file(tmp_path: Path) -> None:
