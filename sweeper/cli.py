@@ -22,11 +22,23 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED, EXIT_PARTIAL = 0, 1, 2, 3, 4
 DEFAULT_CONFIG = "conf/local.toml"
 
 
+def strict(cfg: SweeperConfig) -> SweeperConfig:
+    """The one-shot cleanup profile (after an upgrade or a migration): never looser than the config."""
+    return cfg.replace(
+        safety={"min_age_hours": max(cfg.safety.min_age_hours, 14 * 24.0),
+                "max_orphan_fraction": min(cfg.safety.max_orphan_fraction, 0.02), "force_min_age": False},
+        gates={"max_drop_fraction": min(cfg.gates.max_drop_fraction, 0.1), "allow_empty": False},
+        delete={"max_deletes_per_run": min(cfg.delete.max_deletes_per_run, 1000),
+                "deletes_per_second": min(cfg.delete.deletes_per_second, 50.0)})
+
+
 def _load_config(args: argparse.Namespace) -> SweeperConfig:
     path = args.config
     if path is None and Path(DEFAULT_CONFIG).exists():
         path = DEFAULT_CONFIG
     cfg = config_mod.load(path)
+    if getattr(args, "strict", False):
+        cfg = strict(cfg)
     overrides: dict[str, dict[str, object]] = {}
     if getattr(args, "tables", None):
         overrides["tables"] = {"root": args.tables}
@@ -83,7 +95,9 @@ def _session(cfg: SweeperConfig) -> tuple[Any, Any]:
     from sweeper.spark import get_spark
     from sweeper.tables import open_table_store
 
-    spark = get_spark(cfg.spark.app_name, master=cfg.spark.master or None)
+    # Spark's own progress bar, on a terminal only: a scheduler's log wants the per-stage lines.
+    progress = {"spark.ui.showConsoleProgress": "true"} if sys.stderr.isatty() else {}
+    spark = get_spark(cfg.spark.app_name, master=cfg.spark.master or None, conf=progress)
     return spark, open_table_store(cfg.tables.root, spark, engine=cfg.tables.engine)
 
 
@@ -231,6 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     sandbox.set_defaults(func=cmd_sandbox)
 
     def stage_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--strict", action="store_true",
+                       help="one-shot cleanup profile: 14-day grace, 2%% breaker, 1000 deletes per run, 50/s")
         p.add_argument("--tables", help="table root (overrides [tables] root)")
         p.add_argument("--zookeeper", help="ZooKeeper connect string (overrides [bookkeeper] zookeeper)")
         p.add_argument("--run-id")

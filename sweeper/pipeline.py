@@ -149,6 +149,23 @@ def export_metrics(config: SweeperConfig, result: SweepResult, log: Any = print)
         log(f"warning: {exc}")
 
 
+_SUMMARY_KEYS = {
+    "snapshot": ("bk_ledgers", "managed_ledgers", "quarantine", "pending_deletes"),
+    "reconcile": ("candidate", "young", "unknown", "missing"),
+    "emit": ("published", "already_published"),
+    "delete": ("deleted", "would_delete", "in_use", "failed", "queued_for_retry"),
+}
+
+
+def summary_table(result: SweepResult) -> list[str]:
+    """The run at a glance: one row per stage that ran, with its time and main counts."""
+    lines = [f"{'stage':<10} {'seconds':>8}  counts", f"{'-' * 10} {'-' * 8}  {'-' * 40}"]
+    for stage, counts in result.stages.items():
+        shown = ", ".join(f"{k}={counts[k]:,}" for k in _SUMMARY_KEYS.get(stage, ()) if counts.get(k))
+        lines.append(f"{stage:<10} {counts.get('seconds', 0):>8.1f}  {shown or '-'}")
+    return lines
+
+
 def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: str = "reconcile",
           run_id: str | None = None, log: Any = print, execute: bool = False) -> SweepResult:
     """Stages in order up to `until`. Emitting marks ledgers for deletion, so it only runs when asked."""
@@ -192,6 +209,8 @@ def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: 
         result.outcomes = [(r.ledger_type, r.outcome) for r in deleted.results]
         log(f"[delete]    {delete_summary(deleted)} in {deleted.duration_s:.1f}s")
     export_metrics(config, result, log)
+    for line in summary_table(result):
+        log(line)
     done = "dry run: nothing was deleted" if not (until == "delete" and execute) else "deletes executed"
     log(f"run {snap.run_id} done in {time.monotonic() - t0:.1f}s ({done})")
     return result
