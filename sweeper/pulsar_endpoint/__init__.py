@@ -1,5 +1,8 @@
 """Minimal Pulsar binary-protocol endpoint for tests and the local sandbox (never production).
 
+Producers, consumers and readers of the real ``pulsar-client`` work against it; durable
+subscription cursors persist in the data dir next to the message logs.
+
 Regenerate the protobuf module after editing PulsarApi.proto::
 
     .venv/bin/python -m grpc_tools.protoc -Isweeper/pulsar_endpoint \
@@ -7,6 +10,6 @@ Regenerate the protobuf module after editing PulsarApi.proto::
 """
 
 from .server import PulsarEndpoint, normalize_topic
-from .store import StoredEntry, StoredMessage
+from .store import CursorState, StoredEntry, StoredMessage
 
-__all__ = ["PulsarEndpoint", "StoredEntry", "StoredMessage", "normalize_topic"]
+__all__ = ["CursorState", "PulsarEndpoint", "StoredEntry", "StoredMessage", "normalize_topic"]

@@ -9,19 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import itertools
 import json
 import logging
 import struct
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, ClassVar
 
 from google.protobuf.message import DecodeError
 
 from . import PulsarApi_pb2 as pb
 from .crc32c import crc32c
-from .store import MessageStore, StoredMessage
+from .store import _LEDGER_ID, CursorState, CursorStore, MessageStore, StoredEntry, StoredMessage, partition_of
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +55,218 @@ def encode_command(cmd: pb.BaseCommand) -> bytes:
     return _U32.pack(len(body) + 4) + _U32.pack(len(body)) + body
 
 
+# Client-side sentinels arrive as uint64: MessageId.earliest is (-1, -1) and latest is
+# (INT64_MAX, INT64_MAX).
+_UINT64_NEG1 = 2**64 - 1
+_INT64_MAX = 2**63 - 1
+_SCHEMA_VERSION = struct.pack(">q", 0)
+
+
+def _batch_size(e: StoredEntry) -> int:
+    return max(e.num_messages, 1)
+
+
+def _is_batch(e: StoredEntry) -> bool:
+    meta = pb.MessageMetadata()
+    meta.ParseFromString(e.metadata)
+    return meta.HasField("num_messages_in_batch")
+
+
+class _Consumer:
+    def __init__(self, conn: _Connection, consumer_id: int, sub: _Subscription, name: str, priority: int) -> None:
+        self.conn = conn
+        self.consumer_id = consumer_id
+        self.sub = sub
+        self.name = name
+        self.priority = priority
+        self.permits = 0
+
+    def deliver(self, e: StoredEntry, redelivery_count: int, ack_set: list[int] | None) -> None:
+        mid = pb.MessageIdData(ledgerId=e.ledger_id, entryId=e.entry_id)
+        part = partition_of(self.sub.topic)
+        if part >= 0:
+            mid.partition = part
+        msg = pb.CommandMessage(consumer_id=self.consumer_id, message_id=mid, redelivery_count=redelivery_count)
+        if ack_set:
+            msg.ack_set.extend(ack_set)
+        cmd = pb.BaseCommand(type=pb.BaseCommand.MESSAGE, message=msg).SerializeToString()
+        body = _U32.pack(len(e.metadata)) + e.metadata + e.payload
+        # Always checksummed: the C++ client verifies it when present, which catches framing bugs here.
+        frame = _U32.pack(len(cmd)) + cmd + struct.pack(">HI", _MAGIC_CRC32C, crc32c(body)) + body
+        self.conn.writer.write(_U32.pack(len(frame)) + frame)
+        self.permits -= _batch_size(e)
+
+
+class _Subscription:
+    """One cursor plus its dispatcher; lives on the endpoint's event loop thread only."""
+
+    def __init__(
+        self,
+        ep: PulsarEndpoint,
+        topic: str,
+        name: str,
+        sub_type: int,
+        durable: bool,
+        cursor: CursorState,
+    ) -> None:
+        self.ep = ep
+        self.topic = topic
+        self.name = name
+        self.sub_type = sub_type
+        self.durable = durable
+        self.cursor = cursor
+        self.read_pos = cursor.mark_delete + 1  # next entry never dispatched since (re)positioning
+        self.replay: list[int] = []  # heap of entries to dispatch again
+        self.redelivery: dict[int, int] = {}
+        self.pending: dict[int, _Consumer] = {}  # dispatched, not yet acknowledged
+        self.consumers: list[_Consumer] = []
+        self._rr = 0
+        # Set while consumers were disconnected by a seek: a non-durable subscription must
+        # outlive that gap, because the client resubscribes expecting the reset position.
+        self.keep_alive = False
+
+    # -- cursor --------------------------------------------------------------------------
+    def is_acked(self, entry_id: int) -> bool:
+        return entry_id <= self.cursor.mark_delete or entry_id in self.cursor.acked
+
+    def _ack_one(self, e: int) -> None:
+        if e > self.cursor.mark_delete:
+            self.cursor.acked.add(e)
+        self.cursor.partial.pop(e, None)
+        self.pending.pop(e, None)
+        self.redelivery.pop(e, None)
+
+    def _ack_upto(self, e: int) -> None:
+        if e <= self.cursor.mark_delete:
+            return
+        self.cursor.mark_delete = e
+        self.cursor.acked = {x for x in self.cursor.acked if x > e}
+        self.cursor.partial = {k: v for k, v in self.cursor.partial.items() if k > e}
+        for x in [x for x in self.pending if x <= e]:
+            del self.pending[x]
+        for x in [x for x in self.redelivery if x <= e]:
+            del self.redelivery[x]
+
+    def _ack_batch_indexes(self, e: int, ack_set: list[int]) -> None:
+        if self.is_acked(e):
+            return
+        prev = self.cursor.partial.get(e)
+        words = list(ack_set) if prev is None else [a & b for a, b in zip(prev, ack_set, strict=False)]
+        if not any(words):
+            self._ack_one(e)
+        else:
+            self.cursor.partial[e] = words
+
+    def _collapse(self) -> None:
+        while self.cursor.mark_delete + 1 in self.cursor.acked:
+            self.cursor.acked.discard(self.cursor.mark_delete + 1)
+            self.cursor.mark_delete += 1
+
+    def persist(self) -> None:
+        if self.durable:
+            self.ep.cursors.save(self.topic, self.name, self.cursor)
+
+    def ack(self, c: pb.CommandAck) -> None:
+        for mid in c.message_id:
+            e = mid.entryId
+            if c.ack_type == pb.CommandAck.Cumulative:
+                if any(mid.ack_set):
+                    # A cumulative ack inside a batch covers the earlier entries and part of this one.
+                    self._ack_upto(e - 1)
+                    self._ack_batch_indexes(e, list(mid.ack_set))
+                else:
+                    self._ack_upto(e)
+            elif len(mid.ack_set):
+                self._ack_batch_indexes(e, list(mid.ack_set))
+            else:
+                self._ack_one(e)
+        self._collapse()
+        self.persist()
+
+    def reset(self, entry_id: int) -> None:
+        """Position so ``entry_id`` is the next entry read; acks at or after it are forgotten."""
+        count = self.ep.store.entry_count(self.topic)
+        entry_id = max(0, min(entry_id, count))
+        self.cursor.mark_delete = entry_id - 1
+        self.cursor.acked = {x for x in self.cursor.acked if x < entry_id}
+        self.cursor.partial = {k: v for k, v in self.cursor.partial.items() if k < entry_id}
+        self._collapse()
+        self.pending.clear()
+        self.replay.clear()
+        self.read_pos = entry_id
+        self.persist()
+
+    # -- dispatch ------------------------------------------------------------------------
+    def add_consumer(self, consumer: _Consumer) -> None:
+        self.consumers.append(consumer)
+        self.keep_alive = False
+
+    def remove_consumer(self, consumer: _Consumer) -> None:
+        if consumer in self.consumers:
+            self.consumers.remove(consumer)
+        # Whatever it held but never acknowledged goes to the others (or the next consumer).
+        for e in [e for e, c in self.pending.items() if c is consumer]:
+            del self.pending[e]
+            heapq.heappush(self.replay, e)
+        self.dispatch()
+
+    def redeliver(self, consumer: _Consumer, entry_ids: list[int] | None) -> None:
+        held = [e for e, c in self.pending.items() if c is consumer]
+        targets = held if entry_ids is None else [e for e in entry_ids if e in self.pending]
+        for e in targets:
+            del self.pending[e]
+            self.redelivery[e] = self.redelivery.get(e, 0) + 1
+            heapq.heappush(self.replay, e)
+        self.dispatch()
+
+    def _active(self) -> list[_Consumer]:
+        if self.sub_type in (pb.CommandSubscribe.Exclusive, pb.CommandSubscribe.Failover):
+            # Failover: one active consumer, chosen by priority then connection order.
+            ordered = sorted(self.consumers, key=lambda c: c.priority)
+            return ordered[:1]
+        return self.consumers
+
+    def _next_entry(self) -> int | None:
+        while self.replay:
+            e = heapq.heappop(self.replay)
+            if not self.is_acked(e) and e not in self.pending:
+                return e
+        count = self.ep.store.entry_count(self.topic)
+        while self.read_pos < count:
+            e = self.read_pos
+            self.read_pos += 1
+            if not self.is_acked(e) and e not in self.pending:
+                return e
+        return None
+
+    def dispatch(self) -> None:
+        while True:
+            ready = [c for c in self._active() if c.permits > 0]
+            if not ready:
+                return
+            e = self._next_entry()
+            if e is None:
+                return
+            entry = self.ep.store.entry(self.topic, e)
+            if entry is None:
+                return
+            consumer = ready[self._rr % len(ready)]
+            self._rr += 1
+            consumer.deliver(entry, self.redelivery.get(e, 0), self.cursor.partial.get(e))
+            self.pending[e] = consumer
+
+
 class _Connection:
+    # command type -> (BaseCommand field, handler); filled in below the class body.
+    _consumer_handlers: ClassVar[dict[int, tuple[str, Callable[[_Connection, Any], None]]]] = {}
+
     def __init__(self, endpoint: PulsarEndpoint, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.ep = endpoint
         self.reader = reader
         self.writer = writer
         # producer id (client-chosen, per connection) -> (topic, producer name)
         self.producers: dict[int, tuple[str, str]] = {}
+        self.consumers: dict[int, _Consumer] = {}
 
     def send(self, cmd: pb.BaseCommand) -> None:
         self.writer.write(encode_command(cmd))
@@ -84,6 +292,8 @@ class _Connection:
             # A protocol bug must cost one connection, never the server.
             log.exception("connection handler failed")
         finally:
+            with contextlib.suppress(Exception):
+                self.close_consumers()
             with contextlib.suppress(Exception):
                 self.writer.close()
 
@@ -118,6 +328,12 @@ class _Connection:
             self.producers.pop(cmd.close_producer.producer_id, None)
             rid = cmd.close_producer.request_id
             self.send(pb.BaseCommand(type=T.SUCCESS, success=pb.CommandSuccess(request_id=rid)))
+        elif t in self._consumer_handlers:
+            field, handler = self._consumer_handlers[t]
+            if not cmd.HasField(field):
+                log.warning("%s without its body, closing connection", T.Type.Name(t))
+                return False
+            handler(self, getattr(cmd, field))
         else:
             log.warning("unsupported command %s, closing connection", T.Type.Name(t))
             return False
@@ -175,6 +391,176 @@ class _Connection:
             ok.schema_version = struct.pack(">q", 0)
         self.send(pb.BaseCommand(type=pb.BaseCommand.PRODUCER_SUCCESS, producer_success=ok))
 
+    # -- consumer side -------------------------------------------------------------------
+    def _error(self, request_id: int, error: int, message: str) -> None:
+        err = pb.CommandError(request_id=request_id, error=error, message=message)
+        self.send(pb.BaseCommand(type=pb.BaseCommand.ERROR, error=err))
+
+    def _success(self, request_id: int) -> None:
+        self.send(pb.BaseCommand(type=pb.BaseCommand.SUCCESS, success=pb.CommandSuccess(request_id=request_id)))
+
+    def on_subscribe(self, c: pb.CommandSubscribe) -> None:
+        try:
+            topic = normalize_topic(c.topic)
+        except ValueError as e:
+            self._error(c.request_id, pb.InvalidTopicName, str(e))
+            return
+        if self.ep.partitions(topic) > 0:
+            # The client resolves partitions first; a broker also refuses the bare name.
+            self._error(c.request_id, pb.InvalidTopicName, f"{topic} is partitioned, subscribe to its partitions")
+            return
+        if c.HasField("schema"):
+            existing = self.ep.schema(topic)
+            if existing is None:
+                self.ep.register_schema(topic, c.schema)
+            elif existing.type != c.schema.type:
+                self._error(c.request_id, pb.IncompatibleSchema, "schema type differs from the topic's schema")
+                return
+        old = self.consumers.pop(c.consumer_id, None)
+        if old is not None:
+            old.sub.remove_consumer(old)
+        sub = self.ep.subscription_for(topic, c)
+        if c.subType == pb.CommandSubscribe.Exclusive and sub.consumers:
+            self._error(
+                c.request_id, pb.ConsumerBusy, f"exclusive subscription {c.subscription} already has a consumer"
+            )
+            return
+        consumer = _Consumer(self, c.consumer_id, sub, c.consumer_name, c.priority_level)
+        self.consumers[c.consumer_id] = consumer
+        sub.add_consumer(consumer)
+        self._success(c.request_id)
+
+    def _consumer(self, consumer_id: int) -> _Consumer | None:
+        consumer = self.consumers.get(consumer_id)
+        if consumer is None:
+            log.warning("command for unknown consumer %d", consumer_id)
+        return consumer
+
+    def on_flow(self, c: pb.CommandFlow) -> None:
+        consumer = self._consumer(c.consumer_id)
+        if consumer is not None:
+            consumer.permits += c.messagePermits
+            consumer.sub.dispatch()
+
+    def on_ack(self, c: pb.CommandAck) -> None:
+        consumer = self._consumer(c.consumer_id)
+        if consumer is not None:
+            consumer.sub.ack(c)
+        # Only clients with ack receipts enabled set request_id and wait for this; others
+        # would log an unknown-request warning for every ack.
+        if c.HasField("request_id"):
+            resp = pb.CommandAckResponse(consumer_id=c.consumer_id, request_id=c.request_id)
+            if consumer is None:
+                resp.error = pb.ConsumerNotFound
+                resp.message = "consumer not found"
+            self.send(pb.BaseCommand(type=pb.BaseCommand.ACK_RESPONSE, ackResponse=resp))
+
+    def on_redeliver(self, c: pb.CommandRedeliverUnacknowledgedMessages) -> None:
+        consumer = self._consumer(c.consumer_id)
+        if consumer is not None:
+            ids = [m.entryId for m in c.message_ids] if len(c.message_ids) else None
+            consumer.sub.redeliver(consumer, ids)
+
+    def _drop_consumer(self, consumer_id: int) -> None:
+        consumer = self.consumers.pop(consumer_id, None)
+        if consumer is not None:
+            consumer.sub.remove_consumer(consumer)
+            self.ep.maybe_drop_subscription(consumer.sub)
+
+    def on_close_consumer(self, c: pb.CommandCloseConsumer) -> None:
+        self._drop_consumer(c.consumer_id)
+        self._success(c.request_id)
+
+    def on_unsubscribe(self, c: pb.CommandUnsubscribe) -> None:
+        consumer = self.consumers.get(c.consumer_id)
+        if consumer is None:
+            self._error(c.request_id, pb.ConsumerNotFound, "consumer not found")
+            return
+        sub = consumer.sub
+        if any(other is not consumer for other in sub.consumers) and not c.force:
+            self._error(c.request_id, pb.ConsumerBusy, "subscription has other consumers")
+            return
+        for other in list(sub.consumers):
+            if other is not consumer:
+                other.conn._server_close_consumer(other)
+        self._drop_consumer(c.consumer_id)
+        self.ep.delete_subscription(sub)
+        self._success(c.request_id)
+
+    def _server_close_consumer(self, consumer: _Consumer) -> None:
+        """Broker-initiated close: the client reconnects and resubscribes on its own."""
+        self.consumers.pop(consumer.consumer_id, None)
+        consumer.sub.remove_consumer(consumer)
+        close = pb.CommandCloseConsumer(consumer_id=consumer.consumer_id, request_id=0)
+        self.send(pb.BaseCommand(type=pb.BaseCommand.CLOSE_CONSUMER, close_consumer=close))
+
+    def on_seek(self, c: pb.CommandSeek) -> None:
+        consumer = self.consumers.get(c.consumer_id)
+        if consumer is None:
+            self._error(c.request_id, pb.ConsumerNotFound, "consumer not found")
+            return
+        sub = consumer.sub
+        if c.HasField("message_id"):
+            target = self.ep.entry_for_message_id(sub.topic, c.message_id, default=0)
+        elif c.HasField("message_publish_time"):
+            target = self.ep.entry_for_publish_time(sub.topic, c.message_publish_time)
+        else:
+            self._error(c.request_id, pb.UnknownError, "seek needs a message id or a publish time")
+            return
+        # Like a broker: disconnect the subscription's consumers before answering, so the
+        # client takes its reconnect path, drops prefetched messages and gets fresh permits.
+        sub.keep_alive = True
+        for other in list(sub.consumers):
+            other.conn._server_close_consumer(other)
+        sub.reset(target)
+        self._success(c.request_id)
+
+    def on_get_last_message_id(self, c: pb.CommandGetLastMessageId) -> None:
+        consumer = self.consumers.get(c.consumer_id)
+        if consumer is None:
+            self._error(c.request_id, pb.ConsumerNotFound, "consumer not found")
+            return
+        sub = consumer.sub
+        resp = pb.CommandGetLastMessageIdResponse(
+            request_id=c.request_id, last_message_id=self.ep.last_message_id(sub.topic)
+        )
+        md = sub.cursor.mark_delete
+        mark = pb.MessageIdData(
+            ledgerId=_LEDGER_ID if md >= 0 else _UINT64_NEG1, entryId=md if md >= 0 else _UINT64_NEG1
+        )
+        resp.consumer_mark_delete_position.CopyFrom(mark)
+        self.send(pb.BaseCommand(type=pb.BaseCommand.GET_LAST_MESSAGE_ID_RESPONSE, getLastMessageIdResponse=resp))
+
+    def on_get_schema(self, c: pb.CommandGetSchema) -> None:
+        resp = pb.CommandGetSchemaResponse(request_id=c.request_id)
+        try:
+            schema = self.ep.schema(c.topic)
+        except ValueError:
+            schema = None
+        if schema is None:
+            resp.error_code = pb.TopicNotFound
+            resp.error_message = "no schema registered for topic"
+        else:
+            resp.schema.CopyFrom(schema)
+            resp.schema_version = _SCHEMA_VERSION
+        self.send(pb.BaseCommand(type=pb.BaseCommand.GET_SCHEMA_RESPONSE, getSchemaResponse=resp))
+
+    def on_get_topics(self, c: pb.CommandGetTopicsOfNamespace) -> None:
+        resp = pb.CommandGetTopicsOfNamespaceResponse(request_id=c.request_id, topics=self.ep.topics_of(c.namespace))
+        self.send(
+            pb.BaseCommand(type=pb.BaseCommand.GET_TOPICS_OF_NAMESPACE_RESPONSE, getTopicsOfNamespaceResponse=resp)
+        )
+
+    def on_consumer_stats(self, c: pb.CommandConsumerStats) -> None:
+        resp = pb.CommandConsumerStatsResponse(
+            request_id=c.request_id, error_code=pb.NotAllowedError, error_message="consumer stats not supported"
+        )
+        self.send(pb.BaseCommand(type=pb.BaseCommand.CONSUMER_STATS_RESPONSE, consumerStatsResponse=resp))
+
+    def close_consumers(self) -> None:
+        for consumer_id in list(self.consumers):
+            self._drop_consumer(consumer_id)
+
     def _send_error(self, c: pb.CommandSend, error: int, message: str) -> None:
         err = pb.CommandSendError(producer_id=c.producer_id, sequence_id=c.sequence_id, error=error, message=message)
         self.send(pb.BaseCommand(type=pb.BaseCommand.SEND_ERROR, send_error=err))
@@ -205,7 +591,7 @@ class _Connection:
         highest = c.highest_sequence_id if c.highest_sequence_id > c.sequence_id else 0
         if not highest:
             highest = max(c.sequence_id + max(c.num_messages, 1) - 1, meta.highest_sequence_id)
-        led, ent, _dup = self.ep.store.append(
+        led, ent, dup = self.ep.store.append(
             topic,
             name,
             c.sequence_id,
@@ -223,6 +609,23 @@ class _Connection:
         if c.HasField("highest_sequence_id"):
             receipt.highest_sequence_id = c.highest_sequence_id
         self.send(pb.BaseCommand(type=pb.BaseCommand.SEND_RECEIPT, send_receipt=receipt))
+        if not dup:
+            self.ep.notify_appended(topic)
+
+
+_Connection._consumer_handlers = {
+    pb.BaseCommand.SUBSCRIBE: ("subscribe", _Connection.on_subscribe),
+    pb.BaseCommand.FLOW: ("flow", _Connection.on_flow),
+    pb.BaseCommand.ACK: ("ack", _Connection.on_ack),
+    pb.BaseCommand.REDELIVER_UNACKNOWLEDGED_MESSAGES: ("redeliverUnacknowledgedMessages", _Connection.on_redeliver),
+    pb.BaseCommand.CLOSE_CONSUMER: ("close_consumer", _Connection.on_close_consumer),
+    pb.BaseCommand.UNSUBSCRIBE: ("unsubscribe", _Connection.on_unsubscribe),
+    pb.BaseCommand.SEEK: ("seek", _Connection.on_seek),
+    pb.BaseCommand.GET_LAST_MESSAGE_ID: ("getLastMessageId", _Connection.on_get_last_message_id),
+    pb.BaseCommand.GET_SCHEMA: ("getSchema", _Connection.on_get_schema),
+    pb.BaseCommand.GET_TOPICS_OF_NAMESPACE: ("getTopicsOfNamespace", _Connection.on_get_topics),
+    pb.BaseCommand.CONSUMER_STATS: ("consumerStats", _Connection.on_consumer_stats),
+}
 
 
 class PulsarEndpoint:
@@ -242,6 +645,8 @@ class PulsarEndpoint:
         self._meta_path = self.data_dir / "partitioned_topics.json"
         self._partitioned: dict[str, int] = json.loads(self._meta_path.read_text()) if self._meta_path.exists() else {}
         self._schemas: dict[str, pb.Schema] = {}
+        self.cursors = CursorStore(self.data_dir)
+        self._subs: dict[str, dict[str, _Subscription]] = {}
         self._names = itertools.count()
         self._boot = int(time.time())
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -279,6 +684,96 @@ class PulsarEndpoint:
 
     def messages(self, topic: str) -> list[StoredMessage]:
         return self.store.messages(normalize_topic(topic))
+
+    # -- subscriptions (event loop thread only, except the read-only helpers) -------------
+    def subscription_for(self, topic: str, c: pb.CommandSubscribe) -> _Subscription:
+        subs = self._subs.setdefault(topic, {})
+        sub = subs.get(c.subscription)
+        if sub is not None:
+            return sub
+        durable = c.durable
+        count = self.store.entry_count(topic)
+        cursor = self.cursors.get(topic, c.subscription) if durable else None
+        if cursor is None:
+            if not durable and c.HasField("start_message_id"):
+                start = self.entry_for_message_id(topic, c.start_message_id, default=count)
+            elif c.initialPosition == pb.CommandSubscribe.Earliest:
+                start = 0
+            else:
+                start = count
+            cursor = CursorState(mark_delete=start - 1)
+        sub = _Subscription(self, topic, c.subscription, c.subType, durable, cursor)
+        subs[c.subscription] = sub
+        # A broker creates the durable cursor at subscribe time, so a subscription made at
+        # "latest" keeps its position even if it is never acknowledged on.
+        sub.persist()
+        return sub
+
+    def maybe_drop_subscription(self, sub: _Subscription) -> None:
+        if not sub.durable and not sub.consumers and not sub.keep_alive:
+            self._subs.get(sub.topic, {}).pop(sub.name, None)
+
+    def delete_subscription(self, sub: _Subscription) -> None:
+        self._subs.get(sub.topic, {}).pop(sub.name, None)
+        if sub.durable:
+            self.cursors.save(sub.topic, sub.name, None)
+
+    def entry_for_message_id(self, topic: str, mid: pb.MessageIdData, default: int) -> int:
+        """The entry a start/seek message id points at, inclusive: the client itself drops
+        the messages before (or at, when not inclusive) the id it asked for."""
+        count = self.store.entry_count(topic)
+        if mid.ledgerId == _UINT64_NEG1 or mid.entryId == _UINT64_NEG1:
+            return 0
+        if mid.ledgerId >= _INT64_MAX or mid.entryId >= _INT64_MAX:
+            return count
+        if mid.ledgerId < _LEDGER_ID:
+            return 0
+        if mid.ledgerId > _LEDGER_ID:
+            return default
+        return min(mid.entryId, count)
+
+    def entry_for_publish_time(self, topic: str, publish_time: int) -> int:
+        entries = self.store.entries(topic)
+        return next((e.entry_id for e in entries if e.publish_time >= publish_time), len(entries))
+
+    def last_message_id(self, topic: str) -> pb.MessageIdData:
+        count = self.store.entry_count(topic)
+        if count == 0:
+            return pb.MessageIdData(ledgerId=_UINT64_NEG1, entryId=_UINT64_NEG1)
+        last = self.store.entry(topic, count - 1)
+        assert last is not None
+        mid = pb.MessageIdData(ledgerId=last.ledger_id, entryId=last.entry_id)
+        part = partition_of(topic)
+        if part >= 0:
+            mid.partition = part
+        if _is_batch(last):
+            # The client compares batch indexes, so the last message of a batch must be named.
+            mid.batch_index = _batch_size(last) - 1
+            mid.batch_size = _batch_size(last)
+        return mid
+
+    def notify_appended(self, topic: str) -> None:
+        for sub in list(self._subs.get(topic, {}).values()):
+            sub.dispatch()
+
+    def topics_of(self, namespace: str) -> list[str]:
+        prefix = f"persistent://{namespace}/"
+        names = {t for t in self.store.topics() if t.startswith(prefix)}
+        with self._lock:
+            for t, n in self._partitioned.items():
+                if t.startswith(prefix):
+                    names.update(f"{t}-partition-{i}" for i in range(n))
+        return sorted(names)
+
+    def subscriptions(self, topic: str) -> list[str]:
+        """Durable subscriptions (persisted) plus live non-durable ones, for tests."""
+        topic = normalize_topic(topic)
+        live = set(self._subs.get(topic, {}))
+        return sorted(live | set(self.cursors.names(topic)))
+
+    def cursor(self, topic: str, subscription: str) -> CursorState | None:
+        """A durable subscription's persisted cursor, for tests."""
+        return self.cursors.get(normalize_topic(topic), subscription)
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self) -> PulsarEndpoint:
@@ -321,7 +816,10 @@ class PulsarEndpoint:
         return self
 
     async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _Connection(self, reader, writer).run()
+        # Swallow the shutdown cancellation: asyncio's stream callback calls task.exception()
+        # on a cancelled handler and logs the CancelledError as an error otherwise.
+        with contextlib.suppress(asyncio.CancelledError):
+            await _Connection(self, reader, writer).run()
 
     def stop(self) -> None:
         if self._thread is None or self._loop is None:

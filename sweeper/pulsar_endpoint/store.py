@@ -6,6 +6,8 @@ broker would write it to a BookKeeper ledger; batches are only unpacked on read.
 
 from __future__ import annotations
 
+import json
+import os
 import struct
 import threading
 import urllib.parse
@@ -270,8 +272,105 @@ class MessageStore:
         with self._lock:
             return list(self._log(topic).entries)
 
+    def entry_count(self, topic: str) -> int:
+        with self._lock:
+            return len(self._log(topic).entries)
+
+    def entry(self, topic: str, entry_id: int) -> StoredEntry | None:
+        with self._lock:
+            entries = self._log(topic).entries
+            return entries[entry_id] if 0 <= entry_id < len(entries) else None
+
+    def topics(self) -> list[str]:
+        """Every topic with a log on disk or opened since start (empty ones included)."""
+        with self._lock:
+            names = set(self._logs)
+        for f in (self.data_dir / "topics").glob("*.log"):
+            names.add(urllib.parse.unquote(f.name[: -len(".log")]))
+        return sorted(names)
+
     def messages(self, topic: str) -> list[StoredMessage]:
         out: list[StoredMessage] = []
         for e in self.entries(topic):
             out.extend(unpack_entry(topic, e))
         return out
+
+
+@dataclass
+class CursorState:
+    """A durable subscription's acknowledgement state.
+
+    ``mark_delete`` is the highest entry id below which everything is acknowledged (-1 when
+    nothing is); ``acked`` holds entries above it acknowledged out of order, and ``partial``
+    the still-unacknowledged batch-index bitsets of partly acknowledged batch entries.
+    """
+
+    mark_delete: int = -1
+    acked: set[int] = field(default_factory=set)
+    partial: dict[int, list[int]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "mark_delete": self.mark_delete,
+            "acked": sorted(self.acked),
+            "partial": {str(k): v for k, v in sorted(self.partial.items())},
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, object]) -> CursorState:
+        partial = d.get("partial", {})
+        acked = d.get("acked", [])
+        assert isinstance(partial, dict) and isinstance(acked, list)
+        return cls(int(d["mark_delete"]), {int(x) for x in acked}, {int(k): list(v) for k, v in partial.items()})
+
+
+class CursorStore:
+    """Durable cursors, one small JSON file per topic, replaced atomically on every change.
+
+    Rewriting on each ack is wasteful for a broker but keeps a restart exact, which is what
+    the tests care about; the files stay small because acked prefixes collapse into
+    ``mark_delete``.
+    """
+
+    def __init__(self, data_dir: Path) -> None:
+        self.dir = Path(data_dir) / "cursors"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._cache: dict[str, dict[str, CursorState]] = {}
+
+    def _path(self, topic: str) -> Path:
+        return self.dir / (urllib.parse.quote(topic, safe="") + ".json")
+
+    def _load(self, topic: str) -> dict[str, CursorState]:
+        subs = self._cache.get(topic)
+        if subs is None:
+            path = self._path(topic)
+            raw = json.loads(path.read_text()) if path.exists() else {}
+            subs = {name: CursorState.from_json(v) for name, v in raw.items()}
+            self._cache[topic] = subs
+        return subs
+
+    def get(self, topic: str, subscription: str) -> CursorState | None:
+        with self._lock:
+            state = self._load(topic).get(subscription)
+            if state is None:
+                return None
+            return CursorState(state.mark_delete, set(state.acked), {k: list(v) for k, v in state.partial.items()})
+
+    def names(self, topic: str) -> list[str]:
+        with self._lock:
+            return sorted(self._load(topic))
+
+    def save(self, topic: str, subscription: str, state: CursorState | None) -> None:
+        with self._lock:
+            subs = self._load(topic)
+            if state is None:
+                subs.pop(subscription, None)
+            else:
+                subs[subscription] = CursorState(
+                    state.mark_delete, set(state.acked), {k: list(v) for k, v in state.partial.items()}
+                )
+            path = self._path(topic)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({k: v.to_json() for k, v in subs.items()}, sort_keys=True))
+            os.replace(tmp, path)
