@@ -36,6 +36,20 @@ def test_sweep_on_the_sandbox_end_to_end(spark: SparkSession, tmp_path: Path,
         assert main(["reconcile", "--tables", str(tables), "--config", str(REPO / "conf" / "local.toml")]) == EXIT_OK
         assert main(["reconcile", "--tables", str(tables), "--config", str(REPO / "conf" / "local.toml")]) \
             == EXIT_REFUSED
+
+        # The whole pipeline with --execute: marks go to the sandbox's Pulsar endpoint, orphans are deleted,
+        # and the next sweep finds nothing left to delete.
+        capsys.readouterr()
+        assert main(["sweep", "--sandbox", *args, "--execute"]) == EXIT_OK
+        summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert summary["stages"]["emit"]["published"] == summary["stages"]["reconcile"]["candidate"]
+        assert summary["stages"]["delete"]["deleted"] == summary["stages"]["reconcile"]["candidate"]
+        assert summary["stages"]["reconcile"]["candidate.ledger"] == orphans
+        assert main(["sweep", "--sandbox", *args, "--execute"]) == EXIT_OK
+        summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert summary["stages"]["reconcile"].get("candidate", 0) == 0
+        # The marks of the first run are on the topic; this run's snapshot read them back as done.
+        assert summary["stages"]["reconcile"]["pending_delete.done"] == orphans
     finally:
         sandbox_down(home, wipe=True)
 

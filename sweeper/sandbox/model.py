@@ -18,6 +18,7 @@ from sweeper.codecs.pulsar import offload_uuid
 from sweeper.layout import INT_MAX, LedgerLayout
 
 DAY_MS = 86_400_000
+GRACE_MS = 7 * DAY_MS  # the default grace period: what "young" means in the ground truth
 HOUR_MS = 3_600_000
 
 
@@ -498,9 +499,12 @@ class _Builder:
             ledger.referrers = [r for r in ledger.referrers if not r.endswith(ml.name) and ml.name + "/" not in r]
             if ledger.referrers:
                 continue
-            ledger.status, ledger.orphan_kind = Status.ORPHAN, OrphanKind.TOPIC_DELETED
             if ledger.ctime_ms is None:
                 ledger.ctime_ms = self.spec.now_ms - self.old_age()
+            # A ledger the topic created in its last days is inside the grace period: never a candidate.
+            young = self.spec.now_ms - ledger.ctime_ms < GRACE_MS
+            ledger.status = Status.YOUNG_ORPHAN if young else Status.ORPHAN
+            ledger.orphan_kind = OrphanKind.TOPIC_DELETED
 
     # -- everything ------------------------------------------------------------------------
     def build(self) -> SandboxCluster:

@@ -1,0 +1,104 @@
+"""Pending deletes read back from the system topic by the snapshot, and classified by reconcile."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pulsar
+import pytest
+from kazoo.client import KazooClient
+from pyspark.sql import SparkSession
+
+from sweeper import pending_delete
+from sweeper import zk as zkutil
+from sweeper.codecs import pulsar as codec
+from sweeper.config import SweeperConfig
+from sweeper.delete.stage import run_delete
+from sweeper.emit import run_emit
+from sweeper.gates import run_gates
+from sweeper.pipeline import reconcile_stage
+from sweeper.sandbox.model import SandboxSpec, build_cluster
+from sweeper.sandbox.seed import seed_zookeeper
+from sweeper.snapshot import record_run, run_snapshot
+from sweeper.system_topic import partition_topic
+from sweeper.tables import open_table_store
+from tests.conftest import ZkTarget
+from tests.test_emit import TOPIC, Broker
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    b = Broker(tmp_path / "pulsar").start()
+    yield b
+    b.stop()
+
+
+def _publish_raw(broker: Broker, partition: int, payloads: list[bytes]) -> None:
+    client = pulsar.Client(f"pulsar://127.0.0.1:{broker.port}", logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    producer = client.create_producer(partition_topic(TOPIC, partition))
+    for payload in payloads:
+        producer.send(payload)
+    client.close()
+
+
+def test_pending_deletes_are_read_quarantined_and_classified(
+        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
+    spec = SandboxSpec(seed=21, topics=30)
+    cluster = build_cluster(spec)
+    seed_zookeeper(zk, cluster)
+    cfg = SweeperConfig().replace(
+        bookkeeper={"zookeeper": zk_target.hosts}, offload={"enabled": False},
+        tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"}, safety={"max_orphan_fraction": 1.0},
+        system_topic=broker.config(), delete={"deletes_per_second": 100_000.0})
+    store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
+
+    first = run_snapshot(spark, cfg, store).run_id  # the topic does not exist yet: nothing to read
+    assert store.read("pending_deletes").where(f"run_id = '{first}'").count() == 0
+    reconcile_stage(spark, cfg, store, first)
+    emitted = run_emit(spark, cfg, store, first)
+    record_run(store, first, "emit", "succeeded", datetime.now(UTC), emitted.counts, cfg)
+    records = {r["record_key"]: r for r in store.read("emitted").where(f"run_id = '{first}'").collect()}
+
+    # Anyone with produce permission can write to the topic: garbage, a foreign Avro record, an incomplete one.
+    incomplete = pending_delete.encode({
+        "topicName": "persistent://t/ns/x", "ledgerComponent": "MANAGED_CURSOR", "ledgerType": "LEDGER",
+        "ledgerId": 5, "cursorName": None, "schemaId": None, "offloadContext": None, "properties": {},
+        "reason": None, "runId": None})
+    _publish_raw(broker, 1, [b"\x00garbage\xff", b'{"ledgerId": 7}', incomplete])
+
+    # Phase 2 runs for half of the records; one other ledger is referenced again (its metadata update
+    # was rolled back), the rest stay stuck.
+    ledger_keys = sorted(k for k in records if k.startswith("LEDGER/"))  # the order the delete stage takes them
+    dropped = [k for k in ledger_keys if cluster.ledgers[int(k.split("/")[1])].orphan_kind is not None
+               and cluster.ledgers[int(k.split("/")[1])].orphan_kind.value == "dropped_from_list"]
+    regained = int(dropped[-1].split("/")[1])
+    done_count = min(len(ledger_keys) // 2, ledger_keys.index(dropped[-1]))
+    assert done_count > 0
+    capped = cfg.replace(delete={"max_deletes_per_run": done_count})
+    run_delete(spark, capped, store, first, execute=True)
+    deleted_ids = {int(k.split("/")[1]) for k in ledger_keys[:done_count]}
+    still = [int(k.split("/")[1]) for k in ledger_keys[done_count:]]
+    ml_name = cluster.ledgers[regained].custom["pulsar/managed-ledger"].decode()
+    ml_path = zkutil.join(spec.managed_ledgers_root, ml_name)
+    info = codec.decode_managed_ledger_info(zk.get(ml_path)[0])
+    info.ledgerInfo.add(ledgerId=regained, entries=1, size=1)
+    zk.set(ml_path, codec.encode_managed_ledger_info(info))
+
+    second = run_snapshot(spark, cfg, store).run_id
+    pending = store.read("pending_deletes").where(f"run_id = '{second}'").collect()
+    assert {r["record_key"] for r in pending} == set(records)  # every emitted record, read back once
+    assert all(r["source_run_id"] == first and r["payload"] == records[r["record_key"]]["payload"] for r in pending)
+    quarantined = store.read("quarantine").where(f"run_id = '{second}' AND source = 'pending_delete'").collect()
+    assert sorted(bytes(r["raw"]) for r in quarantined) == sorted([b"\x00garbage\xff", b'{"ledgerId": 7}', incomplete])
+    assert {r["error_kind"] for r in quarantined} <= {"malformed", "missing_field", "invalid_field"}
+    assert run_gates(store, second, cfg.gates).passed  # forged messages never pass for a partial scan
+
+    result = reconcile_stage(spark, cfg, store, second)
+    states = {r["ledger_id"]: r["state"] for r in store.read("pending_delete_status").where(
+        f"run_id = '{second}' AND ledger_type = 'LEDGER'").collect()}
+    assert {i for i, s in states.items() if s == "done"} == deleted_ids
+    assert states[regained] == "in_use"
+    assert {i for i, s in states.items() if s == "stuck"} == set(still) - {regained}
+    assert result.counts["pending_delete.done"] == len(deleted_ids)
