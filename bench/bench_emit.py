@@ -7,6 +7,10 @@ Both sides talk to the same local endpoint (its own process, as in the sandbox) 
 tasks, one producer per slot, batching, bounded in-flight). Baseline: one producer, batching
 off, `send()` one record at a time waiting for each receipt; it runs on the first
 `--baseline-records` records only (it is slow), and the two are compared as records per second.
+
+`--persist-latency-ms` makes the endpoint hold each send receipt as long as a real cluster takes to
+make a write durable (bookie journal fsync and replication to the ack quorum; a few ms). At 0 the
+endpoint acknowledges at once, which flatters the one-at-a-time baseline; report both.
 """
 
 from __future__ import annotations
@@ -49,10 +53,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--baseline-records", type=int, default=10_000)
+    parser.add_argument("--persist-latency-ms", type=float, default=0.0)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-emit-"))
     port, admin_port = free_port(), free_port()
-    broker = start_pulsar(work / "pulsar", port, admin_port)
+    broker = start_pulsar(work / "pulsar", port, admin_port, persist_latency_ms=args.persist_latency_ms)
     try:
         spark = get_spark("bench-emit", master="local[2]", conf={"spark.sql.shuffle.partitions": "4"})
         cfg = SweeperConfig().replace(
@@ -84,7 +89,7 @@ def main() -> None:
         base_rate = len(payloads) / base_s
 
         print(f"records: {args.records:,}  producers: {result.counts['producers']}  "
-              f"partitions: {result.counts['partitions']}")
+              f"partitions: {result.counts['partitions']}  endpoint persist latency: {args.persist_latency_ms} ms")
         print(f"ours (run_emit, whole stage incl. planning and the Delta commit): {ours_s:.1f} s = "
               f"{ours_rate:,.0f} records/s")
         send_rate = args.records / (result.counts["send_ms"] / 1000)

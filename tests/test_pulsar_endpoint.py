@@ -6,6 +6,7 @@ import io
 import json
 import socket
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -275,3 +276,22 @@ def test_bad_checksum_gets_send_error_and_is_not_stored(endpoint: PulsarEndpoint
         receipt = _read_command(s)
         assert receipt.type == T.SEND_RECEIPT and receipt.send_receipt.message_id.entryId == 0
     assert [m.payload for m in endpoint.messages("raw")] == [b"payload"]
+
+
+def test_persist_latency_holds_receipts_in_order(tmp_path: Path) -> None:
+    with PulsarEndpoint(tmp_path / "slow", persist_latency_ms=50) as ep:
+        client = pulsar.Client(ep.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+        sync = client.create_producer("slow-sync")
+        started = time.monotonic()
+        sync.send(b"one")
+        assert time.monotonic() - started >= 0.05  # a sync send waits out the modelled durability
+        batched = client.create_producer("slow-batched", batching_enabled=True, batching_max_messages=10)
+        done: list[int] = []
+        started = time.monotonic()
+        for i in range(100):
+            batched.send_async(str(i).encode(), lambda res, _id, i=i: done.append(i))
+        batched.flush()
+        elapsed = time.monotonic() - started
+        assert done == list(range(100))  # receipts came back in order
+        assert elapsed < 100 * 0.05 / 4  # in flight together: far less than one wait per message
+        client.close()

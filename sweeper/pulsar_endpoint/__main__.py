@@ -16,13 +16,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data-dir", required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=6650)
+    parser.add_argument("--persist-latency-ms", type=float, default=0.0,
+                        help="hold send receipts this long, modelling a cluster's journal fsync and replication")
     parser.add_argument("--admin-port", type=int, default=0, help="also serve the admin REST sliver on this port")
     parser.add_argument(
         "--partitioned", action="append", default=[], metavar="TOPIC=N", help="create a partitioned topic"
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
-    ep = PulsarEndpoint(args.data_dir, host=args.host, port=args.port)
+    ep = PulsarEndpoint(args.data_dir, host=args.host, port=args.port, persist_latency_ms=args.persist_latency_ms)
     for spec in args.partitioned:
         topic, _, n = spec.rpartition("=")
         ep.create_partitioned_topic(topic, int(n))

@@ -8,6 +8,7 @@ real C++-based ``pulsar-client`` must be exercised over TCP unchanged.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import heapq
 import itertools
@@ -267,9 +268,35 @@ class _Connection:
         # producer id (client-chosen, per connection) -> (topic, producer name)
         self.producers: dict[int, tuple[str, str]] = {}
         self.consumers: dict[int, _Consumer] = {}
+        # Receipts held back by the endpoint's persist latency, in the order the sends came.
+        self._receipts: collections.deque[tuple[float, pb.BaseCommand]] = collections.deque()
+        self._receipt_timer: asyncio.TimerHandle | None = None
 
     def send(self, cmd: pb.BaseCommand) -> None:
         self.writer.write(encode_command(cmd))
+
+    def send_receipt(self, cmd: pb.BaseCommand) -> None:
+        """Now, or after the modelled persist latency; either way in arrival order, as a broker acks."""
+        latency = self.ep.persist_latency_ms / 1000
+        if not latency:
+            self.send(cmd)
+            return
+        loop = asyncio.get_running_loop()
+        ready = max(loop.time() + latency, self._receipts[-1][0] if self._receipts else 0.0)
+        self._receipts.append((ready, cmd))
+        if self._receipt_timer is None:
+            self._receipt_timer = loop.call_at(ready, self._flush_receipts)
+
+    def _flush_receipts(self) -> None:
+        self._receipt_timer = None
+        if self.writer.is_closing():
+            self._receipts.clear()
+            return
+        now = asyncio.get_running_loop().time()
+        while self._receipts and self._receipts[0][0] <= now:
+            self.send(self._receipts.popleft()[1])
+        if self._receipts:
+            self._receipt_timer = asyncio.get_running_loop().call_at(self._receipts[0][0], self._flush_receipts)
 
     async def run(self) -> None:
         try:
@@ -608,7 +635,7 @@ class _Connection:
         )
         if c.HasField("highest_sequence_id"):
             receipt.highest_sequence_id = c.highest_sequence_id
-        self.send(pb.BaseCommand(type=pb.BaseCommand.SEND_RECEIPT, send_receipt=receipt))
+        self.send_receipt(pb.BaseCommand(type=pb.BaseCommand.SEND_RECEIPT, send_receipt=receipt))
         if not dup:
             self.ep.notify_appended(topic)
 
@@ -636,7 +663,12 @@ class PulsarEndpoint:
     same directory sees earlier messages, partition counts and dedup positions.
     """
 
-    def __init__(self, data_dir: str | Path, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, data_dir: str | Path, host: str = "127.0.0.1", port: int = 0,
+                 persist_latency_ms: float = 0.0) -> None:
+        """`persist_latency_ms` models how long a real cluster takes to make a write durable (journal
+        fsync and replication to the ack quorum, typically a few ms): send receipts wait that long.
+        The message is stored at once either way; 0 acknowledges immediately."""
+        self.persist_latency_ms = persist_latency_ms
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.host = host
