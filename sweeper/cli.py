@@ -192,6 +192,31 @@ def cmd_dlq(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_audit(args: argparse.Namespace) -> int:
+    """Run notebooks/audit.ipynb headless and keep the executed copy, plots included."""
+    import os
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    repo = Path(__file__).resolve().parents[1]
+    source = repo / "notebooks" / "audit.ipynb"
+    out = Path(args.out)
+    env = {"SWEEPER_REPO": str(repo), "PYSPARK_PYTHON": sys.executable}
+    if args.config:
+        env["SWEEPER_CONFIG"] = str(Path(args.config).resolve())
+    if args.tables:
+        env["SWEEPER_TABLES"] = str(Path(args.tables).resolve())
+    os.environ.update(env)
+    notebook = nbformat.read(source, as_version=4)
+    NotebookClient(notebook, timeout=3600, kernel_name="python3",
+                   resources={"metadata": {"path": str(source.parent)}}).execute()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(notebook, out)
+    print(f"audit written to {out} (open it in Jupyter, VS Code or any notebook viewer)")
+    return EXIT_OK
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Run the stages in order with one run id, stopping at the first refusal."""
     from sweeper.pipeline import sweep
@@ -281,6 +306,12 @@ def build_parser() -> argparse.ArgumentParser:
     dlq.add_argument("--tables", help="table root (overrides [tables] root)")
     common(dlq)
     dlq.set_defaults(func=cmd_dlq)
+
+    audit = sub.add_parser("audit", help="run notebooks/audit.ipynb headless and save it with its plots")
+    audit.add_argument("--out", default="var/reports/audit.ipynb")
+    audit.add_argument("--tables", help="table root (overrides [tables] root)")
+    common(audit)
+    audit.set_defaults(func=cmd_audit)
 
     sweep = sub.add_parser("sweep", help="run the pipeline stages in order")
     stage_options(sweep)

@@ -1,4 +1,4 @@
-"""notebooks/audit.ipynb runs top to bottom on a fresh sandbox, so it cannot rot."""
+"""notebooks/audit.ipynb runs top to bottom on a fresh sandbox (through `sweeper audit`), so it cannot rot."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
 
+from sweeper.cli import EXIT_OK, main
 from sweeper.sandbox import sandbox_down
 from sweeper.zkserver import free_port
 
@@ -17,14 +17,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_audit_notebook_executes_and_plots(tmp_path: Path) -> None:
     home = tmp_path / "sandbox"
-    env = {"SWEEPER_REPO": str(REPO), "SWEEPER_SANDBOX_HOME": str(home), "SWEEPER_SANDBOX_PORT": str(free_port()),
-           "SWEEPER_TABLES": str(tmp_path / "tables"), "SWEEPER_TOPICS": "40", "PYSPARK_PYTHON": sys.executable}
-    saved = {k: os.environ.get(k) for k in env}
+    env = {"SWEEPER_SANDBOX_HOME": str(home), "SWEEPER_SANDBOX_PORT": str(free_port()), "SWEEPER_TOPICS": "40",
+           "PYSPARK_PYTHON": sys.executable}
+    # `sweeper audit` sets the others for the kernel; all are restored afterwards.
+    saved = {k: os.environ.get(k) for k in (*env, "SWEEPER_REPO", "SWEEPER_CONFIG", "SWEEPER_TABLES")}
     os.environ.update(env)
-    notebook = nbformat.read(REPO / "notebooks" / "audit.ipynb", as_version=4)
+    os.environ.pop("SWEEPER_CONFIG", None)
+    out = tmp_path / "reports" / "audit.ipynb"
     try:
-        NotebookClient(notebook, timeout=600, kernel_name="python3",
-                       resources={"metadata": {"path": str(REPO / "notebooks")}}).execute()
+        assert main(["audit", "--out", str(out), "--tables", str(tmp_path / "tables")]) == EXIT_OK
     finally:
         for key, value in saved.items():
             if value is None:
@@ -32,6 +33,7 @@ def test_audit_notebook_executes_and_plots(tmp_path: Path) -> None:
             else:
                 os.environ[key] = value
         sandbox_down(home, wipe=True)
+    notebook = nbformat.read(out, as_version=4)
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     images = [o for o in outputs if "image/png" in o.get("data", {})]
