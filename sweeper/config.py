@@ -95,6 +95,7 @@ class SystemTopicConfig:
     batch_max_messages: int = 1000
     batch_max_bytes: int = 128 * 1024
     max_pending_messages: int = 2000  # bounded in-flight sends per producer
+    max_record_bytes: int = 1 << 20  # larger records are reported (emitted status refused_oversize), never sent
     records_per_producer: int = 50000  # one producer (and one Spark task) per this many records of a partition
 
 
@@ -222,6 +223,7 @@ def validate(config: SweeperConfig) -> None:
     if "-partition-" in topic.topic:
         raise ConfigError("[system_topic] topic must name the partitioned topic, not one of its partitions")
     for key in ("partitions", "batch_max_messages", "batch_max_bytes", "max_pending_messages", "records_per_producer",
+                "max_record_bytes",
                 "operation_timeout_s", "send_timeout_ms"):
         if getattr(topic, key) < 1:
             raise ConfigError(f"[system_topic] {key} must be positive")

@@ -40,6 +40,10 @@ from sweeper.tables import TableStore
 
 PUBLISHED = "published"
 ALREADY_PUBLISHED = "already_published"
+REFUSED_OVERSIZE = "refused_oversize"
+
+# (partition, sequence id, message id, producer name, payload, status) per message a task handled.
+SlotRow = tuple[int, int, str | None, str, bytes, str]
 
 
 class EmitRefused(RuntimeError):
@@ -76,11 +80,12 @@ class ProducerSettings:
     batch_max_bytes: int
     max_pending_messages: int
     send_timeout_ms: int
+    max_record_bytes: int
 
     @classmethod
     def from_config(cls, cfg: SystemTopicConfig, run_id: str) -> ProducerSettings:
         return cls(cfg.topic, run_id, cfg.batch_max_messages, cfg.batch_max_bytes, cfg.max_pending_messages,
-                   cfg.send_timeout_ms)
+                   cfg.send_timeout_ms, cfg.max_record_bytes)
 
     def producer_name(self, partition: int, slot: int) -> str:
         return f"ledger-sweeper-{self.run_id}-p{partition}-s{slot}"
@@ -132,11 +137,12 @@ def _preencoded_avro_schema() -> Any:
 
 
 def send_slot(messages: list[PlannedMessage], broker: BrokerSettings,
-              producer: ProducerSettings) -> list[tuple[int, int, str | None, str, bytes]]:
+              producer: ProducerSettings) -> list[SlotRow]:
     """One producer sends one slot's messages.
 
-    Returns (partition, sequence id, message id or None when the broker already held it, producer
-    name, payload) per message; raises EmitFailed unless every message was acknowledged.
+    Returns a SlotRow per message (message id None when the broker already held it or the record is
+    over `max_record_bytes`, which is never sent: a broker would refuse it on every retry, and the
+    rest of the run must not wait on it). Raises EmitFailed unless every message sent was acknowledged.
     """
     import pulsar
 
@@ -175,8 +181,9 @@ def send_slot(messages: list[PlannedMessage], broker: BrokerSettings,
             return callback
 
         payloads = {m.sequence_id: m.payload for m in messages}
+        oversize = {seq for seq, payload in payloads.items() if len(payload) > producer.max_record_bytes}
         for message in messages:
-            if message.sequence_id <= last_persisted:
+            if message.sequence_id <= last_persisted or message.sequence_id in oversize:
                 continue
             with done:
                 pending += 1
@@ -193,8 +200,9 @@ def send_slot(messages: list[PlannedMessage], broker: BrokerSettings,
         sender.close()
     finally:
         client.close()
-    return [(m.topic_partition, m.sequence_id, receipts.get(m.sequence_id), name, payloads[m.sequence_id])
-            for m in messages]
+    return [(m.topic_partition, m.sequence_id, receipts.get(m.sequence_id), name, payloads[m.sequence_id],
+             REFUSED_OVERSIZE if m.sequence_id in oversize else
+             PUBLISHED if m.sequence_id in receipts else ALREADY_PUBLISHED) for m in messages]
 
 
 def candidate_records(spark: SparkSession, store: TableStore, run_id: str) -> list[dict[str, Any]]:
@@ -255,7 +263,7 @@ def run_emit(spark: SparkSession, config: SweeperConfig, store: TableStore, run_
         # One element per Spark partition, so each task is exactly one producer and nothing is shuffled.
         slots = spark.sparkContext.parallelize(list(by_slot.values()), len(by_slot))
 
-        def send_partition(items: Iterator[list[PlannedMessage]]) -> Iterator[tuple[int, int, str | None, str, bytes]]:
+        def send_partition(items: Iterator[list[PlannedMessage]]) -> Iterator[SlotRow]:
             for messages in items:
                 yield from send_slot(messages, broker, producer)
 
@@ -265,20 +273,21 @@ def run_emit(spark: SparkSession, config: SweeperConfig, store: TableStore, run_
         except Exception as exc:
             raise EmitFailed(_task_error(exc)) from exc
         counts["send_ms"] = int((time.monotonic() - sending) * 1000)
-        outcome = {(partition, seq): (message_id, name, payload) for partition, seq, message_id, name, payload in acked}
+        outcome = {(row[0], row[1]): row[2:] for row in acked}
         rows = []
         for m in todo:
-            message_id, name, payload = outcome[(m.topic_partition, m.sequence_id)]
+            message_id, name, payload, status = outcome[(m.topic_partition, m.sequence_id)]
             rows.append({
                 "run_id": run_id, "emitted_at": emitted_at, "record_key": m.record_key, "ledger_id": m.ledger_id,
                 "ledger_type": m.ledger_type, "component": m.component, "topic_name": m.topic_name,
                 "topic_partition": m.topic_partition, "producer_name": name, "sequence_id": m.sequence_id,
-                "message_id": message_id, "status": PUBLISHED if message_id else ALREADY_PUBLISHED,
+                "message_id": message_id, "status": status,
                 "payload": payload,
             })
         store.append_rows("emitted", rows, EMITTED, commit_metadata={"run_id": run_id, "stage": "emit"})
     counts["published"] = sum(1 for r in rows if r["status"] == PUBLISHED)
     counts["already_published"] = sum(1 for r in rows if r["status"] == ALREADY_PUBLISHED)
+    counts["refused_oversize"] = sum(1 for r in rows if r["status"] == REFUSED_OVERSIZE)
     counts["producers"] = len({r["producer_name"] for r in rows})
     return EmitResult(run_id, counts, time.monotonic() - t0)
 

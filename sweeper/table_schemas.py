@@ -278,7 +278,7 @@ EMITTED = _schema(
     ("producer_name", S, False),
     ("sequence_id", L, False),
     ("message_id", S),  # null when the broker already held it (deduplicated by producer name and sequence id)
-    ("status", S, False),  # published | already_published
+    ("status", S, False),  # published | already_published | refused_oversize
     ("payload", BIN, False),  # the Avro record as sent, so the delete stage needs no topic read
 )
 

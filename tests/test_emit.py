@@ -22,8 +22,10 @@ from sweeper.config import SweeperConfig
 from sweeper.emit import (
     ALREADY_PUBLISHED,
     PUBLISHED,
+    REFUSED_OVERSIZE,
     EmitRefused,
     ProducerSettings,
+    SlotRow,
     candidate_records,
     plan_messages,
     run_emit,
@@ -161,7 +163,7 @@ def test_broker_restart_mid_emit_loses_nothing_and_duplicates_nothing(tmp_path: 
     settings = SweeperConfig().replace(system_topic=broker.config(batch_max_messages=20, max_pending_messages=50,
                                                                   partitions=1)).system_topic
     broker.endpoint.create_partitioned_topic(TOPIC, 1)  # type: ignore[union-attr]
-    rows: list[tuple[int, int, str | None, str, bytes]] = []
+    rows: list[SlotRow] = []
     failure: list[BaseException] = []
 
     def emit() -> None:
@@ -229,3 +231,18 @@ def test_emit_refuses_a_run_that_was_not_reconciled(
     store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
     with pytest.raises(EmitRefused, match="no successful reconcile"):
         run_emit(spark, cfg, store, "r-never")
+
+
+def test_an_oversize_record_is_reported_and_never_holds_up_the_rest(tmp_path: Path) -> None:
+    broker = Broker(tmp_path / "pulsar").start()
+    try:
+        broker.endpoint.create_partitioned_topic(TOPIC, 1)  # type: ignore[union-attr]
+        settings = SweeperConfig().replace(system_topic=broker.config(partitions=1)).system_topic
+        records = _synthetic_records(3)
+        records[1]["properties"] = {"note": "x" * (2 << 20)}  # a broker would refuse it on every retry
+        rows = send_slot(plan_messages(records, 1, 100), BrokerSettings.from_config(settings),
+                         ProducerSettings.from_config(settings, "r-big"))
+        assert sorted(r[5] for r in rows) == [PUBLISHED, PUBLISHED, REFUSED_OVERSIZE]
+        assert len(broker.messages(1)) == 2
+    finally:
+        broker.stop()
