@@ -12,6 +12,7 @@ import argparse
 import json
 import logging
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -159,12 +160,15 @@ def cmd_delete(args: argparse.Namespace) -> int:
     spark, store = _session(cfg)
     if args.from_json:
         run_id = args.run_id or f"manual-{Path(args.from_json).stem}"
+    elif args.from_topic:
+        run_id = args.run_id or f"topic-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
     else:
         run_id = args.run_id or latest_run(store, "emit")
         if run_id is None:
             print(f"refused: no emitted run in {cfg.tables.root}; run `sweeper emit` first", file=sys.stderr)
             return EXIT_REFUSED
-    result = delete_stage(spark, cfg, store, run_id, execute=args.execute, from_json=args.from_json)
+    result = delete_stage(spark, cfg, store, run_id, execute=args.execute, from_json=args.from_json,
+                          from_topic=args.from_topic)
     if args.from_json:
         for item in result.results:
             print(describe(item))
@@ -297,7 +301,11 @@ def build_parser() -> argparse.ArgumentParser:
     stage_options(delete)
     common(delete)
     delete.add_argument("--execute", action="store_true", help="really delete (default: dry run)")
-    delete.add_argument("--from-json", help="an operator's list of ledgers instead of a run's emitted records")
+    source = delete.add_mutually_exclusive_group()
+    source.add_argument("--from-json", help="an operator's list of ledgers instead of a run's emitted records")
+    source.add_argument("--from-topic", action="store_true",
+                        help="drain the system topic's Shared subscription ([delete] subscription); messages are "
+                             "acknowledged only after their outcomes are committed, never in a dry run")
     delete.set_defaults(func=cmd_delete)
 
     dlq = sub.add_parser("dlq", help="list or re-drive dead-lettered deletes")

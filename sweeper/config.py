@@ -111,6 +111,7 @@ class DeleteConfig:
     in_task_attempts: int = 3  # retries with back-off inside a task before queueing for a later run
     retry_after_s: int = 300  # when a queued record is due again
     lock_path: str = "/ledger-sweeper/locks/delete"  # ephemeral znode: one delete run at a time
+    subscription: str = "ledger-sweeper-delete"  # Shared subscription for `sweeper delete --from-topic`
     op_timeout_s: float = 10.0
 
 

@@ -24,6 +24,7 @@ from sweeper.metrics import MetricsError, publish, render
 from sweeper.reconcile import ReconcileRefused, ReconcileResult, SafetySettings, run_reconcile
 from sweeper.safety import HOUR_MS, CircuitBreaker, GracePeriod, Scope
 from sweeper.snapshot import SnapshotResult, record_run, run_snapshot
+from sweeper.system_topic import SystemTopicError
 from sweeper.tables import TableStore
 
 STAGES = ("snapshot", "reconcile", "emit", "delete")
@@ -105,11 +106,12 @@ def emit_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
 
 
 def delete_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str, execute: bool = False,
-                 from_json: str | None = None) -> DeleteRunResult:
+                 from_json: str | None = None, from_topic: bool = False) -> DeleteRunResult:
     started = datetime.now(UTC)
     try:
-        result = run_delete(spark, config, store, run_id, execute=execute, from_json=from_json)
-    except (DeleteRefused, RunLockHeld) as exc:
+        result = run_delete(spark, config, store, run_id, execute=execute, from_json=from_json,
+                            from_topic=from_topic)
+    except (DeleteRefused, RunLockHeld, SystemTopicError) as exc:
         record_run(store, run_id, "delete", "refused", started, {}, config, str(exc))
         raise StageRefused(str(exc)) from exc
     except Exception as exc:

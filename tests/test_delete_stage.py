@@ -279,3 +279,25 @@ def test_a_second_delete_run_is_locked_out_and_config_cannot_switch_deleting_on(
         cfg.replace(delete={"execute": True})
     with pytest.raises(DeleteRefused, match="no successful emit"):
         run_delete(spark, cfg, store, "r-unknown", execute=True)
+
+
+def test_draining_the_topic_acknowledges_only_committed_outcomes(
+        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
+    spec = SandboxSpec(seed=6, topics=20)
+    cluster, cfg, store, run_id = _planned(zk, zk_target.hosts, spark, tmp_path, broker, spec)
+    emitted = store.read("emitted").where(f"run_id = '{run_id}'").count()
+    before = dump(zk)
+
+    dry = run_delete(spark, cfg, store, "drain-dry", from_topic=True)
+    assert dry.counts["from_topic"] == emitted and "acknowledged" not in dry.counts
+    assert {r.ledger_id for r in dry.results if r.outcome == "would_delete"} == _orphan_ids(cluster)
+    assert dump(zk) == before
+
+    # The dry run acknowledged nothing: the same messages come back, now to be executed.
+    done = run_delete(spark, cfg, store, "drain-1", from_topic=True, execute=True)
+    assert done.counts["from_topic"] == emitted and done.counts["acknowledged"] == emitted
+    assert {r.ledger_id for r in done.results if r.outcome == "deleted"} == _orphan_ids(cluster)
+    assert set(store.read("delete_results").where("run_id = 'drain-1'").toPandas().source) == {"topic"}
+
+    again = run_delete(spark, cfg, store, "drain-2", from_topic=True, execute=True)
+    assert again.counts["from_topic"] == 0 and again.counts["records"] == 0

@@ -28,7 +28,9 @@ from sweeper import pending_delete
 from sweeper import zk as zkutil
 from sweeper.codecs.bookkeeper import decode_ledger_metadata
 from sweeper.config import SweeperConfig
+from sweeper.delete.drain import TopicDrain
 from sweeper.delete.lock import DeleteRunLock
+from sweeper.delete.records import SOURCE_EMITTED, SOURCE_JSON, SOURCE_RETRY, PendingRecord
 from sweeper.delete.results import DELETED, FAILED, INVALID, WOULD_DELETE, DeleteResult, result_for
 from sweeper.delete.retry import RetryPolicy, run_with_retries
 from sweeper.delete.s3_executor import ObjectDeleter
@@ -41,21 +43,11 @@ from sweeper.table_schemas import DEAD_LETTER, DELETE_RESULTS, RETRY_QUEUE
 from sweeper.tables import TableStore
 from sweeper.zkwire import WireReader
 
-SOURCE_EMITTED, SOURCE_RETRY, SOURCE_JSON = "emitted", "retry_queue", "from_json"
 QUEUED, RESOLVED, DEAD_LETTERED = "queued", "resolved", "dead_lettered"
 
 
 class DeleteRefused(RuntimeError):
     """The delete stage will not start: nothing emitted, another run holds the lock, or an unsafe setup."""
-
-
-@dataclass(frozen=True)
-class PendingRecord:
-    record_key: str
-    source: str
-    origin_run_id: str | None
-    attempts_before: int
-    payload: bytes
 
 
 @dataclass(frozen=True)
@@ -316,7 +308,11 @@ def _partitions(spark: SparkSession, config: SweeperConfig, records: int) -> int
 
 
 def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str, *, execute: bool = False,
-               from_json: str | Path | None = None, now_ms: int | None = None) -> DeleteRunResult:
+               from_json: str | Path | None = None, from_topic: bool = False,
+               now_ms: int | None = None) -> DeleteRunResult:
+    """One delete run. Input: the run's emitted records and due retries; or an operator's JSON list; or
+    (`from_topic`) up to `max_deletes_per_run` messages drained from the system topic's Shared
+    subscription, acknowledged only once their outcomes are committed (never in a dry run)."""
     t0 = time.monotonic()
     now = datetime.now(UTC) if now_ms is None else datetime.fromtimestamp(now_ms / 1000, UTC)
     d = config.delete
@@ -326,9 +322,15 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
                             "needs one multi-operation across both, so only dry runs are possible")
     client = zkutil.connect(config.bookkeeper.zookeeper, timeout=config.bookkeeper.session_timeout_s)
     lock: DeleteRunLock | None = None
+    drain: TopicDrain | None = None
     try:
         layout = read_layout(client, config.bookkeeper.ledgers_root)
-        if from_json is not None:
+        if from_topic:
+            drain = TopicDrain(config.system_topic, d.subscription, d.max_deletes_per_run)
+            inputs = drain.receive()
+            counts = {"from_topic": len(drain.messages)}
+            buckets = _buckets(store, config, None)
+        elif from_json is not None:
             inputs = records_from_json(from_json, client, config.bookkeeper.ledgers_root, layout)
             counts = {"from_json": len(inputs)}
             buckets = _buckets(store, config, None)
@@ -366,7 +368,12 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
             rows = (spark.sparkContext.parallelize(groups, parts)
                     .mapPartitions(lambda it: delete_partition(it, target)).collect())
         result = _commit(store, run_id, rows, target, execute, now, counts)
+        if drain is not None and execute:
+            # Committed: every record has its final result or sits in the retry queue.
+            result.counts["acknowledged"] = drain.acknowledge()
     finally:
+        if drain is not None:
+            drain.close()
         if lock is not None:
             lock.release()
         zkutil.close(client)
@@ -376,8 +383,11 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
 
 
 def _ledger_of(item: PendingRecord) -> int:
+    parts = item.record_key.split("/")
     try:
-        return int(item.record_key.split("/")[-1 if item.source == SOURCE_JSON else 1])
+        if item.source == SOURCE_JSON:
+            return int(parts[-1])
+        return int(parts[1]) if parts[0] in ("LEDGER", "OFFLOAD_LEDGER") else -1
     except (ValueError, IndexError):
         return -1
 
