@@ -10,8 +10,9 @@
 #   DELTA_PACKAGES     Maven coordinates for delta-spark (default io.delta:delta-spark_4.2_2.13:4.4.1);
 #                      set to "" to rely on jars already on the cluster's classpath
 #   SPARK_EXTRA_ARGS   anything else for spark-submit (e.g. "--deploy-mode cluster --num-executors 8")
+#   SWEEPER_BUILD_DIR  where the zip of our code is built (default: build/ here)
 # Exit codes are the stage's own: 0 ok, 2 configuration error, 3 refused (wrong root,
-# unreachable server, failed gate), 1 unexpected error.
+# unreachable server, failed gate), 4 partial (deletes queued for retry), 1 unexpected error.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 stage="${1:?usage: spark-submit.sh <stage> [stage options]}"; shift
@@ -19,18 +20,9 @@ job="$here/jobs/$stage.py"
 [ -f "$job" ] || { echo "no such stage: $stage (jobs/: $(ls "$here/jobs" | grep -v __ | tr '\n' ' '))" >&2; exit 2; }
 
 submit="${SPARK_SUBMIT:-$(command -v spark-submit || echo "$here/.venv/bin/spark-submit")}"
-build="$here/build"; mkdir -p "$build"
-# Ship our packages to the executors as one zip.
-(cd "$here" && rm -f "$build/ledger_sweeper.zip" && python3 - "$build/ledger_sweeper.zip" <<'PY'
-import pathlib, sys, zipfile
-with zipfile.ZipFile(sys.argv[1], "w", zipfile.ZIP_DEFLATED) as zf:
-    for top in ("sweeper", "jobs"):
-        for path in sorted(pathlib.Path(top).rglob("*.py")):
-            zf.write(path)
-    for path in sorted(pathlib.Path("schemas").rglob("*.avsc")):
-        zf.write(path)  # read by sweeper.pending_delete through the zip importer
-PY
-)
+build="${SWEEPER_BUILD_DIR:-$here/build}"; mkdir -p "$build"
+# Ship our packages (and the Avro schema they read) to the executors as one zip.
+python3 "$here/scripts/build_pyfiles.py" "$build/ledger_sweeper.zip" >&2
 
 delta_packages="${DELTA_PACKAGES-io.delta:delta-spark_4.2_2.13:4.4.1}"
 args=(--master "${SPARK_MASTER:-local[*]}" --name "ledger-sweeper-$stage" --py-files "$build/ledger_sweeper.zip")
