@@ -13,9 +13,11 @@ from kazoo.client import KazooClient
 
 from sweeper.codecs import pulsar as codec
 from sweeper.delete import ALREADY_GONE, DELETED, FAILED, IN_USE, INVALID, WOULD_DELETE, ObjectDeleter
+from sweeper.delete.retry import RetryPolicy, is_transient_code, run_with_retries
 from sweeper.offload import S3Target, s3_client
 from sweeper.s3server import S3ServerInfo, start_s3, stop_s3
 from sweeper.zkserver import free_port
+from tests.s3_faults import KeyFault, S3FaultProxy
 
 ML_ROOT = "/managed-ledgers"
 ML = "t/ns/persistent/topic-a"
@@ -113,3 +115,48 @@ def test_unreadable_managed_ledger_and_unreachable_s3(zk: KazooClient, world: tu
     results = ObjectDeleter(dead, zk, managed_ledgers_root=ML_ROOT, allowed_buckets={a}, execute=True).process(
         [with_bucket(orec(U2, 10), a)])
     assert results[0].outcome == FAILED and "EndpointConnectionError" in (results[0].error or "")
+
+
+@pytest.fixture
+def faulty(s3_server: S3ServerInfo) -> Iterator[S3FaultProxy]:
+    proxy = S3FaultProxy(s3_server.endpoint).start()
+    yield proxy
+    proxy.stop()
+
+
+def test_per_key_throttling_fails_only_that_record_and_a_retry_deletes_it(
+        zk: KazooClient, world: tuple[Any, str, str], faulty: S3FaultProxy) -> None:
+    s3, a, _ = world
+    # S3 answers DeleteObjects 200 OK with one key refused (SlowDown) the first time.
+    faulty.faults[keys(U2, 10)[1]] = KeyFault("SlowDown", times=1)
+    through_proxy = s3_client(S3Target(a), faulty.endpoint)
+    deleter = ObjectDeleter(through_proxy, zk, managed_ledgers_root=ML_ROOT, allowed_buckets={a}, execute=True)
+    recs = [with_bucket(orec(U2, 10), a), with_bucket(orec(U3, 11), a)]
+    policy = RetryPolicy(in_task_attempts=3, base_delay_s=0.01, max_delay_s=0.02)
+
+    first = deleter.process(recs)
+    assert [r.outcome for r in first] == [FAILED, DELETED]
+    assert "SlowDown (transient)" in (first[0].error or "") and keys(U2, 10)[1] in (first[0].error or "")
+    assert keys(U2, 10)[1] in listing(s3, a)  # the refused key is still there, so the record is not done
+
+    faulty.faults[keys(U2, 10)[1]] = KeyFault("SlowDown", times=1)
+    sleeps: list[float] = []
+    retried = run_with_retries(deleter.process, recs, policy, sleep=sleeps.append)
+    # Round 1: U2's data key is already gone and its index key throttled again; round 2 deletes it.
+    assert [(r.outcome, r.attempt) for r in retried] == [(DELETED, 2), (ALREADY_GONE, 1)]
+    assert len(sleeps) == 1 and faulty.refused == [keys(U2, 10)[1]] * 2
+    assert listing(s3, a) == sorted(keys(U1_TEXT, 10))
+
+
+def test_per_key_access_denied_is_failed_and_nothing_is_claimed_deleted(
+        zk: KazooClient, world: tuple[Any, str, str], faulty: S3FaultProxy) -> None:
+    s3, a, _ = world
+    for key in keys(U2, 10):
+        faulty.faults[key] = KeyFault("AccessDenied")
+    deleter = ObjectDeleter(s3_client(S3Target(a), faulty.endpoint), zk, managed_ledgers_root=ML_ROOT,
+                            allowed_buckets={a}, execute=True)
+    results = deleter.process([with_bucket(orec(U2, 10), a)])  # every key of the request refused
+    assert results[0].outcome == FAILED and results[0].error is not None
+    assert results[0].error.count("AccessDenied (refused)") == 2
+    assert set(keys(U2, 10)) <= set(listing(s3, a))
+    assert not is_transient_code("AccessDenied") and is_transient_code("SlowDown")

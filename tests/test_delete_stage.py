@@ -31,6 +31,7 @@ from sweeper.snapshot import record_run, run_snapshot
 from sweeper.tables import TableStore, open_table_store
 from sweeper.zkserver import free_port, start_zookeeper, stop_zookeeper
 from tests.conftest import ZkTarget
+from tests.s3_faults import KeyFault, S3FaultProxy
 from tests.test_emit import Broker
 
 DAY_MS = 86_400_000
@@ -259,7 +260,17 @@ def test_failures_are_queued_with_backoff_then_dead_lettered_and_redriven(
     assert {r["record_key"] for r in dead_letters(store)} == queued
 
     assert redrive(store) == len(queued)
-    healed = run_delete(spark, cfg, store, run_id, execute=True, now_ms=_later() + 61_000)
+    # S3 is back but throttles every key once (per-key SlowDown in a 200 DeleteObjects answer):
+    # the tasks retry in place and the redriven records end deleted in this one run.
+    proxy = S3FaultProxy(s3_server.endpoint).start()
+    try:
+        proxy.faults.update({key: KeyFault("SlowDown", times=1) for key in objects})
+        throttled = cfg.replace(offload={"endpoint_override": proxy.endpoint},
+                                delete={"in_task_attempts": 3})
+        healed = run_delete(spark, throttled, store, run_id, execute=True, now_ms=_later() + 61_000)
+    finally:
+        proxy.stop()
+    assert sorted(proxy.refused) == sorted(objects)
     assert healed.counts.get("deleted", 0) == len(queued)
     assert {v["state"] for v in retry_states(store).values()} == {"resolved"}
     left = {o["Key"] for o in s3_client(S3Target(spec.offload_bucket), s3_server.endpoint).list_objects_v2(
