@@ -164,7 +164,7 @@ def send_slot(messages: list[PlannedMessage], broker: BrokerSettings,
                 batching_max_publish_delay_ms=5, max_pending_messages=producer.max_pending_messages,
                 block_if_queue_full=True, send_timeout_millis=producer.send_timeout_ms)
         except pulsar.PulsarException as exc:
-            raise EmitFailed(describe_client_error(exc, broker.service_url)) from exc
+            raise EmitFailed(describe_client_error(exc, broker)) from exc
         last_persisted = sender.last_sequence_id()
         pending = 0
 

@@ -181,19 +181,29 @@ def broker_partitions(settings: BrokerSettings, topic: str) -> int:
     try:
         names = client.get_topic_partitions(topic)
     except pulsar.PulsarException as exc:
-        raise SystemTopicError(describe_client_error(exc, settings.service_url)) from exc
+        raise SystemTopicError(describe_client_error(exc, settings)) from exc
     finally:
         client.close()
     return 0 if names == [topic] else len(names)
 
 
-def describe_client_error(exc: BaseException, service_url: str) -> str:
-    kind = type(exc).__name__
+def describe_client_error(exc: BaseException, settings: BrokerSettings) -> str:
+    """One line an operator can act on, naming the likely setting and never the credentials."""
+    kind, url = type(exc).__name__, settings.service_url
     if kind in ("AuthenticationError", "AuthorizationError"):
-        return f"broker {service_url} refused our credentials ({kind}): check [system_topic] auth settings"
+        return f"broker {url} refused our credentials ({kind}): check [system_topic] auth settings"
     if kind in ("ConnectError", "Timeout", "ServiceUnitNotReady", "TooManyLookupRequestException"):
-        return f"broker {service_url} unreachable or not ready ({kind}: {exc})"
-    return f"broker {service_url} failed the request ({kind}: {exc})"
+        hints = []
+        if url.startswith("pulsar+ssl://") and kind == "ConnectError":
+            hints.append("a TLS handshake failure also looks like this: check tls_trust_certs_file, "
+                         "tls_validate_hostname and the client certificate")
+        if settings.token is not None and kind == "Timeout":
+            # The C++ client answers a broker's AuthenticationError during CONNECT by dropping the
+            # connection and retrying until the operation times out, so a rejected token surfaces here.
+            hints.append("a rejected token also looks like this: check auth_token_file / auth_token_env")
+        hint = f"; {'; '.join(hints)}" if hints else ""
+        return f"broker {url} unreachable or not ready ({kind}: {exc}){hint}"
+    return f"broker {url} failed the request ({kind}: {exc})"
 
 
 def ensure_topic(cfg: SystemTopicConfig, settings: BrokerSettings, create: bool = True) -> int:

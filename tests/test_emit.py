@@ -42,6 +42,7 @@ from sweeper.system_topic import BrokerSettings, partition_for, partition_topic
 from sweeper.tables import TableStore, open_table_store
 from sweeper.zkserver import free_port
 from tests.conftest import ZkTarget
+from tests.tls_certs import make_tls_files
 
 TOPIC = "persistent://pulsar/system/__ledger_deletion"
 
@@ -49,15 +50,18 @@ TOPIC = "persistent://pulsar/system/__ledger_deletion"
 class Broker:
     """The local endpoint plus its admin REST sliver, restartable on the same ports and data."""
 
-    def __init__(self, data_dir: Path, token: str | None = None) -> None:
+    def __init__(self, data_dir: Path, token: str | None = None, tls: tuple[Path, Path] | None = None) -> None:
         self.data_dir, self.token = data_dir, token
+        self.tls = (str(tls[0]), str(tls[1])) if tls else (None, None)
         self.port, self.admin_port = free_port(), free_port()
         self.endpoint: PulsarEndpoint | None = None
         self.admin: AdminServer | None = None
 
     def start(self) -> Broker:
-        self.endpoint = PulsarEndpoint(self.data_dir, port=self.port).start()
-        self.admin = AdminServer(self.endpoint, port=self.admin_port, token=self.token).start()
+        self.endpoint = PulsarEndpoint(self.data_dir, port=self.port, token=self.token, tls_cert_file=self.tls[0],
+                                       tls_key_file=self.tls[1]).start()
+        self.admin = AdminServer(self.endpoint, port=self.admin_port, token=self.token, tls_cert_file=self.tls[0],
+                                 tls_key_file=self.tls[1]).start()
         return self
 
     def stop(self) -> None:
@@ -70,8 +74,9 @@ class Broker:
         return [m for p in range(partitions) for m in self.endpoint.messages(partition_topic(TOPIC, p))]
 
     def config(self, **overrides: Any) -> dict[str, Any]:
-        return {"service_url": f"pulsar://127.0.0.1:{self.port}", "admin_url": f"http://127.0.0.1:{self.admin_port}",
-                "operation_timeout_s": 5, **overrides}
+        assert self.endpoint and self.admin
+        return {"service_url": self.endpoint.service_url, "admin_url": self.admin.url, "operation_timeout_s": 5,
+                **overrides}
 
 
 @pytest.fixture
@@ -222,6 +227,29 @@ def test_partition_count_mismatch_missing_topic_and_auth_refusal(
     finally:
         guarded.stop()
     assert not store.exists("emitted")
+
+
+def test_emit_over_tls_with_a_token_publishes_everything_and_never_writes_the_token(
+        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker,
+        caplog: pytest.LogCaptureFixture) -> None:
+    cfg, store, run_id = _reconciled(zk, zk_target, spark, tmp_path, broker, topics=10)
+    tls = make_tls_files(tmp_path / "tls")
+    token = "tls-token-5e1d"
+    secured = Broker(tmp_path / "secured", token=token, tls=(tls.cert, tls.key)).start()
+    try:
+        token_file = tmp_path / "token"
+        token_file.write_text(token)
+        over_tls = cfg.replace(system_topic=secured.config(auth_token_file=str(token_file),
+                                                           tls_trust_certs_file=str(tls.ca)))
+        assert over_tls.system_topic.service_url.startswith("pulsar+ssl://")
+        assert over_tls.system_topic.admin_url.startswith("https://")
+        result = run_emit(spark, over_tls, store, run_id)
+        assert result.counts["published"] == result.counts["records"] > 0
+        assert len(secured.messages()) == result.counts["published"]
+    finally:
+        secured.stop()
+    assert token not in caplog.text and token not in repr(over_tls) and token not in str(result)
+    assert not any(token in str(row) for row in store.read("emitted").collect())
 
 
 def test_emit_refuses_a_run_that_was_not_reconciled(

@@ -35,7 +35,7 @@ class TopicDrain:
                 initial_position=pulsar.InitialPosition.Earliest, receiver_queue_size=1000)
         except pulsar.PulsarException as exc:
             self.close()
-            raise SystemTopicError(describe_client_error(exc, self.broker.service_url)) from exc
+            raise SystemTopicError(describe_client_error(exc, self.broker)) from exc
         records: dict[str, PendingRecord] = {}
         while len(self.messages) < self.max_messages:
             try:

@@ -1,12 +1,13 @@
 """The sliver of Pulsar's admin REST API the sweeper uses, served for the local endpoint.
 
 GET and PUT `/admin/v2/persistent/<tenant>/<namespace>/<topic>/partitions`, with an optional
-bearer token so the tests can exercise an auth refusal. Tests and the sandbox only.
+bearer token and TLS so the tests can exercise the client's settings. Tests and the sandbox only.
 """
 
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,9 +21,10 @@ _SUFFIX = "/partitions"
 
 class AdminServer:
     def __init__(self, endpoint: PulsarEndpoint, host: str = "127.0.0.1", port: int = 0,
-                 token: str | None = None) -> None:
+                 token: str | None = None, tls_cert_file: str | None = None, tls_key_file: str | None = None) -> None:
         self.endpoint = endpoint
         self.token = token
+        self.tls = bool(tls_cert_file)
         admin = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -79,12 +81,16 @@ class AdminServer:
                     self._reply(204)
 
         self.httpd = ThreadingHTTPServer((host, port), Handler)
+        if tls_cert_file:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(tls_cert_file, tls_key_file)
+            self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
         self.thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
         host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"{'https' if self.tls else 'http'}://{host}:{port}"
 
     def start(self) -> AdminServer:
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="pulsar-admin", daemon=True)

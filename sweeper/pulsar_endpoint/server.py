@@ -1,8 +1,9 @@
-"""Asyncio server speaking the producer half of Pulsar's binary protocol.
+"""Asyncio server speaking Pulsar's binary protocol (producers, consumers and readers).
 
-For tests and the local sandbox only: no auth, no TLS, no replication, one fixed ledger
-per topic. It exists because no broker can be installed where the suite runs, and the
-real C++-based ``pulsar-client`` must be exercised over TCP unchanged.
+For tests and the local sandbox only: token auth and TLS exist so the client's settings can be
+exercised; no authorization, no replication, one fixed ledger per topic. It exists because no
+broker can be installed where the suite runs, and the real C++-based ``pulsar-client`` must be
+exercised over TCP unchanged.
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ import asyncio
 import collections
 import contextlib
 import heapq
+import hmac
 import itertools
 import json
 import logging
+import ssl
 import struct
 import threading
 import time
@@ -271,6 +274,7 @@ class _Connection:
         # Receipts held back by the endpoint's persist latency, in the order the sends came.
         self._receipts: collections.deque[tuple[float, pb.BaseCommand]] = collections.deque()
         self._receipt_timer: asyncio.TimerHandle | None = None
+        self.authenticated = endpoint.token is None
 
     def send(self, cmd: pb.BaseCommand) -> None:
         self.writer.write(encode_command(cmd))
@@ -338,8 +342,11 @@ class _Connection:
         t = cmd.type
         T = pb.BaseCommand
         if t == T.CONNECT:
-            self.on_connect(cmd.connect)
-        elif t == T.PING:
+            return self.on_connect(cmd.connect)
+        if not self.authenticated:
+            log.warning("%s before an accepted CONNECT, closing connection", T.Type.Name(t))
+            return False
+        if t == T.PING:
             self.send(pb.BaseCommand(type=T.PONG, pong=pb.CommandPong()))
         elif t == T.PONG:
             pass
@@ -366,7 +373,17 @@ class _Connection:
             return False
         return True
 
-    def on_connect(self, c: pb.CommandConnect) -> None:
+    def on_connect(self, c: pb.CommandConnect) -> bool:
+        expected = self.ep.token
+        if expected is not None:
+            offered = c.auth_data.decode("utf-8", "replace") if c.HasField("auth_data") else ""
+            if c.auth_method_name != "token" or not hmac.compare_digest(offered, expected):
+                # As a broker does: an error with request id -1, then the connection is closed.
+                err = pb.CommandError(request_id=_UINT64_NEG1, error=pb.AuthenticationError,
+                                      message="Unable to authenticate")
+                self.send(pb.BaseCommand(type=pb.BaseCommand.ERROR, error=err))
+                return False
+        self.authenticated = True
         version = min(c.protocol_version, MAX_PROTOCOL_VERSION)
         self.send(
             pb.BaseCommand(
@@ -376,6 +393,7 @@ class _Connection:
                 ),
             )
         )
+        return True
 
     def on_partitioned_metadata(self, c: pb.CommandPartitionedTopicMetadata) -> None:
         R = pb.CommandPartitionedTopicMetadataResponse
@@ -393,7 +411,8 @@ class _Connection:
         resp = R(
             request_id=c.request_id,
             response=R.Connect,
-            brokerServiceUrl=self.ep.service_url,
+            brokerServiceUrl=self.ep.plain_url,
+            brokerServiceUrlTls=self.ep.tls_url,
             authoritative=True,
         )
         self.send(pb.BaseCommand(type=pb.BaseCommand.LOOKUP_RESPONSE, lookupTopicResponse=resp))
@@ -664,11 +683,20 @@ class PulsarEndpoint:
     """
 
     def __init__(self, data_dir: str | Path, host: str = "127.0.0.1", port: int = 0,
-                 persist_latency_ms: float = 0.0) -> None:
+                 persist_latency_ms: float = 0.0, token: str | None = None,
+                 tls_cert_file: str | None = None, tls_key_file: str | None = None) -> None:
         """`persist_latency_ms` models how long a real cluster takes to make a write durable (journal
         fsync and replication to the ack quorum, typically a few ms): send receipts wait that long.
-        The message is stored at once either way; 0 acknowledges immediately."""
+        The message is stored at once either way; 0 acknowledges immediately.
+
+        `token`: clients must CONNECT with the token authentication method and this token.
+        `tls_cert_file` / `tls_key_file`: serve TLS only (`pulsar+ssl://`) with this certificate."""
         self.persist_latency_ms = persist_latency_ms
+        self.token = token
+        self._ssl: ssl.SSLContext | None = None
+        if tls_cert_file:
+            self._ssl = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            self._ssl.load_cert_chain(tls_cert_file, tls_key_file)
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.host = host
@@ -688,7 +716,15 @@ class PulsarEndpoint:
 
     @property
     def service_url(self) -> str:
-        return f"pulsar://{self.host}:{self.port}"
+        return f"pulsar+ssl://{self.host}:{self.port}" if self._ssl else f"pulsar://{self.host}:{self.port}"
+
+    @property
+    def plain_url(self) -> str:
+        return f"pulsar://{self.host}:{self.port}"  # what a lookup names; unused by a TLS client
+
+    @property
+    def tls_url(self) -> str:
+        return f"pulsar+ssl://{self.host}:{self.port}"
 
     # -- admin-ish API -------------------------------------------------------------------
     def create_partitioned_topic(self, topic: str, partitions: int) -> None:
@@ -818,7 +854,8 @@ class PulsarEndpoint:
             loop = asyncio.new_event_loop()
             self._loop = loop
             try:
-                self._server = loop.run_until_complete(asyncio.start_server(self._on_client, self.host, self.port))
+                self._server = loop.run_until_complete(asyncio.start_server(self._on_client, self.host, self.port,
+                                                                                 ssl=self._ssl))
                 self.port = self._server.sockets[0].getsockname()[1]
             except BaseException as e:
                 failure.append(e)

@@ -59,7 +59,7 @@ def read_partition(broker: BrokerSettings, topic: str, partition: int) -> Iterat
         try:
             reader = client.create_reader(name, pulsar.MessageId.earliest, receiver_queue_size=1000)
         except pulsar.PulsarException as exc:
-            raise SystemTopicError(describe_client_error(exc, broker.service_url)) from exc
+            raise SystemTopicError(describe_client_error(exc, broker)) from exc
         while reader.has_message_available():
             msg = reader.read_next(READ_TIMEOUT_MS)
             message_id = _message_id(msg.message_id())
