@@ -160,3 +160,23 @@ def test_per_key_access_denied_is_failed_and_nothing_is_claimed_deleted(
     assert results[0].error.count("AccessDenied (refused)") == 2
     assert set(keys(U2, 10)) <= set(listing(s3, a))
     assert not is_transient_code("AccessDenied") and is_transient_code("SlowDown")
+
+
+def test_an_offload_a_shadow_topic_still_lists_is_kept(zk: KazooClient, world: tuple[Any, str, str]) -> None:
+    s3, a, _ = world
+    shadow_ml = f"{ML}-shadow"
+    info = codec.pb.ManagedLedgerInfo()
+    entry = info.ledgerInfo.add(ledgerId=10, entries=1, size=1, timestamp=1)
+    msb, lsb = (int(U2.replace("-", "")[:16], 16), int(U2.replace("-", "")[16:], 16))
+    entry.offloadContext.uidMsb = msb - (1 << 64) if msb >= 1 << 63 else msb
+    entry.offloadContext.uidLsb = lsb - (1 << 64) if lsb >= 1 << 63 else lsb
+    assert codec.offload_uuid(entry.offloadContext.uidMsb, entry.offloadContext.uidLsb) == U2
+    zk.create(f"{ML_ROOT}/{shadow_ml}", codec.encode_managed_ledger_info(info), makepath=True)
+    rec = with_bucket(orec(U2, 10), a)
+    blind = ObjectDeleter(s3, zk, managed_ledgers_root=ML_ROOT, allowed_buckets={a})
+    assert blind.process([rec])[0].outcome == WOULD_DELETE  # the shadow's listing is what keeps it
+    aware = ObjectDeleter(s3, zk, managed_ledgers_root=ML_ROOT, allowed_buckets={a}, execute=True,
+                          shadows={ML: [shadow_ml]})
+    result = aware.process([rec])[0]
+    assert result.outcome == IN_USE and shadow_ml in result.detail
+    assert set(keys(U2, 10)) <= set(listing(s3, a))

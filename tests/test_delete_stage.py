@@ -184,7 +184,19 @@ def test_operator_list_forged_and_bad_entries_get_final_outcomes(
     in_use_ml = cluster.ledgers[in_use].custom.get("pulsar/managed-ledger", b"").decode()
     non_pulsar = min(i for i, x in cluster.ledgers.items() if x.status is Status.NON_PULSAR)
     other_topic = "persistent://someone/else/topic"
+    # The source topic of a shadow drops a ledger from its list (PIP-180); the shadow still lists it.
+    shadow = next(m for m in cluster.managed_ledgers if m.properties.get("PULSAR.SHADOW_SOURCE"))
+    source = next(m for m in cluster.managed_ledgers if m.topic_name == shadow.properties["PULSAR.SHADOW_SOURCE"])
+    source_path = zkutil.join(spec.managed_ledgers_root, source.name)
+    info = codec.decode_managed_ledger_info(zk.get(source_path)[0])
+    shadow_held = min(e.ledgerId for e in info.ledgerInfo if e.ledgerId in {x.ledger_id for x in shadow.ledgers}
+                      and e.ledgerId != in_use)
+    kept = [e for e in info.ledgerInfo if e.ledgerId != shadow_held]
+    del info.ledgerInfo[:]
+    info.ledgerInfo.extend(kept)
+    zk.set(source_path, codec.encode_managed_ledger_info(info))
     entries: list[Any] = [
+        {"ledgerId": shadow_held},
         {"ledgerId": orphan},  # completed from its metadata: the normal verified path
         orphan,  # a duplicate: already gone by the time it runs
         {"ledgerId": in_use},
@@ -208,6 +220,9 @@ def test_operator_list_forged_and_bad_entries_get_final_outcomes(
     keyed = {(r.ledger_id, r.outcome) for r in result.results}
     assert (orphan, "deleted") in keyed and (orphan, "already_gone") in keyed
     assert (in_use, "in_use") in keyed
+    held = next(r for r in result.results if r.ledger_id == shadow_held)
+    assert held.outcome == "in_use" and shadow.name in held.detail, held.detail
+    assert result.counts["shadow_topics"] >= 1
     assert (non_pulsar, "mismatch") in keyed
     assert (77_777_777, "already_gone") in keyed
     assert (in_use, "mismatch") in keyed  # the forged topic
@@ -281,7 +296,7 @@ def test_failures_are_queued_with_backoff_then_dead_lettered_and_redriven(
 def test_a_second_delete_run_is_locked_out_and_config_cannot_switch_deleting_on(
         zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
     spec = SandboxSpec(seed=2, topics=10)
-    _, cfg, store, run_id = _planned(zk, zk_target.hosts, spark, tmp_path, broker, spec)
+    cluster, cfg, store, run_id = _planned(zk, zk_target.hosts, spark, tmp_path, broker, spec)
     before = dump(zk)
     with DeleteRunLock(zk, cfg.delete.lock_path, run_id="someone-else"), pytest.raises(RunLockHeld):
         run_delete(spark, cfg, store, run_id, execute=True)
@@ -290,6 +305,14 @@ def test_a_second_delete_run_is_locked_out_and_config_cannot_switch_deleting_on(
         cfg.replace(delete={"execute": True})
     with pytest.raises(DeleteRefused, match="no successful emit"):
         run_delete(spark, cfg, store, "r-unknown", execute=True)
+    # Tables with no snapshot at all: shadow topics are unknown, so an operator's list is not executed.
+    listing = tmp_path / "one.json"
+    listing.write_text(json.dumps([min(_orphan_ids(cluster))]))
+    bare = open_table_store(str(tmp_path / "bare-tables"), spark, engine="delta-rs")
+    with pytest.raises(DeleteRefused, match="run `sweeper snapshot` first"):
+        run_delete(spark, cfg, bare, "operator", execute=True, from_json=listing)
+    assert dump(zk) == before
+    assert run_delete(spark, cfg, bare, "operator", from_json=listing).counts["would_delete"] == 1
 
 
 def test_draining_the_topic_acknowledges_only_committed_outcomes(

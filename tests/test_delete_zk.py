@@ -250,6 +250,35 @@ def test_unverifiable_referrers_keep_the_ledger(cluster: KazooClient) -> None:
         p: v[0] for p, v in before.items() if p.startswith(ROOT)}
 
 
+SHADOW_ML = "t/ns/persistent/topic-a-shadow"
+
+
+def test_a_shadow_topic_still_listing_the_ledger_keeps_it_and_is_checked_at_delete(cluster: KazooClient) -> None:
+    # PIP-180: a shadow topic's managed ledger lists its source's ledgers. The source dropped
+    # ORPHAN_ML; the shadow has not caught up yet, so the ledger is still read through it.
+    shadow = f"{ML_ROOT}/{SHADOW_ML}"
+    cluster.create(shadow, ml_bytes([10, 11, ORPHAN_ML]))
+    shadows = {ML: [SHADOW_ML]}
+    before = dump(cluster)
+    kept = deleter(cluster, shadows=shadows).process([record(ORPHAN_ML)])
+    assert outcomes(kept) == [IN_USE] and SHADOW_ML in kept[0].detail
+    assert dump(cluster) == before
+    # Without knowing its shadows the deleter would have taken it: the rule is what keeps it.
+    assert outcomes(deleter(cluster, execute=False).process([record(ORPHAN_ML)])) == [WOULD_DELETE]
+
+    # The shadow catches up between verification and delete; the multi checks its version too.
+    cluster.set(shadow, ml_bytes([10, 11]))
+    sweeper = deleter(cluster, shadows=shadows)
+    verified, _ = sweeper.verify([record(ORPHAN_ML)])
+    cluster.set(shadow, ml_bytes([10, 11, ORPHAN_ML]))  # e.g. re-created from an old list
+    assert sweeper.delete(verified)[0].outcome == FAILED
+    assert cluster.exists(ledger_path(ROOT, ORPHAN_ML, LAYOUT)) is not None
+    cluster.set(shadow, b"\x08\x01garbage")
+    assert "cannot be verified" in deleter(cluster, shadows=shadows).process([record(ORPHAN_ML)])[0].detail
+    cluster.set(shadow, ml_bytes([10, 11]))
+    assert outcomes(deleter(cluster, shadows=shadows).process([record(ORPHAN_ML)])) == [DELETED]
+
+
 def test_reference_regained_between_verify_and_delete_stops_the_delete(cluster: KazooClient) -> None:
     sweeper = deleter(cluster)
     verified, results = sweeper.verify([record(ORPHAN_ML), record(ORPHAN_CURSOR, "MANAGED_CURSOR", cursor="sub1")])

@@ -55,6 +55,7 @@ class ObjectDeleter:
         execute: bool = False,
         op_timeout_s: float = 10.0,
         max_keys_per_request: int = MAX_KEYS_PER_REQUEST,
+        shadows: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         if not 1 <= max_keys_per_request <= MAX_KEYS_PER_REQUEST:
             raise ValueError(f"max_keys_per_request must be in 1..{MAX_KEYS_PER_REQUEST}")
@@ -65,6 +66,8 @@ class ObjectDeleter:
         self.execute = execute
         self.op_timeout_s = op_timeout_s
         self.max_keys = max_keys_per_request
+        # Source managed ledger -> its shadow topics' managed ledgers, which may list the same offloads.
+        self.shadows = {k: tuple(v) for k, v in (shadows or {}).items()}
 
     def process(self, records: Sequence[Mapping[str, Any]]) -> list[DeleteResult]:
         """One result per record, in input order; never raises for an S3 or ZooKeeper error."""
@@ -115,6 +118,16 @@ class ObjectDeleter:
         ml_name = managed_ledger_name(record.get("topicName"))
         if ml_name is None:
             return ReferrerState(unverifiable=f"no managed ledger for topic {record.get('topicName')!r}")
+        refs: list[str] = []
+        for name in (ml_name, *self.shadows.get(ml_name, ())):
+            state = self._listing(name, record, offloads)
+            if state.unverifiable:
+                return state
+            refs.extend(state.references)
+        return ReferrerState(tuple(refs))
+
+    def _listing(self, ml_name: str, record: Mapping[str, Any], offloads: dict[str, Any]) -> ReferrerState:
+        """Whether one managed ledger lists the record's offloaded copy."""
         path = zkutil.join(self.ml_root, ml_name)
         if path not in offloads:
             try:

@@ -28,6 +28,7 @@ from sweeper import pending_delete
 from sweeper import zk as zkutil
 from sweeper.codecs.bookkeeper import decode_ledger_metadata
 from sweeper.config import SweeperConfig
+from sweeper.delete.decide import managed_ledger_name
 from sweeper.delete.drain import TopicDrain
 from sweeper.delete.lock import DeleteRunLock
 from sweeper.delete.records import SOURCE_EMITTED, SOURCE_JSON, SOURCE_RETRY, PendingRecord
@@ -70,6 +71,7 @@ class DeleteTarget:
     policy: RetryPolicy
     endpoint_override: str
     buckets: tuple[tuple[str, str, str], ...]  # (bucket, region, endpoint) this run may delete from
+    shadows: tuple[tuple[str, tuple[str, ...]], ...] = ()  # source managed ledger -> its shadow topics' ones
 
 
 @dataclass
@@ -255,7 +257,7 @@ def delete_partition(items: Iterator[list[PendingRecord]], target: DeleteTarget)
                 client, ledgers_root=target.ledgers_root, layout=LedgerLayout(target.layout),
                 managed_ledgers_root=target.ml_root, schemas_root=target.schemas_root, min_age_ms=target.min_age_ms,
                 now_ms=target.now_ms, execute=target.execute, batch_size=target.batch_size,
-                op_timeout_s=target.op_timeout_s, reader=reader)
+                op_timeout_s=target.op_timeout_s, reader=reader, shadows=dict(target.shadows))
             finished += _run_records(deleter.process, ledgers, target, rng)
         by_bucket: dict[str, list[tuple[PendingRecord, dict[str, Any]]]] = {}
         for item, record in objects:
@@ -266,7 +268,8 @@ def delete_partition(items: Iterator[list[PendingRecord]], target: DeleteTarget)
             region, endpoint = regions.get(bucket, ("", ""))
             s3 = s3_client(S3Target(bucket or "-", region, endpoint), target.endpoint_override)
             objects_deleter = ObjectDeleter(s3, client, managed_ledgers_root=target.ml_root, allowed_buckets=allowed,
-                                            execute=target.execute, op_timeout_s=target.op_timeout_s)
+                                            execute=target.execute, op_timeout_s=target.op_timeout_s,
+                                            shadows=dict(target.shadows))
             finished += _run_records(objects_deleter.process, pairs, target, rng)
     finally:
         if reader is not None:
@@ -300,6 +303,25 @@ def _buckets(store: TableStore, config: SweeperConfig, run_id: str | None) -> tu
         if bucket and bucket not in found:
             found[bucket] = (bucket, config.offload.region, "")
     return tuple(found[b] for b in sorted(found))
+
+
+def _shadows(store: TableStore) -> tuple[tuple[str, tuple[str, ...]], ...] | None:
+    """Shadow topics (PIP-180) seen by any snapshot, by source managed ledger; None with no snapshot at all.
+
+    A shadow topic's managed ledger lists its source's ledgers, so each is a referrer the delete must
+    re-read. A shadow created after the snapshot copies its source's list as it is then, which no
+    longer holds a ledger the source had dropped, so a snapshot's view is enough.
+    """
+    if not store.exists("managed_ledgers"):
+        return None
+    by_source: dict[str, set[str]] = {}
+    rows = (store.read("managed_ledgers").where(F.col("shadow_source").isNotNull())
+            .select("shadow_source", "managed_ledger").distinct().collect())
+    for row in rows:
+        source = managed_ledger_name(row["shadow_source"])
+        if source is not None:
+            by_source.setdefault(source, set()).add(row["managed_ledger"])
+    return tuple((source, tuple(sorted(names))) for source, names in sorted(by_source.items()))
 
 
 def _partitions(spark: SparkSession, config: SweeperConfig, records: int) -> int:
@@ -344,6 +366,11 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
         counts["records"] = len(inputs)
         guards = {"execute": execute, "max_deletes_per_run": cap, "deletes_per_second_per_task": d.deletes_per_second,
                   "min_age_hours": config.safety.min_age_hours, "lock": d.lock_path if execute else None}
+        shadows = _shadows(store)
+        if shadows is None and execute and inputs:
+            raise DeleteRefused("no snapshot in the tables: run `sweeper snapshot` first, so that shadow topics "
+                                "(which list their source topics' ledgers) are known and re-checked")
+        counts["shadow_topics"] = sum(len(names) for _, names in shadows or ())
         if execute:
             lock = DeleteRunLock(client, d.lock_path, run_id=run_id)
             lock.acquire()
@@ -357,7 +384,7 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
             multi_read=config.scan.multi_read,
             policy=RetryPolicy(max_attempts=d.max_attempts, in_task_attempts=d.in_task_attempts,
                                retry_after_s=d.retry_after_s),
-            endpoint_override=config.offload.endpoint_override, buckets=buckets)
+            endpoint_override=config.offload.endpoint_override, buckets=buckets, shadows=shadows or ())
         rows: list[TaskRow] = []
         if inputs:
             parts = _partitions(spark, config, len(inputs))

@@ -153,6 +153,7 @@ class LedgerDeleter:
         batch_size: int = 100,
         op_timeout_s: float = 10.0,
         reader: zkutil.ZnodeReader | None = None,
+        shadows: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -171,6 +172,9 @@ class LedgerDeleter:
         # Optional bulk reader for verification (e.g. sweeper.zkwire.WireReader with multiRead): many
         # reads per request. Writes always go through `client`, whose multi checks every version read.
         self.reader = reader
+        # Source managed ledger -> its shadow topics' managed ledgers (PIP-180), which list the
+        # source's ledgers: each is a referrer to re-read, as reconcile counted them.
+        self.shadows = {k: tuple(v) for k, v in (shadows or {}).items()}
 
     # ---- the whole job ---------------------------------------------------------------------
 
@@ -228,7 +232,7 @@ class LedgerDeleter:
         """Ledger znodes, then the referrers they may need, then those referrers' cursors, in bulk."""
         if not self.client.connected:
             return
-        ledgers, referrers, schemas = [], [], []
+        ledgers, referrers, schemas, shadows = [], [], [], []
         for record in records:
             try:
                 ledgers.append(ledger_path(self.ledgers_root, record["ledgerId"], self.layout))
@@ -240,8 +244,9 @@ class LedgerDeleter:
                 ml_name = managed_ledger_name(record.get("topicName"))
                 if ml_name is not None:
                     referrers.append(zkutil.join(self.ml_root, ml_name))
+                    shadows.extend(zkutil.join(self.ml_root, s) for s in self.shadows.get(ml_name, ()))
         reads.prefetch(ledgers)
-        reads.prefetch(referrers + schemas)
+        reads.prefetch(referrers + schemas + shadows)
         reads.prefetch([p for p in referrers if reads.data.get(p) is not None], children=True)
         reads.prefetch(zkutil.join(p, c) for p in referrers for c in (reads.children.get(p) or []))
 
@@ -288,12 +293,17 @@ class LedgerDeleter:
         ml_name = managed_ledger_name(record.get("topicName"))
         if ml_name is None:
             return ReferrerState(unverifiable=f"no managed ledger for topic {record.get('topicName')!r}")
-        ml_path = zkutil.join(self.ml_root, ml_name)
         refs: list[str] = []
         versions: list[tuple[str, int]] = []
+        if component == "MANAGED_LEDGER":
+            problem = self._shadow_refs(ml_name, ledger_id, reads, refs, versions)
+            if problem:
+                return ReferrerState(tuple(refs), problem, tuple(versions))
+        ml_path = zkutil.join(self.ml_root, ml_name)
         got = reads.get(ml_path)
         if got is None:
-            return ReferrerState()  # topic deleted: nothing of it references the ledger
+            # Topic deleted: nothing of it references the ledger (its shadows were checked above).
+            return ReferrerState(tuple(refs), None, tuple(versions))
         data, stat = got
         versions.append((ml_path, stat.version))
         if component == "MANAGED_LEDGER":
@@ -326,6 +336,24 @@ class LedgerDeleter:
             if problem:
                 return ReferrerState(tuple(refs), problem, tuple(versions))
         return ReferrerState(tuple(refs), None, tuple(versions))
+
+    def _shadow_refs(self, ml_name: str, ledger_id: int, reads: _Reads, refs: list[str],
+                     versions: list[tuple[str, int]]) -> str | None:
+        """Append the shadow topics' listings of `ledger_id`; return why one cannot be verified, if so."""
+        for shadow in self.shadows.get(ml_name, ()):
+            path = zkutil.join(self.ml_root, shadow)
+            got = reads.get(path)
+            if got is None:
+                continue  # the shadow topic is gone
+            data, stat = got
+            versions.append((path, stat.version))
+            try:
+                info = codec.decode_managed_ledger_info(data)
+            except MetadataDecodeError as exc:
+                return decide.unreadable(f"shadow managed ledger {shadow}", exc)
+            if any(entry.ledgerId == ledger_id for entry in info.ledgerInfo):
+                refs.append(f"listed in shadow topic managed ledger {shadow}")
+        return None
 
     @staticmethod
     def _cursor_refs(component: str, ledger_id: int, cursor: str, info: Any, refs: list[str]) -> str | None:
