@@ -18,10 +18,11 @@ from urllib.parse import urlsplit
 from xml.etree import ElementTree
 
 S3_NS = "http://s3.amazonaws.com/doc/2006-03-01/"
-# Headers that describe the body boto3 sent; a rewritten body gets a fresh Content-MD5 instead.
-_BODY_HEADERS = {"content-length", "content-md5", "x-amz-checksum-crc32", "x-amz-checksum-crc32c",
-                 "x-amz-checksum-sha1", "x-amz-checksum-sha256", "x-amz-sdk-checksum-algorithm",
-                 "x-amz-content-sha256", "transfer-encoding", "host"}
+# Set again for the upstream connection and body.
+_HOP_HEADERS = {"host", "content-length", "transfer-encoding"}
+# Headers that describe the body boto3 sent: dropped when the body is rewritten (it gets a fresh Content-MD5).
+_CHECKSUM_HEADERS = {"content-md5", "x-amz-checksum-crc32", "x-amz-checksum-crc32c", "x-amz-checksum-sha1",
+                     "x-amz-checksum-sha256", "x-amz-sdk-checksum-algorithm", "x-amz-content-sha256"}
 
 
 @dataclass
@@ -53,17 +54,13 @@ class S3FaultProxy:
 
             def _forward(self) -> None:
                 body: bytes | None = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in _BODY_HEADERS}
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS}
                 extra = b""
                 if self.command == "POST" and urlsplit(self.path).query.split("&")[0] in ("delete", "delete="):
-                    kept, extra = proxy._split_delete(body)
-                    body = kept
-                    if kept is not None:
-                        headers["Content-MD5"] = base64.b64encode(hashlib.md5(kept).digest()).decode()
-                else:
-                    for name in ("Content-MD5", "x-amz-content-sha256"):
-                        if self.headers.get(name):
-                            headers[name] = self.headers[name]
+                    body, extra = proxy._split_delete(body)
+                    headers = {k: v for k, v in headers.items() if k.lower() not in _CHECKSUM_HEADERS}
+                    if body is not None:
+                        headers["Content-MD5"] = base64.b64encode(hashlib.md5(body).digest()).decode()
                 if extra and body is None:  # every key faulted: answer without asking upstream
                     status, reply_headers = 200, [("Content-Type", "application/xml")]
                     reply = f'<?xml version="1.0"?><DeleteResult xmlns="{S3_NS}"></DeleteResult>'.encode()

@@ -277,6 +277,10 @@ def test_a_shadow_topic_still_listing_the_ledger_keeps_it_and_is_checked_at_dele
     assert "cannot be verified" in deleter(cluster, shadows=shadows).process([record(ORPHAN_ML)])[0].detail
     cluster.set(shadow, ml_bytes([10, 11]))
     assert outcomes(deleter(cluster, shadows=shadows).process([record(ORPHAN_ML)])) == [DELETED]
+    # The same rule as for the source (and as reconcile): a copy listed offloaded and released by
+    # BookKeeper is not a reference, in a shadow's list either.
+    cluster.set(shadow, ml_bytes([10, 11, 16], released=(16,)))
+    assert outcomes(deleter(cluster, shadows=shadows).process([record(16)])) == [DELETED]
 
 
 def test_reference_regained_between_verify_and_delete_stops_the_delete(cluster: KazooClient) -> None:

@@ -138,6 +138,17 @@ class _Reads:
         return self.children[path]
 
 
+def _needs_bookkeeper_copy(info: Any, ledger_id: int) -> bool:
+    """Whether a ManagedLedgerInfo lists the ledger as still read from BookKeeper.
+
+    An entry offloaded with `bookkeeperDeleted` does not count: its BookKeeper copy is garbage by
+    design (reconcile applies the same rule to every managed ledger, shadows included).
+    """
+    return any(entry.ledgerId == ledger_id
+               and not (entry.HasField("offloadContext") and entry.offloadContext.bookkeeperDeleted)
+               for entry in info.ledgerInfo)
+
+
 class LedgerDeleter:
     def __init__(
         self,
@@ -312,11 +323,7 @@ class LedgerDeleter:
             except MetadataDecodeError as exc:
                 return ReferrerState(unverifiable=decide.unreadable(f"managed ledger {ml_name}", exc),
                                      versions=tuple(versions))
-            for entry in info.ledgerInfo:
-                if entry.ledgerId != ledger_id:
-                    continue
-                if entry.HasField("offloadContext") and entry.offloadContext.bookkeeperDeleted:
-                    continue  # offloaded and released: the BookKeeper copy is garbage by design
+            if _needs_bookkeeper_copy(info, ledger_id):
                 refs.append(f"listed in managed ledger {ml_name}")
         cursors = reads.get_children(ml_path) or []
         if component == "COMPACTED_LEDGER":
@@ -351,7 +358,7 @@ class LedgerDeleter:
                 info = codec.decode_managed_ledger_info(data)
             except MetadataDecodeError as exc:
                 return decide.unreadable(f"shadow managed ledger {shadow}", exc)
-            if any(entry.ledgerId == ledger_id for entry in info.ledgerInfo):
+            if _needs_bookkeeper_copy(info, ledger_id):
                 refs.append(f"listed in shadow topic managed ledger {shadow}")
         return None
 

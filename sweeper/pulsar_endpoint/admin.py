@@ -7,13 +7,12 @@ bearer token and TLS so the tests can exercise the client's settings. Tests and 
 from __future__ import annotations
 
 import json
-import ssl
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from .server import PulsarEndpoint
+from .server import PulsarEndpoint, server_tls_context
 
 _PREFIX = "/admin/v2/persistent/"
 _SUFFIX = "/partitions"
@@ -82,8 +81,7 @@ class AdminServer:
 
         self.httpd = ThreadingHTTPServer((host, port), Handler)
         if tls_cert_file:
-            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            context.load_cert_chain(tls_cert_file, tls_key_file)
+            context = server_tls_context(tls_cert_file, tls_key_file)
             self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
         self.thread: threading.Thread | None = None
 

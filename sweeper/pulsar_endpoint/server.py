@@ -674,6 +674,13 @@ _Connection._consumer_handlers = {
 }
 
 
+def server_tls_context(cert_file: str, key_file: str | None) -> ssl.SSLContext:
+    """The server side of TLS for the endpoint and its admin API."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_file, key_file)
+    return context
+
+
 class PulsarEndpoint:
     """A one-process stand-in for a Pulsar broker, producer side.
 
@@ -693,10 +700,7 @@ class PulsarEndpoint:
         `tls_cert_file` / `tls_key_file`: serve TLS only (`pulsar+ssl://`) with this certificate."""
         self.persist_latency_ms = persist_latency_ms
         self.token = token
-        self._ssl: ssl.SSLContext | None = None
-        if tls_cert_file:
-            self._ssl = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            self._ssl.load_cert_chain(tls_cert_file, tls_key_file)
+        self._ssl = server_tls_context(tls_cert_file, tls_key_file) if tls_cert_file else None
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.host = host
@@ -716,7 +720,7 @@ class PulsarEndpoint:
 
     @property
     def service_url(self) -> str:
-        return f"pulsar+ssl://{self.host}:{self.port}" if self._ssl else f"pulsar://{self.host}:{self.port}"
+        return self.tls_url if self._ssl else self.plain_url
 
     @property
     def plain_url(self) -> str:
