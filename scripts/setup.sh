@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
+command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
 [ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} with apt-get"
@@ -22,4 +23,14 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e ".[dev]"
+# JVM parts (Pulsar for the real-cluster testbed, delta-spark, s3a), pinned in jvm/pom.xml and
+# fetched from Maven Central into the ignored jvm/target/; the local Maven cache makes re-runs offline.
+if [ "${SWEEPER_SKIP_JVM:-0}" != "1" ]; then
+  stamp="jvm/target/.fetched-$(sha256sum jvm/pom.xml | cut -c1-16)"
+  if [ ! -f "$stamp" ]; then
+    echo "setup: fetching JVM parts (jvm/pom.xml) with Maven"
+    mvn -B -q -f jvm/pom.xml package
+    touch "$stamp"
+  fi
+fi
 echo "setup: done ($(.venv/bin/python --version), $(java -version 2>&1 | head -1))"
