@@ -1,8 +1,9 @@
 """`sweeper` command line: sandbox management and the pipeline stages.
 
 Exit codes (for schedulers): 0 success, 1 unexpected error, 2 usage or configuration error,
-3 a stage refused to run (wrong root, unreachable server or broker, failed gate, circuit breaker,
-a system topic that is not as configured, another delete run holding the lock), 4 partial: some
+3 a stage refused to run (wrong root, unreachable server or broker, a ZooKeeper certificate, login or
+permission refused, failed gate, circuit breaker, a system topic that is not as configured, another
+delete run holding the lock), 4 partial: some
 deletes failed and wait in the retry queue (or were dead-lettered); rerun later.
 """
 
@@ -103,13 +104,14 @@ def _session(cfg: SweeperConfig) -> tuple[Any, Any]:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    from sweeper.snapshot import run_snapshot
+    from sweeper.snapshot import run_snapshot, zk_load
 
     cfg = _load_config(args)
     spark, store = _session(cfg)
     result = run_snapshot(spark, cfg, store, run_id=args.run_id)
     print(f"snapshot {result.run_id}: layout {result.layout}, {result.units} scan units, "
           f"{result.duration_s:.1f}s ({result.ledgers_per_second:,.0f} ledgers/s scanned), engine {store.engine}")
+    print(f"ZooKeeper load: {zk_load(result.counts)}")
     _print_counts("rows written:", result.counts)
     if args.json:
         print(json.dumps({"run_id": result.run_id, "counts": result.counts, "versions": result.versions}))
@@ -175,6 +177,8 @@ def cmd_delete(args: argparse.Namespace) -> int:
     print(f"delete {run_id}: {delete_summary(result)} in {result.duration_s:.1f}s"
           + ("" if args.execute else " (dry run: pass --execute to delete)"))
     _print_counts("guards:", {k: int(v) for k, v in result.guards.items() if isinstance(v, int | float)})
+    if result.guards.get("permission_check", "ok") != "ok":
+        print(f"ZooKeeper permissions: {result.guards['permission_check']}")
     if args.json:
         print(json.dumps({"run_id": run_id, "counts": result.counts, "guards": result.guards}))
     return EXIT_PARTIAL if is_partial(result) else EXIT_OK
@@ -341,14 +345,15 @@ def main(argv: list[str] | None = None) -> int:
     from sweeper.layout import LayoutError
     from sweeper.pipeline import StageRefused
     from sweeper.system_topic import SystemTopicError
-    from sweeper.zk import WrongRootError, ZooKeeperUnavailableError
+    from sweeper.zk import WrongRootError, ZooKeeperPermissionError, ZooKeeperUnavailableError
 
     try:
         return int(args.func(args))
     except ConfigError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (WrongRootError, ZooKeeperUnavailableError, LayoutError, StageRefused, SystemTopicError) as exc:
+    except (WrongRootError, ZooKeeperUnavailableError, ZooKeeperPermissionError, LayoutError, StageRefused,
+            SystemTopicError) as exc:
         print(f"refused: {exc}", file=sys.stderr)
         return EXIT_REFUSED
 

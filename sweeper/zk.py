@@ -41,9 +41,10 @@ class ZooKeeperSecurityError(ZooKeeperUnavailableError):
 class ZooKeeperPermissionError(PermissionError):
     """ZooKeeper refused an operation for lack of a permission (NoAuth): names the znode and the permission."""
 
-    def __init__(self, path: str, permission: str, why: str = "", identity: str = "") -> None:
+    def __init__(self, path: str, permission: str, why: str = "", identity: str = "",
+                 message: str | None = None) -> None:
         who = f" for this sweeper's identity ({identity})" if identity else ""
-        super().__init__(f"no {permission} permission on znode {path} (ZooKeeper NoAuth){who}"
+        super().__init__(message or f"no {permission} permission on znode {path} (ZooKeeper NoAuth){who}"
                          + (f": {why}" if why else ""))
         self.path = path
         self.permission = permission

@@ -35,10 +35,16 @@ class SecureZk:
         """The TLS port by the name its certificate carries (the certificate does not name 127.0.0.1)."""
         return f"localhost:{self.server.secure_port}"
 
+    def certificate(self, user: str | None) -> tuple[str, str]:
+        """Client certificate and key: bookie has its own (its x509 id differs from the sweeper's)."""
+        if user == "bookie":
+            return str(self.pki.other_client_cert), str(self.pki.other_client_key)
+        return str(self.pki.client_cert), str(self.pki.client_key)
+
     def security(self, user: str | None = "sweeper", password: str | None = None, **changes: Any) -> ZkSecurity:
-        """What a sweeper session presents: TLS with the client certificate, SASL as `user`."""
-        base: dict[str, Any] = {"tls": True, "ca_file": str(self.pki.ca), "cert_file": str(self.pki.client_cert),
-                                "key_file": str(self.pki.client_key)}
+        """What a session presents: TLS with a client certificate, SASL as `user`."""
+        cert, key = self.certificate(user)
+        base: dict[str, Any] = {"tls": True, "ca_file": str(self.pki.ca), "cert_file": cert, "key_file": key}
         if user is not None:
             base.update(sasl_mechanism="DIGEST-MD5", sasl_username=user,
                         sasl_password=Secret(password if password is not None else USERS[user]))
@@ -49,9 +55,9 @@ class SecureZk:
         if password_file is None:
             password_file = self.home / f"{user}.password"
             password_file.write_text(USERS[user] + "\n")
-        return {"tls": True, "tls_ca_file": str(self.pki.ca), "tls_cert_file": str(self.pki.client_cert),
-                "tls_key_file": str(self.pki.client_key), "sasl_mechanism": "DIGEST-MD5", "sasl_username": user,
-                "sasl_password_file": str(password_file)}
+        cert, key = self.certificate(user)
+        return {"tls": True, "tls_ca_file": str(self.pki.ca), "tls_cert_file": cert, "tls_key_file": key,
+                "sasl_mechanism": "DIGEST-MD5", "sasl_username": user, "sasl_password_file": str(password_file)}
 
     def client(self, user: str = "bookie", chroot: str = "", default_acl: list[ACL] | None = None) -> KazooClient:
         """A kazoo session over TLS logged in as `user` ("super": the digest super user, over the plain port)."""
@@ -85,6 +91,7 @@ def sasl(user: str, perms: int) -> ACL:
 
 
 CREATOR_ALL_WORLD_READ = [ACL(Permissions.ALL, Id("auth", "")), ACL(Permissions.READ, Id("world", "anyone"))]
+WORLD_READ = ACL(Permissions.READ, Id("world", "anyone"))
 
 
 def start_secure_zookeeper(home: Path) -> Iterator[SecureZk]:

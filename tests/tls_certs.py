@@ -59,6 +59,8 @@ class MutualTls:
     rogue_ca: Path  # a CA nobody trusts
     rogue_client_cert: Path  # a client certificate the server must refuse (signed by rogue_ca)
     rogue_client_key: Path
+    other_client_cert: Path  # another trusted identity (another x509 id: a bookie's, say)
+    other_client_key: Path
 
 
 def _ca(common_name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
@@ -118,9 +120,10 @@ def make_mutual_tls(directory: Path, host_names: tuple[str, ...] = ("localhost",
     server_key, server = _leaf(ca_key, ca, host_names[0], server_names, ExtendedKeyUsageOID.SERVER_AUTH)
     client_key, client = _leaf(ca_key, ca, "ledger-sweeper", [], ExtendedKeyUsageOID.CLIENT_AUTH)
     bad_key, bad = _leaf(rogue_key, rogue, "ledger-sweeper", [], ExtendedKeyUsageOID.CLIENT_AUTH)
+    other_key, other = _leaf(ca_key, ca, "bookie", [], ExtendedKeyUsageOID.CLIENT_AUTH)
     files = MutualTls(directory / "ca.pem", directory / "server-keystore.pem", directory / "client.pem",
                       directory / "client.key", directory / "rogue-ca.pem", directory / "rogue-client.pem",
-                      directory / "rogue-client.key")
+                      directory / "rogue-client.key", directory / "other-client.pem", directory / "other-client.key")
     files.ca.write_bytes(_pem(ca))
     files.server_keystore.write_bytes(_key_pem(server_key) + _pem(server))
     files.client_cert.write_bytes(_pem(client))
@@ -128,6 +131,8 @@ def make_mutual_tls(directory: Path, host_names: tuple[str, ...] = ("localhost",
     files.rogue_ca.write_bytes(_pem(rogue))
     files.rogue_client_cert.write_bytes(_pem(bad))
     files.rogue_client_key.write_bytes(_key_pem(bad_key))
-    for path in (files.server_keystore, files.client_key, files.rogue_client_key):
+    files.other_client_cert.write_bytes(_pem(other))
+    files.other_client_key.write_bytes(_key_pem(other_key))
+    for path in (files.server_keystore, files.client_key, files.rogue_client_key, files.other_client_key):
         path.chmod(0o600)
     return files

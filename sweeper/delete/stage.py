@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from kazoo.exceptions import NoAuthError
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -28,6 +29,7 @@ from sweeper import pending_delete
 from sweeper import zk as zkutil
 from sweeper.codecs.bookkeeper import decode_ledger_metadata
 from sweeper.config import SweeperConfig
+from sweeper.delete import permissions
 from sweeper.delete.decide import managed_ledger_name
 from sweeper.delete.drain import TopicDrain
 from sweeper.delete.lock import DeleteRunLock
@@ -42,6 +44,8 @@ from sweeper.safety import HOUR_MS, GracePeriod
 from sweeper.scan.bookkeeper import read_layout, split_custom_metadata
 from sweeper.table_schemas import DEAD_LETTER, DELETE_RESULTS, RETRY_QUEUE
 from sweeper.tables import TableStore
+from sweeper.zk import ZooKeeperPermissionError
+from sweeper.zksecurity import ZkSecurity, bookkeeper_security
 from sweeper.zkwire import WireReader
 
 QUEUED, RESOLVED, DEAD_LETTERED = "queued", "resolved", "dead_lettered"
@@ -72,6 +76,7 @@ class DeleteTarget:
     endpoint_override: str
     buckets: tuple[tuple[str, str, str], ...]  # (bucket, region, endpoint) this run may delete from
     shadows: tuple[tuple[str, tuple[str, ...]], ...] = ()  # source managed ledger -> its shadow topics' ones
+    zk_security: ZkSecurity | None = None  # TLS / SASL / digest for [bookkeeper]'s ensemble
 
 
 @dataclass
@@ -243,14 +248,15 @@ def delete_partition(items: Iterator[list[PendingRecord]], target: DeleteTarget)
         else:
             decoded.append((item, record))
     rng = random.Random(hash(items[0].record_key))
-    client = zkutil.connect(target.zk_hosts, timeout=target.session_timeout_s)
+    client = zkutil.connect(target.zk_hosts, timeout=target.session_timeout_s, security=target.zk_security)
     reader: WireReader | None = None
     try:
         ledgers = [(i, r) for i, r in decoded if r["ledgerType"] == "LEDGER"]
         if ledgers:
             # Bulk verification reads on a second session; a missing one only makes verification slower.
             with contextlib.suppress(Exception):
-                reader = WireReader(target.zk_hosts, timeout=target.session_timeout_s, multi_read=target.multi_read)
+                reader = WireReader(target.zk_hosts, timeout=target.session_timeout_s, multi_read=target.multi_read,
+                                    security=target.zk_security)
         objects = [(i, r) for i, r in decoded if r["ledgerType"] != "LEDGER"]
         if ledgers:
             deleter = LedgerDeleter(
@@ -342,7 +348,9 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
         # The compare-and-set multi must cover the ledger znode and its referrers in one ensemble.
         raise DeleteRefused("Pulsar and BookKeeper metadata are in different ZooKeeper ensembles; deleting "
                             "needs one multi-operation across both, so only dry runs are possible")
-    client = zkutil.connect(config.bookkeeper.zookeeper, timeout=config.bookkeeper.session_timeout_s)
+    security = bookkeeper_security(config)
+    client = zkutil.connect(config.bookkeeper.zookeeper, timeout=config.bookkeeper.session_timeout_s,
+                            security=security)
     lock: DeleteRunLock | None = None
     drain: TopicDrain | None = None
     try:
@@ -371,9 +379,28 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
             raise DeleteRefused("no snapshot in the tables: run `sweeper snapshot` first, so that shadow topics "
                                 "(which list their source topics' ledgers) are known and re-checked")
         counts["shadow_topics"] = sum(len(names) for _, names in shadows or ())
+        if inputs:
+            allowed = permissions.check(
+                client, config.bookkeeper.zookeeper, security, config.bookkeeper.session_timeout_s,
+                [item.payload for item in inputs], ledgers_root=config.bookkeeper.ledgers_root, layout=layout,
+                ml_root=config.pulsar.managed_ledgers_root, schemas_root=config.pulsar.schemas_root,
+                shadows=dict(shadows or ()), reads_per_second=config.scan.reads_per_second)
+            guards["permission_check"] = allowed.status
+            counts["missing_permissions"] = len(allowed.missing)
+            if allowed.missing:
+                guards["permission_check"] = allowed.refusal()
+                if execute:
+                    raise DeleteRefused(allowed.refusal())
         if execute:
             lock = DeleteRunLock(client, d.lock_path, run_id=run_id)
-            lock.acquire()
+            try:
+                lock.acquire()
+            except NoAuthError as exc:
+                lock = None
+                raise DeleteRefused(str(ZooKeeperPermissionError(
+                    d.lock_path.rsplit("/", 1)[0] or "/", "CREATE",
+                    f"the run lock {d.lock_path} (create its parent writable by the sweeper, or set [delete] "
+                    "lock_path)"))) from exc
         grace = GracePeriod.of(int(config.safety.min_age_hours * HOUR_MS), force=config.safety.force_min_age)
         target = DeleteTarget(
             zk_hosts=config.bookkeeper.zookeeper, session_timeout_s=config.bookkeeper.session_timeout_s,
@@ -384,7 +411,8 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
             multi_read=config.scan.multi_read,
             policy=RetryPolicy(max_attempts=d.max_attempts, in_task_attempts=d.in_task_attempts,
                                retry_after_s=d.retry_after_s),
-            endpoint_override=config.offload.endpoint_override, buckets=buckets, shadows=shadows or ())
+            endpoint_override=config.offload.endpoint_override, buckets=buckets, shadows=shadows or (),
+            zk_security=security)
         rows: list[TaskRow] = []
         if inputs:
             parts = _partitions(spark, config, len(inputs))
@@ -395,6 +423,11 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
             rows = (spark.sparkContext.parallelize(groups, parts)
                     .mapPartitions(lambda it: delete_partition(it, target)).collect())
         result = _commit(store, run_id, rows, target, execute, now, counts)
+        refused = [r.error for r in result.results if r.error and "(ZooKeeper NoAuth)" in r.error]
+        if refused:
+            # Committed first, so every outcome is on record; then the run stops as refused (exit 3).
+            raise DeleteRefused(f"{refused[0]}; {len(refused)} record(s) not done wait in the retry queue: grant the "
+                                "permission and run again")
         if drain is not None and execute:
             # Committed: every record has its final result or sits in the retry queue.
             result.counts["acknowledged"] = drain.acknowledge()
