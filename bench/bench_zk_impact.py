@@ -1,15 +1,25 @@
 """What the snapshot's scan does to a busy ZooKeeper: a broker-like probe's latency, idle vs scanned.
 
-    .venv/bin/python bench/bench_zk_impact.py --topics 10000 --duration 30
+    .venv/bin/python bench/bench_zk_impact.py --topics 3000 --duration 30 --rounds 3
 
 Starts its own ZooKeeper, seeds the sandbox, then runs a probe client in its own process doing
 what a broker does to its metadata store: reads and small writes of managed-ledger-sized znodes
-(1 KiB), ~200 operations a second, each timed. The probe runs three times on the same server and
-data: with no sweeper (idle), while the snapshot's scan stage (the Spark job that reads and
-decodes every znode) runs over and over at full speed ([scan] reads_per_second = 0), and while it
-runs at the default limit. `--limits 5000,10000,...` adds rows for other limits (to choose the
-default). Prints one table row per run: probe p50 / p99 / max, p99 against idle, and the scan's
-achieved read rate. Results go to docs/benchmarks.md by hand, with this command.
+(1 KiB; one write in four), 200 operations a second, each timed. The probe runs on the same
+server and data with no sweeper (idle), while the scan reads at full speed ([scan]
+reads_per_second = 0) and while it reads at the default limit; `--limits 5000,50000` adds rows (to
+choose the default). `--rounds` repeats the runs interleaved and reports medians.
+
+The load is the scan's own read path from `[scan] max_sessions` processes: the wire reader with
+multiRead, paced per session by the scan's token bucket (`--load reads`, the default), without
+decoding, so that on a small machine the sweeper's CPU is not what limits the load. `--load tasks`
+runs the scan task code itself (reads and decoding, `_scan_partition`) in those processes, and
+`--load spark` the Spark scan stage in local mode. With two or more CPUs, ZooKeeper and the probe
+run on the first and the sweeper on the others, as on separate machines (`--no-cpu-split` to
+share), and ZooKeeper and the probe run at a raised priority (`--priority`) so that other work on
+a shared machine disturbs them less. Prints one row per run: probe latency overall and for reads
+(a write's latency includes the server's fsync, which a shared disk disturbs more than any reader
+could), each against idle, and the load's achieved read rate. Results go to docs/benchmarks.md by
+hand, with this command.
 """
 
 from __future__ import annotations

@@ -10,20 +10,15 @@ Rules (ZooKeeperServer.checkACL, ZooKeeper 3.8): an empty ACL allows all; a `sup
 allowed all; otherwise some ACL entry with the permission bit must be `world:anyone` or match one
 of the session's ids of the same scheme (exact match for digest, sasl, x509; address and mask for
 ip). Deleting a znode needs DELETE on its *parent*; reading, and `check` in a multi, need READ on
-the znode itself. Without ADMIN, getACL shows digest ids as `user:x`.
+the znode itself. getACL needs READ or ADMIN; without ADMIN it shows digest ids as `user:x`
+(FinalRequestProcessor). Pure functions: the reads are in sweeper.delete.permissions.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
-
-from kazoo.exceptions import NoAuthError, NoNodeError
-
-from sweeper.ratelimit import TokenBucket
 
 READ, WRITE, CREATE, DELETE, ADMIN = 1, 2, 4, 8, 16
 PERMISSION_NAMES = {READ: "READ", WRITE: "WRITE", CREATE: "CREATE", DELETE: "DELETE", ADMIN: "ADMIN"}
@@ -114,57 +109,4 @@ def missing_permissions(needs: Mapping[str, tuple[int, str]], acls: Mapping[str,
         for bit in (READ, WRITE, CREATE, DELETE, ADMIN):
             if permission & bit and not allows(acl, identity, bit):
                 out.append(Missing(path, bit, why))
-    return out
-
-
-# ---- I/O -----------------------------------------------------------------------------------------
-
-def acls_many(client: Any, paths: Iterable[str], window: int = 1000,
-              limiter: TokenBucket | None = None) -> dict[str, Acl]:
-    """ACL of each path through kazoo, pipelined (see `Acl`)."""
-    out: dict[str, Acl] = {}
-    in_flight: deque[tuple[str, Any]] = deque()
-
-    def settle() -> None:
-        path, pending = in_flight.popleft()
-        try:
-            acl, _ = pending.get()
-            out[path] = [(int(a.perms), a.id.scheme, a.id.id) for a in acl]
-        except NoNodeError:
-            out[path] = None
-        except NoAuthError:
-            out[path] = UNREADABLE
-
-    for path in dict.fromkeys(paths):
-        if limiter is not None:
-            limiter.acquire(1)
-        in_flight.append((path, client.get_acls_async(path)))
-        if len(in_flight) >= window:
-            settle()
-    while in_flight:
-        settle()
-    return out
-
-
-def children_of(client: Any, paths: Iterable[str], window: int = 1000,
-                limiter: TokenBucket | None = None) -> dict[str, list[str]]:
-    """Children of each path (missing or unreadable: none), pipelined."""
-    out: dict[str, list[str]] = {}
-    in_flight: deque[tuple[str, Any]] = deque()
-
-    def settle() -> None:
-        path, pending = in_flight.popleft()
-        try:
-            out[path] = list(pending.get())
-        except (NoNodeError, NoAuthError):
-            out[path] = []
-
-    for path in dict.fromkeys(paths):
-        if limiter is not None:
-            limiter.acquire(1)
-        in_flight.append((path, client.get_children_async(path)))
-        if len(in_flight) >= window:
-            settle()
-    while in_flight:
-        settle()
     return out

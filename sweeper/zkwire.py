@@ -44,7 +44,7 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from kazoo.exceptions import EXCEPTIONS
 from kazoo.hosts import collect_hosts
@@ -70,6 +70,7 @@ DEFAULT_WINDOW = 2000
 # Opcodes (ZooDefs.OpCode) and the special xids (ClientCnxn).
 _OP_GET_DATA = 4
 _OP_GET_CHILDREN = 8
+_OP_GET_ACL = 6
 _OP_PING = 11
 _OP_CLOSE = -11
 _OP_MULTI_READ = 22
@@ -121,6 +122,12 @@ _new_stat = functools.partial(tuple.__new__, ZnodeStat)
 T = TypeVar("T")
 # Parses one result at a body offset in the receive buffer: (result, offset after it).
 Parser = Callable[[str, int, int], tuple[T, int]]
+
+
+class AclRead(NamedTuple):
+    path: str
+    acl: list[tuple[int, str, str]] | None  # (perms, scheme, id) entries; None: no such znode
+    error: BaseException | None = None
 
 
 class ZooKeeperWireError(Exception):
@@ -212,6 +219,31 @@ class WireReader:
         """Sorted child names of each path, in input order, with up to `window` requests in flight."""
         self._check_usable(window)
         return self._pipeline(paths, window, _OP_GET_CHILDREN, self._children_reply, multi_read or self.multi_read)
+
+    def acls_many(self, paths: Iterable[str], window: int = DEFAULT_WINDOW) -> Iterator[AclRead]:
+        """Each path's ACL as (perms, scheme, id) entries, in input order, one request each (multiRead
+        carries no getACL). Needs READ or ADMIN on the znode; without ADMIN digest ids read `user:x`."""
+        self._check_usable(window)
+        return self._pipeline(paths, window, _OP_GET_ACL, self._acl_reply, 1)
+
+    def _acl_reply(self, path: str, err: int, offset: int) -> tuple[AclRead, int]:
+        if err:
+            return AclRead(path, None, None if err == _NO_NODE else _read_error(err, path)), offset
+        buf, view, unpack = self._buf, self._view, _INT.unpack_from
+        (count,) = unpack(buf, offset)
+        offset += 4
+        entries = []
+        for _ in range(max(count, 0)):
+            (perms,) = unpack(buf, offset)
+            offset += 4
+            fields = []
+            for _ in range(2):  # Id: ustring scheme, ustring id
+                (length,) = unpack(buf, offset)
+                offset += 4
+                fields.append(str(view[offset : offset + max(length, 0)], "utf-8"))
+                offset += max(length, 0)
+            entries.append((perms, fields[0], fields[1]))
+        return AclRead(path, entries), offset + _STAT.size
 
     def who_am_i(self) -> list[tuple[str, str]]:
         """This session's identities as the server sees them, (scheme, user) pairs (ZooKeeper >= 3.7).
@@ -364,10 +396,11 @@ class WireReader:
         xid = self._xid
         if per_request == 1:
             pack = _READ_REQUEST_HEAD.pack
+            watch, extra = (b"", 12) if opcode == _OP_GET_ACL else (_FALSE, 13)  # GetACLRequest has no watch flag
             for path, raw in zip(paths, raws, strict=True):
                 xid = xid + 1 if xid < _MAX_XID else 1
-                # frame length = xid + opcode + path length + path + watch flag
-                frames += (pack(13 + len(raw), xid, opcode, len(raw)), raw, _FALSE)
+                # frame length = xid + opcode + path length + path (+ watch flag)
+                frames += (pack(extra + len(raw), xid, opcode, len(raw)), raw, watch)
                 requests.append((xid, path))
         else:
             for start in range(0, len(paths), per_request):

@@ -1,7 +1,7 @@
 """The whole pipeline through TLS + SASL DIGEST-MD5 under ZooKeeper ACLs, driven by the CLI as an
-operator would: the sandbox seeded by BookKeeper's identity with BookKeeper's ACLs (creator-all +
-world-read, as zkEnableSecurity sets them) or stricter ones (only the sweeper may read), then
-snapshot -> reconcile -> emit -> delete. A wrong certificate, a wrong password and a missing
+operator would: the sandbox seeded by BookKeeper's identity with creator-all ACLs (BookKeeper's
+zkEnableSecurity, ZkUtils.getACLs) plus world-read, or stricter ones (only bookie and the sweeper
+may read), then snapshot -> reconcile -> emit -> delete. A wrong certificate, a wrong password and a missing
 permission each stop the run with exit code 3, a message naming what to fix, and nothing deleted."""
 
 from __future__ import annotations
@@ -140,8 +140,8 @@ def test_sweep_through_tls_and_sasl_with_only_the_sweeper_reading(
 def test_bookkeeper_acls_let_the_sweeper_read_but_not_delete(
         spark: SparkSession, tmp_path: Path, secure_zk: SecureZk, broker: Broker,
         capsys: pytest.CaptureFixture[str]) -> None:
-    """Creator-all + world-read: snapshot and reconcile work for anyone; deleting needs the creator's
-    identity. The delete run is refused before it deletes anything, then goes through as bookie."""
+    """Creator-all + world-read: snapshot and reconcile work for any identity; deleting needs the
+    creator's. The delete run is refused before it deletes anything, then goes through as bookie."""
     chroot, cluster = _seeded(secure_zk, CREATOR_ALL_WORLD_READ)
     config = _config(tmp_path, secure_zk, chroot, broker)
     admin = secure_zk.client("super", chroot)

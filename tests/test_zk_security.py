@@ -129,6 +129,9 @@ def test_digest_credentials(secure_zk: SecureZk) -> None:
     with WireReader(hosts, security=right) as reader:
         assert [r.data for r in reader.get_many(["/x"])] == [b"payload"]
         assert ("digest", "reader") in reader.who_am_i()
+        # getACL with READ but not ADMIN: the digest id comes back redacted (FinalRequestProcessor).
+        (acl, missing) = list(reader.acls_many(["/x", "/nope"]))
+        assert acl.acl == [(Permissions.READ, "digest", "reader:x")] and missing.acl is None
     client = zkutil.connect(hosts, timeout=5, security=right)
     try:
         assert client.get("/x")[0] == b"payload"
@@ -137,4 +140,6 @@ def test_digest_credentials(secure_zk: SecureZk) -> None:
     wrong = dataclasses.replace(right, digest=Secret("reader:nope"))
     with WireReader(hosts, security=wrong) as reader:
         (read,) = list(reader.get_many(["/x"]))
+        (acl,) = list(reader.acls_many(["/x"]))
     assert isinstance(read.error, ZooKeeperPermissionError)
+    assert isinstance(acl.error, ZooKeeperPermissionError)  # getACL needs READ or ADMIN

@@ -17,9 +17,10 @@ from sweeper import zk as zkutil
 from sweeper.delete.decide import managed_ledger_name
 from sweeper.layout import LayoutError, LedgerLayout, ledger_path
 from sweeper.ratelimit import TokenBucket
-from sweeper.zkacl import DELETE, READ, Identity, Missing, acls_many, children_of, identity_of, missing_permissions
+from sweeper.zk import ZooKeeperPermissionError
+from sweeper.zkacl import DELETE, READ, UNREADABLE, Acl, Identity, Missing, identity_of, missing_permissions
 from sweeper.zksecurity import ZkSecurity
-from sweeper.zkwire import WireReader
+from sweeper.zkwire import WireReader, ZooKeeperWireError
 
 log = logging.getLogger(__name__)
 
@@ -73,19 +74,28 @@ def needed(records: Sequence[Mapping[str, Any]], *, ledgers_root: str, layout: L
     return needs, managed
 
 
-def check(client: Any, hosts: str, security: ZkSecurity | None, timeout_s: float,
-          payloads: Sequence[bytes], *, ledgers_root: str, layout: LedgerLayout, ml_root: str, schemas_root: str,
-          shadows: Mapping[str, Sequence[str]], reads_per_second: float = 0.0) -> PermissionCheck:
-    try:
-        with WireReader(hosts, timeout=timeout_s, security=security) as reader:
+def check(hosts: str, security: ZkSecurity | None, timeout_s: float, payloads: Sequence[bytes], *,
+          ledgers_root: str, layout: LedgerLayout, ml_root: str, schemas_root: str,
+          shadows: Mapping[str, Sequence[str]], reads_per_second: float = 0.0, multi_read: int = 1) -> PermissionCheck:
+    """Whether this session may do the run: one wire-protocol session (whoAmI, listings, getACL, pipelined)."""
+    limiter = TokenBucket(reads_per_second) if reads_per_second > 0 else None
+    with WireReader(hosts, timeout=timeout_s, security=security, multi_read=multi_read, limiter=limiter) as reader:
+        try:
             who = reader.who_am_i()
-    except Exception as exc:  # ZooKeeper < 3.7: no whoAmI. The deletes still refuse on NoAuth.
-        log.info("permission check skipped: %s", exc)
-        return PermissionCheck(f"skipped: cannot ask ZooKeeper who this session is ({type(exc).__name__}); a "
-                               "missing permission will stop the run at its first NoAuth instead")
-    identity = identity_of(who, security.digest_id() if security is not None else "")
-    if identity.is_super:
-        return PermissionCheck("ok", identity=identity)
+        except ZooKeeperWireError as exc:  # ZooKeeper < 3.7: no whoAmI. The deletes still refuse on NoAuth.
+            log.info("permission check skipped: %s", exc)
+            return PermissionCheck(f"skipped: cannot ask ZooKeeper who this session is ({exc}); a missing "
+                                   "permission will stop the run at its first NoAuth instead")
+        identity = identity_of(who, security.digest_id() if security is not None else "")
+        if identity.is_super:
+            return PermissionCheck("ok", identity=identity)
+        return _check(reader, identity, payloads, ledgers_root=ledgers_root, layout=layout, ml_root=ml_root,
+                      schemas_root=schemas_root, shadows=shadows)
+
+
+def _check(reader: WireReader, identity: Identity, payloads: Sequence[bytes], *, ledgers_root: str,
+           layout: LedgerLayout, ml_root: str, schemas_root: str,
+           shadows: Mapping[str, Sequence[str]]) -> PermissionCheck:
     records = []
     for payload in payloads:
         try:
@@ -94,9 +104,11 @@ def check(client: Any, hosts: str, security: ZkSecurity | None, timeout_s: float
             continue
     needs, managed = needed(records, ledgers_root=ledgers_root, layout=layout, ml_root=ml_root,
                             schemas_root=schemas_root, shadows=shadows)
-    limiter = TokenBucket(reads_per_second) if reads_per_second > 0 else None
-    for parent, cursors in children_of(client, managed, limiter=limiter).items():
-        for cursor in cursors:
-            needs.setdefault(zkutil.join(parent, cursor), (READ, WHY_REFERRER))
-    missing = missing_permissions(needs, acls_many(client, needs, limiter=limiter), identity)
+    for listing in reader.children_many(list(dict.fromkeys(managed))):
+        for cursor in listing.children or ():  # unreadable: its own READ is missing, found below
+            needs.setdefault(zkutil.join(listing.path, cursor), (READ, WHY_REFERRER))
+    acls: dict[str, Acl] = {}
+    for read in reader.acls_many(list(needs)):
+        acls[read.path] = UNREADABLE if isinstance(read.error, ZooKeeperPermissionError) else read.acl
+    missing = missing_permissions(needs, acls, identity)
     return PermissionCheck("missing" if missing else "ok", missing, identity)

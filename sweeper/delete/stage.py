@@ -381,10 +381,11 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
         counts["shadow_topics"] = sum(len(names) for _, names in shadows or ())
         if inputs:
             allowed = permissions.check(
-                client, config.bookkeeper.zookeeper, security, config.bookkeeper.session_timeout_s,
+                config.bookkeeper.zookeeper, security, config.bookkeeper.session_timeout_s,
                 [item.payload for item in inputs], ledgers_root=config.bookkeeper.ledgers_root, layout=layout,
                 ml_root=config.pulsar.managed_ledgers_root, schemas_root=config.pulsar.schemas_root,
-                shadows=dict(shadows or ()), reads_per_second=config.scan.reads_per_second)
+                shadows=dict(shadows or ()), reads_per_second=config.scan.reads_per_second,
+                multi_read=config.scan.multi_read)
             guards["permission_check"] = allowed.status
             counts["missing_permissions"] = len(allowed.missing)
             if allowed.missing:
