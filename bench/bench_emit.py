@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pulsar
 
 from sweeper import pending_delete
-from sweeper.config import SweeperConfig
+from sweeper.config import PulsarMetadataConfig, SweeperConfig
 from sweeper.emit import run_emit
 from sweeper.sandbox.pulsar import start_pulsar, stop_pulsar
 from sweeper.snapshot import record_run
@@ -60,7 +60,7 @@ def main() -> None:
     broker = start_pulsar(work / "pulsar", port, admin_port, persist_latency_ms=args.persist_latency_ms)
     try:
         spark = get_spark("bench-emit", master="local[2]", conf={"spark.sql.shuffle.partitions": "4"})
-        cfg = SweeperConfig().replace(
+        cfg = SweeperConfig(pulsar=PulsarMetadataConfig(cluster_name="sandbox")).replace(
             tables={"root": str(work / "tables"), "engine": "delta-rs"},
             system_topic={"service_url": broker.service_url, "admin_url": broker.admin_url,
                           "read_in_snapshot": False, "records_per_producer": 25_000})

@@ -63,13 +63,17 @@ class MutualTls:
     other_client_key: Path
 
 
+# Valid long before now: the sandbox ZooKeeper's clock is set back (up to years) while it is seeded.
+LONG_AGO = datetime.timedelta(days=3650)
+
+
 def _ca(common_name: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
     now = datetime.datetime.now(datetime.UTC)
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
             .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=1))
+            .not_valid_before(now - LONG_AGO).not_valid_after(now + LONG_AGO)
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
             .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
                                          content_commitment=False, key_encipherment=False, data_encipherment=False,
@@ -89,7 +93,7 @@ def _leaf(ca_key: ec.EllipticCurvePrivateKey, ca: x509.Certificate, common_name:
                .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "ledger-sweeper tests"),
                                         x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
                .issuer_name(ca.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
-               .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=1))
+               .not_valid_before(now - LONG_AGO).not_valid_after(now + LONG_AGO)
                .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
                               critical=False))

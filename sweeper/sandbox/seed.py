@@ -18,6 +18,7 @@ from sweeper.codecs import pulsar as pulsar_codec
 from sweeper.codecs.bookkeeper import LedgerMetadata, Segment, encode_ledger_metadata
 from sweeper.layout import LedgerLayout, layout_znode, ledger_path
 from sweeper.sandbox.model import BkLedger, Cursor, ManagedLedger, SandboxCluster, SchemaLocatorModel
+from sweeper.zkserver import ServerClock, clock_for
 
 WINDOW = 2000
 
@@ -137,6 +138,15 @@ def cluster_znodes(cluster: SandboxCluster) -> Iterable[tuple[str, bytes]]:
     schema_root = spec.schemas_root.rstrip("/")
     for locator in cluster.schemas:
         yield f"{schema_root}/{locator.schema_id}", schema_locator_bytes(locator)
+    # The configuration store (same ensemble, as in most deployments): TenantInfo at
+    # /admin/policies/<tenant>, a namespace's Policies at /admin/policies/<tenant>/<namespace>.
+    tenants = sorted({ns.split("/")[0] for ns in cluster.namespaces})
+    for tenant in tenants:
+        yield f"/admin/policies/{tenant}", json.dumps(
+            {"adminRoles": [], "allowedClusters": [spec.cluster_name]}).encode()
+    for namespace in cluster.namespaces:
+        yield f"/admin/policies/{namespace}", json.dumps(
+            {"replication_clusters": [spec.cluster_name], "deleted": False}).encode()
 
 
 def _parents(path: str) -> list[str]:
@@ -191,9 +201,36 @@ def create_many(client: KazooClient, items: Iterable[tuple[str, bytes]], window:
     return created
 
 
-def seed_zookeeper(client: KazooClient, cluster: SandboxCluster, window: int = WINDOW) -> SeedResult:
+# How far back the server's clock goes while ledger znodes are created: older than any sandbox ledger.
+LEDGER_EPOCH_DAYS = 500
+
+
+def seed_zookeeper(client: KazooClient, cluster: SandboxCluster, window: int = WINDOW,
+                   clock: ServerClock | None = None) -> SeedResult:
+    """Write the cluster; ledger znodes first, with the server's clock set back when it has a ServerClock.
+
+    A real ledger's znode is created with the ledger, so its ctime is never later than the
+    ledger's own: with the clock set back, the metadata's ctime (the model's age) is the later of
+    the two clocks, as in production. Pulsar's metadata is written after, at the real time (its
+    mtimes are what the liveness gate compares with the newest ledger).
+    """
+    clock = clock or clock_for(client.hosts)
     started = time.monotonic()
-    leaves = list(cluster_znodes(cluster))
+    ledger_root = cluster.spec.ledgers_root.rstrip("/") + "/"
+    every = list(cluster_znodes(cluster))
+    ledgers = [item for item in every if item[0].startswith(ledger_root)]
+    pulsar = [item for item in every if not item[0].startswith(ledger_root)]
+    if clock is None:
+        total = _seed_leaves(client, ledgers, window) + _seed_leaves(client, pulsar, window)
+    else:
+        with clock.back_in_time(LEDGER_EPOCH_DAYS):
+            total = _seed_leaves(client, ledgers, window)
+        total += _seed_leaves(client, pulsar, window)
+    return SeedResult(total, time.monotonic() - started)
+
+
+def _seed_leaves(client: KazooClient, leaves: list[tuple[str, bytes]], window: int) -> int:
+    """Create `leaves` and every missing parent, parents first."""
     leaf_paths = {path for path, _ in leaves}
     parents: set[str] = set()
     for path, _ in leaves:
@@ -215,7 +252,7 @@ def seed_zookeeper(client: KazooClient, cluster: SandboxCluster, window: int = W
     # Managed-ledger znodes must exist before their cursor children.
     leaves.sort(key=lambda item: item[0].count("/"))
     total += create_many(client, leaves, window)
-    return SeedResult(total, time.monotonic() - started)
+    return total
 
 
 def manifest(cluster: SandboxCluster) -> dict[str, object]:
@@ -236,6 +273,7 @@ def manifest(cluster: SandboxCluster) -> dict[str, object]:
         "counts": cluster.counts(),
         "not_in_use": noteworthy,
         "missing_ledgers": cluster.missing_ledgers,
+        "stale_pointers": cluster.stale_pointers,
     }
 
 
@@ -253,9 +291,14 @@ def seed_s3(client: Any, cluster: SandboxCluster, stray_keys: int = 1) -> int:
         with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
             client.create_bucket(Bucket=bucket)
     for obj in cluster.offload_objects:
-        role = "index" if obj.key.endswith("-index") else "data"
-        client.put_object(Bucket=obj.bucket, Key=obj.key, Body=b"x" * 64,
-                          Metadata={"role": role, "managedledgername": obj.managed_ledger})
+        # As Pulsar's jcloud offloader writes them (BlobStoreManagedLedgerOffloader: the broker's offloader
+        # metadata with pulsarClusterName, the role, and ManagedLedgerName).
+        metadata = {"role": "index" if obj.key.endswith("-index") else "data"}
+        if obj.managed_ledger is not None:
+            metadata["ManagedLedgerName"] = obj.managed_ledger
+        if obj.cluster_name is not None:
+            metadata["pulsarClusterName"] = obj.cluster_name
+        client.put_object(Bucket=obj.bucket, Key=obj.key, Body=b"x" * 64, Metadata=metadata)
     for i in range(stray_keys):
         client.put_object(Bucket=cluster.spec.offload_bucket, Key=f"notes/readme-{i}.txt", Body=b"not an offload")
     return len(cluster.offload_objects) + stray_keys
