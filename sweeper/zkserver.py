@@ -303,6 +303,8 @@ def start_zookeeper(
                                clock_file=clock_file)
     if info.clock is not None:
         _clocks[port] = info.clock
+        if secure_port is not None:  # a seeder may reach the server through either port
+            _clocks[secure_port] = info.clock
     (root / "server.json").write_text(json.dumps(asdict(info)))
     return info
 
@@ -330,6 +332,8 @@ def _kill(pid: int, timeout: float = 10.0) -> None:
 
 def stop_zookeeper(info: ZooKeeperServerInfo) -> None:
     _clocks.pop(info.port, None)
+    if info.secure_port is not None:
+        _clocks.pop(info.secure_port, None)
     _kill(info.pid)
     with contextlib.suppress(FileNotFoundError):
         (Path(info.data_dir) / "server.json").unlink()
@@ -347,4 +351,6 @@ def running_server(data_dir: str | os.PathLike[str]) -> ZooKeeperServerInfo | No
         return None
     if info.clock is not None:
         _clocks[info.port] = info.clock
+        if info.secure_port is not None:
+            _clocks[info.secure_port] = info.clock
     return info

@@ -6,6 +6,7 @@ permission each stop the run with exit code 3, a message naming what to fix, and
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,21 +44,24 @@ def _toml(sections: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _seeded(secure_zk: SecureZk, acl: list[ACL], topics: int = 20) -> tuple[str, SandboxCluster]:
-    """A chroot seeded by `bookie` with `acl` on every znode; the sweeper's lock directory made writable for it."""
+@contextlib.contextmanager
+def _seeded(secure_zk: SecureZk, acl: list[ACL], topics: int = 20) -> Iterator[tuple[str, SandboxCluster]]:
+    """A chroot seeded by `bookie` with `acl` on every znode, a live broker registered (the session stays
+    open while the block runs), and the sweeper's lock directory made writable for it."""
     chroot = secure_zk.new_chroot([sasl("bookie", Permissions.ALL), WORLD_READ] if acl == CREATOR_ALL_WORLD_READ
                                   else acl)
     bookie = secure_zk.client("bookie", chroot, default_acl=acl)
     try:
         cluster = build_cluster(SandboxSpec(seed=11, topics=topics))
         seed_zookeeper(bookie, cluster)
+        bookie.create("/loadbalance/brokers/broker-1:8080", b"{}", ephemeral=True, makepath=True)
         # An operator prepares the run lock's directory (docs/operations.md).
         bookie.create("/ledger-sweeper")
         bookie.create("/ledger-sweeper/locks", acl=[sasl("sweeper", Permissions.ALL), sasl("bookie", Permissions.ALL)])
+        yield chroot, cluster
     finally:
         bookie.stop()
         bookie.close()
-    return chroot, cluster
 
 
 def _config(tmp_path: Path, secure_zk: SecureZk, chroot: str, broker: Broker, name: str = "cluster",
@@ -111,8 +115,13 @@ def _grant_delete_on_ledger_directories(secure_zk: SecureZk, chroot: str) -> Non
 def test_sweep_through_tls_and_sasl_with_only_the_sweeper_reading(
         spark: SparkSession, tmp_path: Path, secure_zk: SecureZk, broker: Broker,
         capsys: pytest.CaptureFixture[str]) -> None:
-    chroot, cluster = _seeded(secure_zk, STRICT)
-    _grant_delete_on_ledger_directories(secure_zk, chroot)
+    with _seeded(secure_zk, STRICT) as (chroot, cluster):
+        _grant_delete_on_ledger_directories(secure_zk, chroot)
+        _sweep_as_the_sweeper(spark, tmp_path, secure_zk, broker, capsys, chroot, cluster)
+
+
+def _sweep_as_the_sweeper(spark: SparkSession, tmp_path: Path, secure_zk: SecureZk, broker: Broker,
+                          capsys: pytest.CaptureFixture[str], chroot: str, cluster: SandboxCluster) -> None:
     config = _config(tmp_path, secure_zk, chroot, broker)
     admin = secure_zk.client("super", chroot)
     try:
@@ -142,7 +151,12 @@ def test_bookkeeper_acls_let_the_sweeper_read_but_not_delete(
         capsys: pytest.CaptureFixture[str]) -> None:
     """Creator-all + world-read: snapshot and reconcile work for any identity; deleting needs the
     creator's. The delete run is refused before it deletes anything, then goes through as bookie."""
-    chroot, cluster = _seeded(secure_zk, CREATOR_ALL_WORLD_READ)
+    with _seeded(secure_zk, CREATOR_ALL_WORLD_READ) as (chroot, cluster):
+        _refused_then_deleted_as_bookie(spark, tmp_path, secure_zk, broker, capsys, chroot, cluster)
+
+
+def _refused_then_deleted_as_bookie(spark: SparkSession, tmp_path: Path, secure_zk: SecureZk, broker: Broker,
+                                    capsys: pytest.CaptureFixture[str], chroot: str, cluster: SandboxCluster) -> None:
     config = _config(tmp_path, secure_zk, chroot, broker)
     admin = secure_zk.client("super", chroot)
     try:
@@ -170,7 +184,12 @@ def test_bookkeeper_acls_let_the_sweeper_read_but_not_delete(
 def test_wrong_certificate_wrong_password_and_missing_read_permission_exit_3(
         spark: SparkSession, tmp_path: Path, secure_zk: SecureZk, broker: Broker,
         capsys: pytest.CaptureFixture[str]) -> None:
-    chroot, _ = _seeded(secure_zk, STRICT, topics=8)
+    with _seeded(secure_zk, STRICT, topics=8) as (chroot, _):
+        _each_refusal(spark, tmp_path, secure_zk, broker, capsys, chroot)
+
+
+def _each_refusal(spark: SparkSession, tmp_path: Path, secure_zk: SecureZk, broker: Broker,
+                  capsys: pytest.CaptureFixture[str], chroot: str) -> None:
     pki = secure_zk.pki
     password_file = tmp_path / "wrong.password"
     password_file.write_text("not-the-password\n")

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from sweeper.config import ConfigError, SweeperConfig, load
+from sweeper.config import ConfigError, OffloadConfig, SweeperConfig, load
 from sweeper.zksecurity import bookkeeper_security, pulsar_security, security_from_options
 
 REPO = Path(__file__).resolve().parents[1]
+NO_OFFLOAD = SweeperConfig(offload=OffloadConfig(enabled=False))  # no [pulsar] cluster_name needed
 
 
 @pytest.mark.parametrize(
@@ -63,7 +64,7 @@ def test_kazoo_is_given_tls_sasl_digest_and_a_private_default_acl(tmp_path: Path
     pki = make_mutual_tls(tmp_path / "pki")
     (tmp_path / "pw").write_text("s3cret\n")
     (tmp_path / "digest").write_text("ops:digest-pw\n")
-    cfg = SweeperConfig().replace(bookkeeper={
+    cfg = NO_OFFLOAD.replace(bookkeeper={
         "tls": True, "tls_ca_file": str(pki.ca), "tls_cert_file": str(pki.client_cert),
         "tls_key_file": str(pki.client_key), "sasl_mechanism": "DIGEST-MD5", "sasl_username": "sweeper",
         "sasl_password_file": str(tmp_path / "pw"), "digest_auth_file": str(tmp_path / "digest")})
@@ -75,29 +76,29 @@ def test_kazoo_is_given_tls_sasl_digest_and_a_private_default_acl(tmp_path: Path
 
 
 def test_unreadable_secret_and_certificate_files_are_configuration_errors(tmp_path: Path) -> None:
-    cfg = SweeperConfig().replace(bookkeeper={"sasl_mechanism": "DIGEST-MD5", "sasl_username": "u",
+    cfg = NO_OFFLOAD.replace(bookkeeper={"sasl_mechanism": "DIGEST-MD5", "sasl_username": "u",
                                               "sasl_password_file": str(tmp_path / "absent")})
     with pytest.raises(ConfigError, match=r"sasl_password_file .*absent cannot be read"):
         bookkeeper_security(cfg)
     (tmp_path / "empty").write_text("\n")
     with pytest.raises(ConfigError, match=r"digest_auth_file .* is empty"):
-        security_from_options("bookkeeper", SweeperConfig().replace(
+        security_from_options("bookkeeper", NO_OFFLOAD.replace(
             bookkeeper={"digest_auth_file": str(tmp_path / "empty")}).bookkeeper)
-    tls = SweeperConfig().replace(bookkeeper={"tls": True, "tls_ca_file": str(tmp_path / "nope.pem")})
+    tls = NO_OFFLOAD.replace(bookkeeper={"tls": True, "tls_ca_file": str(tmp_path / "nope.pem")})
     with pytest.raises(ConfigError, match="cannot load tls_ca_file"):
         bookkeeper_security(tls).ssl_context()
 
 
 def test_pulsar_ensemble_has_its_own_access(tmp_path: Path) -> None:
     (tmp_path / "digest").write_text("pulsar:pw\n")
-    cfg = SweeperConfig().replace(pulsar={"zookeeper": "meta1:2181", "digest_auth_file": str(tmp_path / "digest")})
+    cfg = NO_OFFLOAD.replace(pulsar={"zookeeper": "meta1:2181", "digest_auth_file": str(tmp_path / "digest")})
     assert pulsar_security(cfg).digest_user == "pulsar"
     assert bookkeeper_security(cfg).digest is None
 
 
 def test_gssapi_is_configuration_for_kazoo_with_a_keytab(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KRB5_CLIENT_KTNAME", raising=False)
-    cfg = SweeperConfig().replace(bookkeeper={"sasl_mechanism": "GSSAPI", "sasl_principal": "sweeper@EXAMPLE.COM",
+    cfg = NO_OFFLOAD.replace(bookkeeper={"sasl_mechanism": "GSSAPI", "sasl_principal": "sweeper@EXAMPLE.COM",
                                               "sasl_keytab": "/etc/security/keytabs/sweeper.keytab"})
     security = bookkeeper_security(cfg)
     assert security.describe() == "SASL GSSAPI as 'sweeper@EXAMPLE.COM'"
