@@ -240,7 +240,7 @@ def measure(spark: Any, hosts: str, work: Path, name: str, args: argparse.Namesp
     stop = threading.Event()
     loader = None
     if reads_per_second is not None:
-        cfg = SweeperConfig().replace(bookkeeper={"zookeeper": hosts},
+        cfg = SweeperConfig().replace(bookkeeper={"zookeeper": hosts}, offload={"enabled": False},
                                       scan={"reads_per_second": reads_per_second})
         if args.load == "spark":
             loader = threading.Thread(target=spark_loop, args=(spark, cfg, stop, stats), daemon=True)
