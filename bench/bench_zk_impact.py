@@ -13,13 +13,14 @@ The load is the scan's own read path from `[scan] max_sessions` processes: the w
 multiRead, paced per session by the scan's token bucket (`--load reads`, the default), without
 decoding, so that on a small machine the sweeper's CPU is not what limits the load. `--load tasks`
 runs the scan task code itself (reads and decoding, `_scan_partition`) in those processes, and
-`--load spark` the Spark scan stage in local mode. With two or more CPUs, ZooKeeper and the probe
-run on the first and the sweeper on the others, as on separate machines (`--no-cpu-split` to
-share), and ZooKeeper and the probe run at a raised priority (`--priority`) so that other work on
-a shared machine disturbs them less. Prints one row per run: probe latency overall and for reads
-(a write's latency includes the server's fsync, which a shared disk disturbs more than any reader
-could), each against idle, and the load's achieved read rate. Results go to docs/benchmarks.md by
-hand, with this command.
+`--load spark` the Spark scan stage in local mode. ZooKeeper and the probe run at a raised
+priority (`--priority`), so that neither the sweeper's processes nor other work on a shared machine
+take their CPU: what the scan can do to them is fill ZooKeeper's request queue, as it would on a
+dedicated ensemble (`--cpu-split` pins them to the first CPU and the sweeper to the others; on two
+CPUs that leaves the sweeper too little to load ZooKeeper at full speed). Prints one row per run:
+probe latency overall and for reads (a write's latency includes the server's fsync, which a shared
+disk disturbs more than any reader could), each against idle, and the load's achieved read rate.
+Results go to docs/benchmarks.md by hand, with this command.
 """
 
 from __future__ import annotations
@@ -281,9 +282,10 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=200.0, help="probe operations per second")
     parser.add_argument("--limits", default="", help="extra [scan] reads_per_second values to measure, comma-separated")
     parser.add_argument("--rounds", type=int, default=1, help="repeat the runs, interleaved; the table shows medians")
-    parser.add_argument("--no-cpu-split", action="store_true",
-                        help="let ZooKeeper, the probe and Spark share every CPU (default: ZooKeeper and the probe "
-                             "on the first CPU, Spark on the others, as on separate machines)")
+    parser.add_argument("--cpu-split", action="store_true",
+                        help="ZooKeeper and the probe on the first CPU, the sweeper on the others (default: all share "
+                             "every CPU, ZooKeeper and the probe at a raised priority). On two CPUs a split leaves "
+                             "the sweeper one core, too little to load ZooKeeper at full speed")
     parser.add_argument("--load", choices=["reads", "tasks", "spark"], default="reads",
                         help="reads (default): the scan's reads (wire reader, multiRead, paced per session) from "
                              "max_sessions processes, without decoding, so that the sweeper's CPU is not what limits "
@@ -304,10 +306,12 @@ def main() -> None:
 
     work = Path(args.work or tempfile.mkdtemp(prefix="bench-zk-impact-"))
     cluster = build_cluster(SandboxSpec(seed=1, topics=args.topics, max_rollovers=args.max_rollovers))
-    server = start_zookeeper(work / "zookeeper", heap="2g")
+    # A real clock: libfaketime (the sandbox's settable clock) re-reads its file on every clock call, which
+    # ZooKeeper makes per request; ages do not matter here, latency does.
+    server = start_zookeeper(work / "zookeeper", heap="2g", fake_clock=False)
     cpus = sorted(os.sched_getaffinity(0))
     args.server_cpus = args.sweeper_cpus = None
-    if not args.no_cpu_split and len(cpus) >= 2:
+    if args.cpu_split and len(cpus) >= 2:
         # ZooKeeper (and the probe) on one CPU, the sweeper on the rest, as on separate machines.
         args.server_cpus, args.sweeper_cpus = {cpus[0]}, set(cpus[1:])
         os.sched_setaffinity(server.pid, args.server_cpus)
