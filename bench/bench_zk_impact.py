@@ -143,7 +143,7 @@ def spark_loop(spark: Any, cfg: SweeperConfig, stop: threading.Event, stats: dic
     """The snapshot's scan stage as Spark runs it, again and again."""
     from sweeper.snapshot import STAT_READS, _counts, plan_tasks, scan_dataframe, scan_sessions
 
-    tasks, _, _ = plan_tasks(cfg)
+    tasks = plan_tasks(cfg).tasks
     sessions = scan_sessions(spark, cfg, len(tasks))
     while not stop.is_set():
         t0 = time.monotonic()
@@ -229,7 +229,7 @@ def tasks_loop(cfg: SweeperConfig, work: Path, stop: threading.Event, stats: dic
     """max_sessions processes, each a scan task with its share of the units, as Spark would deal them."""
     from sweeper.snapshot import plan_tasks
 
-    tasks, _, _ = plan_tasks(cfg)
+    tasks = plan_tasks(cfg).tasks
     sessions = max(1, min(cfg.scan.max_sessions, len(tasks)))
     _run_workers(work, stop, stats, cpus, [(task_worker, (cfg, sessions, tasks[i::sessions]))
                                            for i in range(sessions)])
@@ -240,16 +240,25 @@ def measure(spark: Any, hosts: str, work: Path, name: str, args: argparse.Namesp
     stats = {"reads": 0.0, "seconds": 0.0}
     stop = threading.Event()
     loader = None
+    failures: list[BaseException] = []
+
+    def guarded(target: Any, *load_args: Any) -> None:
+        try:
+            target(*load_args)
+        except BaseException as exc:
+            failures.append(exc)
+            stop.set()
+
     if reads_per_second is not None:
         cfg = SweeperConfig().replace(bookkeeper={"zookeeper": hosts}, offload={"enabled": False},
                                       scan={"reads_per_second": reads_per_second})
         if args.load == "spark":
-            loader = threading.Thread(target=spark_loop, args=(spark, cfg, stop, stats), daemon=True)
+            loader = threading.Thread(target=guarded, args=(spark_loop, spark, cfg, stop, stats), daemon=True)
         elif args.load == "reads":
-            loader = threading.Thread(target=reads_loop, args=(cfg, args.paths, work, stop, stats, args.sweeper_cpus),
-                                      daemon=True)
+            loader = threading.Thread(target=guarded, daemon=True,
+                                      args=(reads_loop, cfg, args.paths, work, stop, stats, args.sweeper_cpus))
         else:
-            loader = threading.Thread(target=tasks_loop, args=(cfg, work, stop, stats, args.sweeper_cpus),
+            loader = threading.Thread(target=guarded, args=(tasks_loop, cfg, work, stop, stats, args.sweeper_cpus),
                                       daemon=True)
         loader.start()
         time.sleep(args.ramp)  # the scan is reading before the probe starts timing
@@ -260,6 +269,8 @@ def measure(spark: Any, hosts: str, work: Path, name: str, args: argparse.Namesp
         if spark is not None:
             spark.sparkContext.cancelAllJobs()
         loader.join()
+        if failures:
+            raise RuntimeError(f"the load of run {name!r} failed") from failures[0]
     row = {"run": name, **summarize(json.loads((work / f"probe-{name}.json").read_text()))}
     row["scan_reads_per_s"] = stats["reads"] / stats["seconds"] if stats["seconds"] else None
     return row
