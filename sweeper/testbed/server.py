@@ -15,6 +15,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
@@ -34,7 +35,7 @@ SUPERUSER = "admin"
 SWEEPER_ROLE = "ledger-sweeper"
 # moto accepts any credentials; jclouds reads them from the standard AWS environment variables.
 S3_ACCESS_KEY = "testbed"
-S3_SECRET_KEY = "testbed-secret"  # noqa: S105 - a throwaway key for a loopback moto server
+S3_SECRET_KEY = "testbed-secret"
 
 
 class TestbedError(RuntimeError):
@@ -56,6 +57,7 @@ class TestbedInfo:
     pid: int
     offload_bucket: str
     started_at: float = field(default=0.0)
+    storage_pid: int = 0  # ZooKeeper + bookie JVM; `pid` is the broker's
 
     @property
     def zookeeper(self) -> str:
@@ -83,7 +85,11 @@ class TestbedInfo:
 
     @property
     def log_file(self) -> Path:
-        return Path(self.home) / "logs" / "pulsar-standalone.out"
+        return Path(self.home) / "logs" / "broker.out"
+
+    @property
+    def storage_log_file(self) -> Path:
+        return Path(self.home) / "logs" / "zookeeper-bookie.out"
 
     def superuser_token(self) -> str:
         return self.superuser_token_file.read_text().strip()
@@ -142,13 +148,16 @@ def broker_settings(info: TestbedInfo, secret_file: Path, offloaders_dir: Path) 
         "transactionCoordinatorEnabled": "true",
         "systemTopicEnabled": "true",
         "topicLevelPoliciesEnabled": "true",
-        # Tiered storage: jclouds' aws-s3 driver against moto on loopback; BookKeeper copies are
-        # deleted as soon as the offload is done.
+        # Tiered storage: the jclouds offloader against moto on loopback; BookKeeper copies are
+        # deleted as soon as the offload is done. Driver `S3` (jclouds' generic S3 API), not `aws-s3`:
+        # jclouds' aws-s3 provider asks s3.amazonaws.com for the bucket's region (getBucketLocation)
+        # whatever the endpoint, and with no route out each call waits out 100 retries (~50 s).
         "offloadersDirectory": str(offloaders_dir),
-        "managedLedgerOffloadDriver": "aws-s3",
-        "s3ManagedLedgerOffloadBucket": info.offload_bucket,
-        "s3ManagedLedgerOffloadServiceEndpoint": info.s3_endpoint,
-        "s3ManagedLedgerOffloadRegion": "us-east-1",
+        "managedLedgerOffloadDriver": "S3",
+        # The `S3` driver reads the generic keys (the s3ManagedLedgerOffload* ones are aws-s3's).
+        "managedLedgerOffloadBucket": info.offload_bucket,
+        "managedLedgerOffloadServiceEndpoint": info.s3_endpoint,
+        "managedLedgerOffloadRegion": "us-east-1",
         "managedLedgerOffloadDeletionLagMs": "0",
         # Token authentication (HS256 secret key); the admin role is the superuser.
         "authenticationEnabled": "true",
@@ -257,6 +266,11 @@ def _admin_get(info: TestbedInfo, path: str, token: str) -> tuple[int, bytes]:
         return 0, b""
 
 
+def _previous_state(home: Path) -> TestbedInfo | None:
+    state = _state_file(home)
+    return TestbedInfo(**json.loads(state.read_text())) if state.exists() else None
+
+
 def _ready(info: TestbedInfo, token: str) -> bool:
     # Standalone creates public/default and pulsar/system after the broker is up: wait for both,
     # and for the transaction coordinator's assignment topic.
@@ -279,6 +293,7 @@ def testbed_up(
     pulsar_home: str | Path | None = None,
     offloaders_dir: str | Path | None = None,
     heap: str = "-Xms512m -Xmx1g -XX:MaxDirectMemorySize=512m",
+    storage_heap: str = "-Xms128m -Xmx384m -XX:MaxDirectMemorySize=256m",
     timeout: float = 240.0,
 ) -> TestbedInfo:
     """Start the testbed (idempotent: a running one is returned as it is)."""
@@ -306,14 +321,21 @@ def testbed_up(
         token_file.write_text(hs256_token(secret, role) + "\n")
         token_file.chmod(0o600)
 
-    s3 = start_s3(home / "logs", port=free_port())
+    previous = _previous_state(home)
     version = pulsar.name.removeprefix("apache-pulsar-")
-    info = TestbedInfo(
-        home=str(home), pulsar_home=str(pulsar.resolve()), pulsar_version=version, cluster=CLUSTER_NAME,
-        zk_port=free_port(), bk_port=free_port(), broker_port=free_port(), web_port=free_port(),
-        s3_endpoint=s3.endpoint, s3_pid=s3.pid, pid=0, offload_bucket=OFFLOAD_BUCKET, started_at=time.time())
+    if previous is not None and _alive(previous.s3_pid) and _alive(previous.storage_pid):
+        # A broker restart after a crash (kill -9): same ports and data; ZooKeeper, the bookie and
+        # S3 kept running.
+        info = TestbedInfo(**{**asdict(previous), "pid": 0, "started_at": time.time()})
+    else:
+        if previous is not None:
+            testbed_down(home, previous)
+        s3 = start_s3(home / "logs", port=free_port())
+        info = TestbedInfo(
+            home=str(home), pulsar_home=str(pulsar.resolve()), pulsar_version=version, cluster=CLUSTER_NAME,
+            zk_port=free_port(), bk_port=free_port(), broker_port=free_port(), web_port=free_port(),
+            s3_endpoint=s3.endpoint, s3_pid=s3.pid, pid=0, offload_bucket=OFFLOAD_BUCKET, started_at=time.time())
     try:
-        _create_bucket(info)
         conf = home / "conf" / "standalone.conf"
         write_broker_conf(pulsar / "conf" / "standalone.conf", conf, broker_settings(info, secret_file, offloaders))
         env = {
@@ -322,39 +344,89 @@ def testbed_up(
             # instead of the RocksDB one new standalones default to (PIP-117).
             "PULSAR_STANDALONE_USE_ZOOKEEPER": "1",
             "PULSAR_STANDALONE_CONF": str(conf),
-            "PULSAR_MEM": heap,
             "PULSAR_GC": "-XX:+UseG1GC",
             "PULSAR_GC_LOG": "-Xlog:disable",
             "PULSAR_LOG_DIR": str(home / "logs"),
-            "AWS_ACCESS_KEY_ID": S3_ACCESS_KEY,
-            "AWS_SECRET_ACCESS_KEY": S3_SECRET_KEY,
+            # The jclouds `S3` driver reads ACCESS_KEY_ID / ACCESS_KEY_SECRET (JCloudBlobStoreProvider).
+            "ACCESS_KEY_ID": S3_ACCESS_KEY,
+            "ACCESS_KEY_SECRET": S3_SECRET_KEY,
         }
-        log = open(info.log_file, "ab")  # noqa: SIM115 - handed to the child process
-        proc = subprocess.Popen(
-            [str(pulsar / "bin" / "pulsar"), "standalone", "--no-functions-worker", "--no-stream-storage",
-             "--zookeeper-port", str(info.zk_port), "--bookkeeper-port", str(info.bk_port),
-             "--zookeeper-dir", str(home / "data" / "zookeeper"),
-             "--bookkeeper-dir", str(home / "data" / "bookkeeper")],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=home, env=env,
-            start_new_session=True)
-        log.close()
-        info = TestbedInfo(**{**asdict(info), "pid": proc.pid})
+        standalone = [str(pulsar / "bin" / "pulsar"), "standalone", "--no-functions-worker", "--no-stream-storage",
+                      "--zookeeper-port", str(info.zk_port), "--bookkeeper-port", str(info.bk_port),
+                      "--zookeeper-dir", str(home / "data" / "zookeeper"),
+                      "--bookkeeper-dir", str(home / "data" / "bookkeeper")]
+        deadline = time.monotonic() + timeout
+        if not info.storage_pid:
+            # ZooKeeper and the bookie in one JVM (`--no-broker`), the broker in another (`--only-broker`):
+            # a broker can then be killed while the metadata store and the bookie live on, as in production.
+            storage = _spawn([*standalone, "--no-broker"], {**env, "PULSAR_MEM": storage_heap},
+                             info.storage_log_file, home)
+            info = TestbedInfo(**{**asdict(info), "storage_pid": storage.pid})
+            _state_file(home).write_text(json.dumps(asdict(info), indent=2))
+            while not _storage_ready(info):
+                _check(storage, info, info.storage_log_file, deadline, timeout, "ZooKeeper and the bookie")
+                time.sleep(0.5)
+            _create_bucket(info)
+        broker = _spawn([*standalone, "--only-broker"], {**env, "PULSAR_MEM": heap}, info.log_file, home)
+        info = TestbedInfo(**{**asdict(info), "pid": broker.pid})
         _state_file(home).write_text(json.dumps(asdict(info), indent=2))
         token = info.superuser_token()
-        deadline = time.monotonic() + timeout
         while not _ready(info, token):
-            if proc.poll() is not None:
-                raise TestbedError(f"Pulsar standalone exited with {proc.returncode} before serving; "
-                                   f"log {info.log_file}:\n{log_tail(info)}")
-            if time.monotonic() > deadline:
-                raise TestbedError(f"Pulsar standalone not serving on {info.admin_url} after {timeout:.0f}s; "
-                                   f"log {info.log_file}:\n{log_tail(info)}")
+            _check(broker, info, info.log_file, deadline, timeout, "the Pulsar broker")
             time.sleep(1.0)
     except BaseException:
         testbed_down(home, info)
         raise
     info.sweeper_config.write_text(sweeper_toml(info))
     return info
+
+
+def _spawn(command: list[str], env: dict[str, str], log_file: Path, cwd: Path) -> subprocess.Popen[bytes]:
+    log = open(log_file, "ab")  # noqa: SIM115 - handed to the child process
+    try:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
+                                env=env, start_new_session=True)
+    finally:
+        log.close()
+
+
+def _check(proc: subprocess.Popen[bytes], info: TestbedInfo, log_file: Path, deadline: float, timeout: float,
+           what: str) -> None:
+    if proc.poll() is not None:
+        raise TestbedError(f"{what} exited with {proc.returncode} before serving; log {log_file}:\n"
+                           f"{_tail(log_file)}")
+    if time.monotonic() > deadline:
+        raise TestbedError(f"{what} not serving after {timeout:.0f}s; log {log_file}:\n{_tail(log_file)}")
+
+
+def _tail(log_file: Path, chars: int = 4000) -> str:
+    try:
+        return log_file.read_text(errors="replace")[-chars:]
+    except FileNotFoundError:
+        return "(no log)"
+
+
+def _storage_ready(info: TestbedInfo) -> bool:
+    """ZooKeeper answers and the bookie has registered itself as available."""
+    from kazoo.client import KazooClient
+    from kazoo.handlers.threading import KazooTimeoutError
+
+    try:
+        with socket.create_connection(("127.0.0.1", info.zk_port), timeout=0.5):
+            pass
+    except OSError:
+        return False
+    zk = KazooClient(hosts=info.zookeeper, timeout=5.0)
+    try:
+        zk.start(timeout=5)
+    except KazooTimeoutError:
+        return False
+    try:
+        return bool(zk.exists("/ledgers/available") and
+                    [c for c in zk.get_children("/ledgers/available") if c != "readonly"])
+    finally:
+        zk.stop()
+        zk.close()
 
 
 def _create_bucket(info: TestbedInfo) -> None:
@@ -395,6 +467,9 @@ def testbed_down(home: str | Path = DEFAULT_HOME, info: TestbedInfo | None = Non
         if info.pid and _alive(info.pid):
             _stop_process_group(info.pid, timeout)
             stopped = True
+        if info.storage_pid and _alive(info.storage_pid):
+            _stop_process_group(info.storage_pid, timeout)
+            stopped = True
         if info.s3_pid and _alive(info.s3_pid):
             stop_s3(S3ServerInfo(info.s3_endpoint, info.s3_pid))
     state.unlink(missing_ok=True)
@@ -413,3 +488,17 @@ def status(home: str | Path = DEFAULT_HOME) -> dict[str, object]:
     return {"running": True, "serving": _ready(info, token), **asdict(info), "zookeeper": info.zookeeper,
             "service_url": info.service_url, "admin_url": info.admin_url,
             "sweeper_config": str(info.sweeper_config), "log": str(info.log_file)}
+
+
+def testbed_crash(home: str | Path = DEFAULT_HOME) -> None:
+    """kill -9 the broker (ZooKeeper and the bookie live on): a crash, no clean shutdown. `testbed_up`
+    afterwards restarts it on the same ports and data."""
+    info = running_testbed(home)
+    if info is None:
+        raise TestbedError(f"no testbed running under {home}")
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(info.pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(info.pid, 0)
+    while _alive(info.pid):
+        time.sleep(0.1)
