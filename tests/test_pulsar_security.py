@@ -11,8 +11,8 @@ import pulsar
 import pytest
 
 from sweeper.config import SweeperConfig
-from sweeper.pulsar_endpoint import PulsarApi_pb2 as pb
-from sweeper.pulsar_endpoint.server import PulsarEndpoint, encode_command
+from sweeper.sandbox.pulsar_endpoint import PulsarApi_pb2 as pb
+from sweeper.sandbox.pulsar_endpoint.server import PulsarEndpoint, encode_command
 from sweeper.system_topic import BrokerSettings, SystemTopicError, broker_partitions, describe_client_error, open_client
 from tests.tls_certs import TlsFiles, make_tls_files
 

@@ -37,7 +37,7 @@ def start_pulsar(home: str | Path, port: int, admin_port: int, timeout: float = 
     home.mkdir(parents=True, exist_ok=True)
     log = open(home / "endpoint.log", "ab")  # noqa: SIM115 - handed to the child process
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sweeper.pulsar_endpoint", "--data-dir", str(home / "data"), "--port", str(port),
+        [sys.executable, "-m", "sweeper.sandbox.pulsar_endpoint", "--data-dir", str(home / "data"), "--port", str(port),
          "--admin-port", str(admin_port), "--persist-latency-ms", str(persist_latency_ms)],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     log.close()
