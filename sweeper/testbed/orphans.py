@@ -25,7 +25,14 @@ from sweeper.codecs import pulsar as codec
 from sweeper.codecs.bookkeeper import decode_ledger_metadata, pulsar_custom_metadata
 from sweeper.testbed.admin import Admin
 from sweeper.testbed.server import TestbedInfo, testbed_crash, testbed_up
-from sweeper.testbed.workload import NAMESPACE, SCHEMA_VERSIONS, consume_ack, produce, topic
+from sweeper.testbed.workload import (
+    NAMESPACE,
+    SCHEMA_VERSIONS,
+    consume_ack,
+    offload_closed_ledgers,
+    produce,
+    topic,
+)
 
 ML_ROOT = "/managed-ledgers"
 SCHEMAS_ROOT = "/schemas"
@@ -141,12 +148,12 @@ def forget_topic(zk: KazooClient, client: pulsar.Client, admin: Admin) -> Induce
     results = transaction.commit()
     if any(isinstance(r, Exception) for r in results):
         raise RuntimeError(f"deleting {path} failed: {results}")
-    existing = [ledger for ledger in ledgers if zk.exists(_ledger_znode(ledger))]
+    existing = [ledger for ledger in ledgers if zk.exists(ledger_znode(ledger))]
     return InducedOrphan("topic_deleted", FORGOTTEN, "unloaded, managed-ledger and cursor znodes deleted",
                          existing, made_at_ms=_now_ms())
 
 
-def _ledger_znode(ledger_id: int) -> str:
+def ledger_znode(ledger_id: int) -> str:
     # Pulsar's default HierarchicalLedgerManager layout: 2-4-4 digits.
     digits = f"{ledger_id:010d}"
     return f"{LEDGERS_ROOT}/{digits[:2]}/{digits[2:6]}/L{digits[6:]}"
@@ -229,7 +236,7 @@ def leak_compacted_ledger(zk: KazooClient, client: pulsar.Client, admin: Admin) 
     admin.compact(COMPACT_LEAK)
     current = int(admin.internal_stats(COMPACT_LEAK)["compactedLedger"]["ledgerId"])
     admin.unload(COMPACT_LEAK)  # the new pointer reaches ZooKeeper
-    if current == old or not zk.exists(_ledger_znode(old)):
+    if current == old or not zk.exists(ledger_znode(old)):
         raise RuntimeError(f"compacted ledger {old} of {COMPACT_LEAK} not left behind (current {current})")
     return (InducedOrphan("compacted_ledger_leaked", COMPACT_LEAK,
                           "compacted, pointer cleared by CAS while unloaded, compacted again: old ledger kept",
@@ -239,10 +246,8 @@ def leak_compacted_ledger(zk: KazooClient, client: pulsar.Client, admin: Admin) 
 def lose_offload_context(zk: KazooClient, client: pulsar.Client, admin: Admin, bucket: str,
                          s3: Any) -> InducedOrphan:
     """An offloaded ledger leaves the managed ledger's list; its S3 objects stay."""
-    from sweeper.testbed.workload import offload_closed_ledgers
-
     produce(client, OFFLOAD_LOST, 30, prefix="ol")
-    offloaded = offload_closed_ledgers(admin, OFFLOAD_LOST)
+    offloaded = offload_closed_ledgers(admin, OFFLOAD_LOST, lambda ledger: bool(zk.exists(ledger_znode(ledger))))
     admin.unload(OFFLOAD_LOST)
     first = next(ledger for ledger in _ml_ledgers(zk, OFFLOAD_LOST) if ledger.ledgerId == offloaded[0])
     uuid = codec.offload_uuid(first.offloadContext.uidMsb, first.offloadContext.uidLsb)

@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -44,6 +45,7 @@ class TestbedError(RuntimeError):
 
 @dataclass(frozen=True)
 class TestbedInfo:
+    __test__ = False  # not a pytest test class
     home: str
     pulsar_home: str
     pulsar_version: str
@@ -502,3 +504,18 @@ def testbed_crash(home: str | Path = DEFAULT_HOME) -> None:
         os.waitpid(info.pid, 0)
     while _alive(info.pid):
         time.sleep(0.1)
+
+
+def bookkeeper_ledgers(info: TestbedInfo, timeout: float = 120.0) -> set[int]:
+    """Every ledger BookKeeper's own shell lists (`bookkeeper shell listledgers`, from the distribution)."""
+    home = Path(info.home)
+    conf = home / "conf" / "bk-shell.conf"
+    conf.write_text(f"metadataServiceUri=zk+hierarchical://{info.zookeeper}/ledgers\n")
+    env = {**os.environ, "BOOKIE_CONF": str(conf), "BOOKIE_LOG_DIR": str(home / "logs"),
+           "BOOKIE_MEM": "-Xms64m -Xmx256m", "BOOKIE_GC": "-XX:+UseSerialGC", "BOOKIE_GC_LOG": "-Xlog:disable"}
+    done = subprocess.run([str(Path(info.pulsar_home) / "bin" / "bookkeeper"), "shell", "listledgers"],
+                          capture_output=True, text=True, timeout=timeout, env=env, check=False)
+    if done.returncode != 0:
+        raise TestbedError(f"bookkeeper shell listledgers failed ({done.returncode}): {done.stdout[-2000:]}"
+                           f"{done.stderr[-2000:]}")
+    return {int(m) for m in re.findall(r"ledgerID: (\d+)", done.stdout + done.stderr)}

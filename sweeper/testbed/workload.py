@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,7 +104,8 @@ def setup_tenant(admin: Admin, cluster: str) -> None:
         admin.namespace_policy(namespace, "schemaCompatibilityStrategy", "ALWAYS_COMPATIBLE", method="PUT")
 
 
-def run_workload(info: TestbedInfo, client: pulsar.Client, admin: Admin) -> WorkloadResult:
+def run_workload(info: TestbedInfo, client: pulsar.Client, admin: Admin,
+                 ledger_exists: Callable[[int], bool]) -> WorkloadResult:
     """The steady part of the world: what a sweep must leave exactly as it is."""
     result = WorkloadResult()
     setup_tenant(admin, info.cluster)
@@ -154,7 +156,7 @@ def run_workload(info: TestbedInfo, client: pulsar.Client, admin: Admin) -> Work
 
     # Offload to S3 (jclouds aws-s3 driver); the broker deletes the BookKeeper copies (deletion lag 0).
     produce(client, OFFLOADED, 45, prefix="off")
-    offload_closed_ledgers(admin, OFFLOADED)
+    offload_closed_ledgers(admin, OFFLOADED, ledger_exists)
     result.topics.append(OFFLOADED)
 
     # A transaction: Pulsar's own perf producer (the Python client has no transactions).
@@ -163,9 +165,10 @@ def run_workload(info: TestbedInfo, client: pulsar.Client, admin: Admin) -> Work
     return result
 
 
-def offload_closed_ledgers(admin: Admin, name: str, keep: int = 2, timeout: float = 90.0) -> list[int]:
+def offload_closed_ledgers(admin: Admin, name: str, ledger_exists: Callable[[int], bool], keep: int = 2,
+                           timeout: float = 90.0) -> list[int]:
     """Offload every ledger but the last `keep` closed ones (the broker offloads the ledgers wholly before
-    the given position); wait until BookKeeper's copies are deleted."""
+    the given position); wait until BookKeeper's copies are deleted (`ledger_exists` reads /ledgers)."""
     stats = admin.internal_stats(name)
     closed = [ledger for ledger in stats["ledgers"] if ledger["entries"] > 0]
     if len(closed) <= keep:
@@ -177,9 +180,7 @@ def offload_closed_ledgers(admin: Admin, name: str, keep: int = 2, timeout: floa
     while True:
         ledgers = admin.internal_stats(name)["ledgers"]
         offloaded = {ledger["ledgerId"] for ledger in ledgers if ledger.get("offloaded")}
-        # internalStats reports `offloaded`; the BookKeeper copy is gone once its metadata is absent.
-        gone = {ledger["ledgerId"] for ledger in ledgers if ledger.get("offloaded") and not ledger.get("metadata")}
-        if wanted <= offloaded and wanted <= gone:
+        if wanted <= offloaded and not any(ledger_exists(ledger) for ledger in wanted):
             return sorted(wanted)
         if time.monotonic() > deadline:
             raise RuntimeError(f"offload of {name} not complete after {timeout:.0f}s: {ledgers}")
@@ -198,7 +199,9 @@ def transactional_produce(info: TestbedInfo, name: str, messages: int, per_txn: 
            "PULSAR_LOG_DIR": str(Path(info.home) / "logs"), "PATH": "/usr/bin:/bin"}
     done = subprocess.run(command, capture_output=True, text=True, timeout=180, env=env, check=False)
     committed = re.search(r"Transaction : (\d+) transaction end successfully", done.stdout + done.stderr)
-    if done.returncode != 0 or committed is None or int(committed.group(1)) < messages // per_txn:
+    # The perf tool stops on its message count with later transactions still open (they time out and are
+    # aborted by the coordinator): at least one committed transaction is what the tests need.
+    if done.returncode != 0 or committed is None or int(committed.group(1)) < 1:
         raise RuntimeError(f"pulsar-perf produce -txn failed ({done.returncode}): {done.stdout[-2000:]}"
                            f"{done.stderr[-2000:]}")
     return int(committed.group(1)) * per_txn  # committed messages (the perf tool leaves later ones open)

@@ -16,7 +16,15 @@ import pulsar
 from kazoo.client import KazooClient
 
 from sweeper.testbed.admin import Admin
-from sweeper.testbed.orphans import COMPACT_LEAK, DROP_ONE, OFFLOAD_LOST, SCHEMA_DROP, Manifest, induce_orphans
+from sweeper.testbed.orphans import (
+    COMPACT_LEAK,
+    DROP_ONE,
+    OFFLOAD_LOST,
+    SCHEMA_DROP,
+    Manifest,
+    induce_orphans,
+    ledger_znode,
+)
 from sweeper.testbed.server import S3_ACCESS_KEY, S3_SECRET_KEY, TestbedInfo
 from sweeper.testbed.workload import (
     COMPACT_TWICE,
@@ -60,10 +68,12 @@ def build_world(info: TestbedInfo, manifest_path: Path | None = None) -> World:
     started = time.monotonic()
     admin: Admin = admin_for(info)
     client = client_for(info)
+    zk = zk_for(info)
     try:
-        workload = run_workload(info, client, admin)
+        workload = run_workload(info, client, admin, lambda ledger: bool(zk.exists(ledger_znode(ledger))))
     finally:
         client.close()
+        zk.stop()
     manifest, info = induce_orphans(info, client_for, admin, zk_for, s3_client_for(info))
     admin = admin_for(info)
     client = client_for(info)
@@ -83,3 +93,67 @@ def build_world(info: TestbedInfo, manifest_path: Path | None = None) -> World:
     (path.parent / "held.json").write_text(json.dumps({"held": held, "compacted": compacted,
                                                        "workload": asdict(workload)}))
     return World(info, workload, manifest, held, compacted, path, time.monotonic() - started)
+
+
+def managed_ledger_topics(zk: KazooClient) -> list[str]:
+    """Every persistent topic that has a managed ledger in ZooKeeper (system topics included)."""
+    from urllib.parse import unquote_plus
+
+    topics = []
+    for tenant in zk.get_children("/managed-ledgers"):
+        for namespace in zk.get_children(f"/managed-ledgers/{tenant}"):
+            base = f"/managed-ledgers/{tenant}/{namespace}/persistent"
+            if zk.exists(base):
+                topics.extend(f"persistent://{tenant}/{namespace}/{unquote_plus(local)}"
+                              for local in zk.get_children(base))
+    return sorted(topics)
+
+
+def broker_references(admin: Admin, zk: KazooClient) -> dict[int, str]:
+    """The broker's own view of the ledgers in use: `stats-internal` of every topic (data ledgers, cursor
+    ledgers, the compacted ledger, schema ledgers), plus the bucket-snapshot ledgers the cursors name in
+    their properties (stats-internal does not show those). Ledger id -> who references it."""
+    from sweeper.codecs import pulsar as codec
+    from sweeper.testbed.admin import AdminError
+    from sweeper.testbed.orphans import ml_path
+
+    refs: dict[int, str] = {}
+    for name in managed_ledger_topics(zk):
+        try:
+            stats = admin.internal_stats(name)
+        except AdminError as exc:
+            if exc.status not in (404, 409):
+                raise
+            # The broker refuses stats-internal of some system topics (the transaction coordinator's
+            # __transaction_log_N: 409 "Can not create transaction system topic"): read what it wrote.
+            stats = _stats_from_metadata(zk, ml_path(name))
+        for ledger in stats.get("ledgers", []):
+            refs[int(ledger["ledgerId"])] = f"{name} data"
+        for cursor_name, cursor in stats.get("cursors", {}).items():
+            if int(cursor.get("cursorLedger", -1)) >= 0:
+                refs[int(cursor["cursorLedger"])] = f"{name} cursor {cursor_name}"
+        compacted = int(stats.get("compactedLedger", {}).get("ledgerId", -1))
+        if compacted >= 0:
+            refs[compacted] = f"{name} compacted"
+        for ledger in stats.get("schemaLedgers", []):
+            refs[int(ledger["ledgerId"])] = f"{name} schema"
+        path = ml_path(name)
+        for cursor_name in zk.get_children(path) if zk.exists(path) else []:
+            info = codec.decode_managed_cursor_info(zk.get(f"{path}/{cursor_name}")[0])
+            for prop in info.cursorProperties:
+                if prop.name.startswith("#pulsar.internal.delayed.bucket"):
+                    refs[int(prop.value)] = f"{name} bucket {prop.name}"
+    return refs
+
+
+def _stats_from_metadata(zk: KazooClient, path: str) -> dict[str, Any]:
+    from sweeper.codecs import pulsar as codec
+
+    if not zk.exists(path):
+        return {}
+    info = codec.decode_managed_ledger_info(zk.get(path)[0])
+    cursors = {}
+    for name in zk.get_children(path):
+        cursor = codec.decode_managed_cursor_info(zk.get(f"{path}/{name}")[0])
+        cursors[name] = {"cursorLedger": cursor.cursorsLedgerId}
+    return {"ledgers": [{"ledgerId": x.ledgerId} for x in info.ledgerInfo], "cursors": cursors}
