@@ -70,6 +70,7 @@ class SandboxSpec:
     offload_bucket: str = "pulsar-offload"
     offload_region: str = "us-east-1"
     offload_endpoint: str = ""
+    cluster_name: str = "sandbox"  # the offloader's pulsarClusterName object metadata
 
     def __post_init__(self) -> None:
         if self.topics < 1:

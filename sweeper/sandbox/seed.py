@@ -17,7 +17,14 @@ from kazoo.exceptions import NodeExistsError
 from sweeper.codecs import pulsar as pulsar_codec
 from sweeper.codecs.bookkeeper import LedgerMetadata, Segment, encode_ledger_metadata
 from sweeper.layout import LedgerLayout, layout_znode, ledger_path
-from sweeper.sandbox.model import BkLedger, Cursor, ManagedLedger, SandboxCluster, SchemaLocatorModel
+from sweeper.sandbox.model import (
+    BkLedger,
+    Cursor,
+    ManagedLedger,
+    OffloadObject,
+    SandboxCluster,
+    SchemaLocatorModel,
+)
 
 WINDOW = 2000
 
@@ -69,12 +76,13 @@ def managed_ledger_info_bytes(ml: ManagedLedger) -> bytes:
             ctx.complete = entry.offload.complete
             ctx.bookkeeperDeleted = entry.offload.bookkeeper_deleted
             ctx.timestamp = entry.offload.timestamp_ms
+            # As Pulsar 4.0's jclouds offloader records it (tests/test_testbed_fidelity.py checks).
             ctx.driverMetadata.name = "aws-s3"
             for key, value in (
+                ("managedLedgerOffloadDriver", "aws-s3"),
                 ("bucket", entry.offload.bucket),
                 ("region", entry.offload.region),
                 ("serviceEndpoint", entry.offload.endpoint),
-                ("ManagedLedgerName", ml.name),
             ):
                 prop = ctx.driverMetadata.properties.add()
                 prop.key, prop.value = key, value
@@ -246,6 +254,22 @@ def write_manifest(cluster: SandboxCluster, path: str | Path) -> Path:
     return target
 
 
+OFFLOADER_VERSION = "4.0.8"
+
+
+def offload_object_metadata(obj: OffloadObject, cluster_name: str) -> dict[str, str]:
+    """The user metadata Pulsar's jclouds offloader (BlobStoreManagedLedgerOffloader) puts on each object,
+    as S3 returns it (keys lower-cased)."""
+    return {
+        "role": "index" if obj.key.endswith("-index") else "data",
+        "managedledgername": obj.managed_ledger,
+        "pulsarclustername": cluster_name,
+        "s3managedledgeroffloadersoftwareversion": OFFLOADER_VERSION,
+        "s3managedledgeroffloadersoftwaregitsha": "0" * 40,
+        "s3managedledgeroffloaderformatversion": "1",
+    }
+
+
 def seed_s3(client: Any, cluster: SandboxCluster, stray_keys: int = 1) -> int:
     """Upload the cluster's offloaded objects (tiny bodies) and a stray non-offload key."""
     buckets = {obj.bucket for obj in cluster.offload_objects} | {cluster.spec.offload_bucket}
@@ -253,9 +277,8 @@ def seed_s3(client: Any, cluster: SandboxCluster, stray_keys: int = 1) -> int:
         with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
             client.create_bucket(Bucket=bucket)
     for obj in cluster.offload_objects:
-        role = "index" if obj.key.endswith("-index") else "data"
         client.put_object(Bucket=obj.bucket, Key=obj.key, Body=b"x" * 64,
-                          Metadata={"role": role, "managedledgername": obj.managed_ledger})
+                          Metadata=offload_object_metadata(obj, cluster.spec.cluster_name))
     for i in range(stray_keys):
         client.put_object(Bucket=cluster.spec.offload_bucket, Key=f"notes/readme-{i}.txt", Body=b"not an offload")
     return len(cluster.offload_objects) + stray_keys
