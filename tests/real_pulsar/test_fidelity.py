@@ -23,9 +23,6 @@ from sweeper.testbed.world import World, s3_client_for, zk_for
 
 pytestmark = [pytest.mark.real_pulsar, pytest.mark.timeout(1800)]
 
-# Written by upstream LedgerMetadataUtils.buildMetadataForCompactedLedger but not by 4.0's compactor:
-# the sandbox may carry it (the sweeper must cope with its binary value), the broker need not.
-OPTIONAL_SANDBOX_KEYS = {"compacted-ledger": {"pulsar/compactedTo"}}
 OFFLOAD_KEY = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}-ledger-\d+(-index)?$")
 BUCKET_PROPERTY = re.compile(r"^#pulsar\.internal\.delayed\.bucket_\d+_\d+$")
 
@@ -72,9 +69,7 @@ def test_custom_metadata_keys_per_component(zk: KazooClient, sandbox: Any) -> No
     for kind, key_sets in real.items():
         assert len(key_sets) == 1, f"the broker wrote {kind} ledgers with different keys: {key_sets}"
         (keys,) = key_sets
-        sandbox_keys = {k for k in modeled[kind].most_common(1)[0][0]
-                        if k not in OPTIONAL_SANDBOX_KEYS.get(kind.split("/")[0], set())}
-        assert sandbox_keys == keys, kind
+        assert modeled[kind].most_common(1)[0][0] == keys, kind
 
 
 def test_custom_metadata_values_name_the_owner_as_the_broker_does(zk: KazooClient, sandbox: Any) -> None:
