@@ -35,6 +35,7 @@ PARTITIONED = topic("orders")
 ODD_NAME = topic("odd:name with space%x")
 SCHEMA_EVOLVE = topic("schema-evolve")
 COMPACT_TWICE = topic("compact-twice")
+COMPACT_STALE = topic("compact-stale-pointer")
 DELAYED = topic("delayed")
 TXN = topic("txn")
 SHADOW_SOURCE = topic("shadow-src")
@@ -213,6 +214,21 @@ def compact_twice(client: pulsar.Client, admin: Admin, name: str = COMPACT_TWICE
     produce(client, name, 30, prefix="c1", key_mod=5)
     admin.compact(name)
     produce(client, name, 20, prefix="c2", key_mod=7)
+    admin.compact(name)
+
+
+def compact_behind_a_stale_pointer(client: pulsar.Client, admin: Admin, name: str = COMPACT_STALE) -> None:
+    """Compact and unload (the pointer reaches ZooKeeper), then compact twice while loaded: the second of
+    these opens the `__compaction` cursor's ledger and writes that compacted ledger's id to ZooKeeper with
+    it; the third writes only to the cursor ledger, and the broker deletes the second compacted ledger.
+    ZooKeeper then names a deleted compacted ledger and an active cursor ledger; the live one is newer.
+    (A broker restart or a topic moving between brokers after a compaction leads to the same state.)"""
+    produce(client, name, 20, prefix="s0", key_mod=5)
+    admin.compact(name)
+    admin.unload(name)
+    produce(client, name, 12, prefix="s1", key_mod=6)
+    admin.compact(name)
+    produce(client, name, 12, prefix="s2", key_mod=7)
     admin.compact(name)
 
 

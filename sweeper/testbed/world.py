@@ -27,10 +27,12 @@ from sweeper.testbed.orphans import (
 )
 from sweeper.testbed.server import S3_ACCESS_KEY, S3_SECRET_KEY, TestbedInfo
 from sweeper.testbed.workload import (
+    COMPACT_STALE,
     COMPACT_TWICE,
     WorkloadResult,
     admin_for,
     client_for,
+    compact_behind_a_stale_pointer,
     compact_twice,
     read_all,
     run_workload,
@@ -79,10 +81,13 @@ def build_world(info: TestbedInfo, manifest_path: Path | None = None) -> World:
     client = client_for(info)
     try:
         compact_twice(client, admin)
-        current = admin.internal_stats(COMPACT_TWICE)["compactedLedger"]["ledgerId"]
-        manifest.compacted_current[COMPACT_TWICE] = int(current)
-        workload.compacted_topics = [COMPACT_TWICE, COMPACT_LEAK]
-        topics = [*workload.topics, COMPACT_TWICE]
+        compact_behind_a_stale_pointer(client, admin)
+        for name in (COMPACT_TWICE, COMPACT_STALE):
+            current = admin.internal_stats(name)["compactedLedger"]["ledgerId"]
+            manifest.compacted_current[name] = int(current)
+        check_stale_pointer(info, manifest.compacted_current[COMPACT_STALE])
+        workload.compacted_topics = [COMPACT_TWICE, COMPACT_STALE, COMPACT_LEAK]
+        topics = [*workload.topics, COMPACT_TWICE, COMPACT_STALE]
         topics += [DROP_ONE, SCHEMA_DROP, COMPACT_LEAK, OFFLOAD_LOST]
         held = snapshot_messages(client, topics)
         compacted = snapshot_messages(client, workload.compacted_topics, compacted=True)
@@ -93,6 +98,24 @@ def build_world(info: TestbedInfo, manifest_path: Path | None = None) -> World:
     (path.parent / "held.json").write_text(json.dumps({"held": held, "compacted": compacted,
                                                        "workload": asdict(workload)}))
     return World(info, workload, manifest, held, compacted, path, time.monotonic() - started)
+
+
+def check_stale_pointer(info: TestbedInfo, live: int) -> None:
+    """The premise of the stale-pointer topic: ZooKeeper names an older compacted ledger and an active
+    cursor ledger; the live compacted ledger is newer and named only in that cursor ledger."""
+    from sweeper.codecs import pulsar as codec
+    from sweeper.testbed.orphans import ml_path
+
+    zk = zk_for(info)
+    try:
+        cursor = codec.decode_managed_cursor_info(zk.get(f"{ml_path(COMPACT_STALE)}/__compaction")[0])
+    finally:
+        zk.stop()
+    pointer = {p.name: p.value for p in cursor.properties}.get("CompactedTopicLedger")
+    if pointer is None or pointer >= live or cursor.cursorsLedgerId < 0:
+        raise RuntimeError(f"{COMPACT_STALE}: expected a stale CompactedTopicLedger below {live} and an active "
+                           f"cursor ledger in ZooKeeper, found pointer {pointer}, "
+                           f"cursor ledger {cursor.cursorsLedgerId}")
 
 
 def managed_ledger_topics(zk: KazooClient) -> list[str]:
