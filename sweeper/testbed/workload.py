@@ -92,7 +92,7 @@ def consume_ack(client: pulsar.Client, name: str, subscription: str, count: int)
     consumer = client.subscribe(name, subscription, initial_position=pulsar.InitialPosition.Earliest)
     try:
         for _ in range(count):
-            consumer.acknowledge(consumer.receive(10_000))
+            consumer.acknowledge(consumer.receive(30_000))  # patient: right after a broker restart, under load
     finally:
         consumer.close()
 
