@@ -462,7 +462,8 @@ def testbed_down(home: str | Path = DEFAULT_HOME, info: TestbedInfo | None = Non
     """Stop the broker (SIGTERM to its process group, SIGKILL after `timeout`) and moto. True if one ran."""
     home = Path(home)
     state = _state_file(home)
-    if info is None and state.exists():
+    if state.exists():
+        # The state file wins over a caller's copy: a broker restarted after a crash has a new PID.
         info = TestbedInfo(**json.loads(state.read_text()))
     stopped = False
     if info is not None:
