@@ -520,3 +520,9 @@ def bookkeeper_ledgers(info: TestbedInfo, timeout: float = 120.0) -> set[int]:
         raise TestbedError(f"bookkeeper shell listledgers failed ({done.returncode}): {done.stdout[-2000:]}"
                            f"{done.stderr[-2000:]}")
     return {int(m) for m in re.findall(r"ledgerID: (\d+)", done.stdout + done.stderr)}
+
+
+# Their names start with "test": keep pytest from collecting (and running) them when a test imports them.
+testbed_up.__test__ = False  # type: ignore[attr-defined]
+testbed_down.__test__ = False  # type: ignore[attr-defined]
+testbed_crash.__test__ = False  # type: ignore[attr-defined]
