@@ -28,7 +28,7 @@ from sweeper import pending_delete
 from sweeper import zk as zkutil
 from sweeper.codecs import pulsar as codec
 from sweeper.codecs.bookkeeper import LedgerMetadata, Segment, encode_ledger_metadata
-from sweeper.config import SweeperConfig
+from sweeper.config import PulsarMetadataConfig, SweeperConfig
 from sweeper.delete.stage import run_delete
 from sweeper.layout import LedgerLayout, layout_znode, ledger_path
 from sweeper.snapshot import record_run
@@ -125,7 +125,7 @@ def main() -> None:
         print(f"seeded {len(records):,} orphans (+ live topics and a baseline copy) in {time.monotonic() - t0:.1f}s")
 
         spark = get_spark("bench-delete", master="local[2]", conf={"spark.sql.shuffle.partitions": "4"})
-        cfg = SweeperConfig().replace(
+        cfg = SweeperConfig(pulsar=PulsarMetadataConfig(cluster_name="sandbox")).replace(
             bookkeeper={"zookeeper": server.connect_string}, offload={"enabled": False},
             tables={"root": str(work / "tables"), "engine": "delta-rs"},
             delete={"max_deletes_per_run": len(records), "deletes_per_second": 1e9, "tasks": args.tasks})

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pulsar
 
 from sweeper import pending_delete
-from sweeper.config import SweeperConfig
+from sweeper.config import PulsarMetadataConfig, SweeperConfig
 from sweeper.emit import run_emit
 from sweeper.sandbox.pulsar import start_pulsar, stop_pulsar
 from sweeper.snapshot import record_run
@@ -82,7 +82,7 @@ def main() -> None:
         where = f"local endpoint, persist latency {args.persist_latency_ms} ms"
     try:
         spark = get_spark("bench-emit", master="local[2]", conf={"spark.sql.shuffle.partitions": "4"})
-        cfg = SweeperConfig().replace(
+        cfg = SweeperConfig(pulsar=PulsarMetadataConfig(cluster_name="sandbox")).replace(
             tables={"root": str(work / "tables"), "engine": "delta-rs"},
             system_topic={"service_url": service_url, "admin_url": admin_url, **system_topic})
         store = open_table_store(cfg.tables.root, spark, engine="delta-rs")

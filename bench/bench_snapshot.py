@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sweeper import zk as zkutil
-from sweeper.config import SweeperConfig
+from sweeper.config import PulsarMetadataConfig, SweeperConfig
 from sweeper.layout import LedgerLayout, ledger_path
 from sweeper.sandbox.model import SandboxSpec, build_cluster
 from sweeper.sandbox.seed import seed_zookeeper
@@ -71,7 +71,7 @@ def main() -> None:
               f"({baseline_rate:,.0f}/s)", flush=True)
 
         spark = get_spark("bench-snapshot")
-        cfg = SweeperConfig().replace(
+        cfg = SweeperConfig(pulsar=PulsarMetadataConfig(cluster_name="sandbox")).replace(
             bookkeeper={"zookeeper": server.connect_string},
             tables={"root": str(work / "tables"), "engine": "delta-rs"},
         )

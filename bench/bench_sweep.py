@@ -31,7 +31,7 @@ import psutil
 
 import sweeper.pipeline as pipeline
 from sweeper import zk as zkutil
-from sweeper.config import SweeperConfig
+from sweeper.config import PulsarMetadataConfig, SweeperConfig
 from sweeper.sandbox.model import SandboxSpec, Status, build_cluster
 from sweeper.sandbox.pulsar import start_pulsar, stop_pulsar
 from sweeper.sandbox.seed import seed_zookeeper
@@ -94,7 +94,7 @@ def main() -> None:
         print(f"sandbox: {len(cluster.ledgers):,} ledgers, {len(cluster.managed_ledgers):,} managed ledgers, "
               f"{seeded.znodes:,} znodes seeded in {time.monotonic() - t0:.0f}s; {len(orphans):,} orphans")
 
-        cfg = SweeperConfig().replace(
+        cfg = SweeperConfig(pulsar=PulsarMetadataConfig(cluster_name="sandbox")).replace(
             bookkeeper={"zookeeper": server.connect_string, "session_timeout_s": 60.0},
             tables={"root": str(work / "tables"), "engine": "delta-rs"}, offload={"enabled": False},
             safety={"max_orphan_fraction": 0.25},

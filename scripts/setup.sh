@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install what ledger-sweeper needs on a fresh Debian machine: a JRE (Spark, ZooKeeper),
-# Debian's zookeeper package (the sandbox and the tests run a real server), and the Python
+# Debian's zookeeper package (the sandbox and the tests run a real server), libfaketime (the
+# sandbox server's settable clock), Maven and the JVM parts of jvm/pom.xml, and the Python
 # environment in .venv. Safe to run again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +10,8 @@ need_apt=()
 command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
 command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
 [ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
+# The sandbox's ZooKeeper runs under libfaketime so seeded ledger znodes get past creation times.
+[ -f /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 ] || need_apt+=(libfaketime)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: installing ${need_apt[*]} with apt-get"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

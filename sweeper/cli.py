@@ -49,6 +49,10 @@ def _load_config(args: argparse.Namespace) -> SweeperConfig:
         overrides["offload"] = {"endpoint_override": args.s3_endpoint}
     if getattr(args, "pulsar_urls", None):
         overrides["system_topic"] = {"service_url": args.pulsar_urls[0], "admin_url": args.pulsar_urls[1]}
+    if getattr(args, "allow_no_brokers", False):
+        # A cleanup with the brokers stopped: the run's report says the liveness check was waived.
+        overrides["gates"] = {"require_live_brokers": False}
+        print("liveness: --allow-no-brokers: no live broker registration is required for this run", file=sys.stderr)
     return cfg.replace(**overrides) if overrides else cfg
 
 
@@ -74,6 +78,9 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
         print("sandbox stopped" if stopped else "no sandbox was running", "(data wiped)" if args.wipe else "")
         return EXIT_OK
     if args.action == "seed":
+        from sweeper.zkserver import running_server
+
+        running_server(home / "zookeeper")  # its ServerClock, so ledger znodes get their past creation times
         cfg = _load_config(args)
         spec = SandboxSpec(
             seed=args.seed,
@@ -83,6 +90,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
             ledgers_root=cfg.bookkeeper.ledgers_root,
             managed_ledgers_root=cfg.pulsar.managed_ledgers_root,
             schemas_root=cfg.pulsar.schemas_root,
+            cluster_name=cfg.pulsar.cluster_name or "sandbox",
         )
         seeded = seed_sandbox(cfg.bookkeeper.zookeeper, spec, home / "manifest.json", s3=s3_endpoint(home))
         print(f"seeded {seeded.seed.znodes:,} znodes in {seeded.seed.seconds:.1f}s "
@@ -339,6 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
     stage_options(reconcile)
     common(reconcile)
     reconcile.add_argument("--skip-gates", action="store_true", help="skip the data-quality gates (audits only)")
+    reconcile.add_argument("--allow-no-brokers", action="store_true",
+                           help="pass the liveness gate with no broker registered (a cleanup with brokers stopped)")
     reconcile.set_defaults(func=cmd_reconcile)
 
     emit = sub.add_parser("emit", help="publish a reconciled run's candidates to the pending-delete topic")
@@ -379,6 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="last stage to run (default: reconcile, a dry run; emit marks ledgers for deletion; "
                             "delete without --execute only reports)")
     sweep.add_argument("--execute", action="store_true", help="run every stage and really delete")
+    sweep.add_argument("--allow-no-brokers", action="store_true",
+                       help="pass the liveness gate with no broker registered (a cleanup with brokers stopped)")
     sweep.set_defaults(func=cmd_sweep)
     return parser
 
@@ -389,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from sweeper.layout import LayoutError
     from sweeper.pipeline import StageRefused
+    from sweeper.snapshot import ClockSkewRefused
     from sweeper.system_topic import SystemTopicError
     from sweeper.zk import WrongRootError, ZooKeeperUnavailableError
 
@@ -397,7 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (WrongRootError, ZooKeeperUnavailableError, LayoutError, StageRefused, SystemTopicError) as exc:
+    except (WrongRootError, ZooKeeperUnavailableError, LayoutError, StageRefused, SystemTopicError,
+            ClockSkewRefused) as exc:
         print(f"refused: {exc}", file=sys.stderr)
         return EXIT_REFUSED
 

@@ -27,6 +27,12 @@ class PulsarMetadataConfig:
     zookeeper: str = ""  # empty: same ensemble as BookKeeper
     managed_ledgers_root: str = "/managed-ledgers"
     schemas_root: str = "/schemas"
+    # This cluster's name (the brokers' `clusterName`): offloaded objects carry it as `pulsarClusterName`,
+    # and objects of any other cluster sharing the bucket are never candidates. Required with offload.
+    cluster_name: str = ""
+    configuration_store: str = ""  # connect string of the configuration store; empty: the metadata store
+    policies_root: str = "/admin/policies"  # namespace policies in the configuration store
+    brokers_path: str = "/loadbalance/brokers"  # where live brokers register (ephemeral znodes)
 
 
 @dataclass(frozen=True)
@@ -65,12 +71,21 @@ class SafetyConfig:
     max_orphan_fraction: float = 0.10  # circuit breaker over Pulsar ledgers
     allow: str = ""  # comma-separated tenant or tenant/namespace globs; empty: everything
     deny: str = ""  # comma-separated globs; deny wins over allow
+    # BookKeeper ledger metadata names no cluster: unless no other Pulsar cluster uses these bookies,
+    # ledgers of namespaces this cluster does not know are `unknown` (namespace_unknown), never orphans.
+    bookkeeper_dedicated: bool = False
+    max_clock_skew_seconds: float = 300.0  # this host's clock against ZooKeeper's, checked at snapshot and delete
+    clock_probe_path: str = "/ledger-sweeper/clock"  # an ephemeral znode is created here to read ZooKeeper's clock
 
 
 @dataclass(frozen=True)
 class GatesConfig:
     max_drop_fraction: float = 0.5  # a table shrinking more than this against the last good run stops the run
     allow_empty: bool = False  # an empty ledger snapshot is suspicious unless said otherwise
+    # Is this metadata live? Brokers registered, and managed ledgers changing as recently as ledgers are made.
+    require_live_brokers: bool = True  # `--allow-no-brokers` lets a cleanup run proceed with brokers down
+    max_metadata_lag_minutes: float = 60.0  # newest data-ledger creation vs newest managed-ledger change
+    allow_offload_listing_errors: bool = False  # a bucket (or part of one) that could not be listed stops the run
 
 
 @dataclass(frozen=True)
@@ -202,6 +217,9 @@ def validate(config: SweeperConfig) -> None:
         ("bookkeeper", "ledgers_root", config.bookkeeper.ledgers_root),
         ("pulsar", "managed_ledgers_root", config.pulsar.managed_ledgers_root),
         ("pulsar", "schemas_root", config.pulsar.schemas_root),
+        ("pulsar", "policies_root", config.pulsar.policies_root),
+        ("pulsar", "brokers_path", config.pulsar.brokers_path),
+        ("safety", "clock_probe_path", config.safety.clock_probe_path),
     ):
         if not path.startswith("/") or path == "/":
             raise ConfigError(f"[{section}] {key} must be an absolute znode path other than '/', got {path!r}")
@@ -209,6 +227,10 @@ def validate(config: SweeperConfig) -> None:
         raise ConfigError("[scan] window, chunk and multi_read must be positive")
     if not 0 < config.safety.max_orphan_fraction <= 1:
         raise ConfigError("[safety] max_orphan_fraction must be in (0, 1]")
+    if config.safety.max_clock_skew_seconds <= 0:
+        raise ConfigError("[safety] max_clock_skew_seconds must be positive")
+    if config.gates.max_metadata_lag_minutes <= 0:
+        raise ConfigError("[gates] max_metadata_lag_minutes must be positive")
     if config.safety.min_age_hours < 24 and not config.safety.force_min_age:
         raise ConfigError("[safety] min_age_hours under 24 needs force_min_age = true")
     if not 0 <= config.gates.max_drop_fraction <= 1:
@@ -244,6 +266,11 @@ def validate(config: SweeperConfig) -> None:
         raise ConfigError(f"[delete] lock_path must be an absolute znode path, got {d.lock_path!r}")
     if config.spark.scan_partitions < 0:
         raise ConfigError("[spark] scan_partitions must be >= 0")
+    if config.offload.enabled and not config.pulsar.cluster_name.strip():
+        raise ConfigError(
+            "[pulsar] cluster_name is required when [offload] enabled = true: geo-replicated clusters can offload "
+            "into one bucket, and only objects whose pulsarClusterName metadata is this cluster's may be deleted. "
+            "Set it to the brokers' clusterName (broker.conf), or set [offload] enabled = false")
 
 
 def load(path: str | Path | None) -> SweeperConfig:

@@ -12,6 +12,7 @@ drops any resend that races it. What was acknowledged goes to `emitted` in one D
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -37,6 +38,8 @@ from sweeper.system_topic import (
 )
 from sweeper.table_schemas import EMITTED
 from sweeper.tables import TableStore
+
+log = logging.getLogger(__name__)
 
 PUBLISHED = "published"
 ALREADY_PUBLISHED = "already_published"
@@ -107,7 +110,7 @@ def plan_messages(records: Iterable[dict[str, Any]], partitions: int,
     """Records in a fixed order with a partition, a producer slot and a sequence id each."""
     by_partition: dict[int, list[tuple[str, dict[str, Any]]]] = {}
     for record in records:
-        # What our own delete stage would refuse must never reach the topic.
+        # What our own delete stage would refuse must never reach the topic (run_emit filters these out).
         pending_delete.validate(record)
         key = pending_delete.record_key(record)
         partition = partition_for(str(record["ledgerId"]), partitions)
@@ -219,6 +222,19 @@ def candidate_records(spark: SparkSession, store: TableStore, run_id: str) -> li
     return pending_delete.records_for_orphans(orphans.select(*columns).toArrow().to_pylist(), targets)
 
 
+def split_invalid(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]]]:
+    """Records the delete stage would accept, and the others with why: one bad candidate never sinks the stage."""
+    good, bad = [], []
+    for record in records:
+        try:
+            pending_delete.validate(record)
+        except pending_delete.InvalidPendingDelete as exc:
+            bad.append((record, f"{exc.kind}: {exc}"))
+        else:
+            good.append(record)
+    return good, bad
+
+
 def check_reconciled(store: TableStore, run_id: str) -> None:
     if not store.exists("runs") or not store.read("runs").where(
             (F.col("run_id") == run_id) & (F.col("stage") == "reconcile") & (F.col("status") == "succeeded")
@@ -239,8 +255,11 @@ def run_emit(spark: SparkSession, config: SweeperConfig, store: TableStore, run_
     check_reconciled(store, run_id)
     try:
         broker = BrokerSettings.from_config(cfg)
-        records = candidate_records(spark, store, run_id)
-        counts: dict[str, int] = {"records": len(records), "ledger_records": 0, "offload_records": 0}
+        records, refused = split_invalid(candidate_records(spark, store, run_id))
+        counts: dict[str, int] = {"records": len(records), "ledger_records": 0, "offload_records": 0,
+                                  "refused_invalid": len(refused)}
+        for record, why in refused[:20]:
+            log.warning("emit: not sending ledger %s (%s): %s", record.get("ledgerId"), record.get("ledgerType"), why)
         for r in records:
             counts["ledger_records" if r["ledgerType"] == "LEDGER" else "offload_records"] += 1
         if not records:

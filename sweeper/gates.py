@@ -15,6 +15,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from sweeper.config import GatesConfig
+from sweeper.liveness import Liveness, liveness_problems
 from sweeper.tables import TableStore
 
 log = logging.getLogger(__name__)
@@ -75,7 +76,26 @@ def _describe(result: Any) -> str:
     return f"{config.type}({', '.join(f'{k}={v}' for k, v in kwargs.items())}): observed {observed}"
 
 
-def run_gates(store: TableStore, run_id: str, config: GatesConfig) -> GateResult:
+def _max(frame: DataFrame | None, column: str) -> int | None:
+    if frame is None:
+        return None
+    value = frame.agg(F.max(column)).first()[0]
+    return int(value) if value is not None else None
+
+
+def snapshot_liveness(frames: dict[str, DataFrame | None], recorded: dict[str, int]) -> Liveness:
+    """What the run's snapshot says about the metadata being live (see sweeper.liveness)."""
+    changes = [v for v in (_max(frames.get("managed_ledgers"), "zk_mtime_ms"),
+                           _max(frames.get("ml_cursors"), "zk_mtime_ms")) if v is not None]
+    bk = frames.get("bk_ledgers")
+    data_ledgers = None if bk is None else bk.where(
+        (F.col("component") == "managed-ledger") & F.col("cursor").isNull() & F.col("is_pulsar"))
+    return Liveness(int(recorded.get("live_brokers", 0)), max(changes) if changes else None,
+                    _max(data_ledgers, "created_ms"))
+
+
+def run_gates(store: TableStore, run_id: str, config: GatesConfig,
+              brokers_path: str = "/loadbalance/brokers") -> GateResult:
     import great_expectations as gx
 
     result = GateResult(run_id)
@@ -100,6 +120,16 @@ def run_gates(store: TableStore, run_id: str, config: GatesConfig) -> GateResult
     quarantined = recorded.get("quarantine", 0) - recorded.get("quarantine.pending_delete", 0)
     if bk_count and quarantined > max(10, 0.01 * bk_count):
         result.failures.append(f"{quarantined} znodes quarantined against {bk_count} ledgers: the scan is partial")
+    unlisted = recorded.get("quarantine.offload_listing", 0)
+    if unlisted and not config.allow_offload_listing_errors:
+        buckets = ", ".join(sorted(r["path"] for r in frames["quarantine"].where(
+            F.col("error_kind") == "listing_failed").select("path").distinct().collect())) if frames[
+            "quarantine"] is not None else "?"
+        result.failures.append(
+            f"{unlisted} slice(s) of the offload buckets could not be listed ({buckets}): a partial listing "
+            "cannot tell what tiered storage holds. Fix access, or set [gates] allow_offload_listing_errors = true")
+    result.failures += liveness_problems(snapshot_liveness(frames, recorded), brokers_path,
+                                         config.max_metadata_lag_minutes, config.require_live_brokers)
 
     from great_expectations.data_context.types.base import ProgressBarsConfig
 

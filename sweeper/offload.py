@@ -114,7 +114,7 @@ def list_offload_objects(client: Any, bucket: str, unit: tuple[str, str, str],
             continue
         metadata: dict[str, str] = {}
         if head_metadata:
-            metadata = {k.lower(): v for k, v in client.head_object(Bucket=bucket, Key=key)["Metadata"].items()}
+            metadata = object_metadata(client.head_object(Bucket=bucket, Key=key))
         yield {
             "record_type": "offload_objects",
             "bucket": bucket,
@@ -125,5 +125,19 @@ def list_offload_objects(client: Any, bucket: str, unit: tuple[str, str, str],
             "size": int(obj.get("Size", 0)),
             "last_modified_ms": int(obj["LastModified"].timestamp() * 1000),
             "metadata_role": metadata.get("role"),
-            "managed_ledger": metadata.get("managedledgername"),
+            "managed_ledger": metadata.get(MANAGED_LEDGER_NAME_KEY),
+            "cluster_name": metadata.get(CLUSTER_NAME_KEY),
+            "metadata_read": head_metadata,
         }
+
+
+# User metadata Pulsar's jcloud offloader puts on every object it writes (BlobStoreManagedLedgerOffloader:
+# the broker's offloader metadata, with LedgerOffloader.METADATA_PULSAR_CLUSTER_NAME = "pulsarClusterName",
+# plus `role` and the extra metadata "ManagedLedgerName"). S3 returns user-metadata keys lower-cased.
+CLUSTER_NAME_KEY = "pulsarclustername"
+MANAGED_LEDGER_NAME_KEY = "managedledgername"
+
+
+def object_metadata(head: dict[str, Any]) -> dict[str, str]:
+    """An object's user metadata from a HeadObject answer, keys lower-cased as S3 (and Pulsar's scanner) treat them."""
+    return {k.lower(): v for k, v in (head.get("Metadata") or {}).items()}

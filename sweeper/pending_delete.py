@@ -16,6 +16,8 @@ from typing import Any
 
 import fastavro
 
+from sweeper import names
+
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "avro" / "pending_delete_ledger_info.avsc"
 
 # Ledger custom-metadata component -> record component (cursor ledgers are managed-ledger ledgers
@@ -52,13 +54,8 @@ def schema() -> Any:
 
 
 def _topic_of(managed_ledger: str | None) -> str | None:
-    """persistent://tenant/ns/topic for a managed-ledger name (topic part kept URL-encoded)."""
-    if not managed_ledger:
-        return None
-    parts = managed_ledger.split("/")
-    if len(parts) < 4 or parts[-2] != "persistent":
-        return None
-    return "persistent://" + "/".join(parts[:-2] + parts[-1:])
+    """The topic name (decoded, Pulsar's TopicName form) of a managed ledger; see sweeper.names."""
+    return names.topic_for_managed_ledger(managed_ledger)
 
 
 def _topic_from_scope(row: Mapping[str, Any]) -> str | None:

@@ -42,6 +42,8 @@ def safety_settings(config: SweeperConfig) -> SafetySettings:
         grace=GracePeriod.of(int(config.safety.min_age_hours * HOUR_MS), force=config.safety.force_min_age),
         breaker=CircuitBreaker(config.safety.max_orphan_fraction),
         scope=Scope(allow=patterns(config.safety.allow), deny=patterns(config.safety.deny)),
+        local_cluster=config.pulsar.cluster_name,
+        bookkeeper_dedicated=config.safety.bookkeeper_dedicated,
     )
 
 
@@ -73,7 +75,7 @@ def reconcile_stage(spark: SparkSession, config: SweeperConfig, store: TableStor
     started = datetime.now(UTC)
     try:
         if check_gates:
-            gates = run_gates(store, run_id, config.gates)
+            gates = run_gates(store, run_id, config.gates, config.pulsar.brokers_path)
             if not gates.passed:
                 raise GateFailed(gates)
         result = run_reconcile(spark, store, run_id, safety_settings(config))
@@ -83,8 +85,10 @@ def reconcile_stage(spark: SparkSession, config: SweeperConfig, store: TableStor
     except Exception as exc:
         record_run(store, run_id, "reconcile", "failed", started, {}, config, f"{type(exc).__name__}: {exc}")
         raise
-    counts = {**result.counts, **{f"reason.{k}": v for k, v in result.by_reason.items()}}
-    record_run(store, run_id, "reconcile", "succeeded", started, counts, config)
+    counts = {**result.counts, **{f"reason.{k}": v for k, v in result.by_reason.items()},
+              "gate.live_brokers_required": int(check_gates and config.gates.require_live_brokers)}
+    record_run(store, run_id, "reconcile", "succeeded", started, counts, config,
+               "" if counts["gate.live_brokers_required"] else "liveness gate waived: no live broker was required")
     return result
 
 

@@ -17,9 +17,23 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from sweeper.classify import LedgerFacts, ObjectFacts, Verdict, classify, classify_object
+from sweeper import names
+from sweeper.classify import (
+    CompactionPointer,
+    LedgerFacts,
+    ObjectFacts,
+    Verdict,
+    classify,
+    classify_object,
+)
 from sweeper.safety import CircuitBreaker, GracePeriod, Scope, offload_in_flight
-from sweeper.scan.pulsar import split_ml_name
+from sweeper.scan.pulsar import (
+    COMPACTED,
+    COMPACTED_LAGGING,
+    COMPACTED_UNREADABLE,
+    COMPACTED_UNRECORDED,
+    COMPACTION_KINDS,
+)
 from sweeper.table_schemas import ORPHAN_REPORT, ORPHANS, PENDING_DELETE_STATUS, SNAPSHOT_TABLES
 from sweeper.tables import TableStore
 
@@ -29,6 +43,8 @@ YOUNG = "young"
 OUT_OF_SCOPE = "out_of_scope"
 UNKNOWN = "unknown"
 MISSING = "missing"
+STALE_POINTER = "stale_pointer"  # named only by a compaction pointer ZooKeeper may hold stale: not lost data
+OTHER_CLUSTER = "other_cluster"  # another Pulsar cluster's offloaded object in a shared bucket
 
 
 class ReconcileRefused(RuntimeError):
@@ -44,6 +60,8 @@ class SafetySettings:
     grace: GracePeriod = field(default_factory=GracePeriod)
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
     scope: Scope = field(default_factory=Scope)
+    local_cluster: str = ""  # [pulsar] cluster_name: offloaded objects of other clusters are never candidates
+    bookkeeper_dedicated: bool = False  # [safety] bookkeeper_dedicated
 
 
 @dataclass
@@ -61,10 +79,18 @@ def snapshot_frames(store: TableStore, run_id: str) -> dict[str, DataFrame]:
                    else store.spark.createDataFrame([], schema)) for name, schema in SNAPSHOT_TABLES.items()}
 
 
+def released_from_bookkeeper() -> Any:
+    """An `ml_ledgers` entry whose BookKeeper copy Pulsar no longer reads: offloaded, complete, and
+    `bookkeeperDeleted`. Pulsar reads from tiered storage only once the offload is complete
+    (ManagedLedgerImpl checks `offloadContext.complete`), so `bookkeeperDeleted` alone releases nothing."""
+    return (F.coalesce(F.col("offload_bookkeeper_deleted"), F.lit(False))
+            & F.coalesce(F.col("offload_complete"), F.lit(False)))
+
+
 def references(frames: dict[str, DataFrame]) -> DataFrame:
     """(ledger_id, ref_kind, owner, referrer): every live reference in the snapshot."""
     ml = frames["ml_ledgers"]
-    live_ml = ml.where(~(F.coalesce(F.col("offload_bookkeeper_deleted"), F.lit(False))))
+    live_ml = ml.where(~released_from_bookkeeper())
     parts = [
         live_ml.select(
             "ledger_id",
@@ -107,7 +133,6 @@ def _facts_frame(frames: dict[str, DataFrame], refs: DataFrame) -> DataFrame:
     unreferenced = bk.join(refs.select("ledger_id").distinct(), "ledger_id", "left_anti")
     mls = frames["managed_ledgers"]
     ml_names = mls.select(F.col("managed_ledger").alias("_ml"), F.lit(True).alias("_ml_exists"))
-    topics = mls.select(F.col("topic_name").alias("_topic"), F.col("managed_ledger").alias("_topic_ml"))
     quarantined = (
         frames["quarantine"]
         .where(F.col("owner").isNotNull())
@@ -125,23 +150,26 @@ def _facts_frame(frames: dict[str, DataFrame], refs: DataFrame) -> DataFrame:
     )
     compaction = (
         frames["cursor_ledger_refs"]
-        .where(F.col("kind").startswith("compacted_ledger"))
+        .where(F.col("kind").isin(*COMPACTION_KINDS))
         .groupBy(F.col("managed_ledger").alias("_cp_ml"))
-        .agg(F.min(F.col("kind") == "compacted_ledger").alias("_compaction_readable"))
+        .agg(F.first("kind").alias("_cp_kind"), F.first("ledger_id").alias("_cp_ledger"))
     )
     bk_deleted = (
         frames["ml_ledgers"]
-        .where(F.col("offload_bookkeeper_deleted"))
+        .where(released_from_bookkeeper())
         .select("ledger_id")
         .distinct()
         .withColumn("_bk_deleted", F.lit(True))
     )
 
+    # Bucket and compacted ledgers name their topic; its managed ledger is the topic's canonical
+    # encoding, computed (not joined), so a quarantined or missing managed ledger still matches.
     owner_topic = F.coalesce(F.col("bucket_topic"), F.col("compacted_topic"))
+    topic_ml = F.udf(lambda topic: names.managed_ledger_for_topic(topic), "string")
     facts = (
         unreferenced.withColumn("owner_topic", owner_topic)
-        .join(topics, F.col("owner_topic") == F.col("_topic"), "left")
-        .withColumn("owner_ml", F.coalesce(F.col("managed_ledger"), F.col("_topic_ml")))
+        .withColumn("owner_ml", F.when(F.col("owner_topic").isNotNull(), topic_ml(F.col("owner_topic")))
+                    .otherwise(F.col("managed_ledger")))
         .join(ml_names, F.col("owner_ml") == F.col("_ml"), "left")
         .join(cursors, (F.col("owner_ml") == F.col("_c_ml")) & (F.col("cursor") == F.col("_c")), "left")
         .join(schemas, F.col("schema_id") == F.col("_schema"), "left")
@@ -166,23 +194,36 @@ def _facts_frame(frames: dict[str, DataFrame], refs: DataFrame) -> DataFrame:
         F.coalesce(F.col("_ml_exists"), F.lit(False)).alias("ml_exists"),
         F.coalesce(F.col("_schema_exists"), F.lit(False)).alias("schema_exists"),
         F.coalesce(F.col("_cursor_exists"), F.lit(False)).alias("cursor_exists"),
-        F.col("_compaction_readable").alias("compaction_readable"),
+        F.col("_cp_kind").alias("compaction_kind"),
+        F.col("_cp_ledger").alias("compaction_ledger"),
         F.coalesce(F.col("_bk_deleted"), F.lit(False)).alias("bk_deleted"),
         F.coalesce(F.col("_quarantined"), F.lit(False)).alias("owner_quarantined"),
     )
 
 
+def compaction_pointer(kind: str | None, zk_ledger: int | None) -> CompactionPointer | None:
+    """The `__compaction` cursor's state from its `cursor_ledger_refs` row (None: no such cursor)."""
+    if kind is None:
+        return None
+    if kind not in (COMPACTED, COMPACTED_LAGGING, COMPACTED_UNREADABLE, COMPACTED_UNRECORDED):
+        raise ValueError(f"unknown compaction reference kind {kind!r}")
+    return CompactionPointer(zk_ledger, cursor_ledger_active=kind in (COMPACTED_LAGGING, COMPACTED_UNREADABLE))
+
+
 def owner_scope(managed_ledger: str | None, schema_id: str | None, topic: str | None) -> tuple[str | None, ...]:
-    """(tenant, namespace, topic) of a ledger's owner, from whichever name it has."""
+    """(tenant, namespace, topic) of a ledger's owner, from whichever name it has; Nones when none parses."""
     if managed_ledger:
-        return split_ml_name(managed_ledger)
-    if schema_id and schema_id.count("/") >= 2:
-        tenant, namespace, local = schema_id.split("/", 2)
-        return tenant, namespace, local
-    if topic and "://" in topic:
-        parts = topic.split("://", 1)[1].split("/")
-        if len(parts) >= 3:
-            return parts[0], "/".join(parts[1:-1]), parts[-1]
+        parts = names.parse_managed_ledger(managed_ledger)
+        if parts is not None:
+            return parts.tenant, parts.namespace, parts.local
+    if schema_id:
+        pieces = schema_id.split("/")
+        if len(pieces) in (3, 4) and all(pieces):
+            return pieces[0], "/".join(pieces[1:-1]), pieces[-1]
+    if topic:
+        parsed = names.parse_topic(topic)
+        if parsed is not None:
+            return parsed.tenant, parsed.namespace, parsed.local
     return None, None, None
 
 
@@ -191,6 +232,10 @@ def plan_status(verdict: Verdict, created_ms: int | None, now_ms: int, tenant: s
     """Whether an orphan or unknown verdict may be acted on: only `candidate` ever is."""
     if verdict is Verdict.UNKNOWN:
         return UNKNOWN
+    if verdict is Verdict.OTHER_CLUSTER:
+        return OTHER_CLUSTER
+    if verdict is not Verdict.ORPHAN:
+        raise ValueError(f"no plan for verdict {verdict!r}")
     if not settings.grace.is_old_enough(created_ms, now_ms):
         return YOUNG
     if not settings.scope.permits(tenant, namespace):
@@ -199,7 +244,8 @@ def plan_status(verdict: Verdict, created_ms: int | None, now_ms: int, tenant: s
 
 
 def _classify_partition(
-    batches: Iterator[pa.RecordBatch], run_id: str, now_ms: int, settings: SafetySettings
+    batches: Iterator[pa.RecordBatch], run_id: str, now_ms: int, settings: SafetySettings,
+    known_namespaces: frozenset[str] = frozenset(),
 ) -> Iterator[pa.RecordBatch]:
     from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -210,6 +256,8 @@ def _classify_partition(
         for r in batch.to_pylist():
             component = r["component"]
             owner_exists = r["schema_exists"] if component == "schema" else r["ml_exists"]
+            tenant, namespace, topic = owner_scope(r["owner_ml"] if component != "schema" else None,
+                                                   r["schema_id"], r["owner_topic"])
             facts = LedgerFacts(
                 is_pulsar=True,
                 referenced=False,
@@ -222,10 +270,12 @@ def _classify_partition(
                 owner_exists=owner_exists,
                 owner_quarantined=r["owner_quarantined"],
                 cursor_exists=r["cursor_exists"],
-                compaction_readable=r["compaction_readable"],
+                ledger_id=r["ledger_id"],
+                compaction=compaction_pointer(r["compaction_kind"], r["compaction_ledger"]),
+                namespace_known=f"{tenant}/{namespace}" in known_namespaces,
+                bookkeeper_dedicated=settings.bookkeeper_dedicated,
             )
             verdict = classify(facts)
-            tenant, namespace, topic = owner_scope(facts.managed_ledger, r["schema_id"], r["owner_topic"])
             status = plan_status(verdict.verdict, r["created_ms"], now_ms, tenant, namespace, settings)
             out.append(
                 {
@@ -268,7 +318,9 @@ def _object_facts_frame(frames: dict[str, DataFrame]) -> DataFrame:
     return (frames["offload_objects"].join(contexts, ["uuid", "ledger_id"], "left")
             .join(quarantined, F.col("managed_ledger") == F.col("_q"), "left")
             .select("bucket", "key", "uuid", "ledger_id", "size", "last_modified_ms", "managed_ledger", "ref_ml",
-                    "complete", "offload_ts", F.coalesce("owner_quarantined", F.lit(False)).alias("owner_quarantined")))
+                    "complete", "offload_ts", "cluster_name",
+                    F.coalesce("metadata_read", F.lit(False)).alias("metadata_read"),
+                    F.coalesce("owner_quarantined", F.lit(False)).alias("owner_quarantined")))
 
 
 def _classify_objects(batches: Iterator[pa.RecordBatch], run_id: str, now_ms: int,
@@ -287,17 +339,23 @@ def _classify_objects(batches: Iterator[pa.RecordBatch], run_id: str, now_ms: in
                 offload_in_flight=referenced and offload_in_flight(r["complete"], r["offload_ts"], now_ms,
                                                                    settings.grace),
                 owner_quarantined=r["owner_quarantined"],
+                metadata_read=r["metadata_read"],
+                cluster_name=r["cluster_name"],
+                managed_ledger=r["managed_ledger"],
+                local_cluster=settings.local_cluster,
             )
             verdict, reason = classify_object(facts)
             if verdict is Verdict.IN_USE:
                 continue
             owner = r["ref_ml"] or r["managed_ledger"]
-            tenant, namespace, topic = owner_scope(owner, None, None) if owner else (None, None, None)
+            tenant, namespace, topic = owner_scope(owner, None, None)
             status = plan_status(verdict, r["last_modified_ms"], now_ms, tenant, namespace, settings)
             out.append({
                 "run_id": run_id, "captured_at": captured_at, "object_type": "offload_object",
                 "ledger_id": r["ledger_id"], "status": status, "verdict": verdict.value, "reason": reason.value,
-                "detail": f"s3://{r['bucket']}/{r['key']}", "tenant": tenant, "namespace": namespace,
+                "detail": f"s3://{r['bucket']}/{r['key']}" + (
+                    f" (pulsarClusterName {r['cluster_name']!r})" if verdict is Verdict.OTHER_CLUSTER else ""),
+                "tenant": tenant, "namespace": namespace,
                 "topic": topic, "managed_ledger": owner, "size_bytes": r["size"],
                 "created_ms": r["last_modified_ms"],
                 "age_ms": now_ms - r["last_modified_ms"] if r["last_modified_ms"] else None,
@@ -317,8 +375,12 @@ def missing_ledgers(frames: dict[str, DataFrame], refs: DataFrame, run_id: str, 
     )
     missing = refs.join(known, "ledger_id", "left_anti")
     grouped = missing.groupBy("ledger_id").agg(
-        F.first("ref_kind").alias("ref_kind"), F.first("owner").alias("owner"), F.first("referrer").alias("referrer")
+        F.first("ref_kind").alias("ref_kind"), F.first("owner").alias("owner"), F.first("referrer").alias("referrer"),
+        # A ledger named only by a compaction pointer that may lag was most likely deleted by a newer
+        # compaction whose pointer lives in the cursor ledger: report it, but not as data loss.
+        F.min(F.col("ref_kind") == COMPACTED_LAGGING).alias("only_lagging"),
     )
+    stale = F.col("only_lagging")
     columns = {f.name: F.lit(None).cast(f.dataType) for f in ORPHANS.fields}
     columns.update(
         {
@@ -326,10 +388,14 @@ def missing_ledgers(frames: dict[str, DataFrame], refs: DataFrame, run_id: str, 
             "captured_at": F.lit(datetime.fromtimestamp(now_ms / 1000, UTC)).cast("timestamp"),
             "object_type": F.lit("missing_ledger"),
             "ledger_id": F.col("ledger_id"),
-            "status": F.lit(MISSING),
-            "verdict": F.lit("missing"),
-            "reason": F.concat(F.lit("referenced_by_"), F.col("ref_kind")),
-            "detail": F.concat(F.lit("referenced by "), F.col("referrer"), F.lit(" but absent from BookKeeper")),
+            "status": F.when(stale, F.lit(STALE_POINTER)).otherwise(F.lit(MISSING)),
+            "verdict": F.when(stale, F.lit(STALE_POINTER)).otherwise(F.lit("missing")),
+            "reason": F.when(stale, F.lit("compaction_pointer_may_lag")).otherwise(
+                F.concat(F.lit("referenced_by_"), F.col("ref_kind"))),
+            "detail": F.when(stale, F.concat(
+                F.lit("named by "), F.col("referrer"),
+                F.lit(" in ZooKeeper, which may lag the cursor ledger: likely replaced by a newer compaction")))
+            .otherwise(F.concat(F.lit("referenced by "), F.col("referrer"), F.lit(" but absent from BookKeeper"))),
             "managed_ledger": F.when(F.col("ref_kind") != "schema", F.col("owner")),
             "schema_id": F.when(F.col("ref_kind") == "schema", F.col("owner")),
         }
@@ -359,7 +425,9 @@ def pending_delete_states(frames: dict[str, DataFrame], refs: DataFrame, run_id:
                .agg(F.count("*").alias("_objects")))
     contexts = (frames["ml_ledgers"].where(F.col("offload_uuid").isNotNull())
                 .groupBy("offload_uuid", "ledger_id").agg(F.first("managed_ledger").alias("_offload_referrer")))
-    unlisted = (frames["quarantine"].where(F.col("source") == "offload")
+    # A bucket any slice of which could not be listed: absence from the listing proves nothing there.
+    unlisted = (frames["quarantine"].where((F.col("source") == "offload")
+                                           & F.col("error_kind").isin("listing_failed", "bucket_unavailable"))
                 .select(F.regexp_extract("path", r"^s3://([^/]+)/", 1).alias("s3_bucket")).distinct()
                 .withColumn("_bucket_unlisted", F.lit(True)))
     joined = (grouped.join(bk, "ledger_id", "left").join(unreadable, "ledger_id", "left")
@@ -369,7 +437,8 @@ def pending_delete_states(frames: dict[str, DataFrame], refs: DataFrame, run_id:
               .join(unlisted, "s3_bucket", "left"))
     is_ledger = F.col("ledger_type") == "LEDGER"
     exists = F.when(is_ledger, F.col("_on_bk").isNotNull()).otherwise(F.col("_objects").isNotNull())
-    unknown = F.when(is_ledger, F.col("_unreadable").isNotNull()).otherwise(F.col("_bucket_unlisted").isNotNull())
+    unknown = F.when(is_ledger, F.col("_unreadable").isNotNull()).otherwise(
+        F.col("_bucket_unlisted").isNotNull() | F.col("s3_bucket").isNull())
     referrer = F.when(is_ledger, F.col("_referrer")).otherwise(F.col("_offload_referrer"))
     state = (F.when(exists & referrer.isNotNull(), F.lit(IN_USE)).when(exists, F.lit(STUCK))
              .when(unknown, F.lit(UNKNOWN)).otherwise(F.lit(DONE)))
@@ -432,7 +501,9 @@ def run_reconcile(
     captured = frames["bk_ledgers"].agg(F.max("captured_at")).first()
     if now_ms is None:
         now_ms = int(captured[0].timestamp() * 1000) if captured and captured[0] else int(time.time() * 1000)
-    classified = facts.mapInArrow(lambda b: _classify_partition(b, run_id, now_ms, settings), ORPHANS)
+    # Namespaces are few (thousands at most): a set on the driver, shipped with the classifier.
+    known = frozenset(r["namespace"] for r in frames["namespaces"].select("namespace").distinct().collect())
+    classified = facts.mapInArrow(lambda b: _classify_partition(b, run_id, now_ms, settings, known), ORPHANS)
     objects = _object_facts_frame(frames).mapInArrow(lambda b: _classify_objects(b, run_id, now_ms, settings),
                                                      ORPHANS)
     orphans = classified.unionByName(objects).unionByName(missing_ledgers(frames, refs, run_id, now_ms)).cache()
@@ -447,8 +518,16 @@ def run_reconcile(
     pulsar_ledgers = frames["bk_ledgers"].where(F.col("is_pulsar")).count()
     counts["pulsar_ledgers"] = pulsar_ledgers
     counts["non_pulsar_ledgers"] = frames["bk_ledgers"].where(~F.col("is_pulsar")).count()
-    # The breaker weighs ledgers against ledgers; offloaded objects come two to a ledger.
+    # The breaker weighs ledgers against ledgers, and offloaded objects (count and bytes) against objects.
     tripped = settings.breaker.tripped(counts.get(f"{CANDIDATE}.ledger", 0), pulsar_ledgers)
+    if not tripped:
+        objects_total = frames["offload_objects"].agg(F.count("*"), F.sum(F.coalesce("size", F.lit(0)))).first()
+        candidate_objects = orphans.where((F.col("object_type") == "offload_object")
+                                          & (F.col("status") == CANDIDATE)).agg(
+            F.count("*"), F.sum(F.coalesce("size_bytes", F.lit(0)))).first()
+        counts["offload_objects"] = int(objects_total[0] or 0)
+        tripped = settings.breaker.tripped_objects(int(candidate_objects[0] or 0), counts["offload_objects"],
+                                                   int(candidate_objects[1] or 0), int(objects_total[1] or 0))
     if tripped:
         refs.unpersist()
         orphans.unpersist()

@@ -42,12 +42,17 @@ class GracePeriod:
         return now_ms - created_ms >= self.min_age_ms
 
 
+def ledger_created_ms(metadata_ctime_ms: int | None, znode_ctime_ms: int | None) -> int | None:
+    """When a ledger was created, by the later of two clocks: the broker's (the metadata's ctime, when
+    recorded) and ZooKeeper's (the znode's ctime). One clock running behind would make a young ledger
+    look old; the later reading can only make it look younger, which errs on the side of keeping it."""
+    readings = [t for t in (metadata_ctime_ms, znode_ctime_ms) if t is not None and t > 0]
+    return max(readings) if readings else None
+
+
 def ledger_age_ms(metadata_ctime_ms: int | None, znode_ctime_ms: int | None, now_ms: int) -> int | None:
-    """Age from the ledger's own ctime when recorded, else from the znode's creation time."""
-    created = metadata_ctime_ms if metadata_ctime_ms and metadata_ctime_ms > 0 else znode_ctime_ms
-    if created is None or created <= 0:
-        return None
-    return now_ms - created
+    created = ledger_created_ms(metadata_ctime_ms, znode_ctime_ms)
+    return None if created is None else now_ms - created
 
 
 def offload_in_flight(complete: bool | None, offload_timestamp_ms: int | None, now_ms: int,
@@ -80,6 +85,18 @@ class CircuitBreaker:
                 f"circuit breaker: {orphans} of {pulsar_ledgers} Pulsar ledgers ({fraction:.1%}) would be "
                 f"orphans, above max_orphan_fraction {self.max_orphan_fraction:.1%}"
             )
+        return None
+
+    def tripped_objects(self, orphans: int, objects: int, orphan_bytes: int, object_bytes: int) -> str | None:
+        """The same for tiered storage: by object count and by bytes (a few huge objects count too)."""
+        if orphans == 0:
+            return None
+        if objects <= 0:
+            return f"{orphans} orphan offloaded objects but no objects in the snapshot"
+        for what, part, whole in (("objects", orphans, objects), ("bytes", orphan_bytes, object_bytes)):
+            if whole > 0 and part / whole > self.max_orphan_fraction:
+                return (f"circuit breaker: {part:,} of {whole:,} offloaded {what} ({part / whole:.1%}) would be "
+                        f"orphans, above max_orphan_fraction {self.max_orphan_fraction:.1%}")
         return None
 
 

@@ -24,6 +24,7 @@ from pyspark.storagelevel import StorageLevel
 
 from sweeper import zk as zkutil
 from sweeper.config import SweeperConfig
+from sweeper.liveness import ClockReading, clock_problem, live_brokers, probe_clock
 from sweeper.offload import S3Target, list_offload_objects, listing_units, s3_client
 from sweeper.scan import bookkeeper as bk_scan
 from sweeper.scan import pulsar as pulsar_scan
@@ -47,6 +48,7 @@ PACKED_SCHEMA = StructType([
     StructField("payload", BinaryType(), False),
 ])
 TASK_BK, TASK_ML, TASK_SCHEMA = "bk", "ml", "schema"
+LISTING_FAILED = "listing_failed"  # quarantine error_kind of an offload bucket slice that could not be listed
 BATCH_ROWS = 10_000
 
 
@@ -80,6 +82,10 @@ class SnapshotResult:
     @property
     def ledgers_per_second(self) -> float:
         return self.counts.get("bk_ledgers", 0) / self.scan_s if self.scan_s else 0.0
+
+
+class ClockSkewRefused(RuntimeError):
+    """This host's clock disagrees with ZooKeeper's beyond [safety] max_clock_skew_seconds."""
 
 
 def new_run_id(now: datetime | None = None) -> str:
@@ -149,23 +155,45 @@ def _chunks(items: list[str], size: int) -> list[str]:
     return ["\n".join(items[i : i + size]) for i in range(0, len(items), size)]
 
 
-def plan_tasks(config: SweeperConfig) -> tuple[list[tuple[str, str]], bk_scan.LedgerScanPlan, int]:
-    bk_client = zkutil.connect(config.bookkeeper.zookeeper, timeout=config.bookkeeper.session_timeout_s)
+@dataclass
+class SnapshotPlan:
+    tasks: list[tuple[str, str]]
+    ledgers: bk_scan.LedgerScanPlan
+    pulsar: pulsar_scan.PulsarScanPlan
+    live_brokers: int
+    clock: ClockReading
+
+
+def plan_tasks(config: SweeperConfig) -> SnapshotPlan:
+    timeout = config.bookkeeper.session_timeout_s
+    bk_client = zkutil.connect(config.bookkeeper.zookeeper, timeout=timeout)
     try:
         ledger_plan = bk_scan.plan_ledger_units(bk_client, config.bookkeeper.ledgers_root)
+        clock = probe_clock(bk_client, config.safety.clock_probe_path)
     finally:
         zkutil.close(bk_client)
-    pulsar_client = zkutil.connect(config.pulsar_zookeeper, timeout=config.bookkeeper.session_timeout_s)
+    pulsar_client = zkutil.connect(config.pulsar_zookeeper, timeout=timeout)
     try:
         pulsar_plan = pulsar_scan.plan_pulsar(
             pulsar_client, config.pulsar.managed_ledgers_root, config.pulsar.schemas_root
         )
+        brokers = len(live_brokers(pulsar_client, config.pulsar.brokers_path))
+        if not config.pulsar.configuration_store:
+            policies = pulsar_scan.plan_namespace_policies(pulsar_client, config.pulsar.policies_root)
     finally:
         zkutil.close(pulsar_client)
+    if config.pulsar.configuration_store:
+        store_client = zkutil.connect(config.pulsar.configuration_store, timeout=timeout)
+        try:
+            policies = pulsar_scan.plan_namespace_policies(store_client, config.pulsar.policies_root)
+        finally:
+            zkutil.close(store_client)
+    for namespace in policies:
+        pulsar_plan.namespaces.setdefault(namespace, set()).add("policies")
     tasks = [(TASK_BK, unit) for unit in ledger_plan.units]
     tasks += [(TASK_ML, chunk) for chunk in _chunks(pulsar_plan.managed_ledgers, config.scan.chunk)]
     tasks += [(TASK_SCHEMA, chunk) for chunk in _chunks(pulsar_plan.schemas, config.scan.chunk)]
-    return tasks, ledger_plan, len(pulsar_plan.managed_ledgers)
+    return SnapshotPlan(tasks, ledger_plan, pulsar_plan, brokers, clock)
 
 
 def scan_dataframe(spark: SparkSession, config: SweeperConfig, target: ScanTarget,
@@ -262,10 +290,11 @@ def _list_partition(batches: Iterator[pa.RecordBatch], endpoint_override: str, h
             try:
                 rows = list(list_offload_objects(clients[key], target.bucket, unit, head_metadata))
             except (ClientError, BotoCoreError) as exc:
-                # One row per bucket, not per slice: the first slice speaks for the bucket.
-                if item["slot"] == 0:
-                    rows = [quarantine_row("offload", f"s3://{target.bucket}/", "bucket_unavailable",
-                                           f"cannot list bucket {target.bucket}: {exc}")]
+                # One row per failed slice: a bucket listed in part must never pass for a complete listing.
+                prefix, start_after, stop_at = unit
+                where = prefix or f"({start_after!r}, {stop_at!r})"
+                rows = [quarantine_row("offload", f"s3://{target.bucket}/{prefix}", LISTING_FAILED,
+                                       f"cannot list bucket {target.bucket} slice {where}: {exc}")]
             for row in rows:
                 yield from packer.add(row)
     yield from packer.flush()
@@ -337,10 +366,15 @@ def run_snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore,
     started = datetime.now(UTC)
     t0 = time.monotonic()
     try:
-        tasks, ledger_plan, _ = plan_tasks(config)
+        plan = plan_tasks(config)
     except Exception as exc:
         record_run(store, run_id, "snapshot", "failed", started, {}, config, f"{type(exc).__name__}: {exc}")
         raise
+    skew = clock_problem(plan.clock.skew_ms, config.safety.max_clock_skew_seconds)
+    if skew:
+        record_run(store, run_id, "snapshot", "refused", started, {}, config, skew)
+        raise ClockSkewRefused(skew)
+    tasks, ledger_plan = plan.tasks, plan.ledgers
     target = ScanTarget(
         bk_hosts=config.bookkeeper.zookeeper,
         ledgers_root=config.bookkeeper.ledgers_root,
@@ -362,8 +396,12 @@ def run_snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore,
         buckets = offload_targets(zk_scan, config) if config.offload.enabled else []
         if buckets:
             listing = offload_dataframe(spark, config, buckets, run_id, started).persist(StorageLevel.MEMORY_AND_DISK)
-            for table, rows in _counts(listing).items():
+            listing_counts = _counts(listing)
+            for table, rows in listing_counts.items():
                 counts[table] = counts.get(table, 0) + rows
+            if listing_counts.get("quarantine"):
+                counts["quarantine.offload_listing"] = table_frame(listing, "quarantine").where(
+                    F.col("error_kind") == LISTING_FAILED).count()
             scan = zk_scan.unionByName(listing)
         if config.system_topic.service_url and config.system_topic.read_in_snapshot:
             partitions = topic_partitions(config)
@@ -382,13 +420,20 @@ def run_snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore,
                 counts["quarantine.pending_delete"] = pending_counts.get("quarantine", 0)
                 scan = scan.unionByName(pending)
         commit_metadata = {"run_id": run_id, "stage": "snapshot"}
-        if ledger_plan.quarantine:
+        namespace_rows = [{"record_type": "namespaces", "namespace": ns, "sources": sorted(sources)}
+                          for ns, sources in sorted(plan.pulsar.namespaces.items())]
+        driver_rows = [dict(row) for row in ledger_plan.quarantine] + namespace_rows
+        if driver_rows:
             # What the driver met while planning joins the tasks' rows, packed the same way.
             packer = TablePacker(run_id, started)
-            packed = [b for row in ledger_plan.quarantine for b in packer.add(dict(row))] + list(packer.flush())
+            packed = [b for row in driver_rows for b in packer.add(row)] + list(packer.flush())
             rows = [tuple(r.values()) for b in packed for r in b.to_pylist()]
             scan = scan.unionByName(spark.createDataFrame(rows, PACKED_SCHEMA))
             counts["quarantine"] = counts.get("quarantine", 0) + len(ledger_plan.quarantine)
+            counts["namespaces"] = counts.get("namespaces", 0) + len(namespace_rows)
+        counts["live_brokers"] = plan.live_brokers
+        if plan.clock.skew_ms is not None:
+            counts["clock_skew_ms"] = plan.clock.skew_ms
         # Tables are independent Delta logs: commit them from a few driver threads at once
         # (Spark runs their jobs side by side) instead of one after another.
         with ThreadPoolExecutor(max_workers=4) as pool:

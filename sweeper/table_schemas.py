@@ -136,9 +136,18 @@ CURSOR_LEDGER_REFS = _schema(
     ("managed_ledger", S, False),
     ("topic_name", S),
     ("cursor", S),
-    ("kind", S, False),  # delayed_bucket | compacted_ledger | compacted_ledger_unreadable
+    # delayed_bucket | compacted_ledger | compacted_ledger_lagging | compacted_ledger_unreadable |
+    # compacted_ledger_unrecorded (sweeper.scan.pulsar.compaction_ref_row)
+    ("kind", S, False),
     ("ref_key", S),
-    ("ledger_id", L),  # null for compacted_ledger_unreadable
+    ("ledger_id", L),  # null for compacted_ledger_unreadable / _unrecorded
+)
+
+# Namespaces this cluster's metadata knows: a ledger of any other namespace may be another cluster's.
+NAMESPACES = _schema(
+    *RUN_COLUMNS,
+    ("namespace", S, False),  # tenant/namespace (tenant/cluster/namespace for old names)
+    ("sources", ArrayType(S)),  # managed_ledgers | policies
 )
 
 SCHEMA_LEDGERS = _schema(
@@ -163,6 +172,8 @@ OFFLOAD_OBJECTS = _schema(
     ("last_modified_ms", L),
     ("metadata_role", S),  # the object's user metadata, when read
     ("managed_ledger", S),  # user metadata `managedledgername`
+    ("cluster_name", S),  # user metadata `pulsarclustername`: which Pulsar cluster offloaded it
+    ("metadata_read", B),  # whether the user metadata was read ([offload] head_metadata)
 )
 
 QUARANTINE = _schema(
@@ -182,7 +193,8 @@ ORPHANS = _schema(
     ("captured_at", TS, False),
     ("object_type", S, False),  # ledger | offload_object | missing_ledger
     ("ledger_id", L),
-    ("status", S, False),  # candidate | young | out_of_scope | unknown | missing | in_flight
+    # candidate | young | out_of_scope | unknown | missing | stale_pointer | other_cluster: only candidates act
+    ("status", S, False),
     ("verdict", S, False),  # orphan | unknown | missing (sweeper.classify)
     ("reason", S, False),
     ("detail", S),
@@ -261,6 +273,7 @@ SNAPSHOT_TABLES: dict[str, StructType] = {
     "cursor_ledger_refs": CURSOR_LEDGER_REFS,
     "schema_ledgers": SCHEMA_LEDGERS,
     "quarantine": QUARANTINE,
+    "namespaces": NAMESPACES,
 }
 ZK_SNAPSHOT_TABLES = dict(SNAPSHOT_TABLES)
 SNAPSHOT_TABLES = {**SNAPSHOT_TABLES, "offload_objects": OFFLOAD_OBJECTS, "pending_deletes": PENDING_DELETES}

@@ -14,11 +14,14 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ZOOKEEPER_JAR = Path(os.environ.get("SWEEPER_ZOOKEEPER_JAR", "/usr/share/java/zookeeper.jar"))
 SERVER_MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
+# Debian's libfaketime: lets the sandbox server stamp znodes with past creation times (see ServerClock).
+FAKETIME_LIB = Path(os.environ.get("SWEEPER_FAKETIME_LIB", "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"))
 
 
 class ZooKeeperServerError(RuntimeError):
@@ -31,10 +34,62 @@ class ZooKeeperServerInfo:
     port: int
     pid: int
     data_dir: str
+    clock_file: str = ""  # set when the server runs under a ServerClock
 
     @property
     def connect_string(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def clock(self) -> ServerClock | None:
+        return ServerClock(Path(self.clock_file)) if self.clock_file else None
+
+
+class ServerClock:
+    """The wall clock of a sandbox ZooKeeper server, which can be set back while znodes are created.
+
+    ZooKeeper stamps a znode's ctime with its own clock, so a seeded ledger znode would look
+    created "now" whatever its metadata says; the sweeper takes a ledger's age from the later of
+    the two clocks. Real ledgers' znodes are created with the ledger: to seed a faithful past, the
+    server runs under libfaketime reading its offset from a file, and the seeder sets the clock
+    back while it creates ledger znodes, then forward again (monotonic time, used for sessions
+    and timeouts, is never faked).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def set_offset_days(self, days: float) -> None:
+        spec = f"{-days:+.6f}d" if days else "+0"
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(spec + "\n")
+        tmp.replace(self.path)
+        # libfaketime re-reads the file on each clock call (no cache): wait for a stamp to show it.
+        time.sleep(0.01)
+
+    @contextlib.contextmanager
+    def back_in_time(self, days: float) -> Iterator[None]:
+        self.set_offset_days(days)
+        try:
+            yield
+        finally:
+            self.set_offset_days(0)
+
+    def at(self, epoch_ms: int) -> contextlib.AbstractContextManager[None]:
+        """The server's clock reads about `epoch_ms` (and runs on) inside the block."""
+        return self.back_in_time((time.time() * 1000 - epoch_ms) / 86_400_000)
+
+
+# Servers this process started, by port: seeders find the clock of the server they write to.
+_clocks: dict[int, ServerClock] = {}
+
+
+def clock_for(hosts: list[tuple[str, int]]) -> ServerClock | None:
+    """The ServerClock of the server at `hosts` (a kazoo client's `hosts`), if it runs under one."""
+    for _, port in hosts:
+        if port in _clocks:
+            return _clocks[port]
+    return None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -76,8 +131,13 @@ def start_zookeeper(
     host: str = "127.0.0.1",
     heap: str = "1g",
     timeout: float = 30.0,
+    fake_clock: bool = True,
 ) -> ZooKeeperServerInfo:
-    """Start a standalone server whose state lives in `data_dir` (kept across restarts)."""
+    """Start a standalone server whose state lives in `data_dir` (kept across restarts).
+
+    With `fake_clock` (and Debian's libfaketime installed) the server's wall clock follows a
+    ServerClock file, at offset zero unless a seeder sets it back.
+    """
     if not ZOOKEEPER_JAR.exists():
         raise ZooKeeperServerError(
             f"{ZOOKEEPER_JAR} not found: install Debian's zookeeper package (apt-get install zookeeper)"
@@ -107,6 +167,14 @@ def start_zookeeper(
         )
     )
     log_path = root / "zookeeper.log"
+    env = dict(os.environ)
+    clock_file = ""
+    if fake_clock and FAKETIME_LIB.exists():
+        clock_path = root / "clock"
+        ServerClock(clock_path).set_offset_days(0)
+        clock_file = str(clock_path)
+        env.update({"LD_PRELOAD": str(FAKETIME_LIB), "FAKETIME_TIMESTAMP_FILE": clock_file,
+                    "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1", "DONT_FAKE_MONOTONIC": "1"})
     log = open(log_path, "ab")  # noqa: SIM115 - handed to the child process
     proc = subprocess.Popen(
         [
@@ -121,6 +189,7 @@ def start_zookeeper(
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        env=env,
     )
     log.close()
     try:
@@ -128,7 +197,9 @@ def start_zookeeper(
     except BaseException:
         _kill(proc.pid)
         raise
-    info = ZooKeeperServerInfo(host=host, port=port, pid=proc.pid, data_dir=str(root))
+    info = ZooKeeperServerInfo(host=host, port=port, pid=proc.pid, data_dir=str(root), clock_file=clock_file)
+    if info.clock is not None:
+        _clocks[port] = info.clock
     (root / "server.json").write_text(json.dumps(asdict(info)))
     return info
 
@@ -155,6 +226,7 @@ def _kill(pid: int, timeout: float = 10.0) -> None:
 
 
 def stop_zookeeper(info: ZooKeeperServerInfo) -> None:
+    _clocks.pop(info.port, None)
     _kill(info.pid)
     with contextlib.suppress(FileNotFoundError):
         (Path(info.data_dir) / "server.json").unlink()
@@ -170,4 +242,6 @@ def running_server(data_dir: str | os.PathLike[str]) -> ZooKeeperServerInfo | No
         os.kill(info.pid, 0)
     except ProcessLookupError:
         return None
+    if info.clock is not None:
+        _clocks[info.port] = info.clock
     return info

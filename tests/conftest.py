@@ -16,12 +16,16 @@ from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
 from sweeper import zk as zkutil
-from sweeper.zkserver import ZooKeeperServerInfo, start_zookeeper, stop_zookeeper
+from sweeper.config import PulsarMetadataConfig, SweeperConfig
+from sweeper.zkserver import FAKETIME_LIB, ServerClock, ZooKeeperServerInfo, start_zookeeper, stop_zookeeper
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_FIXTURES = REPO.parent / "shared" / "fixtures"
 
 _chroots = itertools.count(1)
+
+# Defaults plus the sandbox's cluster name ([pulsar] cluster_name is required while offload is on).
+BASE_CONFIG = SweeperConfig(pulsar=PulsarMetadataConfig(cluster_name="sandbox"))
 
 
 @pytest.fixture(scope="session")
@@ -49,6 +53,14 @@ def zk_target(zk_server: ZooKeeperServerInfo) -> Iterator[ZkTarget]:
     admin.ensure_path(chroot)
     zkutil.close(admin)
     yield ZkTarget(zk_server, chroot)
+
+
+@pytest.fixture
+def zk_clock(zk_server: ZooKeeperServerInfo) -> ServerClock:
+    """The test server's wall clock: `with zk_clock.at(ms):` makes znodes created inside look that old."""
+    if zk_server.clock is None:
+        pytest.fail(f"the test ZooKeeper runs without a ServerClock: install libfaketime ({FAKETIME_LIB})")
+    return zk_server.clock
 
 
 @pytest.fixture

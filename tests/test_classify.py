@@ -2,7 +2,16 @@ from __future__ import annotations
 
 import pytest
 
-from sweeper.classify import Classification, LedgerFacts, Reason, Verdict, classify
+from sweeper.classify import (
+    Classification,
+    CompactionPointer,
+    CompactionRef,
+    LedgerFacts,
+    Reason,
+    Verdict,
+    classify,
+    compaction_reference,
+)
 
 ML = "t/ns/persistent/orders"
 
@@ -37,10 +46,19 @@ def test_any_reference_means_in_use_whatever_the_owner_says() -> None:
         ({"component": "delayed-index-bucket", "owner_topic": "persistent://t/ns/x"}, Reason.TOPIC_DELETED),
         ({"component": "delayed-index-bucket", "owner_topic": "persistent://t/ns/x", "owner_exists": True},
          Reason.BUCKET_SNAPSHOT_LEAKED),
+        # ZooKeeper's pointer is authoritative when the cursor has no cursor ledger
         ({"component": "compacted-ledger", "owner_topic": "persistent://t/ns/x", "owner_exists": True,
-          "compaction_readable": True}, Reason.COMPACTED_LEDGER_LEAKED),
+          "ledger_id": 50, "compaction": CompactionPointer(40, cursor_ledger_active=False)},
+         Reason.COMPACTED_LEDGER_LEAKED),
+        # with an active cursor ledger, only an id below ZooKeeper's pointer is provably an older compaction
         ({"component": "compacted-ledger", "owner_topic": "persistent://t/ns/x", "owner_exists": True,
-          "compaction_readable": None}, Reason.COMPACTED_LEDGER_LEAKED),
+          "ledger_id": 30, "compaction": CompactionPointer(40, cursor_ledger_active=True)},
+         Reason.COMPACTED_LEDGER_LEAKED),
+        ({"component": "compacted-ledger", "owner_topic": "persistent://t/ns/x", "owner_exists": True,
+          "ledger_id": 30, "compaction": None}, Reason.COMPACTED_LEDGER_LEAKED),
+        # a deleted namespace's ledgers are orphans when the operator declares BookKeeper dedicated
+        ({"component": "managed-ledger", "managed_ledger": ML, "namespace_known": False,
+          "bookkeeper_dedicated": True}, Reason.TOPIC_DELETED),
     ],
 )
 def test_orphan_reasons(facts: dict[str, object], expected: Reason) -> None:
@@ -61,8 +79,27 @@ def test_orphan_reasons(facts: dict[str, object], expected: Reason) -> None:
           "listed_as_bookkeeper_deleted": True}, Reason.OWNER_UNREADABLE),
         ({"component": "schema", "schema_id": "t/ns/x", "owner_quarantined": True}, Reason.OWNER_UNREADABLE),
         ({"component": "compacted-ledger", "owner_topic": "persistent://t/ns/x", "owner_exists": True,
-          "compaction_readable": False}, Reason.COMPACTION_REFERENCE_UNREADABLE),
+          "ledger_id": 50, "compaction": CompactionPointer(None, cursor_ledger_active=True)},
+         Reason.COMPACTION_REFERENCE_UNREADABLE),
+        # Issue 11 (1): the stale compaction pointer. ZooKeeper names 40 while the cursor ledger is
+        # active; 50 may be the current compacted ledger, named only in the cursor ledger.
+        ({"component": "compacted-ledger", "owner_topic": "persistent://t/ns/x", "owner_exists": True,
+          "ledger_id": 50, "compaction": CompactionPointer(40, cursor_ledger_active=True)},
+         Reason.COMPACTION_POINTER_MAY_LAG),
+        ({"component": "compacted-ledger", "owner_topic": "persistent://t/ns/x", "owner_exists": True,
+          "ledger_id": 50, "compaction": CompactionPointer(None, cursor_ledger_active=False)},
+         Reason.COMPACTION_UNRECORDED),
         ({"component": "delayed-index-bucket"}, Reason.NO_OWNER),
+        # Issue 11 (3): an owner gone in a namespace this cluster does not know may be another cluster's.
+        ({"component": "managed-ledger", "managed_ledger": ML, "namespace_known": False}, Reason.NAMESPACE_UNKNOWN),
+        ({"component": "schema", "schema_id": "t/ns/x", "namespace_known": False}, Reason.NAMESPACE_UNKNOWN),
+        ({"component": "delayed-index-bucket", "owner_topic": "persistent://t/ns/x", "namespace_known": False},
+         Reason.NAMESPACE_UNKNOWN),
+        # Issue 11 (9): owner names Pulsar cannot have written are unknown, never a crash or a guess.
+        ({"component": "managed-ledger", "managed_ledger": "weird-name"}, Reason.OWNER_NAME_INVALID),
+        ({"component": "managed-ledger", "managed_ledger": "t/ns/persistent/bad%zz"}, Reason.OWNER_NAME_INVALID),
+        ({"component": "compacted-ledger", "owner_topic": "not-a-topic"}, Reason.OWNER_NAME_INVALID),
+        ({"component": "schema", "schema_id": "justone"}, Reason.OWNER_NAME_INVALID),
     ],
 )
 def test_what_cannot_be_established_is_unknown_never_orphan(facts: dict[str, object], expected: Reason) -> None:
@@ -73,11 +110,44 @@ def test_what_cannot_be_established_is_unknown_never_orphan(facts: dict[str, obj
 def test_objects_only_unreferenced_are_orphans() -> None:
     from sweeper.classify import ObjectFacts, ObjectReason, classify_object
 
+    ours = {"cluster_name": "east", "managed_ledger": ML, "local_cluster": "east"}
     assert classify_object(ObjectFacts(referenced=True, offload_complete=True)) == (
         Verdict.IN_USE, ObjectReason.REFERENCED)
     assert classify_object(ObjectFacts(referenced=True, offload_complete=False, offload_in_flight=True)) == (
         Verdict.IN_USE, ObjectReason.IN_FLIGHT)
     assert classify_object(ObjectFacts(referenced=True, offload_complete=False)) == (
         Verdict.UNKNOWN, ObjectReason.STALE_INCOMPLETE)
-    assert classify_object(ObjectFacts(referenced=False, owner_quarantined=True))[0] is Verdict.UNKNOWN
-    assert classify_object(ObjectFacts(referenced=False)) == (Verdict.ORPHAN, ObjectReason.UNREFERENCED)
+    assert classify_object(ObjectFacts(referenced=False, owner_quarantined=True, **ours))[0] is Verdict.UNKNOWN
+    assert classify_object(ObjectFacts(referenced=False, **ours)) == (Verdict.ORPHAN, ObjectReason.UNREFERENCED)
+
+
+@pytest.mark.parametrize(("facts", "expected"), [
+    # Issue 11 (2): a geo-replicated peer offloading into the same bucket: never ours.
+    ({"cluster_name": "west", "managed_ledger": ML}, (Verdict.OTHER_CLUSTER, "offloaded_by_another_cluster")),
+    ({"cluster_name": None, "managed_ledger": ML}, (Verdict.UNKNOWN, "object_owner_metadata_missing")),
+    ({"cluster_name": "east", "managed_ledger": None}, (Verdict.UNKNOWN, "object_owner_metadata_missing")),
+    ({"cluster_name": "east", "managed_ledger": ML, "metadata_read": False},
+     (Verdict.UNKNOWN, "object_metadata_not_read")),
+    ({"cluster_name": "east", "managed_ledger": "weird-name"}, (Verdict.UNKNOWN, "object_owner_name_not_pulsar_form")),
+    ({"cluster_name": "east", "managed_ledger": ML, "local_cluster": ""},
+     (Verdict.UNKNOWN, "local_cluster_name_not_configured")),
+])
+def test_an_object_is_ours_only_when_its_own_metadata_says_so(facts: dict[str, object],
+                                                              expected: tuple[Verdict, str]) -> None:
+    from sweeper.classify import ObjectFacts, classify_object
+
+    verdict_, reason = classify_object(ObjectFacts(referenced=False, **{"local_cluster": "east", **facts}))
+    assert (verdict_, reason.value) == expected
+
+
+@pytest.mark.parametrize(("ledger", "pointer", "expected"), [
+    (40, CompactionPointer(40, True), CompactionRef.CURRENT),
+    (40, CompactionPointer(40, False), CompactionRef.CURRENT),
+    (39, CompactionPointer(40, True), CompactionRef.SUPERSEDED),
+    (41, CompactionPointer(40, True), CompactionRef.UNKNOWN),  # the stale-pointer case: may be current
+    (41, CompactionPointer(40, False), CompactionRef.SUPERSEDED),  # a closed cursor's pointer is the truth
+    (41, CompactionPointer(None, True), CompactionRef.UNKNOWN),
+    (41, CompactionPointer(None, False), CompactionRef.UNKNOWN),
+])
+def test_compaction_reference(ledger: int, pointer: CompactionPointer, expected: CompactionRef) -> None:
+    assert compaction_reference(ledger, pointer)[0] is expected

@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 
 from sweeper.config import ConfigError, SweeperConfig, load
+from tests.conftest import BASE_CONFIG
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -51,7 +52,15 @@ def test_missing_file(tmp_path: Path) -> None:
 
 
 def test_replace_and_hash() -> None:
-    cfg = SweeperConfig()
+    cfg = BASE_CONFIG
     other = cfg.replace(tables={"root": "/tmp/x"})
     assert other.tables.root == "/tmp/x" and cfg.tables.root != "/tmp/x"
     assert cfg.hash() != other.hash()
+
+
+def test_offload_needs_the_cluster_name() -> None:
+    # Issue 11 (2): without it, objects of a geo-replicated peer sharing the bucket could not be told apart.
+    with pytest.raises(ConfigError, match=r"\[pulsar\] cluster_name is required"):
+        SweeperConfig().replace(tables={"root": "/tmp/x"})
+    assert SweeperConfig().replace(offload={"enabled": False}).pulsar.cluster_name == ""
+    assert BASE_CONFIG.replace(offload={"enabled": True}).pulsar.cluster_name == "sandbox"

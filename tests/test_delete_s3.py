@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,10 +13,11 @@ from botocore.config import Config
 from kazoo.client import KazooClient
 
 from sweeper.codecs import pulsar as codec
-from sweeper.delete import ALREADY_GONE, DELETED, FAILED, IN_USE, INVALID, WOULD_DELETE, ObjectDeleter
+from sweeper.delete import ALREADY_GONE, DELETED, FAILED, IN_USE, INVALID, MISMATCH, WOULD_DELETE, ObjectDeleter
 from sweeper.delete.retry import RetryPolicy, is_transient_code, run_with_retries
 from sweeper.offload import S3Target, s3_client
 from sweeper.s3server import S3ServerInfo, start_s3, stop_s3
+from sweeper.safety import DAY_MS
 from sweeper.zkserver import free_port
 from tests.s3_faults import KeyFault, S3FaultProxy
 
@@ -33,6 +35,18 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3ServerInfo
     info = start_s3(tmp_path_factory.mktemp("moto-delete"))
     yield info
     stop_s3(info)
+
+
+CLUSTER = "east"
+# What Pulsar's offloader puts on every object: this cluster's name and the managed ledger offloaded.
+PULSAR_METADATA = {"role": "data", "ManagedLedgerName": ML, "pulsarClusterName": CLUSTER}
+
+
+def objects_deleter(s3: Any, zk: KazooClient, **kw: Any) -> ObjectDeleter:
+    """Objects made just now (moto cannot backdate them) judged eight days later, as this cluster."""
+    kw.setdefault("local_cluster", CLUSTER)
+    kw.setdefault("now_ms", int(time.time() * 1000) + 8 * DAY_MS)
+    return ObjectDeleter(s3, zk, **kw)
 
 
 def keys(uuid: str, ledger_id: int) -> list[str]:
@@ -60,8 +74,8 @@ def world(zk: KazooClient, s3_server: S3ServerInfo, tmp_path: Path) -> tuple[Any
     s3.create_bucket(Bucket=a)
     s3.create_bucket(Bucket=b)
     for key in [*keys(U1_TEXT, 10), *keys(U2, 10), keys(U3, 11)[0]]:
-        s3.put_object(Bucket=a, Key=key, Body=b"x")
-    s3.put_object(Bucket=b, Key=keys(U2, 10)[0], Body=b"x")
+        s3.put_object(Bucket=a, Key=key, Body=b"x", Metadata=PULSAR_METADATA)
+    s3.put_object(Bucket=b, Key=keys(U2, 10)[0], Body=b"x", Metadata=PULSAR_METADATA)
     info = codec.pb.ManagedLedgerInfo()
     entry = info.ledgerInfo.add(ledgerId=10, entries=1, size=1, timestamp=1)
     entry.offloadContext.uidMsb, entry.offloadContext.uidLsb, entry.offloadContext.complete = U1[0], U1[1], True
@@ -82,12 +96,12 @@ def test_orphan_copies_deleted_referenced_and_other_buckets_left_alone(
             with_bucket(orec(U2, 10), b)]
     before = (listing(s3, a), listing(s3, b))
 
-    dry = ObjectDeleter(s3, zk, managed_ledgers_root=ML_ROOT, allowed_buckets={a})
+    dry = objects_deleter(s3, zk, managed_ledgers_root=ML_ROOT, allowed_buckets={a})
     assert [r.outcome for r in dry.process(recs)] == [WOULD_DELETE, WOULD_DELETE, IN_USE, INVALID]
     assert (listing(s3, a), listing(s3, b)) == before
 
     # One key per request: the batching across records must still settle every record.
-    live = ObjectDeleter(s3, zk, managed_ledgers_root=ML_ROOT, allowed_buckets={a}, execute=True,
+    live = objects_deleter(s3, zk, managed_ledgers_root=ML_ROOT, allowed_buckets={a}, execute=True,
                          max_keys_per_request=1)
     results = live.process(recs)
     assert [r.outcome for r in results] == [DELETED, DELETED, IN_USE, INVALID], [r.detail for r in results]
@@ -104,7 +118,7 @@ def test_orphan_copies_deleted_referenced_and_other_buckets_left_alone(
 def test_unreadable_managed_ledger_and_unreachable_s3(zk: KazooClient, world: tuple[Any, str, str]) -> None:
     s3, a, _ = world
     zk.set(f"{ML_ROOT}/{ML}", b"\x0a\xff")
-    results = ObjectDeleter(s3, zk, managed_ledgers_root=ML_ROOT, allowed_buckets={a}, execute=True).process(
+    results = objects_deleter(s3, zk, managed_ledgers_root=ML_ROOT, allowed_buckets={a}, execute=True).process(
         [with_bucket(orec(U2, 10), a)])
     assert results[0].outcome == IN_USE and "cannot be verified" in results[0].detail
     assert len(listing(s3, a)) == 5
@@ -112,7 +126,7 @@ def test_unreadable_managed_ledger_and_unreachable_s3(zk: KazooClient, world: tu
     dead = boto3.client("s3", endpoint_url=f"http://127.0.0.1:{free_port()}", region_name="us-east-1",
                         aws_access_key_id="x", aws_secret_access_key="x",
                         config=Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=1))
-    results = ObjectDeleter(dead, zk, managed_ledgers_root=ML_ROOT, allowed_buckets={a}, execute=True).process(
+    results = objects_deleter(dead, zk, managed_ledgers_root=ML_ROOT, allowed_buckets={a}, execute=True).process(
         [with_bucket(orec(U2, 10), a)])
     assert results[0].outcome == FAILED and "EndpointConnectionError" in (results[0].error or "")
 
@@ -130,7 +144,7 @@ def test_per_key_throttling_fails_only_that_record_and_a_retry_deletes_it(
     # S3 answers DeleteObjects 200 OK with one key refused (SlowDown) the first time.
     faulty.faults[keys(U2, 10)[1]] = KeyFault("SlowDown", times=1)
     through_proxy = s3_client(S3Target(a), faulty.endpoint)
-    deleter = ObjectDeleter(through_proxy, zk, managed_ledgers_root=ML_ROOT, allowed_buckets={a}, execute=True)
+    deleter = objects_deleter(through_proxy, zk, managed_ledgers_root=ML_ROOT, allowed_buckets={a}, execute=True)
     recs = [with_bucket(orec(U2, 10), a), with_bucket(orec(U3, 11), a)]
     policy = RetryPolicy(in_task_attempts=3, base_delay_s=0.01, max_delay_s=0.02)
 
@@ -153,7 +167,7 @@ def test_per_key_access_denied_is_failed_and_nothing_is_claimed_deleted(
     s3, a, _ = world
     for key in keys(U2, 10):
         faulty.faults[key] = KeyFault("AccessDenied")
-    deleter = ObjectDeleter(s3_client(S3Target(a), faulty.endpoint), zk, managed_ledgers_root=ML_ROOT,
+    deleter = objects_deleter(s3_client(S3Target(a), faulty.endpoint), zk, managed_ledgers_root=ML_ROOT,
                             allowed_buckets={a}, execute=True)
     results = deleter.process([with_bucket(orec(U2, 10), a)])  # every key of the request refused
     assert results[0].outcome == FAILED and results[0].error is not None
@@ -173,10 +187,40 @@ def test_an_offload_a_shadow_topic_still_lists_is_kept(zk: KazooClient, world: t
     assert codec.offload_uuid(entry.offloadContext.uidMsb, entry.offloadContext.uidLsb) == U2
     zk.create(f"{ML_ROOT}/{shadow_ml}", codec.encode_managed_ledger_info(info), makepath=True)
     rec = with_bucket(orec(U2, 10), a)
-    blind = ObjectDeleter(s3, zk, managed_ledgers_root=ML_ROOT, allowed_buckets={a})
+    blind = objects_deleter(s3, zk, managed_ledgers_root=ML_ROOT, allowed_buckets={a})
     assert blind.process([rec])[0].outcome == WOULD_DELETE  # the shadow's listing is what keeps it
-    aware = ObjectDeleter(s3, zk, managed_ledgers_root=ML_ROOT, allowed_buckets={a}, execute=True,
+    aware = objects_deleter(s3, zk, managed_ledgers_root=ML_ROOT, allowed_buckets={a}, execute=True,
                           shadows={ML: [shadow_ml]})
     result = aware.process([rec])[0]
     assert result.outcome == IN_USE and shadow_ml in result.detail
     assert set(keys(U2, 10)) <= set(listing(s3, a))
+
+
+def test_an_offload_record_deletes_only_objects_that_name_this_cluster_and_its_managed_ledger(
+        zk: KazooClient, world: tuple[Any, str, str]) -> None:
+    # Issue 11 (4): a record for a live (uuid, ledger) pair under a wrong or made-up topic finds no referrer
+    # there; only the objects' own user metadata ties the record to them.
+    s3, a, _ = world
+    forged = with_bucket(orec(U2, 10), a)
+    forged["topicName"] = "persistent://t/ns/no-such-topic"
+    peer = "55555555-5555-4555-8555-555555555555"  # a geo-replicated peer's objects in the shared bucket
+    for key in keys(peer, 10):
+        s3.put_object(Bucket=a, Key=key, Body=b"x", Metadata={**PULSAR_METADATA, "pulsarClusterName": "west"})
+    bare = "66666666-6666-4666-8666-666666666666"  # no owner metadata at all
+    for key in keys(bare, 10):
+        s3.put_object(Bucket=a, Key=key, Body=b"x")
+    before = listing(s3, a)
+    live = objects_deleter(s3, zk, managed_ledgers_root=ML_ROOT, allowed_buckets={a}, execute=True)
+    results = live.process([forged, with_bucket(orec(peer, 10), a), with_bucket(orec(bare, 10), a)])
+    assert [r.outcome for r in results] == [MISMATCH] * 3, [r.detail for r in results]
+    assert "ManagedLedgerName" in results[0].detail and "west" in results[1].detail
+    assert listing(s3, a) == before
+    # The grace period applies to the objects' own age too (they were written just now).
+    young = objects_deleter(s3, zk, managed_ledgers_root=ML_ROOT, allowed_buckets={a}, execute=True,
+                            now_ms=int(time.time() * 1000))
+    assert [r.outcome for r in young.process([with_bucket(orec(U2, 10), a)])] == [IN_USE]
+    assert listing(s3, a) == before
+    # Nor may an unconfigured cluster name match an object without one.
+    anonymous = objects_deleter(s3, zk, managed_ledgers_root=ML_ROOT, allowed_buckets={a}, execute=True,
+                                local_cluster="")
+    assert [r.outcome for r in anonymous.process([with_bucket(orec(U2, 10), a)])] == [MISMATCH]

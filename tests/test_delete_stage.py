@@ -30,7 +30,7 @@ from sweeper.sandbox.seed import seed_s3, seed_zookeeper
 from sweeper.snapshot import record_run, run_snapshot
 from sweeper.tables import TableStore, open_table_store
 from sweeper.zkserver import free_port, start_zookeeper, stop_zookeeper
-from tests.conftest import ZkTarget
+from tests.conftest import BASE_CONFIG, ZkTarget
 from tests.s3_faults import KeyFault, S3FaultProxy
 from tests.test_emit import Broker
 
@@ -76,7 +76,7 @@ def _planned(zk: KazooClient, hosts: str, spark: SparkSession, tmp_path: Path, b
     seed_zookeeper(zk, cluster)
     if s3 is not None:
         seed_s3(s3_client(S3Target(spec.offload_bucket), s3.endpoint), cluster)
-    cfg = SweeperConfig().replace(
+    cfg = BASE_CONFIG.replace(
         bookkeeper={"zookeeper": hosts}, offload={"enabled": s3 is not None,
                                                   "endpoint_override": s3.endpoint if s3 else ""},
         tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"},

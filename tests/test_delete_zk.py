@@ -30,7 +30,7 @@ from sweeper.delete import (
 )
 from sweeper.layout import LedgerLayout, layout_znode, ledger_path
 from sweeper.safety import DAY_MS
-from sweeper.zkserver import start_zookeeper, stop_zookeeper
+from sweeper.zkserver import ServerClock, start_zookeeper, stop_zookeeper
 
 ROOT = "/ledgers"
 ML_ROOT = "/managed-ledgers"
@@ -175,8 +175,11 @@ def deleter(zk: KazooClient, execute: bool = True, **kw: Any) -> LedgerDeleter:
 
 
 @pytest.fixture
-def cluster(zk: KazooClient) -> KazooClient:
-    seed(zk)
+def cluster(zk: KazooClient, zk_clock: ServerClock) -> KazooClient:
+    # Ledger znodes are created with their ledgers: ZooKeeper's ctime must not be later than CREATED,
+    # since a ledger's age comes from the later of the two clocks.
+    with zk_clock.at(CREATED - DAY_MS):
+        seed(zk)
     return zk
 
 
@@ -344,9 +347,10 @@ def test_version_changes_keep_the_ledger(cluster: KazooClient) -> None:
     assert cluster.exists(path) is not None
 
 
-def test_young_open_and_unreadable_ledgers_are_kept(cluster: KazooClient) -> None:
-    put_ledger(cluster, 40, ml_custom(), state="IN_RECOVERY")
-    put_ledger(cluster, 41, ml_custom(), ctime=NOW - DAY_MS)
+def test_young_open_and_unreadable_ledgers_are_kept(cluster: KazooClient, zk_clock: ServerClock) -> None:
+    with zk_clock.at(CREATED - DAY_MS):
+        put_ledger(cluster, 40, ml_custom(), state="IN_RECOVERY")
+        put_ledger(cluster, 41, ml_custom(), ctime=NOW - DAY_MS)
     put_ledger(cluster, 42, ml_custom(), ctime=None)  # falls back to the znode's ctime: just now
     cluster.create(ledger_path(ROOT, 43, LAYOUT), b"BookieMetadataFormatVersion\t9\n")
     results = deleter(cluster).process([record(40), record(41), record(42), record(43)])
@@ -416,7 +420,9 @@ def test_zookeeper_restart_mid_run_ends_in_success(private_zk: tuple[Path, Any])
     client = KazooClient(hosts=info.connect_string, timeout=10.0)
     client.start(timeout=15)
     try:
-        seed(client)
+        assert info.clock is not None
+        with info.clock.at(CREATED - DAY_MS):
+            seed(client)
         stop_zookeeper(info)
         restarts: list[float] = []
 
@@ -437,3 +443,75 @@ def test_zookeeper_restart_mid_run_ends_in_success(private_zk: tuple[Path, Any])
     finally:
         client.stop()
         client.close()
+
+
+# ---- issue 11: rules a sandbox-only view got wrong ------------------------------------------------------------
+
+
+def test_a_compacted_ledger_newer_than_a_lagging_pointer_is_never_deleted(cluster: KazooClient,
+                                                                           zk_clock: ServerClock) -> None:
+    # ZooKeeper holds CompactedTopicLedger=13 but the cursor has an active cursor ledger (99): Pulsar wrote the
+    # newest compaction's pointer only there (ManagedCursorImpl.persistPositionMetaStore), so 23 may be current.
+    # Without the rule, 23 "is not the pointer" and was deleted.
+    ml = f"{ML_ROOT}/{ML}"
+    cluster.set(f"{ml}/__compaction", cursor_bytes(99, longs={"CompactedTopicLedger": 13}))
+    with zk_clock.at(CREATED - DAY_MS):
+        put_ledger(cluster, 5, COMPACTED_CUSTOM)  # an older compaction, left behind: below the pointer
+    results = deleter(cluster).process([record(ORPHAN_COMPACTED, "COMPACTED_LEDGER"), record(13, "COMPACTED_LEDGER"),
+                                        record(5, "COMPACTED_LEDGER")])
+    assert outcomes(results) == [IN_USE, IN_USE, DELETED], [r.detail for r in results]
+    assert "compaction_pointer_may_lag" in results[0].detail
+    assert cluster.exists(ledger_path(ROOT, ORPHAN_COMPACTED, LAYOUT)) is not None
+    # With no pointer in ZooKeeper at all, nothing of the topic's compaction can be settled.
+    cluster.set(f"{ml}/__compaction", cursor_bytes(-1))
+    assert outcomes(deleter(cluster).process([record(ORPHAN_COMPACTED, "COMPACTED_LEDGER")])) == [IN_USE]
+
+
+def test_bookkeeper_deleted_without_complete_still_needs_the_bookkeeper_copy(cluster: KazooClient) -> None:
+    # Pulsar reads tiered storage only for a complete offload; until then the ledger is read from BookKeeper.
+    info = codec.pb.ManagedLedgerInfo()
+    for ledger_id in (10, 11, 16):
+        entry = info.ledgerInfo.add(ledgerId=ledger_id, entries=10, size=100, timestamp=CREATED)
+        if ledger_id == 16:
+            ctx = entry.offloadContext
+            ctx.uidMsb, ctx.uidLsb, ctx.complete, ctx.bookkeeperDeleted = UUID_MSB, UUID_LSB, False, True
+    cluster.set(f"{ML_ROOT}/{ML}", codec.encode_managed_ledger_info(info))
+    results = deleter(cluster).process([record(16)])
+    assert outcomes(results) == [IN_USE] and "listed in managed ledger" in results[0].detail
+
+
+def test_the_later_of_the_two_clocks_keeps_a_fresh_znode_whose_metadata_claims_old_age(cluster: KazooClient) -> None:
+    # The metadata says CREATED (10 days before NOW), ZooKeeper says the znode is brand new (created at the
+    # real time, long after NOW): a broker clock behind, or a forged ctime, never makes it old enough.
+    put_ledger(cluster, 44, ml_custom(), ctime=CREATED)
+    results = deleter(cluster).process([record(44)])
+    assert outcomes(results) == [IN_USE] and "grace" in results[0].detail
+
+
+SPECIAL_TOPIC = "persistent://t/ns/a b:c%d"  # a space, ':' and '%' in the local name
+SPECIAL_ML = "t/ns/persistent/a+b%3Ac%25d"  # Codec.encode: java.net.URLEncoder
+
+
+def test_topic_names_with_spaces_colons_and_percents_resolve_to_their_managed_ledger(
+        cluster: KazooClient, zk_clock: ServerClock) -> None:
+    compacted = {**COMPACTED_CUSTOM, "pulsar/compactedTopic": SPECIAL_TOPIC}
+    bucket = {**BUCKET_CUSTOM, "pulsar/delayedIndexTopic": SPECIAL_TOPIC}
+    with zk_clock.at(CREATED - DAY_MS):
+        for ledger_id in (50, 51):
+            put_ledger(cluster, ledger_id, {**ml_custom(), "pulsar/managed-ledger": SPECIAL_ML})
+        put_ledger(cluster, 53, compacted)
+        put_ledger(cluster, 54, compacted)
+        put_ledger(cluster, 55, bucket)
+        put_ledger(cluster, 56, bucket)
+        ml = f"{ML_ROOT}/{SPECIAL_ML}"
+        cluster.create(ml, ml_bytes([50]))
+        cluster.create(f"{ml}/__compaction", cursor_bytes(-1, longs={"CompactedTopicLedger": 53}))
+        cluster.create(f"{ml}/sub2", cursor_bytes(-1, strings={BUCKET_KEY: "55"}))
+    results = deleter(cluster).process([
+        record(50, topic=SPECIAL_TOPIC), record(53, "COMPACTED_LEDGER", topic=SPECIAL_TOPIC),
+        record(55, "DELAYED_INDEX_BUCKET", topic=SPECIAL_TOPIC, bucket_key=BUCKET_KEY),
+        record(51, topic=SPECIAL_TOPIC), record(54, "COMPACTED_LEDGER", topic=SPECIAL_TOPIC),
+        record(56, "DELAYED_INDEX_BUCKET", topic=SPECIAL_TOPIC, bucket_key=BUCKET_KEY)])
+    # Read at the wrong path, the live topic looked deleted: its compacted and bucket ledgers were deleted.
+    assert outcomes(results) == [IN_USE] * 3 + [DELETED] * 3, [r.detail for r in results]
+    assert all(cluster.exists(ledger_path(ROOT, i, LAYOUT)) is not None for i in (50, 53, 55))

@@ -41,7 +41,7 @@ from sweeper.snapshot import record_run, run_snapshot
 from sweeper.system_topic import BrokerSettings, partition_for, partition_topic
 from sweeper.tables import TableStore, open_table_store
 from sweeper.zkserver import free_port
-from tests.conftest import ZkTarget
+from tests.conftest import BASE_CONFIG, ZkTarget
 from tests.tls_certs import make_tls_files
 
 TOPIC = "persistent://pulsar/system/__ledger_deletion"
@@ -89,7 +89,7 @@ def broker(tmp_path: Path) -> Iterator[Broker]:
 def _reconciled(zk: KazooClient, target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker,
                 topics: int = 40) -> tuple[SweeperConfig, TableStore, str]:
     seed_zookeeper(zk, build_cluster(SandboxSpec(seed=3, topics=topics)))
-    cfg = SweeperConfig().replace(bookkeeper={"zookeeper": target.hosts}, offload={"enabled": False},
+    cfg = BASE_CONFIG.replace(bookkeeper={"zookeeper": target.hosts}, offload={"enabled": False},
                                   tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"},
                                   system_topic=broker.config(read_in_snapshot=False))
     store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
@@ -165,7 +165,7 @@ def _synthetic_records(n: int) -> list[dict[str, Any]]:
 def test_broker_restart_mid_emit_loses_nothing_and_duplicates_nothing(tmp_path: Path) -> None:
     broker = Broker(tmp_path / "pulsar").start()
     planned = [m for m in plan_messages(_synthetic_records(20_000), 1, 100_000)]
-    settings = SweeperConfig().replace(system_topic=broker.config(batch_max_messages=20, max_pending_messages=50,
+    settings = BASE_CONFIG.replace(system_topic=broker.config(batch_max_messages=20, max_pending_messages=50,
                                                                   partitions=1)).system_topic
     broker.endpoint.create_partitioned_topic(TOPIC, 1)  # type: ignore[union-attr]
     rows: list[SlotRow] = []
@@ -254,7 +254,7 @@ def test_emit_over_tls_with_a_token_publishes_everything_and_never_writes_the_to
 
 def test_emit_refuses_a_run_that_was_not_reconciled(
         zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
-    cfg = SweeperConfig().replace(tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"},
+    cfg = BASE_CONFIG.replace(tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"},
                                   system_topic=broker.config())
     store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
     with pytest.raises(EmitRefused, match="no successful reconcile"):
@@ -265,7 +265,7 @@ def test_an_oversize_record_is_reported_and_never_holds_up_the_rest(tmp_path: Pa
     broker = Broker(tmp_path / "pulsar").start()
     try:
         broker.endpoint.create_partitioned_topic(TOPIC, 1)  # type: ignore[union-attr]
-        settings = SweeperConfig().replace(system_topic=broker.config(partitions=1)).system_topic
+        settings = BASE_CONFIG.replace(system_topic=broker.config(partitions=1)).system_topic
         records = _synthetic_records(3)
         records[1]["properties"] = {"note": "x" * (2 << 20)}  # a broker would refuse it on every retry
         rows = send_slot(plan_messages(records, 1, 100), BrokerSettings.from_config(settings),

@@ -16,11 +16,11 @@ from sweeper.sandbox.seed import seed_zookeeper
 from sweeper.snapshot import run_snapshot
 from sweeper.table_schemas import BK_LEDGERS
 from sweeper.tables import TableStore, open_table_store
-from tests.conftest import ZkTarget
+from tests.conftest import BASE_CONFIG, ZkTarget
 
 
 def _store_and_config(target: ZkTarget, spark: SparkSession, tmp_path: Path) -> tuple[TableStore, SweeperConfig]:
-    cfg = SweeperConfig().replace(bookkeeper={"zookeeper": target.hosts},
+    cfg = BASE_CONFIG.replace(bookkeeper={"zookeeper": target.hosts},
                                   tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"},
                                   offload={"enabled": False})
     return open_table_store(cfg.tables.root, spark, engine="delta-rs"), cfg

@@ -10,9 +10,10 @@ from typing import Any, ClassVar
 
 import pytest
 
-from sweeper.config import ConfigError, MetricsConfig, SweeperConfig
+from sweeper.config import ConfigError, MetricsConfig
 from sweeper.metrics import MetricsError, publish, render
 from sweeper.zkserver import free_port
+from tests.conftest import BASE_CONFIG
 
 STAGES = {"snapshot": {"seconds": 3.5, "pending_deletes": 7}, "reconcile": {"seconds": 1, "candidate": 12,
                                                                             "pulsar_ledgers": 100},
@@ -71,4 +72,4 @@ def test_textfile_and_pushgateway(tmp_path: Path, pushgateway: str) -> None:
 
 def test_metrics_config_is_checked() -> None:
     with pytest.raises(ConfigError, match="pushgateway_url"):
-        SweeperConfig().replace(metrics={"pushgateway_url": "pushgateway:9091"})
+        BASE_CONFIG.replace(metrics={"pushgateway_url": "pushgateway:9091"})

@@ -11,7 +11,6 @@ import pytest
 from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
-from sweeper.config import SweeperConfig
 from sweeper.offload import S3Target, listing_units, parse_offload_key, s3_client
 from sweeper.reconcile import CANDIDATE, UNKNOWN, YOUNG, SafetySettings, run_reconcile
 from sweeper.s3server import S3ServerInfo, start_s3, stop_s3
@@ -20,7 +19,7 @@ from sweeper.sandbox.model import SandboxSpec, build_cluster
 from sweeper.sandbox.seed import seed_s3, seed_zookeeper
 from sweeper.snapshot import run_snapshot
 from sweeper.tables import open_table_store
-from tests.conftest import ZkTarget
+from tests.conftest import BASE_CONFIG, ZkTarget
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +51,7 @@ def test_listing_units_cover_every_key(s3_server: S3ServerInfo) -> None:
 
 
 def _run(zk_target: ZkTarget, spark: SparkSession, tables: Path, endpoint: str, extra: str = "") -> tuple[Any, str]:
-    cfg = SweeperConfig().replace(
+    cfg = BASE_CONFIG.replace(
         bookkeeper={"zookeeper": zk_target.hosts},
         tables={"root": str(tables), "engine": "delta-rs"},
         offload={"endpoint_override": endpoint, "extra_buckets": extra},

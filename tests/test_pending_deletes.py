@@ -14,7 +14,6 @@ from pyspark.sql import SparkSession
 from sweeper import pending_delete
 from sweeper import zk as zkutil
 from sweeper.codecs import pulsar as codec
-from sweeper.config import SweeperConfig
 from sweeper.delete.stage import run_delete
 from sweeper.emit import run_emit
 from sweeper.gates import run_gates
@@ -24,7 +23,7 @@ from sweeper.sandbox.seed import seed_zookeeper
 from sweeper.snapshot import record_run, run_snapshot
 from sweeper.system_topic import partition_topic
 from sweeper.tables import open_table_store
-from tests.conftest import ZkTarget
+from tests.conftest import BASE_CONFIG, ZkTarget
 from tests.test_emit import TOPIC, Broker
 
 
@@ -48,7 +47,7 @@ def test_pending_deletes_are_read_quarantined_and_classified(
     spec = SandboxSpec(seed=21, topics=30)
     cluster = build_cluster(spec)
     seed_zookeeper(zk, cluster)
-    cfg = SweeperConfig().replace(
+    cfg = BASE_CONFIG.replace(
         bookkeeper={"zookeeper": zk_target.hosts}, offload={"enabled": False},
         tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"}, safety={"max_orphan_fraction": 1.0},
         system_topic=broker.config(), delete={"deletes_per_second": 100_000.0})

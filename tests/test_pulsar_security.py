@@ -10,10 +10,10 @@ from pathlib import Path
 import pulsar
 import pytest
 
-from sweeper.config import SweeperConfig
 from sweeper.sandbox.pulsar_endpoint import PulsarApi_pb2 as pb
 from sweeper.sandbox.pulsar_endpoint.server import PulsarEndpoint, encode_command
 from sweeper.system_topic import BrokerSettings, SystemTopicError, broker_partitions, describe_client_error, open_client
+from tests.conftest import BASE_CONFIG
 from tests.tls_certs import TlsFiles, make_tls_files
 
 TOKEN = "tok-3f9a1c"
@@ -38,7 +38,7 @@ def settings(ep: PulsarEndpoint, tmp_path: Path, token: str | None = TOKEN, **tl
     if token is not None:
         (tmp_path / "token").write_text(token + "\n")
         overrides["auth_token_file"] = str(tmp_path / "token")
-    return BrokerSettings.from_config(SweeperConfig().replace(system_topic=overrides).system_topic)
+    return BrokerSettings.from_config(BASE_CONFIG.replace(system_topic=overrides).system_topic)
 
 
 def test_token_and_tls_from_config_reach_the_broker(endpoint: PulsarEndpoint, tmp_path: Path, tls: TlsFiles) -> None:

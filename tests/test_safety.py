@@ -37,8 +37,10 @@ def test_grace_period_floor_needs_force() -> None:
         GracePeriod.of(-1, force=True)
 
 
-def test_age_prefers_metadata_ctime_then_znode() -> None:
-    assert ledger_age_ms(NOW - 5 * DAY_MS, NOW - HOUR_MS, NOW) == 5 * DAY_MS
+def test_age_comes_from_the_later_of_the_two_clocks() -> None:
+    # Issue 11 (13): a broker clock running behind (or a forged ctime) must not make a fresh znode old.
+    assert ledger_age_ms(NOW - 5 * DAY_MS, NOW - HOUR_MS, NOW) == HOUR_MS
+    assert ledger_age_ms(NOW - HOUR_MS, NOW - 5 * DAY_MS, NOW) == HOUR_MS  # ZooKeeper's clock behind
     assert ledger_age_ms(None, NOW - HOUR_MS, NOW) == HOUR_MS
     assert ledger_age_ms(-1, NOW - HOUR_MS, NOW) == HOUR_MS  # BookKeeper writes -1 for "not set"
     assert ledger_age_ms(None, None, NOW) is None
@@ -83,3 +85,13 @@ def test_plan_status_applies_every_rule_in_order() -> None:
     assert plan_status(Verdict.ORPHAN, NOW - HOUR_MS, NOW, "t1", "ns", settings) == YOUNG
     assert plan_status(Verdict.ORPHAN, None, NOW, "t1", "ns", settings) == YOUNG
     assert plan_status(Verdict.ORPHAN, old, NOW, "t2", "ns", settings) == OUT_OF_SCOPE
+
+
+def test_the_breaker_weighs_offloaded_objects_by_count_and_by_bytes() -> None:
+    # Issue 11 (14): tiered storage has its own breaker; a few huge objects trip it by bytes.
+    breaker = CircuitBreaker(0.10)
+    assert breaker.tripped_objects(0, 0, 0, 0) is None
+    assert breaker.tripped_objects(5, 100, 5_000, 100_000) is None
+    assert "objects" in (breaker.tripped_objects(20, 100, 5_000, 100_000) or "")
+    assert "bytes" in (breaker.tripped_objects(2, 100, 50_000, 100_000) or "")
+    assert breaker.tripped_objects(1, 0, 1, 0) is not None

@@ -70,6 +70,7 @@ def test_sweeper_config_for_the_testbed_loads(tmp_path: Path) -> None:
     assert cfg.system_topic.service_url == "pulsar://127.0.0.1:3"
     assert cfg.system_topic.auth_token_file.endswith("tokens/admin.jwt")
     assert cfg.offload.endpoint_override == "http://127.0.0.1:5"
+    assert cfg.pulsar.cluster_name == "testbed"
 
 
 def test_missing_distribution_is_a_clear_error(tmp_path: Path) -> None:

@@ -9,12 +9,13 @@ from __future__ import annotations
 import re
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
+from sweeper import names
 from sweeper.codecs.bookkeeper import LedgerMetadata
 from sweeper.codecs.errors import MetadataDecodeError
 from sweeper.pending_delete import COMPONENTS, InvalidPendingDelete, validate
+from sweeper.safety import ledger_created_ms
 from sweeper.scan.bookkeeper import split_custom_metadata
 
 DELETE = "delete"
@@ -24,7 +25,6 @@ MISMATCH = "mismatch"
 INVALID = "invalid"
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-_TOPIC_PREFIX = "persistent://"
 
 
 @dataclass(frozen=True)
@@ -56,8 +56,8 @@ class LiveLedger:
 
     @property
     def created_ms(self) -> int:
-        # Pulsar rarely records ctime in the metadata; the znode's creation time is the fallback.
-        return self.metadata_ctime_ms if self.metadata_ctime_ms and self.metadata_ctime_ms > 0 else self.znode_ctime_ms
+        # The later of the broker's clock (metadata ctime, often absent) and ZooKeeper's (znode ctime).
+        return ledger_created_ms(self.metadata_ctime_ms, self.znode_ctime_ms) or 0
 
 
 @dataclass(frozen=True)
@@ -69,15 +69,10 @@ class ReferrerState:
     versions: tuple[tuple[str, int], ...] = field(default=())  # (path, version) of every referrer znode read
 
 
-@lru_cache(maxsize=65536)
 def managed_ledger_name(topic_name: str | None) -> str | None:
-    """`persistent://t/ns/topic` -> `t/ns/persistent/topic` (also the 5-part cluster-scoped form)."""
-    if not topic_name or not topic_name.startswith(_TOPIC_PREFIX):
-        return None
-    parts = topic_name[len(_TOPIC_PREFIX):].split("/")
-    if len(parts) not in (3, 4) or any(p in ("", ".", "..") for p in parts):
-        return None
-    return "/".join([*parts[:-1], "persistent", parts[-1]])
+    """`persistent://t/ns/my topic` -> `t/ns/persistent/my+topic`: the managed ledger Pulsar names after
+    the topic (TopicName.getPersistenceNamingEncoding, the local name through Codec.encode)."""
+    return names.managed_ledger_for_topic(topic_name)
 
 
 def _expected_component(custom: Mapping[str, str]) -> str | None:
@@ -187,6 +182,38 @@ def decide_ledger(record: Mapping[str, Any], live: LiveLedger | None, referrer: 
     return check_ledger(record, live, now_ms, min_age_ms, expected_path) or decide_referrer(referrer)
 
 
+@dataclass(frozen=True)
+class LiveObject:
+    """One offloaded object as a HeadObject just answered."""
+
+    key: str
+    last_modified_ms: int
+    metadata: dict[str, str]  # user metadata, keys lower-cased
+
+
+def object_mismatch(record: Mapping[str, Any], objects: Collection[LiveObject], local_cluster: str, now_ms: int,
+                    min_age_ms: int) -> Decision | None:
+    """Ties an offload record to the objects it would delete: each must say, in its own user metadata, that
+    this cluster offloaded it for the record's managed ledger, and be past the grace period.
+
+    Without this, a record naming a live (uuid, ledger) pair under a wrong or made-up topic would find
+    no referrer and delete the objects (PIP-186's forged-record rule, applied to tiered storage).
+    """
+    wanted = managed_ledger_name(record.get("topicName"))
+    for obj in objects:
+        cluster = obj.metadata.get("pulsarclustername")
+        owner = obj.metadata.get("managedledgername")
+        if not local_cluster or cluster != local_cluster:
+            return Decision(MISMATCH, f"{obj.key}: pulsarClusterName is {cluster!r}, this cluster is "
+                                      f"{local_cluster!r}: never delete another cluster's object")
+        if owner is None or owner != wanted:
+            return Decision(MISMATCH, f"{obj.key}: ManagedLedgerName is {owner!r}, the record names {wanted!r}")
+        age = now_ms - obj.last_modified_ms
+        if age < min_age_ms:
+            return Decision(IN_USE, f"{obj.key} is younger than the grace period ({age} ms < {min_age_ms} ms)")
+    return None
+
+
 def check_object(record: Mapping[str, Any], allowed_buckets: Collection[str]) -> Decision | None:
     """Rules on the record alone for an offloaded copy; None means "now look at the objects and the ML"."""
     problem = _record_problem(record, "OFFLOAD_LEDGER")
@@ -206,14 +233,14 @@ def check_object(record: Mapping[str, Any], allowed_buckets: Collection[str]) ->
     return None
 
 
-def decide_object(record: Mapping[str, Any], live_keys_present: Collection[str], referrer: ReferrerState,
-                  allowed_buckets: Collection[str]) -> Decision:
+def decide_object(record: Mapping[str, Any], live: Collection[LiveObject], referrer: ReferrerState,
+                  allowed_buckets: Collection[str], local_cluster: str, now_ms: int, min_age_ms: int) -> Decision:
     early = check_object(record, allowed_buckets)
     if early:
         return early
-    if not live_keys_present:
+    if not live:
         return Decision(ALREADY_GONE, "no object left")
-    return decide_referrer(referrer)
+    return object_mismatch(record, live, local_cluster, now_ms, min_age_ms) or decide_referrer(referrer)
 
 
 def unreadable(what: str, exc: MetadataDecodeError) -> str:

@@ -37,6 +37,7 @@ class DeleteRunLock:
         self.path = path
         self.run_id = run_id
         self._version: int | None = None
+        self.clock_skew_ms: int | None = None  # ZooKeeper's clock minus this host's, read when acquiring
 
     def acquire(self) -> None:
         parent = self.path.rsplit("/", 1)[0]
@@ -44,11 +45,15 @@ class DeleteRunLock:
             self.client.ensure_path(parent)
         body = {"run_id": self.run_id, "host": socket.gethostname(), "pid": os.getpid(),
                 "started_ms": int(time.time() * 1000)}
+        before = time.time() * 1000
         try:
-            self.client.create(self.path, json.dumps(body).encode(), ephemeral=True)
+            _, stat = self.client.create(self.path, json.dumps(body).encode(), ephemeral=True, include_data=True)
         except NodeExistsError:
             raise RunLockHeld(self.path, self.holder() or {"run_id": "(released meanwhile)"}) from None
+        after = time.time() * 1000
         self._version = 0
+        # The lock's ctime is ZooKeeper's clock: the delete stage checks this host's against it.
+        self.clock_skew_ms = int(stat.ctime - (before + after) / 2)
 
     def holder(self) -> dict[str, Any] | None:
         try:

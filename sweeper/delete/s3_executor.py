@@ -20,9 +20,10 @@ from sweeper import zk as zkutil
 from sweeper.codecs import pulsar as codec
 from sweeper.codecs.errors import MetadataDecodeError
 from sweeper.delete import decide
-from sweeper.delete.decide import ReferrerState, managed_ledger_name
+from sweeper.delete.decide import LiveObject, ReferrerState, managed_ledger_name
 from sweeper.delete.results import DELETED, FAILED, WOULD_DELETE, DeleteResult, result_for
 from sweeper.delete.retry import is_transient, is_transient_code
+from sweeper.offload import object_metadata
 
 MAX_KEYS_PER_REQUEST = 1000  # S3's DeleteObjects limit
 _MISSING_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
@@ -56,6 +57,9 @@ class ObjectDeleter:
         op_timeout_s: float = 10.0,
         max_keys_per_request: int = MAX_KEYS_PER_REQUEST,
         shadows: Mapping[str, Sequence[str]] | None = None,
+        local_cluster: str = "",
+        min_age_ms: int = 7 * 24 * 3_600_000,
+        now_ms: int | None = None,
     ) -> None:
         if not 1 <= max_keys_per_request <= MAX_KEYS_PER_REQUEST:
             raise ValueError(f"max_keys_per_request must be in 1..{MAX_KEYS_PER_REQUEST}")
@@ -68,6 +72,10 @@ class ObjectDeleter:
         self.max_keys = max_keys_per_request
         # Source managed ledger -> its shadow topics' managed ledgers, which may list the same offloads.
         self.shadows = {k: tuple(v) for k, v in (shadows or {}).items()}
+        # Objects must carry this cluster's pulsarClusterName and be past the grace period by their own age.
+        self.local_cluster = local_cluster
+        self.min_age_ms = min_age_ms
+        self.now_ms = now_ms
 
     def process(self, records: Sequence[Mapping[str, Any]]) -> list[DeleteResult]:
         """One result per record, in input order; never raises for an S3 or ZooKeeper error."""
@@ -95,9 +103,12 @@ class ObjectDeleter:
             return result_for(record, early.outcome, early.detail)
         context = record["offloadContext"]
         bucket = context["bucket"]
-        present = [key for key in context["keys"] if self._exists(bucket, key)]
+        live = [obj for obj in (self._head(bucket, key) for key in context["keys"]) if obj is not None]
+        present = [obj.key for obj in live]
         referrer = self._referrer(record, offloads)
-        decision = decide.decide_object(record, present, referrer, self.allowed_buckets)
+        now = self.now_ms if self.now_ms is not None else int(time.time() * 1000)
+        decision = decide.decide_object(record, live, referrer, self.allowed_buckets, self.local_cluster, now,
+                                        self.min_age_ms)
         if not decision.delete:
             return result_for(record, decision.outcome, decision.detail)
         if not self.execute:
@@ -105,14 +116,15 @@ class ObjectDeleter:
         pending.append(_Pending(index, record, bucket, present, started))
         return None
 
-    def _exists(self, bucket: str, key: str) -> bool:
+    def _head(self, bucket: str, key: str) -> LiveObject | None:
+        """The object as S3 holds it now (user metadata and age), or None when it is gone."""
         try:
-            self.s3.head_object(Bucket=bucket, Key=key)
+            head = self.s3.head_object(Bucket=bucket, Key=key)
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in _MISSING_CODES:
-                return False
+                return None
             raise
-        return True
+        return LiveObject(key, int(head["LastModified"].timestamp() * 1000), object_metadata(head))
 
     def _referrer(self, record: Mapping[str, Any], offloads: dict[str, Any]) -> ReferrerState:
         ml_name = managed_ledger_name(record.get("topicName"))

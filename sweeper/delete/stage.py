@@ -28,7 +28,6 @@ from sweeper import pending_delete
 from sweeper import zk as zkutil
 from sweeper.codecs.bookkeeper import decode_ledger_metadata
 from sweeper.config import SweeperConfig
-from sweeper.delete.decide import managed_ledger_name
 from sweeper.delete.drain import TopicDrain
 from sweeper.delete.lock import DeleteRunLock
 from sweeper.delete.records import SOURCE_EMITTED, SOURCE_JSON, SOURCE_RETRY, PendingRecord
@@ -37,6 +36,8 @@ from sweeper.delete.retry import RetryPolicy, run_with_retries
 from sweeper.delete.s3_executor import ObjectDeleter
 from sweeper.delete.zk_executor import LedgerDeleter
 from sweeper.layout import LedgerLayout, ledger_path
+from sweeper.liveness import clock_problem
+from sweeper.names import managed_ledger_for_topic, topic_for_managed_ledger
 from sweeper.offload import S3Target, s3_client
 from sweeper.safety import HOUR_MS, GracePeriod
 from sweeper.scan.bookkeeper import read_layout, split_custom_metadata
@@ -72,6 +73,7 @@ class DeleteTarget:
     endpoint_override: str
     buckets: tuple[tuple[str, str, str], ...]  # (bucket, region, endpoint) this run may delete from
     shadows: tuple[tuple[str, tuple[str, ...]], ...] = ()  # source managed ledger -> its shadow topics' ones
+    local_cluster: str = ""  # [pulsar] cluster_name: an object must carry it to be deleted
 
 
 @dataclass
@@ -183,9 +185,9 @@ def _record_from_metadata(entry: Mapping[str, Any], client: Any, ledgers_root: s
         component = "MANAGED_CURSOR"
     ml = custom.get("pulsar/managed-ledger")
     topic = custom.get("pulsar/compactedTopic") or custom.get("pulsar/delayedIndexTopic")
-    if ml and ml.count("/") >= 3:
-        parts = ml.split("/")
-        topic = "persistent://" + "/".join(parts[:-2] + parts[-1:])
+    if ml:
+        # None for a name Pulsar cannot have written: the executor then refuses the record as invalid.
+        topic = topic_for_managed_ledger(ml)
     properties = {"bucket_key": custom["pulsar/delayedIndexBucketKey"]} if custom.get(
         "pulsar/delayedIndexBucketKey") else {}
     return {**base, "ledgerComponent": component, "topicName": topic, "cursorName": custom.get("pulsar/cursor"),
@@ -269,7 +271,8 @@ def delete_partition(items: Iterator[list[PendingRecord]], target: DeleteTarget)
             s3 = s3_client(S3Target(bucket or "-", region, endpoint), target.endpoint_override)
             objects_deleter = ObjectDeleter(s3, client, managed_ledgers_root=target.ml_root, allowed_buckets=allowed,
                                             execute=target.execute, op_timeout_s=target.op_timeout_s,
-                                            shadows=dict(target.shadows))
+                                            shadows=dict(target.shadows), local_cluster=target.local_cluster,
+                                            min_age_ms=target.min_age_ms, now_ms=target.now_ms)
             finished += _run_records(objects_deleter.process, pairs, target, rng)
     finally:
         if reader is not None:
@@ -318,7 +321,7 @@ def _shadows(store: TableStore) -> tuple[tuple[str, tuple[str, ...]], ...] | Non
     rows = (store.read("managed_ledgers").where(F.col("shadow_source").isNotNull())
             .select("shadow_source", "managed_ledger").distinct().collect())
     for row in rows:
-        source = managed_ledger_name(row["shadow_source"])
+        source = managed_ledger_for_topic(row["shadow_source"])
         if source is not None:
             by_source.setdefault(source, set()).add(row["managed_ledger"])
     return tuple((source, tuple(sorted(names))) for source, names in sorted(by_source.items()))
@@ -374,6 +377,11 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
         if execute:
             lock = DeleteRunLock(client, d.lock_path, run_id=run_id)
             lock.acquire()
+            skew = clock_problem(lock.clock_skew_ms, config.safety.max_clock_skew_seconds)
+            guards["clock_skew_ms"] = lock.clock_skew_ms
+            if skew:
+                # Every grace-period decision compares this host's clock with ledger times: refuse.
+                raise DeleteRefused(skew)
         grace = GracePeriod.of(int(config.safety.min_age_hours * HOUR_MS), force=config.safety.force_min_age)
         target = DeleteTarget(
             zk_hosts=config.bookkeeper.zookeeper, session_timeout_s=config.bookkeeper.session_timeout_s,
@@ -384,7 +392,8 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
             multi_read=config.scan.multi_read,
             policy=RetryPolicy(max_attempts=d.max_attempts, in_task_attempts=d.in_task_attempts,
                                retry_after_s=d.retry_after_s),
-            endpoint_override=config.offload.endpoint_override, buckets=buckets, shadows=shadows or ())
+            endpoint_override=config.offload.endpoint_override, buckets=buckets, shadows=shadows or (),
+            local_cluster=config.pulsar.cluster_name)
         rows: list[TaskRow] = []
         if inputs:
             parts = _partitions(spark, config, len(inputs))

@@ -23,6 +23,7 @@ from kazoo.exceptions import (
 )
 
 from sweeper import zk as zkutil
+from sweeper.classify import CompactionPointer, CompactionRef, compaction_reference
 from sweeper.codecs import pulsar as codec
 from sweeper.codecs.bookkeeper import decode_ledger_metadata
 from sweeper.codecs.errors import MetadataDecodeError
@@ -141,12 +142,16 @@ class _Reads:
 def _needs_bookkeeper_copy(info: Any, ledger_id: int) -> bool:
     """Whether a ManagedLedgerInfo lists the ledger as still read from BookKeeper.
 
-    An entry offloaded with `bookkeeperDeleted` does not count: its BookKeeper copy is garbage by
-    design (reconcile applies the same rule to every managed ledger, shadows included).
+    An entry offloaded `complete` with `bookkeeperDeleted` does not count: its BookKeeper copy is
+    garbage by design. Without `complete`, Pulsar still reads it from BookKeeper (ManagedLedgerImpl
+    reads tiered storage only for a complete offload). Reconcile applies the same rule to every
+    managed ledger, shadows included.
     """
-    return any(entry.ledgerId == ledger_id
-               and not (entry.HasField("offloadContext") and entry.offloadContext.bookkeeperDeleted)
-               for entry in info.ledgerInfo)
+    def released(entry: Any) -> bool:
+        return (entry.HasField("offloadContext") and entry.offloadContext.bookkeeperDeleted
+                and entry.offloadContext.complete)
+
+    return any(entry.ledgerId == ledger_id and not released(entry) for entry in info.ledgerInfo)
 
 
 class LedgerDeleter:
@@ -378,13 +383,16 @@ class LedgerDeleter:
                 if value == ledger_id:
                     refs.append(f"cursor {cursor} bucket {prop.name}")
         if component == "COMPACTED_LEDGER":
+            # The rule reconcile applies (sweeper.classify.compaction_reference): ZooKeeper's pointer lags
+            # while the cursor has a cursor ledger, so only a lower id than it is provably superseded.
             longs = {p.name: p.value for p in info.properties}
-            if COMPACTED_TOPIC_LEDGER in longs:
-                if longs[COMPACTED_TOPIC_LEDGER] == ledger_id:
-                    refs.append(f"cursor {cursor} {COMPACTED_TOPIC_LEDGER}")
-            elif info.cursorsLedgerId != -1:
-                return (f"cursor {cursor} keeps {COMPACTED_TOPIC_LEDGER} in its cursor ledger "
-                        f"{info.cursorsLedgerId}, which ZooKeeper does not show")
+            pointer = CompactionPointer(longs.get(COMPACTED_TOPIC_LEDGER), info.cursorsLedgerId != -1)
+            ref, why = compaction_reference(ledger_id, pointer)
+            if ref is CompactionRef.CURRENT:
+                refs.append(f"cursor {cursor} {COMPACTED_TOPIC_LEDGER}")
+            elif ref is CompactionRef.UNKNOWN:
+                return (f"cursor {cursor}: {why}: {COMPACTED_TOPIC_LEDGER} in ZooKeeper is {pointer.zk_ledger}, "
+                        f"cursor ledger {info.cursorsLedgerId} may name this ledger as the current compaction")
         return None
 
     def _schema_referrer(self, schema_id: str, ledger_id: int, reads: _Reads) -> ReferrerState:

@@ -57,7 +57,7 @@ def sandbox_up(home: str | Path = DEFAULT_HOME, port: int = DEFAULT_PORT) -> Zoo
         s3 = start_s3(Path(home) / "s3", port=info.port + 1)
         (Path(home) / "s3" / "server.json").write_text(json.dumps({"endpoint": s3.endpoint, "pid": s3.pid}))
     if running_pulsar(Path(home) / "pulsar") is None:
-        start_pulsar(Path(home) / "pulsar", info.port + 2, info.port + 3)
+        start_pulsar(Path(home) / "pulsar", info.port + 2, info.port + 3, register_zookeeper=info.connect_string)
     return info
 
 

@@ -70,7 +70,7 @@ class SandboxSpec:
     offload_bucket: str = "pulsar-offload"
     offload_region: str = "us-east-1"
     offload_endpoint: str = ""
-    cluster_name: str = "sandbox"  # the offloader's pulsarClusterName object metadata
+    cluster_name: str = "sandbox"  # the brokers' clusterName: offloaded objects carry it as pulsarClusterName
 
     def __post_init__(self) -> None:
         if self.topics < 1:
@@ -167,9 +167,12 @@ class OffloadObject:
     key: str
     uuid: str
     ledger_id: int
-    managed_ledger: str
-    status: str  # in_use | in_flight | orphan
+    managed_ledger: str | None
+    # in_use | in_flight | orphan | other_cluster (offloaded by another cluster sharing the bucket) |
+    # unknown (no owner metadata on the object)
+    status: str
     kind: str | None = None  # topic_deleted | superseded_offload, for orphans
+    cluster_name: str | None = None  # the object's pulsarClusterName user metadata (None: not set)
 
 
 @dataclass
@@ -180,6 +183,14 @@ class SandboxCluster:
     schemas: list[SchemaLocatorModel]
     missing_ledgers: list[int]  # referenced, never created in BookKeeper
     offload_objects: list[OffloadObject] = field(default_factory=list)
+    # Compaction pointers ZooKeeper holds while the cursor ledger has a newer one, naming a deleted ledger:
+    # reported as possibly stale, never as lost data.
+    stale_pointers: list[int] = field(default_factory=list)
+
+    @property
+    def namespaces(self) -> list[str]:
+        """Every namespace of the cluster (with policies in the configuration store), topics or not."""
+        return [f"tenant-{t}/ns-{n}" for t in range(self.spec.tenants) for n in range(self.spec.namespaces_per_tenant)]
 
     def counts(self) -> dict[str, int]:
         by_status = Counter(ledger.status.value for ledger in self.ledgers.values())
@@ -193,6 +204,7 @@ class SandboxCluster:
             "ml_cursors": sum(len(ml.cursors) for ml in self.managed_ledgers),
             "schema_ledgers": sum(len(s.entries) for s in self.schemas),
             "missing_ledgers": len(self.missing_ledgers),
+            "stale_pointers": len(self.stale_pointers),
             "offload_objects": len(self.offload_objects),
             "offload_objects.orphan": sum(1 for o in self.offload_objects if o.status == "orphan"),
             **{f"status.{k}": v for k, v in sorted(by_status.items())},
@@ -257,6 +269,9 @@ class _Builder:
         self.schemas: list[SchemaLocatorModel] = []
         self.schema_index: dict[str, SchemaLocatorModel] = {}
         self.missing: list[int] = []
+        self.compaction_mode: dict[str, str] = {}  # managed ledger -> closed | lagging | unrecorded
+        self.compaction_spare: dict[str, int] = {}  # an id below a lagging pointer, for a leaked older compaction
+        self.stale_pointers: dict[int, str] = {}  # compaction pointers naming a deleted ledger -> managed ledger
         self.bookies = [f"bookie-{i}.bookkeeper.pulsar.svc:3181" for i in range(6)]
 
     # -- ids and ledgers -------------------------------------------------------------------
@@ -412,29 +427,43 @@ class _Builder:
         ml.cursors.append(cursor)
         return cursor
 
-    def add_compaction(self, ml: ManagedLedger, long_ids: bool) -> None:
-        ledger_id = self.new_id(long_ids)
+    def add_compaction(self, ml: ManagedLedger, long_ids: bool, mode: str | None = None) -> None:
+        """A compacted topic's `__compaction` cursor, in one of the three states ZooKeeper can show.
+
+        Pulsar writes the cursor's properties (with CompactedTopicLedger) to its znode only when the
+        cursor ledger is switched or the cursor closes; each compaction's pointer goes to the cursor
+        ledger (ManagedCursorImpl.persistPositionMetaStore). So:
+        - closed: no cursor ledger, ZooKeeper's pointer is authoritative;
+        - lagging: a cursor ledger is active and ZooKeeper names an older compaction (whose ledger a
+          newer compaction already deleted): the current compacted ledger is unreferenced in ZooKeeper
+          and must stay `unknown`;
+        - unrecorded: a cursor ledger is active and ZooKeeper holds no pointer yet.
+        """
+        mode = mode or self.rng.choice(["closed", "closed", "lagging", "lagging", "unrecorded"])
+        self.compaction_mode[ml.name] = mode
         cursor = Cursor(name=COMPACTION_CURSOR, cursors_ledger_id=-1, mark_delete=(ml.ledgers[0].ledger_id, 0))
         ml.cursors.append(cursor)
-        if self.rng.random() < 0.3:
-            # The cursor keeps its state in a cursor ledger: the compacted-ledger reference lives
-            # in that ledger's last entry, which a ZooKeeper scan cannot read.
-            cursor.cursors_ledger_id = self.new_id(long_ids)
-            self.add_ledger(cursor.cursors_ledger_id, cursor_custom(ml.name, cursor.znode_name), self.old_age(),
-                            Status.IN_USE, open_ledger=True, referrer=f"cursor:{ml.name}/{cursor.znode_name}")
-            self.add_ledger(ledger_id, compacted_custom(ml.topic_name, ledger_id), self.old_age(), Status.UNKNOWN)
+        if mode == "closed":
+            ledger_id = self.new_id(long_ids)
+            cursor.long_properties[COMPACTED_TOPIC_LEDGER] = ledger_id
+            self.add_ledger(ledger_id, compacted_custom(ml.topic_name, ledger_id), self.old_age(), Status.IN_USE,
+                            referrer=f"compacted:{ml.name}")
             return
-        cursor.long_properties[COMPACTED_TOPIC_LEDGER] = ledger_id
-        self.add_ledger(
-            ledger_id,
-            compacted_custom(ml.topic_name, ledger_id),
-            self.old_age(),
-            Status.IN_USE,
-            referrer=f"compacted:{ml.name}",
-        )
+        if mode == "lagging":
+            # Ids only grow: one kept below ZooKeeper's pointer for an older compaction left behind.
+            self.compaction_spare[ml.name] = self.new_id(long_ids)
+            stale = self.new_id(long_ids)
+            cursor.long_properties[COMPACTED_TOPIC_LEDGER] = stale
+            self.stale_pointers[stale] = ml.name
+        current = self.new_id(long_ids)
+        cursor.cursors_ledger_id = self.new_id(long_ids)
+        self.add_ledger(cursor.cursors_ledger_id, cursor_custom(ml.name, cursor.znode_name), self.old_age(),
+                        Status.IN_USE, open_ledger=True, referrer=f"cursor:{ml.name}/{cursor.znode_name}")
+        # The current compacted ledger: named only in the cursor ledger's last entry.
+        self.add_ledger(current, compacted_custom(ml.topic_name, current), self.old_age(), Status.UNKNOWN)
 
-    def compaction_readable(self, ml: ManagedLedger) -> bool:
-        return any(c.name == COMPACTION_CURSOR and c.cursors_ledger_id == -1 for c in ml.cursors)
+    def lagging_pointer(self, ml: ManagedLedger) -> int:
+        return next(c.long_properties[COMPACTED_TOPIC_LEDGER] for c in ml.cursors if c.name == COMPACTION_CURSOR)
 
     def add_schema(self, ml: ManagedLedger, long_ids: bool) -> SchemaLocatorModel:
         schema_id = schema_id_of(ml)
@@ -475,11 +504,16 @@ class _Builder:
             self.add_ledger(ledger_id, bucket_custom(key, ml.topic_name, "sub-0"), age, status, kind)
         elif kind is OrphanKind.COMPACTED_LEDGER_LEAKED:
             if not any(c.name == COMPACTION_CURSOR for c in ml.cursors):
-                self.add_compaction(ml, long_ids)
-            if self.compaction_readable(ml):
-                self.add_ledger(ledger_id, compacted_custom(ml.topic_name, ledger_id), age, status, kind)
-            else:
+                # Both states in which a leaked older compaction is provably garbage.
+                self.add_compaction(ml, long_ids, mode=self.rng.choice(["closed", "lagging"]))
+            mode = self.compaction_mode[ml.name]
+            if mode == "lagging" and ml.name in self.compaction_spare:
+                # An older compaction's ledger: its id is below ZooKeeper's (lagging) pointer.
+                ledger_id = self.compaction_spare.pop(ml.name)
+            if mode == "unrecorded" or (mode == "lagging" and ledger_id > self.lagging_pointer(ml)):
                 self.add_ledger(ledger_id, compacted_custom(ml.topic_name, ledger_id), age, Status.UNKNOWN)
+            else:
+                self.add_ledger(ledger_id, compacted_custom(ml.topic_name, ledger_id), age, status, kind)
         elif kind is OrphanKind.BOOKKEEPER_DELETED_BUT_PRESENT:
             offload = self.offload(complete=True, bookkeeper_deleted=True)
             ml.ledgers.insert(0, MlLedger(ledger_id, 10, 7_000, self.spec.now_ms - age, offload))
@@ -545,6 +579,10 @@ class _Builder:
         for _ in range(spec.non_pulsar_ledgers):
             custom = {} if rng.random() < 0.5 else {"application": b"bk-bench", "owner": b"ops"}
             self.add_ledger(self.new_id(False), custom, self.old_age(), Status.NON_PULSAR)
+        # A ledger of a namespace this cluster does not know (another Pulsar cluster sharing the bookies):
+        # its topic is not here, but nothing says it was ever ours, so it stays unknown.
+        foreign_ml = f"{spec.cluster_name}-peer-tenant/ns-0/persistent/elsewhere"
+        self.add_ledger(self.new_id(False), ml_custom(foreign_ml), self.old_age(), Status.UNKNOWN)
         for u in range(spec.unknown_ledgers):
             partial: dict[str, bytes] = {"application": b"pulsar"}
             if u % 3 == 1:
@@ -577,18 +615,20 @@ class _Builder:
                     ledger.ctime_ms = spec.now_ms - self.old_age()
         objects = self.offload_objects([ml for ml, _ in mls if ml.name not in doomed_names],
                                        [ml for ml, _ in doomed])
-        return SandboxCluster(spec, self.ledgers, self.managed_ledgers, self.schemas, self.missing, objects)
+        stale = sorted(i for i, owner in self.stale_pointers.items() if owner not in doomed_names)
+        return SandboxCluster(spec, self.ledgers, self.managed_ledgers, self.schemas, self.missing, objects, stale)
 
     def offload_objects(self, alive: list[ManagedLedger], doomed: list[ManagedLedger]) -> list[OffloadObject]:
         """What tiered storage holds: live offloads, offloads of deleted topics, superseded attempts."""
         objects: list[OffloadObject] = []
         first = True
 
-        def add(ml: ManagedLedger, entry: MlLedger, offload: Offload, status: str, kind: str | None) -> None:
+        def add(ml: ManagedLedger, entry: MlLedger, offload: Offload, status: str, kind: str | None,
+                cluster: str | None = self.spec.cluster_name, owner: str | None = None) -> None:
             uuid = offload_uuid(offload.uuid_msb, offload.uuid_lsb)
             for suffix in ("", "-index"):
                 objects.append(OffloadObject(offload.bucket, f"{uuid}-ledger-{entry.ledger_id}{suffix}", uuid,
-                                             entry.ledger_id, ml.name, status, kind))
+                                             entry.ledger_id, owner or ml.name, status, kind, cluster))
 
         for ml in alive:
             if ml.properties.get("PULSAR.SHADOW_SOURCE"):
@@ -606,6 +646,16 @@ class _Builder:
             for entry in ml.ledgers:
                 if entry.offload is not None:
                     add(ml, entry, entry.offload, "orphan", "topic_deleted")
+        if alive and alive[0].ledgers:
+            # A geo-replicated peer offloading into the same bucket (same namespace policies): its
+            # objects are unreferenced here, and never ours. And an object with no owner metadata.
+            ml, entry = alive[0], alive[0].ledgers[0]
+            add(ml, entry, self.offload(complete=True, bookkeeper_deleted=False), "other_cluster", None,
+                cluster=f"{self.spec.cluster_name}-peer")
+            unowned = self.offload(complete=True, bookkeeper_deleted=False)
+            uuid = offload_uuid(unowned.uuid_msb, unowned.uuid_lsb)
+            objects.append(OffloadObject(unowned.bucket, f"{uuid}-ledger-{entry.ledger_id}", uuid, entry.ledger_id,
+                                         None, "unknown", None, None))
         return objects
 
     def add_shadow_topics(self, mls: list[tuple[ManagedLedger, bool]]) -> None:

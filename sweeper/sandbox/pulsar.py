@@ -32,13 +32,15 @@ def _answering(port: int) -> bool:
 
 
 def start_pulsar(home: str | Path, port: int, admin_port: int, timeout: float = 30.0,
-                 persist_latency_ms: float = 0.0) -> PulsarSandboxInfo:
+                 persist_latency_ms: float = 0.0, register_zookeeper: str = "") -> PulsarSandboxInfo:
+    """Start the endpoint; with `register_zookeeper` it registers as a live broker there (the liveness gate)."""
     home = Path(home)
     home.mkdir(parents=True, exist_ok=True)
     log = open(home / "endpoint.log", "ab")  # noqa: SIM115 - handed to the child process
+    register = ["--register-zookeeper", register_zookeeper] if register_zookeeper else []
     proc = subprocess.Popen(
         [sys.executable, "-m", "sweeper.sandbox.pulsar_endpoint", "--data-dir", str(home / "data"), "--port", str(port),
-         "--admin-port", str(admin_port), "--persist-latency-ms", str(persist_latency_ms)],
+         "--admin-port", str(admin_port), "--persist-latency-ms", str(persist_latency_ms), *register],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     log.close()
     info = PulsarSandboxInfo(f"pulsar://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}", proc.pid)

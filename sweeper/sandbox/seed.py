@@ -25,6 +25,7 @@ from sweeper.sandbox.model import (
     SandboxCluster,
     SchemaLocatorModel,
 )
+from sweeper.zkserver import ServerClock, clock_for
 
 WINDOW = 2000
 
@@ -145,6 +146,15 @@ def cluster_znodes(cluster: SandboxCluster) -> Iterable[tuple[str, bytes]]:
     schema_root = spec.schemas_root.rstrip("/")
     for locator in cluster.schemas:
         yield f"{schema_root}/{locator.schema_id}", schema_locator_bytes(locator)
+    # The configuration store (same ensemble, as in most deployments): TenantInfo at
+    # /admin/policies/<tenant>, a namespace's Policies at /admin/policies/<tenant>/<namespace>.
+    tenants = sorted({ns.split("/")[0] for ns in cluster.namespaces})
+    for tenant in tenants:
+        yield f"/admin/policies/{tenant}", json.dumps(
+            {"adminRoles": [], "allowedClusters": [spec.cluster_name]}).encode()
+    for namespace in cluster.namespaces:
+        yield f"/admin/policies/{namespace}", json.dumps(
+            {"replication_clusters": [spec.cluster_name], "deleted": False}).encode()
 
 
 def _parents(path: str) -> list[str]:
@@ -199,9 +209,36 @@ def create_many(client: KazooClient, items: Iterable[tuple[str, bytes]], window:
     return created
 
 
-def seed_zookeeper(client: KazooClient, cluster: SandboxCluster, window: int = WINDOW) -> SeedResult:
+# How far back the server's clock goes while ledger znodes are created: older than any sandbox ledger.
+LEDGER_EPOCH_DAYS = 500
+
+
+def seed_zookeeper(client: KazooClient, cluster: SandboxCluster, window: int = WINDOW,
+                   clock: ServerClock | None = None) -> SeedResult:
+    """Write the cluster; ledger znodes first, with the server's clock set back when it has a ServerClock.
+
+    A real ledger's znode is created with the ledger, so its ctime is never later than the
+    ledger's own: with the clock set back, the metadata's ctime (the model's age) is the later of
+    the two clocks, as in production. Pulsar's metadata is written after, at the real time (its
+    mtimes are what the liveness gate compares with the newest ledger).
+    """
+    clock = clock or clock_for(client.hosts)
     started = time.monotonic()
-    leaves = list(cluster_znodes(cluster))
+    ledger_root = cluster.spec.ledgers_root.rstrip("/") + "/"
+    every = list(cluster_znodes(cluster))
+    ledgers = [item for item in every if item[0].startswith(ledger_root)]
+    pulsar = [item for item in every if not item[0].startswith(ledger_root)]
+    if clock is None:
+        total = _seed_leaves(client, ledgers, window) + _seed_leaves(client, pulsar, window)
+    else:
+        with clock.back_in_time(LEDGER_EPOCH_DAYS):
+            total = _seed_leaves(client, ledgers, window)
+        total += _seed_leaves(client, pulsar, window)
+    return SeedResult(total, time.monotonic() - started)
+
+
+def _seed_leaves(client: KazooClient, leaves: list[tuple[str, bytes]], window: int) -> int:
+    """Create `leaves` and every missing parent, parents first."""
     leaf_paths = {path for path, _ in leaves}
     parents: set[str] = set()
     for path, _ in leaves:
@@ -223,7 +260,7 @@ def seed_zookeeper(client: KazooClient, cluster: SandboxCluster, window: int = W
     # Managed-ledger znodes must exist before their cursor children.
     leaves.sort(key=lambda item: item[0].count("/"))
     total += create_many(client, leaves, window)
-    return SeedResult(total, time.monotonic() - started)
+    return total
 
 
 def manifest(cluster: SandboxCluster) -> dict[str, object]:
@@ -244,6 +281,7 @@ def manifest(cluster: SandboxCluster) -> dict[str, object]:
         "counts": cluster.counts(),
         "not_in_use": noteworthy,
         "missing_ledgers": cluster.missing_ledgers,
+        "stale_pointers": cluster.stale_pointers,
     }
 
 
@@ -257,17 +295,21 @@ def write_manifest(cluster: SandboxCluster, path: str | Path) -> Path:
 OFFLOADER_VERSION = "4.0.8"
 
 
-def offload_object_metadata(obj: OffloadObject, cluster_name: str) -> dict[str, str]:
-    """The user metadata Pulsar's jclouds offloader (BlobStoreManagedLedgerOffloader) puts on each object,
-    as S3 returns it (keys lower-cased)."""
-    return {
+def offload_object_metadata(obj: OffloadObject) -> dict[str, str]:
+    """The user metadata Pulsar's jclouds offloader (BlobStoreManagedLedgerOffloader) puts on each object:
+    the broker's offloader metadata (pulsarClusterName, the offloader's version keys), the role and
+    ManagedLedgerName. An object modeled without an owner or cluster (injected cases) lacks that key."""
+    metadata = {
         "role": "index" if obj.key.endswith("-index") else "data",
-        "managedledgername": obj.managed_ledger,
-        "pulsarclustername": cluster_name,
-        "s3managedledgeroffloadersoftwareversion": OFFLOADER_VERSION,
-        "s3managedledgeroffloadersoftwaregitsha": "0" * 40,
-        "s3managedledgeroffloaderformatversion": "1",
+        "s3ManagedLedgerOffloaderSoftwareVersion": OFFLOADER_VERSION,
+        "s3ManagedLedgerOffloaderSoftwareGitSha": "0" * 40,
+        "s3ManagedLedgerOffloaderFormatVersion": "1",
     }
+    if obj.managed_ledger is not None:
+        metadata["ManagedLedgerName"] = obj.managed_ledger
+    if obj.cluster_name is not None:
+        metadata["pulsarClusterName"] = obj.cluster_name
+    return metadata
 
 
 def seed_s3(client: Any, cluster: SandboxCluster, stray_keys: int = 1) -> int:
@@ -277,8 +319,7 @@ def seed_s3(client: Any, cluster: SandboxCluster, stray_keys: int = 1) -> int:
         with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
             client.create_bucket(Bucket=bucket)
     for obj in cluster.offload_objects:
-        client.put_object(Bucket=obj.bucket, Key=obj.key, Body=b"x" * 64,
-                          Metadata=offload_object_metadata(obj, cluster.spec.cluster_name))
+        client.put_object(Bucket=obj.bucket, Key=obj.key, Body=b"x" * 64, Metadata=offload_object_metadata(obj))
     for i in range(stray_keys):
         client.put_object(Bucket=cluster.spec.offload_bucket, Key=f"notes/readme-{i}.txt", Body=b"not an offload")
     return len(cluster.offload_objects) + stray_keys

@@ -26,6 +26,7 @@ from sweeper.layout import (
     parse_ledger_relative_path,
     tree_depth,
 )
+from sweeper.safety import ledger_created_ms
 from sweeper.scan import Row, quarantine_row
 
 # Keys whose values decide ownership: if one of them is not text we cannot trust the ledger.
@@ -151,8 +152,9 @@ def ledger_row(
         "last_entry_id": md.last_entry_id,
         "length": md.length,
         "metadata_ctime_ms": metadata_ctime,
-        "created_ms": metadata_ctime if metadata_ctime is not None else zk_ctime_ms,
-        "created_source": "metadata" if metadata_ctime is not None else "znode",
+        # The later of the broker's and ZooKeeper's clocks (sweeper.safety.ledger_created_ms).
+        "created_ms": ledger_created_ms(metadata_ctime, zk_ctime_ms),
+        "created_source": "metadata" if metadata_ctime is not None and metadata_ctime >= zk_ctime_ms else "znode",
         "digest_type": md.digest_type,
         "segments": len(md.segments),
         "bookies": bookies,

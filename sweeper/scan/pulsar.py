@@ -7,13 +7,13 @@ their children are cursors. Schema locators live at `<schemas root>/<tenant>/<ns
 
 from __future__ import annotations
 
-import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from kazoo.client import KazooClient
 
+from sweeper import names
 from sweeper import zk as zkutil
 from sweeper.codecs import pulsar as codec
 from sweeper.codecs.envelope import MAGIC
@@ -34,11 +34,14 @@ class PulsarScanPlan:
     managed_ledgers: list[str]  # relative to the managed-ledgers root
     schemas: list[str]  # relative to the schemas root
     quarantine: list[Row] = field(default_factory=list)
+    # tenant/namespace -> where this cluster's metadata shows it (managed_ledgers, policies)
+    namespaces: dict[str, set[str]] = field(default_factory=dict)
 
 
 def decode_name(encoded: str) -> str:
-    """Pulsar's Codec.decode (java.net.URLDecoder): '+' is a space."""
-    return urllib.parse.unquote_plus(encoded)
+    """Pulsar's Codec.decode (java.net.URLDecoder): '+' is a space; a malformed name is kept as found."""
+    decoded = names.decode_local_name(encoded)
+    return encoded if decoded is None else decoded
 
 
 def _list_level(client: KazooClient, root: str, parents: list[str]) -> list[tuple[str, list[str]]]:
@@ -52,7 +55,8 @@ def _list_level(client: KazooClient, root: str, parents: list[str]) -> list[tupl
     return out
 
 
-def plan_managed_ledgers(client: KazooClient, root: str) -> list[str]:
+def plan_managed_ledgers(client: KazooClient, root: str, namespaces: set[str] | None = None) -> list[str]:
+    """Every managed ledger under `root`; `namespaces` collects each tenant/namespace that has a domain."""
     zkutil.require_node(client, root, "Pulsar managed-ledgers")
     tenants = sorted(client.get_children(root))
     second = _list_level(client, root, tenants)
@@ -74,7 +78,33 @@ def plan_managed_ledgers(client: KazooClient, root: str) -> list[str]:
     topics: list[str] = []
     for rel, children in _list_level(client, root, sorted(set(domains))):
         topics.extend(f"{rel}/{t}" for t in children)
+    if namespaces is not None:
+        namespaces.update(d[: -len(DOMAIN) - 1] for d in domains)
     return sorted(topics)
+
+
+def plan_namespace_policies(client: KazooClient, root: str) -> set[str]:
+    """tenant/namespace (or tenant/cluster/namespace) of every namespace with policies in the configuration store.
+
+    Pulsar keeps a namespace's policies at `/admin/policies/<tenant>/<namespace>` (JSON); a level
+    without data is a parent (a tenant, or an old cluster-scoped namespace's cluster), not a namespace.
+    """
+    if client.exists(root) is None:
+        return set()
+    found: set[str] = set()
+    tenants = sorted(client.get_children(root))
+    second = [f"{t}/{c}" for t, children in _list_level(client, root, tenants) for c in children]
+    third: list[str] = []
+    for rel, read in zip(second, zkutil.get_many(client, (zkutil.join(root, r) for r in second)), strict=True):
+        if read.error is None and read.data:
+            found.add(rel)
+        elif read.error is None and read.data is not None:
+            third.append(rel)
+    deeper = [f"{rel}/{c}" for rel, children in _list_level(client, root, third) for c in children]
+    for rel, read in zip(deeper, zkutil.get_many(client, (zkutil.join(root, r) for r in deeper)), strict=True):
+        if read.error is None and read.data:
+            found.add(rel)
+    return found
 
 
 def plan_schemas(client: KazooClient, root: str) -> list[str]:
@@ -86,15 +116,23 @@ def plan_schemas(client: KazooClient, root: str) -> list[str]:
 
 
 def plan_pulsar(client: KazooClient, ml_root: str, schemas_root: str) -> PulsarScanPlan:
-    return PulsarScanPlan(plan_managed_ledgers(client, ml_root), plan_schemas(client, schemas_root))
+    namespaces: set[str] = set()
+    plan = PulsarScanPlan(plan_managed_ledgers(client, ml_root, namespaces), plan_schemas(client, schemas_root))
+    for ns in namespaces:
+        plan.namespaces.setdefault(ns, set()).add("managed_ledgers")
+    return plan
 
 
 def split_ml_name(name: str) -> tuple[str, str, str]:
-    """(tenant, namespace, decoded topic) of `tenant/ns/persistent/topic` or `tenant/cluster/ns/persistent/topic`."""
+    """(tenant, namespace, decoded topic) of a managed-ledger znode's name below the root.
+
+    The planner only yields `tenant/ns/persistent/topic` and `tenant/cluster/ns/persistent/topic`;
+    a topic part that does not decode is kept as found (the row still records the znode).
+    """
     parts = name.split("/")
     if len(parts) == 5:
         return parts[0], f"{parts[1]}/{parts[2]}", decode_name(parts[4])
-    return parts[0], parts[1], decode_name(parts[-1])
+    return parts[0], "/".join(parts[1:-2]) or parts[0], decode_name(parts[-1])
 
 
 def _quarantine(source: str, path: str, owner: str | None, kind: str, error: str, raw: bytes | None,
@@ -203,12 +241,29 @@ def cursor_rows(ml_name: str, znode: str, path: str, data: bytes, stat: Any) -> 
                 ) from exc
             yield {**ref, "kind": "delayed_bucket", "ref_key": key, "ledger_id": ledger_id}
     if cursor == COMPACTION_CURSOR:
-        if COMPACTED_TOPIC_LEDGER in long_props:
-            yield {**ref, "kind": "compacted_ledger", "ref_key": COMPACTED_TOPIC_LEDGER,
-                   "ledger_id": long_props[COMPACTED_TOPIC_LEDGER]}
-        elif info.cursorsLedgerId != -1:
-            # The reference is in the cursor ledger's last entry, out of a ZooKeeper scan's reach.
-            yield {**ref, "kind": "compacted_ledger_unreadable", "ref_key": COMPACTED_TOPIC_LEDGER, "ledger_id": None}
+        yield {**ref, **compaction_ref_row(long_props.get(COMPACTED_TOPIC_LEDGER), info.cursorsLedgerId != -1)}
+
+
+# `cursor_ledger_refs.kind` for the `__compaction` cursor (sweeper.classify.CompactionPointer says why):
+COMPACTED = "compacted_ledger"  # ZooKeeper's pointer, authoritative: the cursor has no cursor ledger
+COMPACTED_LAGGING = "compacted_ledger_lagging"  # ZooKeeper's pointer while a cursor ledger is active: may lag
+COMPACTED_UNREADABLE = "compacted_ledger_unreadable"  # no pointer in ZooKeeper, a cursor ledger is active
+COMPACTED_UNRECORDED = "compacted_ledger_unrecorded"  # no pointer anywhere ZooKeeper shows
+COMPACTION_KINDS = (COMPACTED, COMPACTED_LAGGING, COMPACTED_UNREADABLE, COMPACTED_UNRECORDED)
+
+
+def compaction_ref_row(zk_ledger: int | None, cursor_ledger_active: bool) -> Row:
+    """The `cursor_ledger_refs` fields for a `__compaction` cursor as ZooKeeper shows it.
+
+    Pulsar persists the cursor's properties to its znode only when the cursor ledger is switched
+    or the cursor closes (ManagedCursorImpl.persistPositionMetaStore); each compaction's pointer
+    goes to the cursor ledger. The pointer read here is still a reference (it may be current).
+    """
+    if zk_ledger is None:
+        kind = COMPACTED_UNREADABLE if cursor_ledger_active else COMPACTED_UNRECORDED
+    else:
+        kind = COMPACTED_LAGGING if cursor_ledger_active else COMPACTED
+    return {"kind": kind, "ref_key": COMPACTED_TOPIC_LEDGER, "ledger_id": zk_ledger}
 
 
 def scan_managed_ledgers(
@@ -224,7 +279,19 @@ def scan_managed_ledgers(
         if read.data is None:
             continue  # topic deleted since planning
         listing = children[read.path]
+        if listing.error is not None:
+            # Without its cursors we cannot know which cursor, bucket or compacted ledgers it holds: the
+            # quarantine row makes every ledger it owns and no reference covers `unknown`.
+            yield _quarantine("managed_ledger", read.path, name, "cursor_listing_error",
+                              f"cannot list the cursors of {name}: {listing.error!r}", None, read.stat.version)
         cursors = listing.children or []
+        if not read.data:
+            # Pulsar writes an empty znode when it creates a managed ledger, then its first ledger list:
+            # an empty one is a topic mid-creation (or one whose creation failed), never "lists nothing".
+            yield _quarantine("managed_ledger", read.path, name, "empty_managed_ledger",
+                              f"managed ledger {name} has an empty znode: its ledger list is not written yet",
+                              read.data, read.stat.version)
+            continue
         try:
             yield from managed_ledger_rows(name, read.path, read.data, read.stat, len(cursors))
         except MetadataDecodeError as exc:
@@ -259,15 +326,33 @@ def scan_schemas(
         except MetadataDecodeError as exc:
             yield _quarantine("schema", read.path, schema_id, exc.kind, str(exc), read.data, read.stat.version)
             continue
-        latest = locator.info.version if locator.HasField("info") else None
-        for entry in locator.index:
-            yield {
-                "record_type": "schema_ledgers",
-                "schema_id": schema_id,
-                "path": read.path,
-                "zk_version": read.stat.version,
-                "version": entry.version,
-                "ledger_id": entry.position.ledgerId,
-                "entry_id": entry.position.entryId,
-                "is_latest": entry.version == latest,
-            }
+        yield from schema_rows(schema_id, read.path, read.stat.version, locator)
+
+
+def schema_references(locator: Any) -> list[tuple[int, int, int, bool]]:
+    """(version, ledger id, entry id, is latest) of every ledger a SchemaLocator references.
+
+    `index` lists every version; `info` (the latest) is counted too, even when `index` lacks it,
+    as the delete stage counts it (BookkeeperSchemaStorage reads the latest through `info`).
+    """
+    latest = locator.info.version if locator.HasField("info") else None
+    out = [(e.version, e.position.ledgerId, e.position.entryId, e.version == latest) for e in locator.index]
+    if locator.HasField("info"):
+        info = locator.info
+        if (info.version, info.position.ledgerId) not in {(v, ledger) for v, ledger, _, _ in out}:
+            out.append((info.version, info.position.ledgerId, info.position.entryId, True))
+    return out
+
+
+def schema_rows(schema_id: str, path: str, zk_version: int, locator: Any) -> Iterator[Row]:
+    for version, ledger_id, entry_id, is_latest in schema_references(locator):
+        yield {
+            "record_type": "schema_ledgers",
+            "schema_id": schema_id,
+            "path": path,
+            "zk_version": zk_version,
+            "version": version,
+            "ledger_id": ledger_id,
+            "entry_id": entry_id,
+            "is_latest": is_latest,
+        }

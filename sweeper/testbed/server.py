@@ -210,6 +210,7 @@ ledgers_root = "/ledgers"
 zookeeper = ""
 managed_ledgers_root = "/managed-ledgers"
 schemas_root = "/schemas"
+cluster_name = "{info.cluster}"   # the brokers' clusterName: offloaded objects carry it as pulsarClusterName
 
 [tables]
 root = "{home / 'tables'}"

@@ -50,15 +50,10 @@ pytestmark = [pytest.mark.real_pulsar, pytest.mark.timeout(1800)]
 
 
 def sweeper_config(info: TestbedInfo, tables: Path, **sections: dict[str, Any]) -> SweeperConfig:
-    cfg = config_mod.load(info.sweeper_config)
-    pulsar_section: dict[str, Any] = {}
-    if "cluster_name" in config_mod.PulsarMetadataConfig.__dataclass_fields__:  # issue 11's required key
-        pulsar_section["cluster_name"] = info.cluster
-    return cfg.replace(
+    return config_mod.load(info.sweeper_config).replace(
         tables={"root": str(tables), "engine": "delta-rs"},
         safety={"min_age_hours": GRACE_S / 3600, "force_min_age": True, "max_orphan_fraction": 1.0},
         delete={"deletes_per_second": 1000.0, "op_timeout_s": 10.0},
-        **({"pulsar": pulsar_section} if pulsar_section else {}),
         **sections)
 
 

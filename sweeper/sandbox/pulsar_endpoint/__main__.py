@@ -22,6 +22,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--partitioned", action="append", default=[], metavar="TOPIC=N", help="create a partitioned topic"
     )
+    parser.add_argument("--register-zookeeper", default="", metavar="HOSTS",
+                        help="register as a live broker under /loadbalance/brokers in this ZooKeeper, as brokers do")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     ep = PulsarEndpoint(args.data_dir, host=args.host, port=args.port, persist_latency_ms=args.persist_latency_ms)
@@ -30,6 +32,8 @@ def main(argv: list[str] | None = None) -> None:
         ep.create_partitioned_topic(topic, int(n))
     ep.start()
     admin = AdminServer(ep, host=args.host, port=args.admin_port).start() if args.admin_port else None
+    registration = _register(args.register_zookeeper, ep.service_url, admin.url if admin else "") \
+        if args.register_zookeeper else None
     print(ep.service_url, admin.url if admin else "", flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -38,9 +42,25 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         pass
     finally:
+        if registration is not None:
+            registration.stop()
+            registration.close()
         if admin:
             admin.stop()
         ep.stop()
+
+
+def _register(hosts: str, service_url: str, web_url: str):  # -> KazooClient
+    """An ephemeral znode under /loadbalance/brokers, alive with this process's session (as a broker's is)."""
+    import json
+
+    from sweeper import zk as zkutil
+
+    client = zkutil.connect(hosts)
+    name = service_url.split("://", 1)[1]
+    data = json.dumps({"pulsarServiceUrl": service_url, "webServiceUrl": web_url, "sandbox": True}).encode()
+    client.create(f"/loadbalance/brokers/{name}", data, ephemeral=True, makepath=True)
+    return client
 
 
 if __name__ == "__main__":
