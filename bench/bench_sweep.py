@@ -82,7 +82,7 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
     server = start_zookeeper(work / "zk", heap="4g")
-    broker = start_pulsar(work / "pulsar", free_port(), free_port())
+    broker = start_pulsar(work / "pulsar", free_port(), free_port(), register_zookeeper=server.connect_string)
     memory = TreeMemory({server.pid, broker.pid})
     try:
         t0 = time.monotonic()

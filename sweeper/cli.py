@@ -111,6 +111,46 @@ def _session(cfg: SweeperConfig) -> tuple[Any, Any]:
     return spark, open_table_store(cfg.tables.root, spark, engine=cfg.tables.engine)
 
 
+def cmd_testbed(args: argparse.Namespace) -> int:
+    """The real Apache Pulsar testbed (tests and experiments only; see sweeper/testbed)."""
+    from sweeper.testbed.server import TestbedError, status, testbed_crash, testbed_down, testbed_up
+
+    home = Path(args.home)
+    try:
+        if args.action == "up":
+            info = testbed_up(home, pulsar_home=args.pulsar_home)
+            print(f"Pulsar {info.pulsar_version} testbed serving: broker {info.service_url}, admin {info.admin_url}, "
+                  f"ZooKeeper {info.zookeeper}, S3 {info.s3_endpoint} (bucket {info.offload_bucket})")
+            print(f"superuser token: {info.superuser_token_file}; sweeper config: {info.sweeper_config}; "
+                  f"broker log: {info.log_file}")
+        elif args.action == "seed":
+            from sweeper.testbed.server import running_testbed
+            from sweeper.testbed.world import build_world
+
+            running = running_testbed(home)
+            if running is None:
+                print(f"no testbed running under {home}: run `sweeper testbed up` first", file=sys.stderr)
+                return EXIT_REFUSED
+            world = build_world(running)
+            kinds: dict[str, int] = {}
+            for orphan in world.manifest.orphans:
+                kinds[orphan.kind] = kinds.get(orphan.kind, 0) + len(orphan.ledgers) + len(orphan.objects)
+            print(f"workload and orphans written in {world.built_s:.0f}s; ground truth in {world.manifest_path}")
+            _print_counts("induced orphans:", kinds)
+        elif args.action == "crash":
+            testbed_crash(home)
+            print("broker killed (-9); ZooKeeper and the bookie still run; `sweeper testbed up` restarts it")
+        elif args.action == "down":
+            stopped = testbed_down(home, wipe=args.wipe)
+            print("testbed stopped" if stopped else "no testbed was running", "(data wiped)" if args.wipe else "")
+        else:
+            print(json.dumps(status(home), indent=2))
+    except TestbedError as exc:
+        print(f"testbed: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    return EXIT_OK
+
+
 def cmd_snapshot(args: argparse.Namespace) -> int:
     from sweeper.snapshot import run_snapshot, zk_load
 
@@ -284,6 +324,15 @@ def build_parser() -> argparse.ArgumentParser:
     sandbox_options(sandbox)
     common(sandbox)
     sandbox.set_defaults(func=cmd_sandbox)
+
+    testbed = sub.add_parser("testbed", help="a real Apache Pulsar on loopback for tests (never production)")
+    testbed.add_argument("action", choices=["up", "seed", "status", "crash", "down"],
+                         help="up: start; seed: workload + orphans + manifest; crash: kill -9 the broker")
+    testbed.add_argument("--home", default="var/testbed", help="testbed state, data and logs")
+    testbed.add_argument("--pulsar-home", help="a Pulsar distribution (default: the one jvm/pom.xml fetches)")
+    testbed.add_argument("--wipe", action="store_true", help="with `down`: delete the testbed data too")
+    common(testbed)
+    testbed.set_defaults(func=cmd_testbed)
 
     def stage_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--strict", action="store_true",

@@ -56,7 +56,11 @@ def clock_problem(skew_ms: int | None, max_skew_s: float) -> str | None:
 
 
 def live_brokers(client: KazooClient, path: str) -> list[str]:
-    """Brokers registered under `path` with a live session (ephemeral znodes); [] when there is none."""
+    """Brokers registered under `path` with a live session (ephemeral znodes); [] when there is none.
+
+    Every broker registers an ephemeral znode under /loadbalance/brokers, whichever load manager
+    it runs (LoadManager.LOADBALANCE_BROKERS_ROOT; BrokerRegistryImpl for the extensible one).
+    """
     try:
         children = client.get_children(path)
     except NoNodeError:

@@ -158,7 +158,7 @@ def export_metrics(config: SweeperConfig, result: SweepResult, log: Any = print)
 
 _SUMMARY_KEYS = {
     "snapshot": ("bk_ledgers", "managed_ledgers", "quarantine", "pending_deletes"),
-    "reconcile": ("candidate", "young", "unknown", "missing"),
+    "reconcile": ("candidate", "young", "unknown", "missing", "stale_pointer", "other_cluster"),
     "emit": ("published", "already_published"),
     "delete": ("deleted", "would_delete", "in_use", "failed", "queued_for_retry"),
 }
@@ -192,6 +192,12 @@ def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: 
     result.stages["reconcile"] = {"seconds": round(rec.duration_s, 1), **rec.counts}
     log(f"[reconcile] {rec.counts.get('candidate', 0):>10,} candidates, {rec.counts.get('unknown', 0):,} unknown, "
         f"{rec.counts.get('young', 0):,} young, {rec.counts.get('missing', 0):,} missing in {rec.duration_s:.1f}s")
+    if rec.counts.get("other_cluster") or rec.counts.get("stale_pointer"):
+        log(f"              {rec.counts.get('other_cluster', 0):,} offloaded objects of other clusters (never "
+            f"touched), {rec.counts.get('stale_pointer', 0):,} compaction pointers ZooKeeper may hold stale "
+            "(not data loss)")
+    if not config.gates.require_live_brokers:
+        log("              liveness gate waived (--allow-no-brokers): no live broker registration was required")
     for reason, count in sorted(rec.by_reason.items(), key=lambda kv: -kv[1]):
         log(f"              {count:>8,}  {reason}")
     if rec.report:

@@ -82,7 +82,8 @@ def snapshot_frames(store: TableStore, run_id: str) -> dict[str, DataFrame]:
 def released_from_bookkeeper() -> Any:
     """An `ml_ledgers` entry whose BookKeeper copy Pulsar no longer reads: offloaded, complete, and
     `bookkeeperDeleted`. Pulsar reads from tiered storage only once the offload is complete
-    (ManagedLedgerImpl checks `offloadContext.complete`), so `bookkeeperDeleted` alone releases nothing."""
+    (ManagedLedgerImpl.getLedgerHandle checks `offloadContext.complete`), so `bookkeeperDeleted` alone
+    releases nothing."""
     return (F.coalesce(F.col("offload_bookkeeper_deleted"), F.lit(False))
             & F.coalesce(F.col("offload_complete"), F.lit(False)))
 

@@ -72,6 +72,14 @@ def zk(zk_target: ZkTarget) -> Iterator[KazooClient]:
 
 
 @pytest.fixture
+def live_broker(zk: KazooClient) -> str:
+    """A broker registered as Pulsar's do (an ephemeral znode under /loadbalance/brokers), for the liveness gate."""
+    path = "/loadbalance/brokers/127.0.0.1:8080"
+    zk.create(path, b'{"pulsarServiceUrl": "pulsar://127.0.0.1:6650"}', ephemeral=True, makepath=True)
+    return path
+
+
+@pytest.fixture
 def shared_fixtures() -> Path:
     if not SHARED_FIXTURES.is_dir():
         pytest.skip(f"shared fixtures not found at {SHARED_FIXTURES} (a clone without ../shared)")

@@ -3,7 +3,8 @@
 boto3 talks real HTTP to it and it forwards every request unchanged, except DeleteObjects: keys
 listed in `faults` are answered with a per-key <Error> (S3's partial failure: 200 OK, some keys
 refused) and are not deleted; the other keys are deleted by the upstream as usual. moto itself
-never returns per-key errors, so this is how the tests meet them.
+never returns per-key errors, so this is how the tests meet them. Listings of the prefixes in
+`list_faults` are refused (403), as a bucket policy denying part of a bucket would.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import http.client
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 from xml.etree import ElementTree
 
 S3_NS = "http://s3.amazonaws.com/doc/2006-03-01/"
@@ -36,6 +37,8 @@ class S3FaultProxy:
     upstream: str  # http://127.0.0.1:port of the real endpoint
     faults: dict[str, KeyFault] = field(default_factory=dict)
     refused: list[str] = field(default_factory=list)  # keys answered with an error, in order
+    # ListObjectsV2 requests for these prefixes are answered 403 AccessDenied (a slice of a bucket unlistable).
+    list_faults: set[str] = field(default_factory=set)
     server: ThreadingHTTPServer | None = None
 
     @property
@@ -54,6 +57,16 @@ class S3FaultProxy:
 
             def _forward(self) -> None:
                 body: bytes | None = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                query = parse_qs(urlsplit(self.path).query)
+                if self.command == "GET" and "list-type" in query and query.get("prefix", [""])[0] in proxy.list_faults:
+                    reply = (b'<?xml version="1.0"?><Error><Code>AccessDenied</Code>'
+                             b"<Message>injected: listing refused</Message></Error>")
+                    self.send_response(403)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(reply)))
+                    self.end_headers()
+                    self.wfile.write(reply)
+                    return
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS}
                 extra = b""
                 if self.command == "POST" and urlsplit(self.path).query.split("&")[0] in ("delete", "delete="):

@@ -6,11 +6,15 @@ import json
 from pathlib import Path
 
 import pytest
+from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
 from sweeper.cli import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, main
 from sweeper.sandbox import sandbox_down
+from sweeper.sandbox.model import SandboxSpec, build_cluster
+from sweeper.sandbox.seed import seed_zookeeper
 from sweeper.zkserver import free_port
+from tests.conftest import ZkTarget
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -61,6 +65,21 @@ def test_bad_config_and_unreachable_server_exit_codes(tmp_path: Path, capsys: py
     assert "max_orphan_fraction" in capsys.readouterr().err
     cfg = tmp_path / "down.toml"
     cfg.write_text(f'[bookkeeper]\nzookeeper = "127.0.0.1:{free_port()}"\nsession_timeout_s = 2\n'
-                   f'[tables]\nroot = "{tmp_path / "t"}"\n')
+                   f'[tables]\nroot = "{tmp_path / "t"}"\n[offload]\nenabled = false\n')
     assert main(["snapshot", "--config", str(cfg)]) == EXIT_REFUSED
     assert "cannot connect to ZooKeeper" in capsys.readouterr().err
+
+
+def test_no_live_broker_refuses_the_run_unless_the_operator_says_brokers_are_down(
+        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 11 (12): exit 3 naming what was checked; --allow-no-brokers lets a cleanup run go on, and says so.
+    seed_zookeeper(zk, build_cluster(SandboxSpec(seed=4, topics=10)))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[bookkeeper]\nzookeeper = "{zk_target.hosts}"\n[tables]\nroot = "{tmp_path / "t"}"\n'
+                   '[offload]\nenabled = false\n[safety]\nmax_orphan_fraction = 1.0\n')
+    assert main(["sweep", "--config", str(cfg)]) == EXIT_REFUSED
+    err = capsys.readouterr().err
+    assert "no live broker is registered under /loadbalance/brokers" in err
+    assert main(["sweep", "--config", str(cfg), "--allow-no-brokers"]) == EXIT_OK
+    assert "--allow-no-brokers" in capsys.readouterr().err

@@ -74,6 +74,8 @@ def _planned(zk: KazooClient, hosts: str, spark: SparkSession, tmp_path: Path, b
     """
     cluster = build_cluster(spec)
     seed_zookeeper(zk, cluster)
+    # A live broker, as the liveness gate asks (its session is this test's client's).
+    zk.create("/loadbalance/brokers/127.0.0.1:8080", b"{}", ephemeral=True, makepath=True)
     if s3 is not None:
         seed_s3(s3_client(S3Target(spec.offload_bucket), s3.endpoint), cluster)
     cfg = BASE_CONFIG.replace(

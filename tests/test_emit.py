@@ -31,11 +31,11 @@ from sweeper.emit import (
     run_emit,
     send_slot,
 )
-from sweeper.pulsar_endpoint import PulsarEndpoint
-from sweeper.pulsar_endpoint.admin import AdminServer
 from sweeper.reconcile import CANDIDATE, SafetySettings, run_reconcile
 from sweeper.safety import CircuitBreaker
 from sweeper.sandbox.model import SandboxSpec, build_cluster
+from sweeper.sandbox.pulsar_endpoint import PulsarEndpoint
+from sweeper.sandbox.pulsar_endpoint.admin import AdminServer
 from sweeper.sandbox.seed import seed_zookeeper
 from sweeper.snapshot import record_run, run_snapshot
 from sweeper.system_topic import BrokerSettings, partition_for, partition_topic
@@ -274,3 +274,22 @@ def test_an_oversize_record_is_reported_and_never_holds_up_the_rest(tmp_path: Pa
         assert len(broker.messages(1)) == 2
     finally:
         broker.stop()
+
+
+def test_a_candidate_no_record_can_be_made_for_is_reported_and_the_rest_is_sent(
+        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
+    # Issue 11 (9): an offloaded object with no owner metadata (no topic for its record) made emit raise for the
+    # whole stage. Reconcile no longer makes such candidates; emit must not fall over one all the same.
+    from sweeper.table_schemas import ORPHANS
+
+    cfg, store, run_id = _reconciled(zk, zk_target, spark, tmp_path, broker)
+    candidates = store.read("orphans").where(f"run_id = '{run_id}' AND status = '{CANDIDATE}'").count()
+    store.append_rows("orphans", [{
+        "run_id": run_id, "captured_at": datetime.now(UTC), "object_type": "offload_object", "ledger_id": 7,
+        "status": CANDIDATE, "verdict": "orphan", "reason": "offload_unreferenced", "managed_ledger": None,
+        "s3_bucket": "b", "s3_key": "11111111-1111-4111-8111-111111111111-ledger-7",
+        "offload_uuid": "11111111-1111-4111-8111-111111111111"}], ORPHANS)
+    result = run_emit(spark, cfg, store, run_id)
+    assert result.counts["refused_invalid"] == 1
+    assert result.counts["published"] == candidates
+    assert 7 not in {r["ledgerId"] for r in _decode_all(broker)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
 from sweeper.offload import S3Target, listing_units, parse_offload_key, s3_client
-from sweeper.reconcile import CANDIDATE, UNKNOWN, YOUNG, SafetySettings, run_reconcile
+from sweeper.reconcile import CANDIDATE, OTHER_CLUSTER, UNKNOWN, YOUNG, SafetySettings, run_reconcile
 from sweeper.s3server import S3ServerInfo, start_s3, stop_s3
 from sweeper.safety import DAY_MS, CircuitBreaker
 from sweeper.sandbox.model import SandboxSpec, build_cluster
@@ -66,7 +67,7 @@ def test_offloaded_objects_snapshot_and_reconcile(
     cluster = build_cluster(SandboxSpec(seed=5, topics=50, offload_bucket="offload-a"))
     seed_zookeeper(zk, cluster)
     seed_s3(s3_client(S3Target("offload-a"), s3_server.endpoint), cluster)
-    assert {o.status for o in cluster.offload_objects} == {"in_use", "in_flight", "orphan"}
+    assert {o.status for o in cluster.offload_objects} == {"in_use", "in_flight", "orphan", "other_cluster", "unknown"}
 
     store, run_id = _run(zk_target, spark, tmp_path / "tables", s3_server.endpoint, extra="no-such-bucket")
     objects = {r["key"]: r for r in (x.asDict() for x in store.read("offload_objects").collect())}
@@ -76,16 +77,22 @@ def test_offloaded_objects_snapshot_and_reconcile(
     assert objects[some.key]["uuid"] == some.uuid
     quarantine = {r["path"]: r["error_kind"] for r in store.read("quarantine").collect()}
     assert quarantine["s3://offload-a/notes/readme-0.txt"] == "unknown_key"
-    assert quarantine["s3://no-such-bucket/"] == "bucket_unavailable"
+    assert quarantine["s3://no-such-bucket/"] == "listing_failed"
+    assert objects[some.key]["cluster_name"] == "sandbox" and objects[some.key]["metadata_read"]
 
     # Now: the orphan objects were written seconds ago, so they are inside the grace period.
-    permissive = SafetySettings(breaker=CircuitBreaker(1.0))
+    permissive = SafetySettings(breaker=CircuitBreaker(1.0), local_cluster="sandbox")
     run_reconcile(spark, store, run_id, permissive)
     rows = [r.asDict() for r in store.read("orphans").where(f"run_id = '{run_id}'").collect()]
     listed = {r["s3_key"]: r for r in rows if r["object_type"] == "offload_object"}
     orphans = {o.key for o in cluster.offload_objects if o.status == "orphan"}
     assert {k for k, r in listed.items() if r["status"] == YOUNG} == orphans
-    assert not {o.key for o in cluster.offload_objects if o.status != "orphan"} & set(listed)
+    # A peer cluster's objects in the shared bucket, and objects naming no owner, are never candidates.
+    by_status = {status: {o.key for o in cluster.offload_objects if o.status == status}
+                 for status in ("other_cluster", "unknown")}
+    assert {k for k, r in listed.items() if r["status"] == OTHER_CLUSTER} == by_status["other_cluster"]
+    assert {k for k, r in listed.items() if r["status"] == UNKNOWN} == by_status["unknown"]
+    assert not {o.key for o in cluster.offload_objects if o.status in ("in_use", "in_flight")} & set(listed)
 
     # Eight days on: the same objects are candidates; the in-flight offloads are now stale, never candidates.
     _, later_run = _run(zk_target, spark, tmp_path / "tables", s3_server.endpoint)
@@ -96,3 +103,44 @@ def test_offloaded_objects_snapshot_and_reconcile(
     assert {r["reason"] for k, r in listed.items() if r["status"] == CANDIDATE} == {"offload_unreferenced"}
     in_flight = {o.key for o in cluster.offload_objects if o.status == "in_flight"}
     assert {listed[k]["status"] for k in in_flight} == {UNKNOWN}
+    assert {listed[k]["status"] for k in by_status["other_cluster"]} == {OTHER_CLUSTER}
+
+
+def test_a_bucket_listed_only_in_part_fails_the_gate_and_proves_no_delete_done(
+    zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, s3_server: S3ServerInfo, tmp_path: Path,
+    live_broker: str
+) -> None:
+    # Issue 11 (11): listing errors on slices other than the first were dropped, so a bucket listed in part
+    # passed for complete, and a pending delete of an object in the unlisted part read as carried out.
+    from sweeper.gates import run_gates
+    from sweeper.reconcile import pending_delete_states, references, snapshot_frames
+    from sweeper.table_schemas import PENDING_DELETES
+    from tests.s3_faults import S3FaultProxy
+
+    cluster = build_cluster(SandboxSpec(seed=5, topics=50, offload_bucket="offload-p"))
+    seed_zookeeper(zk, cluster)
+    seed_s3(s3_client(S3Target("offload-p"), s3_server.endpoint), cluster)
+    victim = next(o for o in cluster.offload_objects if o.status == "orphan" and o.key[0] != "0")
+    proxy = S3FaultProxy(s3_server.endpoint, list_faults={victim.key[0]}).start()
+    try:
+        store, run_id = _run(zk_target, spark, tmp_path / "tables", proxy.endpoint)
+    finally:
+        proxy.stop()
+    listed = {r["key"] for r in store.read("offload_objects").where(f"run_id = '{run_id}'").collect()}
+    assert victim.key not in listed and listed
+    rows = store.read("quarantine").where(f"run_id = '{run_id}' AND error_kind = 'listing_failed'").collect()
+    assert [r["path"] for r in rows] == [f"s3://offload-p/{victim.key[0]}"]
+
+    gate = run_gates(store, run_id, BASE_CONFIG.gates)
+    assert [f for f in gate.failures if "could not be listed" in f and "offload-p" in f], gate.failures
+    assert run_gates(store, run_id, BASE_CONFIG.replace(gates={"allow_offload_listing_errors": True}).gates).passed
+
+    # A pending delete of the unlisted object: absent from a partial listing is not "done".
+    store.append_rows("pending_deletes", [{
+        "run_id": run_id, "captured_at": datetime.now(UTC), "topic_partition": 0, "message_id": "1:1:-1",
+        "record_key": f"OFFLOAD_LEDGER/{victim.ledger_id}/offload-p/{victim.uuid}", "ledger_id": victim.ledger_id,
+        "ledger_type": "OFFLOAD_LEDGER", "component": "MANAGED_LEDGER", "offload_uuid": victim.uuid,
+        "s3_bucket": "offload-p", "payload": b"x"}], PENDING_DELETES)
+    frames = snapshot_frames(store, run_id)
+    states = {r["record_key"]: r["state"] for r in pending_delete_states(frames, references(frames), run_id).collect()}
+    assert states == {f"OFFLOAD_LEDGER/{victim.ledger_id}/offload-p/{victim.uuid}": "unknown"}

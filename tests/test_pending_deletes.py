@@ -43,7 +43,8 @@ def _publish_raw(broker: Broker, partition: int, payloads: list[bytes]) -> None:
 
 
 def test_pending_deletes_are_read_quarantined_and_classified(
-        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
+        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker,
+        live_broker: str) -> None:
     spec = SandboxSpec(seed=21, topics=30)
     cluster = build_cluster(spec)
     seed_zookeeper(zk, cluster)

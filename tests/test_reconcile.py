@@ -32,9 +32,10 @@ PERMISSIVE = SafetySettings(breaker=CircuitBreaker(1.0))
 
 
 def _snapshot(zk: KazooClient, target: ZkTarget, spark: SparkSession, tmp_path: Path,
-              spec: SandboxSpec) -> tuple[SandboxCluster, TableStore, str]:
+              spec: SandboxSpec, reseed: bool = True) -> tuple[SandboxCluster, TableStore, str]:
     cluster = build_cluster(spec)
-    seed_zookeeper(zk, cluster)
+    if reseed:
+        seed_zookeeper(zk, cluster)
     cfg = BASE_CONFIG.replace(bookkeeper={"zookeeper": target.hosts},
                                   tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"},
                                   offload={"enabled": False})
@@ -128,3 +129,45 @@ def test_unknown_run_is_refused(zk: KazooClient, zk_target: ZkTarget, spark: Spa
     _, store, _ = _snapshot(zk, zk_target, spark, tmp_path, SandboxSpec(seed=2, topics=5))
     with pytest.raises(ReconcileRefused, match="no successful snapshot"):
         run_reconcile(spark, store, "no-such-run", PERMISSIVE)
+
+
+def test_a_quarantined_managed_ledger_makes_its_bucket_and_compacted_ledgers_unknown(
+    zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path
+) -> None:
+    # Issue 11 (5): bucket and compacted ledgers name their topic, not their managed ledger; the quarantine
+    # join went through a managed-ledger row that a quarantined znode does not have, so they looked deleted.
+    from sweeper.sandbox.model import SPECIAL_TOPIC
+
+    cluster = build_cluster(SandboxSpec(seed=11, topics=30))
+    seed_zookeeper(zk, cluster)
+    special = next(m for m in cluster.managed_ledgers if m.topic == SPECIAL_TOPIC)
+    zk.set(f"/managed-ledgers/{special.name}", b"\x47\x78\x00\x00\x00\x02\x08\x09junk")  # undecodable
+    owned = {i for i, x in cluster.ledgers.items() if x.status is not Status.IN_USE and special.topic_name.encode()
+             in (x.custom.get("pulsar/delayedIndexTopic"), x.custom.get("pulsar/compactedTopic"))}
+    assert len(owned) >= 2
+    cfg = BASE_CONFIG.replace(bookkeeper={"zookeeper": zk_target.hosts},
+                              tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"},
+                              offload={"enabled": False})
+    store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
+    run_id = run_snapshot(spark, cfg, store).run_id
+    run_reconcile(spark, store, run_id, PERMISSIVE)
+    found = _orphans(store, run_id)
+    assert {found[("ledger", i)]["status"] for i in owned} == {UNKNOWN}
+    assert {found[("ledger", i)]["reason"] for i in owned} == {"owner_metadata_quarantined"}
+
+
+def test_a_deleted_namespaces_ledgers_are_orphans_only_on_a_dedicated_bookkeeper(
+    zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path
+) -> None:
+    # Issue 11 (3): ledger metadata names no cluster; a namespace unknown here may be another cluster's.
+    cluster, store, run_id = _snapshot(zk, zk_target, spark, tmp_path, SandboxSpec(seed=2, topics=10))
+    foreign = {i for i, x in cluster.ledgers.items()
+               if x.custom.get("pulsar/managed-ledger", b"").startswith(b"sandbox-peer-tenant/")}
+    assert len(foreign) == 1
+    run_reconcile(spark, store, run_id, PERMISSIVE)
+    row = _orphans(store, run_id)[("ledger", *foreign)]
+    assert (row["status"], row["reason"]) == (UNKNOWN, "namespace_unknown")
+    _, _, again = _snapshot(zk, zk_target, spark, tmp_path, SandboxSpec(seed=2, topics=10), reseed=False)
+    run_reconcile(spark, store, again, SafetySettings(breaker=CircuitBreaker(1.0), bookkeeper_dedicated=True))
+    row = _orphans(store, again)[("ledger", *foreign)]
+    assert (row["status"], row["reason"]) == (CANDIDATE, "topic_deleted")

@@ -236,3 +236,90 @@ def test_unreachable_zookeeper_is_a_clear_error(spark: SparkSession, tmp_path: P
     store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
     with pytest.raises(ZooKeeperUnavailableError, match=hosts):
         run_snapshot(spark, cfg, store)
+
+
+# ---- issue 11: what a scan must not drop or misread --------------------------------------------------------
+
+
+class _ListingFails(KazooReader):
+    """A real ZooKeeper reader whose directory listings of one znode fail (e.g. a connection lost mid-read)."""
+
+    def __init__(self, client: KazooClient, failing: str) -> None:
+        super().__init__(client)
+        self.failing = failing
+
+    def children_many(self, paths: Any, window: int = 1000) -> Any:
+        from sweeper.zk import ChildrenRead
+
+        for read in super().children_many(paths, window):
+            yield ChildrenRead(read.path, None, ConnectionError("lost")) if read.path == self.failing else read
+
+
+def test_a_managed_ledger_whose_cursors_cannot_be_listed_is_quarantined(zk: KazooClient) -> None:
+    from sweeper.scan import pulsar as pulsar_scan
+
+    cluster = _seeded(zk, LedgerLayout.HIERARCHICAL, seed=5, topics=12)
+    ml = next(m for m in cluster.managed_ledgers if m.cursors)
+    names = pulsar_scan.plan_managed_ledgers(zk, "/managed-ledgers")
+    rows = list(pulsar_scan.scan_managed_ledgers(_ListingFails(zk, f"/managed-ledgers/{ml.name}"),
+                                                 "/managed-ledgers", names))
+    quarantined = [r for r in rows if r["record_type"] == "quarantine"]
+    # Before: the error was dropped and the managed ledger read as one without cursors.
+    assert [(q["owner"], q["error_kind"]) for q in quarantined] == [(ml.name, "cursor_listing_error")]
+    assert not [r for r in rows if r["record_type"] == "ml_cursors" and r["managed_ledger"] == ml.name]
+    # Its ledger list was read: those references still hold.
+    assert {r["ledger_id"] for r in rows if r["record_type"] == "ml_ledgers" and r["managed_ledger"] == ml.name} == {
+        x.ledger_id for x in ml.ledgers}
+
+
+def test_an_empty_managed_ledger_znode_is_quarantined_not_read_as_listing_nothing(zk: KazooClient) -> None:
+    from sweeper.scan import pulsar as pulsar_scan
+
+    cluster = _seeded(zk, LedgerLayout.HIERARCHICAL, seed=5, topics=12)
+    ml = cluster.managed_ledgers[2]
+    zk.set(f"/managed-ledgers/{ml.name}", b"")  # as Pulsar leaves it between creating the znode and the list
+    names = pulsar_scan.plan_managed_ledgers(zk, "/managed-ledgers")
+    rows = list(pulsar_scan.scan_managed_ledgers(KazooReader(zk), "/managed-ledgers", names))
+    assert [(r["owner"], r["error_kind"]) for r in rows if r["record_type"] == "quarantine"] == [
+        (ml.name, "empty_managed_ledger")]
+    assert ml.name not in {r["managed_ledger"] for r in rows if r["record_type"] == "managed_ledgers"}
+
+
+def test_the_schema_locators_latest_entry_is_a_reference_even_when_its_index_lacks_it(zk: KazooClient) -> None:
+    from sweeper.codecs import pulsar as codec
+    from sweeper.scan import pulsar as pulsar_scan
+
+    locator = codec.pb.SchemaLocator()
+    locator.index.add(version=0, position=codec.pb.PositionInfo(ledgerId=70, entryId=0), hash=b"h")
+    locator.info.version, locator.info.hash = 1, b"h"
+    locator.info.position.ledgerId, locator.info.position.entryId = 71, 0  # written, the index not yet updated
+    zk.create("/schemas/t/ns/topic", codec.encode_schema_locator(locator), makepath=True)
+    rows = list(pulsar_scan.scan_schemas(KazooReader(zk), "/schemas", ["t/ns/topic"]))
+    assert {(r["version"], r["ledger_id"], r["is_latest"]) for r in rows} == {(0, 70, False), (1, 71, True)}
+
+
+def test_snapshot_records_namespaces_brokers_and_the_clock(
+        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path) -> None:
+    cluster = _seeded(zk, LedgerLayout.HIERARCHICAL, seed=5, topics=12)
+    zk.create("/admin/policies/tenant-9/ns-empty", b'{"deleted": false}', makepath=True)  # no topics yet
+    zk.create("/loadbalance/brokers/10.0.0.1:8080", b"{}", ephemeral=True, makepath=True)
+    zk.create("/loadbalance/brokers/10.0.0.2:8080", b"{}", makepath=True)  # left over: no live session
+    store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
+    result = run_snapshot(spark, _config(zk_target, tmp_path / "tables"), store)
+    namespaces = {r["namespace"]: set(r["sources"]) for r in _rows(store, "namespaces")}
+    assert set(namespaces) == set(cluster.namespaces) | {"tenant-9/ns-empty"}
+    assert namespaces["tenant-9/ns-empty"] == {"policies"}
+    assert result.counts["live_brokers"] == 1
+    assert abs(result.counts["clock_skew_ms"]) < 5_000
+
+
+def test_a_host_clock_far_from_zookeepers_refuses_the_snapshot(
+        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, zk_clock: Any) -> None:
+    from sweeper.snapshot import ClockSkewRefused
+
+    _seeded(zk, LedgerLayout.HIERARCHICAL, seed=5, topics=4)
+    store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
+    with zk_clock.back_in_time(1.0), pytest.raises(ClockSkewRefused, match="ahead of ZooKeeper"):
+        # ZooKeeper a day behind this host: ledgers would look a day older than they are.
+        run_snapshot(spark, _config(zk_target, tmp_path / "tables"), store)
+    assert [r["status"] for r in _rows(store, "runs")] == ["refused"]

@@ -149,7 +149,7 @@ def _needs_bookkeeper_copy(info: Any, ledger_id: int) -> bool:
     """Whether a ManagedLedgerInfo lists the ledger as still read from BookKeeper.
 
     An entry offloaded `complete` with `bookkeeperDeleted` does not count: its BookKeeper copy is
-    garbage by design. Without `complete`, Pulsar still reads it from BookKeeper (ManagedLedgerImpl
+    garbage by design. Without `complete`, Pulsar still reads it from BookKeeper (ManagedLedgerImpl.getLedgerHandle
     reads tiered storage only for a complete offload). Reconcile applies the same rule to every
     managed ledger, shadows included.
     """

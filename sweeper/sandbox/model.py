@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import random
 import time
-import urllib.parse
 from collections import Counter
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from sweeper.codecs.pulsar import offload_uuid
 from sweeper.layout import INT_MAX, LedgerLayout
+from sweeper.names import encode_local_name
 
 DAY_MS = 86_400_000
 GRACE_MS = 7 * DAY_MS  # the default grace period: what "young" means in the ground truth
@@ -212,9 +212,13 @@ class SandboxCluster:
         }
 
 
+# A local name exercising Codec.encode: a space becomes '+', ':' and '%' and 'ü' are %-escaped.
+SPECIAL_TOPIC = "events with spaces:ü%"
+
+
 def encode_name(name: str) -> str:
-    """Pulsar's Codec.encode: URL-encoding as java.net.URLEncoder does (space becomes '+')."""
-    return urllib.parse.quote_plus(name, safe="*-._")
+    """Pulsar's Codec.encode (java.net.URLEncoder): one implementation for the sandbox and the sweeper."""
+    return encode_local_name(name)
 
 
 BUCKET_PREFIX = "#pulsar.internal.delayed.bucket"
@@ -332,7 +336,7 @@ class _Builder:
         while len(names) < spec.topics:
             tenant, ns = namespaces[base % len(namespaces)]
             # Topic 1 exercises URL-encoded managed-ledger names.
-            local = "events with spaces:ü" if base == 1 else f"topic-{base}"
+            local = SPECIAL_TOPIC if base == 1 else f"topic-{base}"
             partitions = rng.choice([0, 0, 0, 2, 3]) if base > 1 else 0
             if partitions:
                 for p in range(partitions):
@@ -569,6 +573,10 @@ class _Builder:
                 injected += 1
             if i < spec.young_orphans:
                 self.inject_orphan(ml, long_ids, OrphanKind.DROPPED_FROM_LIST, young=True)
+            if ml.topic.startswith(SPECIAL_TOPIC) and not ml.properties.get("PULSAR.SHADOW_SOURCE"):
+                # Ledgers naming their topic (not their managed ledger) under a name that encodes differently.
+                for kind in (OrphanKind.BUCKET_SNAPSHOT_LEAKED, OrphanKind.COMPACTED_LEDGER_LEAKED):
+                    self.inject_orphan(ml, long_ids, kind)
 
         for _ in range(spec.missing_ledgers):
             ml = rng.choice(mls)[0]
