@@ -42,9 +42,11 @@ EMBEDDED_CONF = "spark.sweeper.embedded"
 DELTA_VERSION = "4.4.0"
 HADOOP_AWS_VERSION = "3.5.0"  # = pyspark's bundled hadoop-client
 AWS_SDK_VERSION = "2.35.4"  # what hadoop-aws 3.5.0's pom asks for
+S3_ANALYTICS_VERSION = "1.3.1"  # software.amazon.s3.analyticsaccelerator, which hadoop-aws 3.5.0 also loads
 DELTA_PACKAGES = (f"io.delta:delta-spark_2.13:{DELTA_VERSION}",)
 S3A_PACKAGES = (f"org.apache.hadoop:hadoop-aws:{HADOOP_AWS_VERSION}",
-                f"software.amazon.awssdk:bundle:{AWS_SDK_VERSION}")
+                f"software.amazon.awssdk:bundle:{AWS_SDK_VERSION}",
+                f"software.amazon.s3.analyticsaccelerator:analyticsaccelerator-s3:{S3_ANALYTICS_VERSION}")
 JARS_DIR_ENV = "SWEEPER_JARS_DIR"  # where `mvn -f jvm/pom.xml package` put them (default jvm/target)
 
 # Settings our code depends on wherever it runs: timestamps are UTC end to end, and
@@ -71,7 +73,7 @@ class ProjectJars:
     """The jars scripts/setup.sh fetched (absolute paths; empty when not fetched)."""
 
     delta: tuple[str, ...]  # delta-spark + delta-storage
-    s3a: tuple[str, ...]  # hadoop-aws + the AWS SDK bundle
+    s3a: tuple[str, ...]  # hadoop-aws + the AWS SDK bundle + the S3 analytics accelerator
 
     @property
     def all(self) -> tuple[str, ...]:
@@ -92,7 +94,8 @@ def project_jars() -> ProjectJars:
             return tuple(jars)
         return ()
 
-    return ProjectJars(found("delta", "delta-spark_", "delta-storage-"), found("s3a", "hadoop-aws-", "bundle-"))
+    return ProjectJars(found("delta", "delta-spark_", "delta-storage-"), found("s3a", "hadoop-aws-", "bundle-",
+                                                                                 "analyticsaccelerator-s3-"))
 
 
 def delta_session_conf() -> dict[str, str]:
@@ -109,10 +112,25 @@ def _jar_conf(jars: ProjectJars) -> dict[str, str]:
     conf = {"spark.driver.extraClassPath": classpath, "spark.executor.extraClassPath": classpath}
     if jars.delta:
         conf.update(delta_session_conf())
-        # Delta rebuilds a table's state with this many tasks (default 50): our logs are a few
-        # commits per run, and 50 tasks cost seconds on a laptop's cores for nothing.
-        conf["spark.databricks.delta.snapshotPartitions"] = "2"
     return conf
+
+
+DELTA_SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
+
+
+def _tune_delta(spark: SparkSession) -> None:
+    """Delta rebuilds a table's state (on every read and write) with `snapshotPartitions` tasks,
+    50 by default: our logs hold a few commits per run, and 50 tasks on a 2-core machine cost
+    seconds per table for nothing. Use the cluster's parallelism, at most Delta's default; a
+    value given at submit time wins."""
+    if not delta_spark_configured(spark):
+        return
+    try:
+        if spark.sparkContext.getConf().contains(DELTA_SNAPSHOT_PARTITIONS):
+            return
+        spark.conf.set(DELTA_SNAPSHOT_PARTITIONS, str(max(2, min(50, spark.sparkContext.defaultParallelism))))
+    except Exception as exc:  # Spark Connect: no SparkContext here
+        log.debug("cannot tune Delta's snapshot partitions: %s", exc)
 
 
 def _launched_by_spark_submit() -> bool:
@@ -156,6 +174,7 @@ def get_spark(app_name: str = "ledger-sweeper", master: str | None = None,
             builder = builder.config(key, value)
         spark = builder.getOrCreate()
         _apply_runtime_conf(spark, {**REQUIRED_CONF, **{k: v for k, v in conf.items() if k.startswith("spark.sql.")}})
+        _tune_delta(spark)
         return spark
 
     # Python workers are forked by the JVM from these variables: they must run this venv's
@@ -179,6 +198,7 @@ def get_spark(app_name: str = "ledger-sweeper", master: str | None = None,
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    _tune_delta(spark)
     return spark
 
 

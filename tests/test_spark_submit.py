@@ -48,7 +48,7 @@ def test_the_zip_alone_is_enough_for_executors_to_encode_and_decode_records(tmp_
 
 
 def test_spark_submit_runs_a_sandbox_sweep_and_reports_exit_codes(tmp_path: Path) -> None:
-    env = {**os.environ, "SPARK_MASTER": "local[2]", "DELTA_PACKAGES": "",
+    env = {**os.environ, "SPARK_MASTER": "local[2]",
            "SPARK_SUBMIT": str(VENV_BIN / "spark-submit"), "PYSPARK_PYTHON": sys.executable,
            "SWEEPER_BUILD_DIR": str(tmp_path / "build")}
     submit = [str(REPO / "spark-submit.sh")]

@@ -110,12 +110,41 @@ class DeltaSparkTableStore(TableStore):
         return None if snapshot is None else (snapshot[1], snapshot[2])
 
     def history(self, name: str) -> list[dict[str, Any]]:
-        rows = self._handle(name).history().orderBy("version", ascending=False).collect()
-        return [
-            history_entry(r["version"], r["timestamp"], r["operation"], r["operationParameters"],
-                          r["operationMetrics"], r["userMetadata"], r["engineInfo"])
-            for r in rows
-        ]
+        latest = self.version(name)
+        if latest is None:
+            raise TableNotFoundError(f"no Delta table {name!r} at {self.path(name)}")
+        try:
+            return [_entry(version, info) for version, info in self._commit_infos(name, latest)]
+        except Py4JError:
+            rows = self._handle(name).history().orderBy("version", ascending=False).collect()
+            return [history_entry(r["version"], r["timestamp"], r["operation"], r["operationParameters"],
+                                  r["operationMetrics"], r["userMetadata"], r["engineInfo"]) for r in rows]
+
+    def _commit_infos(self, name: str, newest: int, limit: int | None = None):  # -> Iterator[(int, dict)]
+        """(version, commitInfo) from `newest` down, read from the commit files through Hadoop's
+        file system on the driver: a few small reads, where DeltaTable.history() runs a Spark job.
+        Stops at a file log clean-up removed."""
+        jvm = self.spark._jvm
+        hadoop_path = jvm.org.apache.hadoop.fs.Path
+        log_dir = hadoop_path(f"{self.path(name)}/_delta_log")
+        conf = self.spark._jsc.hadoopConfiguration()
+        if self._hadoop_options:
+            conf = jvm.org.apache.hadoop.conf.Configuration(conf)
+            for key, value in self._hadoop_options.items():
+                conf.set(key, value)
+        fs = log_dir.getFileSystem(conf)
+        oldest = 0 if limit is None else max(0, newest - limit + 1)
+        for version in range(newest, oldest - 1, -1):
+            commit = hadoop_path(log_dir, f"{version:020d}.json")
+            if not fs.exists(commit):
+                return
+            stream = fs.open(commit)
+            try:
+                text = jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+            finally:
+                stream.close()
+            yield version, next((json.loads(line)["commitInfo"] for line in text.splitlines()
+                                 if '"commitInfo"' in line), {})
 
     def read(self, name: str, version: int | None = None) -> DataFrame:
         latest = self.version(name)
@@ -175,9 +204,21 @@ class DeltaSparkTableStore(TableStore):
         return self._append_frame(name, df, schema, partition_by, create, metadata)
 
     def _find_commit(self, name: str, commit_id: str) -> dict[str, Any] | None:
-        rows = self._handle(name).history(100).collect()
-        for r in rows:
+        latest = self.version(name) or 0
+        try:
+            for version, info in self._commit_infos(name, latest, limit=100):
+                if parse_user_metadata(info.get("userMetadata")).get(COMMIT_ID_KEY) == commit_id:
+                    return _entry(version, info)
+            return None
+        except Py4JError:
+            pass
+        for r in self._handle(name).history(100).collect():
             if parse_user_metadata(r["userMetadata"]).get(COMMIT_ID_KEY) == commit_id:
                 return history_entry(r["version"], r["timestamp"], r["operation"], r["operationParameters"],
                                      r["operationMetrics"], r["userMetadata"], r["engineInfo"])
         return None
+
+
+def _entry(version: int, info: dict[str, Any]) -> dict[str, Any]:
+    return history_entry(version, info.get("timestamp"), info.get("operation"), info.get("operationParameters"),
+                         info.get("operationMetrics"), info.get("userMetadata"), info.get("engineInfo"))

@@ -33,10 +33,23 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from sweeper.spark import AWS_SDK_VERSION, HADOOP_AWS_VERSION, S3A_FILESYSTEM_CLASS, jars_dir, jvm_class_available
+from sweeper.spark import (
+    AWS_SDK_VERSION,
+    HADOOP_AWS_VERSION,
+    S3_ANALYTICS_VERSION,
+    S3A_FILESYSTEM_CLASS,
+    jars_dir,
+    jvm_class_available,
+)
 
 S3_SCHEMES = ("s3", "s3a")
-_SDK_CLIENT_CLASS = "software.amazon.awssdk.services.s3.S3Client"
+# What each jar of jvm/target/s3a/ brings; hadoop-aws 3.5.0 needs all three to start an s3a file system.
+S3A_JAR_CLASSES = (
+    (f"hadoop-aws-{HADOOP_AWS_VERSION}.jar", S3A_FILESYSTEM_CLASS),
+    (f"bundle-{AWS_SDK_VERSION}.jar", "software.amazon.awssdk.services.s3.S3Client"),
+    (f"analyticsaccelerator-s3-{S3_ANALYTICS_VERSION}.jar",
+     "software.amazon.s3.analyticsaccelerator.request.ObjectClient"),
+)
 
 
 class TableStorageUnavailableError(RuntimeError):
@@ -109,8 +122,9 @@ def s3a_settings(storage: TableStorage) -> dict[str, str]:
 def s3a_jar_help() -> str:
     return (
         f"Spark reads tables on S3 through s3a, which needs hadoop-aws-{HADOOP_AWS_VERSION}.jar (= the Hadoop "
-        f"client in pyspark) and the AWS SDK v2 bundle-{AWS_SDK_VERSION}.jar on the driver's and executors' class "
-        f"path. Run `mvn -f jvm/pom.xml package` (scripts/setup.sh does) to fetch both into {jars_dir()}/s3a/; "
+        f"client in pyspark), the AWS SDK v2 bundle-{AWS_SDK_VERSION}.jar and analyticsaccelerator-s3-"
+        f"{S3_ANALYTICS_VERSION}.jar on the driver's and executors' class path. Run `mvn -f jvm/pom.xml package` "
+        f"(scripts/setup.sh does) to fetch them into {jars_dir()}/s3a/; "
         f"./spark-submit.sh then passes them, or give them to spark-submit with --jars (or --packages "
         f"org.apache.hadoop:hadoop-aws:{HADOOP_AWS_VERSION}). EMR and Dataproc ship them already."
     )
@@ -122,13 +136,11 @@ def check_spark_reaches(spark: SparkSession, storage: TableStorage) -> None:
         return
     if storage.scheme == "s3" and _hadoop_conf(spark, "fs.s3.impl"):
         return  # the cluster maps s3:// itself (EMR's EMRFS)
-    missing = [jar for jar, cls in ((f"hadoop-aws-{HADOOP_AWS_VERSION}.jar", S3A_FILESYSTEM_CLASS),
-                                    (f"bundle-{AWS_SDK_VERSION}.jar", _SDK_CLIENT_CLASS))
-               if not jvm_class_available(spark, cls)]
+    missing = [(jar, cls) for jar, cls in S3A_JAR_CLASSES if not jvm_class_available(spark, cls)]
     if missing:
         raise TableStorageUnavailableError(
-            f"[tables] root {storage.root} is on S3, and this Spark session lacks {' and '.join(missing)} "
-            f"(classes {S3A_FILESYSTEM_CLASS}, {_SDK_CLIENT_CLASS}). {s3a_jar_help()}")
+            f"[tables] root {storage.root} is on S3, and this Spark session lacks "
+            f"{', '.join(f'{jar} (class {cls})' for jar, cls in missing)}. {s3a_jar_help()}")
 
 
 def _hadoop_conf(spark: SparkSession, key: str) -> str | None:
