@@ -214,6 +214,10 @@ deletes_per_second = 1000000000.0
             zkutil.close(client)
         print(f"  deleted {deleted:,}; ground-truth orphans {len(orphans):,}; sampled orphans still present: "
               f"{len(left)}", flush=True)
+        run.summary["table_bytes"] = _table_bytes(s3, topics, work)
+        sizes = run.summary["table_bytes"]
+        print(f"  tables: {sum(sizes.values()) / MIB:,.1f} MiB "
+              f"({', '.join(f'{k} {v / MIB:,.1f}' for k, v in sorted(sizes.items()))})", flush=True)
         run.summary["gc"] = {"driver": _gc_peaks(logs / "driver.log", run),
                              "executors": {p.name: _gc_peaks(p, run) for p in sorted(logs.glob("executor-*.log"))}}
         run.summary["orphans"] = len(orphans)
@@ -223,6 +227,24 @@ deletes_per_second = 1000000000.0
             stop_s3(s3)
         stop_pulsar(broker)
         stop_zookeeper(server)
+
+
+def _table_bytes(s3: object, topics: int, work: Path) -> dict[str, int]:
+    """Bytes per table after the run (data files and log), on S3 or on disk."""
+    sizes: dict[str, int] = {}
+    if s3 is not None:
+        client = boto3.client("s3", endpoint_url=s3.endpoint, region_name="us-east-1",  # type: ignore[attr-defined]
+                              aws_access_key_id="bench", aws_secret_access_key="bench-secret")
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket="bench-tables", Prefix=f"t{topics}/"):
+            for obj in page.get("Contents", []):
+                table = obj["Key"].split("/")[1]
+                sizes[table] = sizes.get(table, 0) + obj["Size"]
+    else:
+        for path in (work / "tables").rglob("*"):
+            if path.is_file():
+                table = path.relative_to(work / "tables").parts[0]
+                sizes[table] = sizes.get(table, 0) + path.stat().st_size
+    return sizes
 
 
 def report(run: Run) -> dict:
@@ -246,7 +268,7 @@ def report(run: Run) -> dict:
         print(f"{stage:<10} {row['seconds']:>7.1f} {row['driver_jvm_rss_mib']:>12} "
               f"{row['driver_heap_after_gc_mib']:>9} {row['driver_python_rss_mib']:>11}  {execs}  heap {heaps}")
     return {"ledgers": run.ledgers, "orphans": run.summary["orphans"], "stages": rows,
-            "counts": run.summary["stages"]}
+            "counts": run.summary["stages"], "table_bytes": run.summary["table_bytes"]}
 
 
 def main() -> None:

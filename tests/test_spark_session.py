@@ -79,3 +79,22 @@ def test_the_embedded_session_carries_the_fetched_jars_and_auto_stays_delta_rs(s
     # delta-spark is what `auto` picks under spark-submit (tests/test_cluster.py).
     assert is_embedded(spark)
     assert auto_engine(spark) == "delta-rs"
+
+
+def test_the_pinned_jar_versions_match_jvm_pom() -> None:
+    """sweeper.spark names the jars in its messages and fallbacks; jvm/pom.xml fetches them."""
+    import xml.etree.ElementTree as ET
+
+    from sweeper import spark as spark_mod
+
+    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
+    props = ET.parse(Path(REPO) / "jvm" / "pom.xml").getroot().find("m:properties", ns)
+    assert props is not None
+    pinned = {child.tag.split("}")[1]: child.text for child in props}
+    assert pinned["delta.version"] == spark_mod.DELTA_VERSION
+    assert pinned["hadoop.version"] == spark_mod.HADOOP_AWS_VERSION
+    assert pinned["awssdk.version"] == spark_mod.AWS_SDK_VERSION
+    assert pinned["s3analytics.version"] == spark_mod.S3_ANALYTICS_VERSION
+    jars = project_jars()
+    assert any(f"delta-spark_2.13-{spark_mod.DELTA_VERSION}.jar" in j for j in jars.delta)
+    assert any(f"hadoop-aws-{spark_mod.HADOOP_AWS_VERSION}.jar" in j for j in jars.s3a)
