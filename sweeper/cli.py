@@ -44,6 +44,9 @@ def _load_config(args: argparse.Namespace) -> SweeperConfig:
     overrides: dict[str, dict[str, object]] = {}
     if getattr(args, "tables", None):
         overrides["tables"] = {"root": args.tables}
+    if getattr(args, "tables_s3_endpoint", None) and not cfg.tables.s3_endpoint:
+        # The sandbox's S3 serves a table root on S3 that names no endpoint of its own.
+        overrides["tables"] = {**overrides.get("tables", {}), "s3_endpoint": args.tables_s3_endpoint}
     if getattr(args, "zookeeper", None):
         overrides["bookkeeper"] = {"zookeeper": args.zookeeper}
     if getattr(args, "s3_endpoint", None):
@@ -108,7 +111,9 @@ def _session(cfg: SweeperConfig) -> tuple[Any, Any]:
     # Spark's own progress bar, on a terminal only: a scheduler's log wants the per-stage lines.
     progress = {"spark.ui.showConsoleProgress": "true"} if sys.stderr.isatty() else {}
     spark = get_spark(cfg.spark.app_name, master=cfg.spark.master or None, conf=progress)
-    return spark, open_table_store(cfg.tables.root, spark, engine=cfg.tables.engine)
+    store = open_table_store(cfg.tables.root, spark, engine=cfg.tables.engine,
+                             s3_endpoint=cfg.tables.s3_endpoint, s3_region=cfg.tables.s3_region)
+    return spark, store
 
 
 def cmd_testbed(args: argparse.Namespace) -> int:
@@ -273,6 +278,23 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _sandbox_table_bucket(args: argparse.Namespace) -> None:
+    """A table root on S3 with no endpoint of its own lives on the sandbox's S3: create its bucket."""
+    from sweeper.offload import S3Target, s3_client
+    from sweeper.tables.storage import TableStorage
+
+    cfg = _load_config(args)
+    storage = TableStorage(cfg.tables.root)
+    if not storage.on_s3 or cfg.tables.s3_endpoint:
+        return
+    args.tables_s3_endpoint = args.s3_endpoint
+    client = s3_client(S3Target(storage.bucket), args.s3_endpoint)
+    existing = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
+    if storage.bucket not in existing:
+        client.create_bucket(Bucket=storage.bucket)
+    print(f"sandbox: tables on {cfg.tables.root} (the sandbox's S3)")
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Run the stages in order with one run id, stopping at the first refusal."""
     from sweeper.pipeline import sweep
@@ -293,6 +315,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             cmd_sandbox(argparse.Namespace(**{**vars(args), "action": "seed"}))
         except SandboxError as exc:
             print(f"sandbox: {exc}; scanning what is there")
+        _sandbox_table_bucket(args)
     cfg = _load_config(args)
     spark, store = _session(cfg)
     until = "delete" if args.execute else args.until
@@ -407,11 +430,13 @@ def main(argv: list[str] | None = None) -> int:
     from sweeper.pipeline import StageRefused
     from sweeper.snapshot import ClockSkewRefused
     from sweeper.system_topic import SystemTopicError
+    from sweeper.tables import DeltaSparkUnavailableError, TableStorageUnavailableError
     from sweeper.zk import WrongRootError, ZooKeeperPermissionError, ZooKeeperUnavailableError
 
     try:
         return int(args.func(args))
-    except ConfigError as exc:
+    except (ConfigError, DeltaSparkUnavailableError, TableStorageUnavailableError) as exc:
+        # A missing jar is a setup problem: its message names the jar and how to get it.
         print(f"configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (WrongRootError, ZooKeeperUnavailableError, ZooKeeperPermissionError, LayoutError, StageRefused,

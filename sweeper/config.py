@@ -62,8 +62,13 @@ class PulsarMetadataConfig(ZooKeeperAccessConfig):
 
 @dataclass(frozen=True)
 class TablesConfig:
-    root: str = "var/tables"
+    root: str = "var/tables"  # a path, or s3://bucket/prefix (s3a:// too); see sweeper.tables.storage
     engine: str = "auto"  # auto | delta-rs | delta-spark
+    # For a root on S3: an S3-compatible endpoint for its bucket (empty: AWS) and the region.
+    # Credentials never go here: each process takes them from the usual chain (environment,
+    # profile, instance role; Hadoop's chain for s3a).
+    s3_endpoint: str = ""
+    s3_region: str = ""
 
 
 @dataclass(frozen=True)
@@ -277,6 +282,8 @@ def validate(config: SweeperConfig) -> None:
     validate_zookeeper_access(config)
     if config.tables.engine not in ("auto", "delta-rs", "delta-spark"):
         raise ConfigError(f"[tables] engine must be auto, delta-rs or delta-spark, got {config.tables.engine!r}")
+    if config.tables.s3_endpoint and not config.tables.s3_endpoint.startswith(("http://", "https://")):
+        raise ConfigError(f"[tables] s3_endpoint must be an http(s) URL, got {config.tables.s3_endpoint!r}")
     for section, key, path in (
         ("bookkeeper", "ledgers_root", config.bookkeeper.ledgers_root),
         ("pulsar", "managed_ledgers_root", config.pulsar.managed_ledgers_root),

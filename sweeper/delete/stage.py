@@ -110,27 +110,40 @@ def retry_states(store: TableStore) -> dict[str, Mapping[str, Any]]:
     return _latest_by_key(store.read("retry_queue").toArrow().to_pylist())
 
 
-def load_inputs(store: TableStore, run_id: str, now: datetime) -> tuple[list[PendingRecord], dict[str, int]]:
-    """The run's emitted records without a final result yet, and every queued record that is due."""
+def load_inputs(store: TableStore, run_id: str, now: datetime,
+                limit: int | None = None) -> tuple[list[PendingRecord], dict[str, int]]:
+    """The run's emitted records without a final result yet, and every queued record that is due,
+    by record key; at most `limit` of them (`counts["selected"]` says how many there were).
+
+    The run's emitted records are filtered, counted and cut to the first `limit` in Spark: only
+    what this run will process reaches the driver, not every record the run ever emitted. The
+    retry queue (failed deletes only) is read on the driver as before.
+    """
     counts = {"emitted": 0, "already_final": 0, "not_due": 0, "due_retries": 0}
-    final: set[str] = set()
-    if store.exists("delete_results"):
-        final = {r["record_key"] for r in store.read("delete_results").where(
-            (F.col("run_id") == run_id) & (F.col("outcome") != FAILED) & ~F.col("dry_run")).select(
-            "record_key").distinct().toArrow().to_pylist()}
     queue = retry_states(store)
-    picked: dict[str, PendingRecord] = {}
+    picked: list[PendingRecord] = []
+    pending = 0
     if store.exists("emitted"):
-        emitted = store.read("emitted").where(F.col("run_id") == run_id).select("record_key", "payload")
-        for row in emitted.toArrow().to_pylist():
-            if row["record_key"] in picked:
-                continue
-            counts["emitted"] += 1
-            if row["record_key"] in final:
-                counts["already_final"] += 1
-            elif row["record_key"] not in queue:  # the queue governs records that failed before
-                picked[row["record_key"]] = PendingRecord(row["record_key"], SOURCE_EMITTED, run_id, 0,
-                                                          row["payload"])
+        emitted = (store.read("emitted").where(F.col("run_id") == run_id).select("record_key", "payload")
+                   .dropDuplicates(["record_key"]))
+        counts["emitted"] = emitted.count()
+        todo = emitted
+        if store.exists("delete_results"):
+            final = store.read("delete_results").where(
+                (F.col("run_id") == run_id) & (F.col("outcome") != FAILED) & ~F.col("dry_run")).select("record_key")
+            counts["already_final"] = emitted.join(final, "record_key", "left_semi").count()
+            todo = todo.join(final, "record_key", "left_anti")
+        if queue:  # the queue governs records that failed before
+            spark = emitted.sparkSession
+            todo = todo.join(spark.createDataFrame([(k,) for k in queue], "record_key string"), "record_key",
+                             "left_anti")
+        pending = todo.count()
+        head = todo.orderBy("record_key")
+        if limit is not None:
+            head = head.limit(limit)
+        picked = [PendingRecord(row["record_key"], SOURCE_EMITTED, run_id, 0, row["payload"])
+                  for row in head.toArrow().to_pylist()]
+    retries: list[PendingRecord] = []
     for key, row in queue.items():
         if row["state"] != QUEUED:
             continue
@@ -139,8 +152,10 @@ def load_inputs(store: TableStore, run_id: str, now: datetime) -> tuple[list[Pen
             counts["not_due"] += 1
             continue
         counts["due_retries"] += 1
-        picked[key] = PendingRecord(key, SOURCE_RETRY, row["run_id"], int(row["attempts"]), row["payload"])
-    return sorted(picked.values(), key=lambda p: p.record_key), counts
+        retries.append(PendingRecord(key, SOURCE_RETRY, row["run_id"], int(row["attempts"]), row["payload"]))
+    selected = sorted(picked + retries, key=lambda p: p.record_key)
+    counts["selected"] = pending + len(retries)
+    return (selected if limit is None else selected[:limit]), counts
 
 
 def records_from_json(path: str | Path, client: Any, ledgers_root: str, layout: LedgerLayout) -> list[PendingRecord]:
@@ -369,10 +384,10 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
             buckets = _buckets(store, config, None)
         else:
             _check_emitted(store, run_id)
-            inputs, counts = load_inputs(store, run_id, now)
+            inputs, counts = load_inputs(store, run_id, now, limit=d.max_deletes_per_run)
             buckets = _buckets(store, config, run_id)
         cap = d.max_deletes_per_run
-        counts["deferred_by_cap"] = max(0, len(inputs) - cap)
+        counts["deferred_by_cap"] = max(0, counts.pop("selected", len(inputs)) - cap)
         inputs = inputs[:cap]
         counts["records"] = len(inputs)
         guards = {"execute": execute, "max_deletes_per_run": cap, "deletes_per_second_per_task": d.deletes_per_second,
