@@ -33,7 +33,7 @@ from sweeper.delete.stage import run_delete
 from sweeper.layout import LedgerLayout, layout_znode, ledger_path
 from sweeper.snapshot import record_run
 from sweeper.spark import get_spark
-from sweeper.table_schemas import EMITTED
+from sweeper.table_schemas import EMITTED, SNAPSHOT_TABLES
 from sweeper.tables import open_table_store
 from sweeper.zkserver import start_zookeeper, stop_zookeeper
 
@@ -142,6 +142,9 @@ def main() -> None:
             "message_id": f"0:{i}:-1", "status": "published", "payload": pending_delete.encode(r)}
             for i, r in enumerate(records)], EMITTED)
         record_run(store, "bench", "emit", "succeeded", now, {}, cfg)
+        # A snapshot was taken (the delete refuses to run without one: it names the shadow topics); none here.
+        store.append("managed_ledgers", spark.createDataFrame([], SNAPSHOT_TABLES["managed_ledgers"]),
+                     SNAPSHOT_TABLES["managed_ledgers"])
         store.read("emitted").count()  # warm: in a sweep, delete runs right after emit in the same session
 
         t0 = time.monotonic()

@@ -1,17 +1,25 @@
 """Reconcile speed and memory on a large snapshot, built straight from the sandbox model.
 
-    .venv/bin/python bench/bench_reconcile.py --topics 100000 --max-rollovers 16
+    .venv/bin/python bench/bench_reconcile.py --topics 100000 --max-rollovers 16 [--baseline-tree DIR]
 
 Seeding a million znodes through ZooKeeper only to read them back would measure the scan
 again (bench_snapshot.py does that); here the snapshot tables are produced by the same row
 builders the scan uses, from the model's encoded znodes, and committed to Delta. Then the real
 reconcile runs and its wall time and the peak memory of the whole process tree are reported.
+
+With `--baseline-tree DIR` (a checkout of an older commit, e.g. `git worktree add /tmp/old a06e5e9`),
+that tree's reconcile runs on a copy of the same tables in a fresh process, and so does this tree's,
+alternately: the ratio of the two is what this shared machine's load cannot blur.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -53,13 +61,14 @@ from sweeper.tables import open_table_store
 class PeakMemory:
     """Peak RSS of this process and its children (the Spark JVM and Python workers)."""
 
-    def __init__(self) -> None:
+    def __init__(self, root: psutil.Process | None = None) -> None:
+        self.root = root or psutil.Process()
         self.peak = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        me = psutil.Process()
+        me = self.root
         while not self._stop.is_set():
             total = 0
             for proc in [me, *me.children(recursive=True)]:
@@ -111,6 +120,8 @@ def main() -> None:
     parser.add_argument("--topics", type=int, default=100_000)
     parser.add_argument("--max-rollovers", type=int, default=16)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--baseline-tree", default="", help="an older checkout to compare with, same tables")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating runs per tree with --baseline-tree")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-reconcile-"))
@@ -131,6 +142,8 @@ def main() -> None:
     record_run(store, run_id, "snapshot", "succeeded", captured_at, counts, SweeperConfig())
     print(f"snapshot tables written: {counts} ({time.monotonic() - t:.0f}s)", flush=True)
 
+    if args.baseline_tree:
+        shutil.copytree(work / "tables", work / "tables-pristine")  # both trees reconcile the snapshot as written
     settings = SafetySettings(breaker=CircuitBreaker(1.0), local_cluster=cluster.spec.cluster_name)
     with PeakMemory() as memory:
         t = time.monotonic()
@@ -141,6 +154,52 @@ def main() -> None:
     expected = sum(1 for x in cluster.ledgers.values() if x.status.value == "orphan")
     print(f"  candidates {result.counts.get('candidate', 0):,} (ground truth {expected:,})")
     spark.stop()
+    if args.baseline_tree:
+        compare(work / "tables-pristine", Path(args.baseline_tree).resolve(), cluster.spec.cluster_name, args.rounds)
+
+
+# Runs one tree's reconcile on a table root; prints its wall time and candidate count as JSON.
+_RECONCILE_IN_TREE = """
+import inspect, json, sys, time
+sys.path.insert(0, sys.argv[1])
+from sweeper.reconcile import SafetySettings, run_reconcile
+from sweeper.safety import CircuitBreaker
+from sweeper.spark import get_spark
+from sweeper.tables import open_table_store
+spark = get_spark("bench-reconcile-tree")
+store = open_table_store(sys.argv[2], spark, engine="delta-rs")
+kwargs = {"breaker": CircuitBreaker(1.0)}
+if "local_cluster" in inspect.signature(SafetySettings).parameters:
+    kwargs["local_cluster"] = sys.argv[3]
+t = time.monotonic()
+result = run_reconcile(spark, store, "bench", SafetySettings(**kwargs))
+print(json.dumps({"wall": time.monotonic() - t, "candidates": result.counts.get("candidate", 0)}))
+spark.stop()
+"""
+
+
+def compare(tables: Path, baseline: Path, cluster_name: str, rounds: int) -> None:
+    here = Path(__file__).resolve().parents[1]
+    walls: dict[str, list[float]] = {"current": [], "baseline": []}
+    for round_ in range(rounds):
+        for label, tree in (("current", here), ("baseline", baseline)):
+            copy = tables.parent / f"tables-{label}-{round_}"
+            shutil.copytree(tables, copy)
+            env = {**os.environ, "PYTHONPATH": str(tree)}
+            proc = subprocess.Popen([sys.executable, "-c", _RECONCILE_IN_TREE, str(tree), str(copy), cluster_name],
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+                                    cwd=tree)
+            with PeakMemory(psutil.Process(proc.pid)) as memory:
+                out, _ = proc.communicate()
+            if proc.returncode != 0:
+                raise SystemExit(f"{label} reconcile failed in {tree}")
+            got = json.loads(out.strip().splitlines()[-1])
+            walls[label].append(got["wall"])
+            print(f"{label} ({tree}): {got['wall']:.1f}s wall, {got['candidates']:,} candidates, "
+                  f"peak RSS {memory.peak / 2**30:.2f} GiB", flush=True)
+            shutil.rmtree(copy, ignore_errors=True)
+    current, old = min(walls["current"]), min(walls["baseline"])
+    print(f"current / baseline (best of {rounds}): {current:.1f}s / {old:.1f}s = {current / old:.2f}x")
 
 
 if __name__ == "__main__":
