@@ -17,6 +17,14 @@ Measured per stage (stage boundaries from the driver's own progress lines):
   a collection is what the process actually holds, so its slope over sizes is what says whether
   something grows with the data.
 
+The run passes the safety gates as a production run must: the local Pulsar endpoint registers itself
+as a live broker under /loadbalance/brokers (liveness), `[pulsar] cluster_name` is the model's, and
+the sandbox ZooKeeper's settable clock (libfaketime) is set back while seed_zookeeper writes the
+ledger znodes, so each znode is older than its ledger's metadata ctime. The scan runs at the default
+`[scan] reads_per_second`, as a production run would. Sizes: about 10 ledgers per topic with
+--max-rollovers 16, so 25,000 / 50,000 / 100,000 topics are about 250k / 500k / 1M ledgers (each
+size prints its own count).
+
 Tiered storage (offloaded objects) is off, as in bench_sweep.py: moto takes milliseconds per
 object and the model has ~200,000 of them at 1M ledgers.
 """
@@ -129,7 +137,8 @@ def run_size(topics: int, args: argparse.Namespace, cluster: StandaloneCluster, 
     model = build_cluster(SandboxSpec(topics=topics, max_rollovers=args.max_rollovers))
     orphans = {i for i, x in model.ledgers.items() if x.status is Status.ORPHAN}
     server = start_zookeeper(work / "zk", heap="4g")
-    broker = start_pulsar(work / "pulsar", free_port(), free_port())
+    # Registered under /loadbalance/brokers: the liveness gate refuses a run with no live broker.
+    broker = start_pulsar(work / "pulsar", free_port(), free_port(), register_zookeeper=server.connect_string)
     s3 = start_s3(work / "moto") if args.tables == "s3" else None
     run = Run(len(model.ledgers))
     try:
@@ -146,6 +155,8 @@ def run_size(topics: int, args: argparse.Namespace, cluster: StandaloneCluster, 
             tables = f'root = "{work / "tables"}"'
         config = work / "bench.toml"
         config.write_text(f"""
+[pulsar]
+cluster_name = "{model.spec.cluster_name}"
 [bookkeeper]
 zookeeper = "{server.connect_string}"
 session_timeout_s = 60.0
