@@ -163,13 +163,13 @@ def _scan_partition(target: ScanTarget, batches: Iterator[pa.RecordBatch]) -> It
                     client(target.bk_hosts, target.bk_security), target.ledgers_root, payload.split("\n"), target.window
                 )
             elif kind == TASK_ML:
-                yield from pulsar_scan.scan_managed_ledgers(
-                    client(*pulsar), target.ml_root, payload.split("\n"), target.window
-                )
+                parent, shard, shards = _shard(payload)
+                names = pulsar_scan.list_shard(client(*pulsar), target.ml_root, parent, shard, shards)
+                yield from pulsar_scan.scan_managed_ledgers(client(*pulsar), target.ml_root, names, target.window)
             elif kind == TASK_SCHEMA:
-                yield from pulsar_scan.scan_schemas(
-                    client(*pulsar), target.schemas_root, payload.split("\n"), target.window
-                )
+                parent, shard, shards = _shard(payload)
+                ids = pulsar_scan.list_shard(client(*pulsar), target.schemas_root, parent, shard, shards)
+                yield from pulsar_scan.scan_schemas(client(*pulsar), target.schemas_root, ids, target.window)
 
     try:
         packer = TablePacker(target.run_id, target.captured_at)
@@ -239,8 +239,13 @@ def scan_sessions(spark: SparkSession, config: SweeperConfig, units: int) -> int
     return max(1, min(parallelism, units, config.scan.max_sessions))
 
 
-def _chunks(items: list[str], size: int) -> list[str]:
-    return ["\n".join(items[i : i + size]) for i in range(0, len(items), size)]
+def _shard_payload(parent: str, shard: int, shards: int) -> str:
+    return f"{parent}\n{shard}\n{shards}"
+
+
+def _shard(payload: str) -> tuple[str, int, int]:
+    parent, shard, shards = payload.split("\n")
+    return parent, int(shard), int(shards)
 
 
 @dataclass
@@ -286,8 +291,11 @@ def plan_tasks(config: SweeperConfig) -> SnapshotPlan:
     for namespace in policies:
         pulsar_plan.namespaces.setdefault(namespace, set()).add("policies")
     tasks = [(TASK_BK, unit) for unit in ledger_plan.units]
-    tasks += [(TASK_ML, chunk) for chunk in _chunks(pulsar_plan.managed_ledgers, config.scan.chunk)]
-    tasks += [(TASK_SCHEMA, chunk) for chunk in _chunks(pulsar_plan.schemas, config.scan.chunk)]
+    # Directories and their sizes only: each task lists its shard of a directory itself.
+    tasks += [(TASK_ML, _shard_payload(*s))
+              for s in pulsar_scan.shards(pulsar_plan.managed_ledger_domains, config.scan.chunk)]
+    tasks += [(TASK_SCHEMA, _shard_payload(*s))
+              for s in pulsar_scan.shards(pulsar_plan.schema_namespaces, config.scan.chunk)]
     return SnapshotPlan(tasks, ledger_plan, pulsar_plan, brokers, clock)
 
 

@@ -323,3 +323,20 @@ def test_a_host_clock_far_from_zookeepers_refuses_the_snapshot(
         # ZooKeeper a day behind this host: ledgers would look a day older than they are.
         run_snapshot(spark, _config(zk_target, tmp_path / "tables"), store)
     assert [r["status"] for r in _rows(store, "runs")] == ["refused"]
+
+
+def test_the_plan_holds_directories_and_the_tasks_list_their_shards(zk: KazooClient) -> None:
+    # Issue 13: the driver's plan must not grow with the number of topics. It holds each namespace's
+    # directory and size; the tasks list their shard of it, and the shards cover every topic exactly once.
+    from sweeper.scan import pulsar as pulsar_scan
+
+    _seeded(zk, LedgerLayout.HIERARCHICAL, seed=5, topics=40)
+    every = pulsar_scan.plan_managed_ledgers(zk, "/managed-ledgers")
+    domains = pulsar_scan.plan_managed_ledger_domains(zk, "/managed-ledgers")
+    assert sum(size for _, size in domains) == len(every)
+    planned = pulsar_scan.shards(domains, chunk=3)
+    assert len(planned) > len(domains)  # a namespace larger than a chunk spreads over several tasks
+    listed = [name for parent, k, n in planned
+              for name in pulsar_scan.list_shard(KazooReader(zk), "/managed-ledgers", parent, k, n)]
+    assert sorted(listed) == every  # every topic once, none twice
+    assert pulsar_scan.list_shard(KazooReader(zk), "/managed-ledgers", "gone/ns/persistent", 0, 1) == []

@@ -7,6 +7,7 @@ their children are cursors. Schema locators live at `<schemas root>/<tenant>/<ns
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,8 +32,8 @@ _COMPRESSION = {0: "NONE", 1: "LZ4", 2: "ZLIB", 3: "ZSTD", 4: "SNAPPY"}
 
 @dataclass
 class PulsarScanPlan:
-    managed_ledgers: list[str]  # relative to the managed-ledgers root
-    schemas: list[str]  # relative to the schemas root
+    managed_ledger_domains: list[tuple[str, int]]  # `<namespace>/persistent` under the root, and its topic count
+    schema_namespaces: list[tuple[str, int]]  # tenant/namespace under the schemas root, and its schema count
     quarantine: list[Row] = field(default_factory=list)
     # tenant/namespace -> where this cluster's metadata shows it (managed_ledgers, policies)
     namespaces: dict[str, set[str]] = field(default_factory=dict)
@@ -55,8 +56,14 @@ def _list_level(client: KazooClient, root: str, parents: list[str]) -> list[tupl
     return out
 
 
-def plan_managed_ledgers(client: KazooClient, root: str, namespaces: set[str] | None = None) -> list[str]:
-    """Every managed ledger under `root`; `namespaces` collects each tenant/namespace that has a domain."""
+def plan_managed_ledger_domains(client: KazooClient, root: str,
+                                namespaces: set[str] | None = None) -> list[tuple[str, int]]:
+    """Every `<namespace>/persistent` directory under `root` with its number of topics; `namespaces` collects
+    each tenant/namespace that has one.
+
+    The topics themselves are listed by the scan tasks (`list_shard`): a driver holding every topic's name
+    would grow with the cluster, and the plan needs only the directories and their sizes.
+    """
     zkutil.require_node(client, root, "Pulsar managed-ledgers")
     tenants = sorted(client.get_children(root))
     second = _list_level(client, root, tenants)
@@ -75,12 +82,46 @@ def plan_managed_ledgers(client: KazooClient, root: str, namespaces: set[str] | 
     for rel, children in _list_level(client, root, deeper):
         if DOMAIN in children:
             domains.append(f"{rel}/{DOMAIN}")
-    topics: list[str] = []
-    for rel, children in _list_level(client, root, sorted(set(domains))):
-        topics.extend(f"{rel}/{t}" for t in children)
     if namespaces is not None:
         namespaces.update(d[: -len(DOMAIN) - 1] for d in domains)
-    return sorted(topics)
+    return _sized(client, root, sorted(set(domains)))
+
+
+def plan_managed_ledgers(client: KazooClient, root: str, namespaces: set[str] | None = None) -> list[str]:
+    """Every managed ledger under `root` (relative names), listed in one place: for tests and small tools."""
+    domains = [d for d, _ in plan_managed_ledger_domains(client, root, namespaces)]
+    return sorted(f"{rel}/{t}" for rel, children in _list_level(client, root, domains) for t in children)
+
+
+def _sized(client: KazooClient, root: str, parents: list[str]) -> list[tuple[str, int]]:
+    """Each parent with its number of children (from its stat: the children are not fetched)."""
+    out = []
+    for parent, read in zip(parents, zkutil.get_many(client, (zkutil.join(root, p) for p in parents)), strict=True):
+        if read.error is not None:
+            raise read.error
+        if read.stat is not None:  # vanished since it was listed: nothing to scan there
+            out.append((parent, read.stat.numChildren))
+    return out
+
+
+def shards(parents: list[tuple[str, int]], chunk: int) -> list[tuple[str, int, int]]:
+    """(parent, shard, shards): about `chunk` children per shard, so a large namespace spreads over many tasks."""
+    return [(parent, k, n) for parent, size in parents for n in [max(1, -(-size // max(1, chunk)))]
+            for k in range(n)]
+
+
+def in_shard(child: str, shard: int, shards: int) -> bool:
+    """Stable across processes (Python's str hash is not): every child lands in exactly one shard."""
+    return zlib.crc32(child.encode()) % shards == shard
+
+
+def list_shard(reader: zkutil.ZnodeReader, root: str, parent: str, shard: int, shards: int) -> list[str]:
+    """The children of `parent` (relative to `root`) that fall in `shard`, as `parent/child` names, listed by the
+    task that scans them. A parent gone since planning (its namespace deleted) has none."""
+    [read] = list(reader.children_many([zkutil.join(root, parent)]))
+    if read.error is not None:
+        raise read.error
+    return sorted(f"{parent}/{c}" for c in read.children or () if in_shard(c, shard, shards))
 
 
 def plan_namespace_policies(client: KazooClient, root: str) -> set[str]:
@@ -107,17 +148,19 @@ def plan_namespace_policies(client: KazooClient, root: str) -> set[str]:
     return found
 
 
-def plan_schemas(client: KazooClient, root: str) -> list[str]:
+def plan_schema_namespaces(client: KazooClient, root: str) -> list[tuple[str, int]]:
+    """Every tenant/namespace under the schemas root with its number of schemas (listed by the scan tasks)."""
     if client.exists(root) is None:
         return []  # a cluster that never stored a schema has no schemas root
     tenants = sorted(client.get_children(root))
     namespaces = [f"{t}/{n}" for t, children in _list_level(client, root, tenants) for n in children]
-    return sorted(f"{ns}/{t}" for ns, children in _list_level(client, root, namespaces) for t in children)
+    return _sized(client, root, namespaces)
 
 
 def plan_pulsar(client: KazooClient, ml_root: str, schemas_root: str) -> PulsarScanPlan:
     namespaces: set[str] = set()
-    plan = PulsarScanPlan(plan_managed_ledgers(client, ml_root, namespaces), plan_schemas(client, schemas_root))
+    plan = PulsarScanPlan(plan_managed_ledger_domains(client, ml_root, namespaces),
+                          plan_schema_namespaces(client, schemas_root))
     for ns in namespaces:
         plan.namespaces.setdefault(ns, set()).add("managed_ledgers")
     return plan
