@@ -123,6 +123,7 @@ ML_CURSORS = _schema(
     ("path", S),
     ("zk_version", INT),
     ("zk_mtime_ms", L),
+    ("last_active_ms", L),  # ManagedCursorInfo.lastActive, written with the znode (null: not recorded)
     ("cursors_ledger_id", L),  # -1: state kept in ZooKeeper, no cursor ledger
     ("mark_delete_ledger_id", L),
     ("mark_delete_entry_id", L),
@@ -148,6 +149,31 @@ NAMESPACES = _schema(
     *RUN_COLUMNS,
     ("namespace", S, False),  # tenant/namespace (tenant/cluster/namespace for old names)
     ("sources", ArrayType(S)),  # managed_ledgers | policies
+)
+
+# Each namespace's retention and TTL as its Policies JSON in the configuration store sets them (null: not
+# set, the broker default applies). Only these fields: the JSON also holds offload and auth settings.
+NAMESPACE_POLICIES = _schema(
+    *RUN_COLUMNS,
+    ("namespace", S, False),
+    ("readable", B, False),  # false: the JSON could not be read as Pulsar would (`error` says why)
+    ("error", S),
+    ("retention_minutes", INT),
+    ("retention_size_mb", L),
+    ("ttl_seconds", INT),
+    ("deleted", B),
+    ("zk_version", INT),
+)
+
+# Bundles a live broker owns (modular load manager: ephemeral znodes under [retention] bundle_owners_root).
+BUNDLE_OWNERS = _schema(
+    *RUN_COLUMNS,
+    ("namespace", S, False),
+    ("bundle", S, False),  # 0xlower_0xupper
+    ("lower", L),
+    ("upper", L),
+    ("ephemeral", B),
+    ("owner", S),  # the owning broker's nativeUrl
 )
 
 SCHEMA_LEDGERS = _schema(
@@ -274,6 +300,8 @@ SNAPSHOT_TABLES: dict[str, StructType] = {
     "schema_ledgers": SCHEMA_LEDGERS,
     "quarantine": QUARANTINE,
     "namespaces": NAMESPACES,
+    "namespace_policies": NAMESPACE_POLICIES,
+    "bundle_owners": BUNDLE_OWNERS,
 }
 ZK_SNAPSHOT_TABLES = dict(SNAPSHOT_TABLES)
 SNAPSHOT_TABLES = {**SNAPSHOT_TABLES, "offload_objects": OFFLOAD_OBJECTS, "pending_deletes": PENDING_DELETES}
