@@ -145,9 +145,12 @@ class RetentionConfig:
     check_interval_seconds: int = 120  # broker.conf retentionCheckIntervalInSeconds
     expiry_check_minutes: int = 5  # broker.conf messageExpiryCheckIntervalInMinutes (TTL runs this often)
     cursor_rollover_seconds: int = 14400  # broker.conf managedLedgerCursorRolloverTimeInSeconds
-    # Topic-level policies live in each namespace's __change_events system topic: "system_topic" reads
-    # ZooKeeper's evidence of whether that topic holds any event (topics of a namespace whose events
-    # cannot be ruled out are `unknown`); "none" declares topicLevelPoliciesEnabled=false on the brokers.
+    # Topic-level policies live in each namespace's __change_events system topic. "system_topic": ZooKeeper's
+    # evidence of whether that topic holds any event; topics of a namespace whose events cannot be ruled out
+    # are `unknown`. "admin": those topics' topic-level retention/TTL are asked of the broker
+    # ([system_topic] admin_url), only for topics whose bundle a live broker owns (the lookup behind the call
+    # then acquires nothing and loads no topic); the rest stay `unknown`. "none": the brokers run with
+    # topicLevelPoliciesEnabled=false (or nobody sets topic-level retention or TTL).
     topic_policies: str = "system_topic"
     bundle_owners_root: str = "/namespace"  # modular load manager's bundle ownership (ephemeral znodes)
     report_idle_days: float = 7.0  # a cursor without acknowledgements this long is reported as idle
@@ -294,6 +297,8 @@ def validate(config: SweeperConfig) -> None:
     if not d.lock_path.startswith("/") or d.lock_path.rstrip("/") == "":
         raise ConfigError(f"[delete] lock_path must be an absolute znode path, got {d.lock_path!r}")
     _validate_retention(config.retention)
+    if config.retention.topic_policies == "admin" and not config.system_topic.admin_url:
+        raise ConfigError("[retention] topic_policies = \"admin\" needs [system_topic] admin_url")
     if config.spark.scan_partitions < 0:
         raise ConfigError("[spark] scan_partitions must be >= 0")
     if config.offload.enabled and not config.pulsar.cluster_name.strip():
@@ -312,8 +317,8 @@ def _validate_retention(r: RetentionConfig) -> None:
     for key in ("check_interval_seconds", "expiry_check_minutes", "cursor_rollover_seconds"):
         if getattr(r, key) < 1:
             raise ConfigError(f"[retention] {key} must be positive (it is the broker's setting)")
-    if r.topic_policies not in ("system_topic", "none"):
-        raise ConfigError(f"[retention] topic_policies must be system_topic or none, got {r.topic_policies!r}")
+    if r.topic_policies not in ("system_topic", "admin", "none"):
+        raise ConfigError(f"[retention] topic_policies must be system_topic, admin or none, got {r.topic_policies!r}")
     if not r.bundle_owners_root.startswith("/") or r.bundle_owners_root == "/":
         raise ConfigError(f"[retention] bundle_owners_root must be an absolute znode path other than '/', got "
                           f"{r.bundle_owners_root!r}")

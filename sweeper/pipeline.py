@@ -98,8 +98,13 @@ def retention_stage(spark: SparkSession, config: SweeperConfig, store: TableStor
     started = datetime.now(UTC)
     try:
         settings = RetentionSettings.from_config(config.retention, config.safety)
-        result = run_retention_debt(spark, store, run_id, settings)
-    except RetentionDebtRefused as exc:
+        lookup = None
+        if config.retention.topic_policies == "admin":
+            from sweeper.retention_repair import BrokerAdmin, TopicPolicyLookup
+
+            lookup = TopicPolicyLookup(BrokerAdmin(config.system_topic), config.retention.actions_per_second)
+        result = run_retention_debt(spark, store, run_id, settings, topic_policy_lookup=lookup)
+    except (RetentionDebtRefused, SystemTopicError) as exc:
         record_run(store, run_id, "retention_debt", "refused", started, {}, config, str(exc))
         raise StageRefused(str(exc)) from exc
     except Exception as exc:

@@ -72,6 +72,7 @@ class Reason(StrEnum):
     POLICY_MISSING = "namespace_policy_missing"
     NAMESPACE_DELETED = "namespace_marked_deleted"
     TOPIC_POLICY_MAY_EXIST = "topic_policy_may_exist"
+    TOPIC_POLICY_SET = "topic_policy_set"
     METADATA_QUARANTINED = "metadata_quarantined"
     IDLE_CURSOR = "idle_cursor"
     SYSTEM_CURSOR = "system_cursor"

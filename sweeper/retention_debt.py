@@ -12,7 +12,7 @@ a lookup would acquire bundles and load topics, which is the repair (`sweeper.re
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -53,6 +53,8 @@ from sweeper.table_schemas import RECLAIMABLE_REPORT, RETENTION_DEBT
 from sweeper.tables import TableStore
 
 TOPIC, CURSOR = "topic", "cursor"
+# `topic_policy` values (see table_schemas.RETENTION_DEBT); UNCHECKED only between the tasks and finalize.
+RULED_OUT, NOT_SET, SET, UNREAD, NOT_USED, UNCHECKED = "ruled_out", "not_set", "set", "unread", "not_used", "unchecked"
 _ML, _CURSOR, _LEDGER = 0, 1, 2
 
 # One frame for the three inputs, so one shuffle brings a managed ledger's rows together. The generic
@@ -183,11 +185,11 @@ def _topic_rows(group: list[tuple[Any, ...]], ctx: _Context) -> list[dict[str, A
     ns_key = f"{tenant}/{namespace}"
     policy, reason, detail = ctx.policies.get(ns_key, (None, Reason.POLICY_MISSING,
                                                        "no namespace policies in the configuration store"))
+    topic_policy = NOT_USED if ctx.settings.topic_policies == "none" else RULED_OUT
     if managed_ledger in ctx.quarantined:
         policy, reason, detail = None, Reason.METADATA_QUARANTINED, "its metadata (or a cursor's) could not be decoded"
     elif policy is not None and ns_key in ctx.topic_policy_namespaces:
-        policy, reason, detail = None, Reason.TOPIC_POLICY_MAY_EXIST, (
-            f"{ns_key}/{CHANGE_EVENTS} holds events: a topic-level policy may override the namespace's")
+        topic_policy = UNCHECKED  # judged under the namespace's policy; finalize_topic_policies decides
     system = is_system_topic(ns_key, local or "")
     owned = bundle_owned(topic_name, ctx.owned.get(ns_key, ())) if ctx.ownership_readable else None
     facts = TopicFacts(tuple(ledgers), tuple(c for c, _ in cursors), ml_mtime, policy, reason, detail, owned, system)
@@ -203,7 +205,8 @@ def _topic_rows(group: list[tuple[Any, ...]], ctx: _Context) -> list[dict[str, A
             "policy_source": policy.source if policy else None,
             "retention_minutes": policy.retention_minutes if policy else None,
             "retention_size_mb": policy.retention_size_mb if policy else None,
-            "ttl_seconds": policy.ttl_seconds if policy else None, "system_topic": system}
+            "ttl_seconds": policy.ttl_seconds if policy else None, "system_topic": system,
+            "topic_policy": topic_policy}
     detail = debt.detail
     if debt.cursors and status is TopicStatus.NONE:
         detail = (f"nothing past retention nobody trims; {len(debt.cursors)} idle cursor(s) pin "
@@ -239,6 +242,43 @@ def _topic_rows(group: list[tuple[Any, ...]], ctx: _Context) -> list[dict[str, A
     return rows
 
 
+def finalize_topic_policies(rows: list[dict[str, Any]], lookup: Callable[[str], tuple[str, str]] | None) -> int:
+    """Rows judged under their namespace's policy while a topic-level one could not be ruled out: kept when the
+    broker says the topic sets no retention or TTL of its own, else `unknown` (never "expired"). The broker is
+    asked (`lookup`, [retention] topic_policies = "admin") only about topics whose bundle a live broker owns:
+    for them the lookup behind the call acquires nothing and loads no topic. Returns the calls made."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("topic_policy") == UNCHECKED:
+            groups.setdefault(r["managed_ledger"], []).append(r)
+    calls = 0
+    for group in groups.values():
+        topic = next(r for r in group if r["kind"] == TOPIC)
+        verdict, detail = UNREAD, (f"{topic['tenant']}/{topic['namespace']}/{CHANGE_EVENTS} may hold topic-level "
+                                   "policies that override the namespace's")
+        if lookup is not None:
+            if topic["bundle_owned"] is True:
+                calls += 1
+                verdict, detail = lookup(topic["topic_name"])
+            else:
+                detail += ("; not asked: no live broker owns its bundle, and asking would make one acquire it "
+                           "(loading its topics)")
+        for r in group:
+            r["topic_policy"] = verdict
+            if verdict != NOT_SET:
+                _make_unknown(r, Reason.TOPIC_POLICY_SET if verdict == SET else Reason.TOPIC_POLICY_MAY_EXIST, detail)
+    return calls
+
+
+def _make_unknown(r: dict[str, Any], reason: Reason, detail: str) -> None:
+    r.update(status=TopicStatus.UNKNOWN.value if r["kind"] == TOPIC else CursorStatus.UNKNOWN.value,
+             detail=detail if r["kind"] == TOPIC else f"idle, on a topic that cannot be judged ({reason.value})",
+             reclaimable_ledgers=0, reclaimable_bytes=0, reclaimable_offloaded_bytes=0, ledger_ids=[],
+             policy_source=None, retention_minutes=None, retention_size_mb=None, ttl_seconds=None)
+    if r["kind"] == TOPIC:
+        r.update(reason=reason.value, eligible_since_ms=None, unloaded_evidence=None, idle_pinned_bytes=0)
+
+
 def _namespace_facts(frames: dict[str, DataFrame], settings: RetentionSettings) -> tuple[
         dict[str, tuple[Policy | None, Reason | None, str]], frozenset[str], dict[str, tuple[tuple[int, int], ...]],
         bool, frozenset[str]]:
@@ -249,7 +289,7 @@ def _namespace_facts(frames: dict[str, DataFrame], settings: RetentionSettings) 
                                r["ttl_seconds"], bool(r["deleted"]))
         policies[r["namespace"]] = effective_policy(read, settings.broker)
     may_hold: set[str] = set()
-    if settings.topic_policies == "system_topic":
+    if settings.topic_policies in ("system_topic", "admin"):  # "admin" asks the broker only about these
         events = frames["managed_ledgers"].where(
             (F.col("topic") == CHANGE_EVENTS) | F.col("topic").startswith(f"{CHANGE_EVENTS}-partition-")).select(
             "managed_ledger", F.concat_ws("/", "tenant", "namespace").alias("ns"))
@@ -329,7 +369,10 @@ def reclaimable_report(rows: list[dict[str, Any]], orphans: DataFrame | None, ru
 
 
 def run_retention_debt(spark: SparkSession, store: TableStore, run_id: str,
-                       settings: RetentionSettings | None = None, now_ms: int | None = None) -> RetentionDebtResult:
+                       settings: RetentionSettings | None = None, now_ms: int | None = None,
+                       topic_policy_lookup: Callable[[str], tuple[str, str]] | None = None) -> RetentionDebtResult:
+    """`topic_policy_lookup` (topic name -> (not_set | set | unread, detail)): the broker's answer about a topic's
+    own policies, for [retention] topic_policies = "admin"."""
     settings = settings or RetentionSettings()
     started = time.monotonic()
     if not store.exists("runs") or not store.read("runs").where(
@@ -349,13 +392,15 @@ def run_retention_debt(spark: SparkSession, store: TableStore, run_id: str,
     union = _union(frames).repartition(max(2, 2 * parallelism), "managed_ledger").sortWithinPartitions(
         "managed_ledger", "kind", "a")
     rows = [r.asDict() for r in union.mapInArrow(lambda b: _assess_partition(b, ctx), RETENTION_DEBT).collect()]
+    calls = finalize_topic_policies(rows, topic_policy_lookup if settings.topic_policies == "admin" else None)
     _with_cursor_ledger_bytes(rows, frames)
     meta = {"run_id": run_id, "stage": "retention_debt"}
     store.append_rows("retention_debt", rows, RETENTION_DEBT, commit_metadata=meta)
     orphans = store.read("orphans").where(F.col("run_id") == run_id) if store.exists("orphans") else None
     report = reclaimable_report(rows, orphans, run_id)
     store.append_rows("reclaimable_report", report, RECLAIMABLE_REPORT, commit_metadata=meta)
-    counts: dict[str, int] = {"ownership_readable": int(readable), "topic_policy_namespaces": len(may_hold)}
+    counts: dict[str, int] = {"ownership_readable": int(readable), "topic_policy_namespaces": len(may_hold),
+                              "topic_policy_calls": calls}
     for r in rows:
         key = f"{r['kind']}.{r['status']}"
         counts[key] = counts.get(key, 0) + 1

@@ -21,8 +21,11 @@ per run (`max_actions_per_run`), and every outcome lands in `retention_actions`.
 from __future__ import annotations
 
 import json
+import re
 import time
+import urllib.error
 import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -37,6 +40,7 @@ from sweeper.codecs import pulsar as codec
 from sweeper.codecs.errors import MetadataDecodeError
 from sweeper.config import SweeperConfig
 from sweeper.retention import DAY_MS
+from sweeper.retention_debt import NOT_SET, SET, UNREAD
 from sweeper.system_topic import AdminClient, SystemTopicError
 from sweeper.table_schemas import RETENTION_ACTIONS
 from sweeper.tables import TableStore
@@ -120,8 +124,54 @@ class BrokerAdmin(AdminClient):
         version = "v2/" if "/" not in parts.namespace else ""  # old cluster-scoped names: the v1 API
         return f"{self.base}/admin/{version}persistent/{parts.tenant}/{parts.namespace}/{local}{suffix}"
 
-    def call(self, method: str, url: str) -> tuple[int, bytes]:
-        return self._call(method, url)
+    def call(self, method: str, url: str, hops: int = 3) -> tuple[int, bytes]:
+        """One admin call; a 307/308 to the broker that owns the topic is followed for every method (urllib
+        follows it only for GET)."""
+        for _ in range(hops):
+            request = urllib.request.Request(url, data=b"" if method in ("POST", "PUT") else None, method=method)
+            request.add_header("Accept", "application/json")
+            if self.token is not None:
+                request.add_header("Authorization", f"Bearer {self.token.value}")
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout, context=self.context) as response:
+                    return response.status, response.read()
+            except urllib.error.HTTPError as exc:
+                location = exc.headers.get("Location") if exc.code in (307, 308) else None
+                if location:
+                    url = urllib.parse.urljoin(url, location)
+                    continue
+                if exc.code in (401, 403):
+                    raise SystemTopicError(f"admin API at {self.base} refused our credentials (HTTP {exc.code}): "
+                                           "check [system_topic] auth_token_file / auth_token_env") from exc
+                return exc.code, exc.read()
+            except (urllib.error.URLError, OSError) as exc:
+                raise SystemTopicError(f"admin API at {self.base} unreachable: {getattr(exc, 'reason', exc)}") from exc
+        raise SystemTopicError(f"admin API: more than {hops} redirects for {method} {url}")
+
+    def topic_policy(self, topic_name: str) -> tuple[str, str]:
+        """Whether the topic sets its own retention or TTL, locally or globally (the raw topic-level values,
+        `applied=false`): not_set | set | unread.
+
+        `GET .../retention` and `.../messageTTL` (admin v2 `PersistentTopics`) answer the stored
+        `TopicPolicies` value, or 204 when none is set; a broker with topicLevelPoliciesEnabled=false answers
+        405. Local and global topic policies are separate records (`isGlobal`), and the broker applies either,
+        so both are asked. Topic policies belong to the partitioned topic, not its partitions. Call this only
+        for topics whose bundle a live broker owns: the ownership check behind it would otherwise make a
+        broker acquire the bundle.
+        """
+        base = re.sub(r"-partition-\d+$", "", topic_name)
+        for suffix in ("/retention", "/messageTTL"):
+            for scope in ("false", "true"):
+                status, body = self.call("GET", self.topic_url(base, f"{suffix}?isGlobal={scope}"))
+                text = body.strip()
+                if status == 204 or (status == 200 and text in (b"", b"null")):
+                    continue
+                where = "global" if scope == "true" else "local"
+                if status == 200:
+                    shown = text[:120].decode("utf-8", "replace")
+                    return SET, f"{base} sets its own {where} {suffix[1:]} ({shown}): not evaluated"
+                return UNREAD, f"reading {base}'s {where} topic-level {suffix[1:]} answered HTTP {status}"
+        return NOT_SET, "the broker says the topic sets no retention or TTL of its own"
 
     def trim(self, topic_name: str) -> tuple[int, bytes]:
         return self.call("POST", self.topic_url(topic_name, "/trim"))
@@ -167,6 +217,25 @@ class _Pacer:
         if now < self.next_at:
             self.sleep(self.next_at - now)
         self.next_at = max(now, self.next_at) + self.interval
+
+
+class TopicPolicyLookup:
+    """[retention] topic_policies = "admin": the broker's answer per topic, paced like the repair's calls. Once
+    the admin API is unreachable the rest are `unread` without asking (their topics stay `unknown`): a broker
+    we cannot reach never stops the run, and never makes a topic look expired."""
+
+    def __init__(self, admin: BrokerAdmin, per_second: float, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.admin, self.pacer, self.failure = admin, _Pacer(per_second, sleep), ""
+
+    def __call__(self, topic_name: str) -> tuple[str, str]:
+        if self.failure:
+            return UNREAD, f"not asked: {self.failure}"
+        self.pacer.wait()
+        try:
+            return self.admin.topic_policy(topic_name)
+        except SystemTopicError as exc:
+            self.failure = str(exc)
+            return UNREAD, self.failure
 
 
 def latest_plan_run(store: TableStore) -> str | None:

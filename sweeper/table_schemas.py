@@ -406,6 +406,9 @@ RETENTION_DEBT = _schema(
     ("cursor", S),  # cursor rows: the decoded subscription name
     ("system_topic", B),
     ("policy_source", S),  # namespace | namespace+broker_default_retention | ... (null: unknown)
+    # topic-level policies: ruled_out (its namespace's __change_events holds no event) | not_set (the broker
+    # says so) | set (not evaluated: unknown) | unread (unknown) | not_used ([retention] topic_policies = none)
+    ("topic_policy", S),
     ("retention_minutes", INT),
     ("retention_size_mb", L),
     ("ttl_seconds", INT),

@@ -121,3 +121,151 @@ def test_repairs_outside_the_allow_list_are_out_of_scope(
     statuses = {(row["tenant"], row["status"]) for row in [*found.values(), *cursors.values()]}
     assert ("tenant-0", "candidate") not in statuses and ("tenant-1", "candidate") in statuses
     assert ("tenant-0", "out_of_scope") in statuses
+
+
+def _row(kind: str, ml: str, owned: bool | None, policy: str, cursor: str | None = None) -> dict[str, Any]:
+    return {"kind": kind, "managed_ledger": ml, "cursor": cursor, "tenant": "t", "namespace": "ns",
+            "topic_name": f"persistent://t/ns/{ml.rsplit('/', 1)[1]}", "bundle_owned": owned, "topic_policy": policy,
+            "status": "candidate", "reason": "expired_not_trimmed", "detail": "", "reclaimable_ledgers": 2,
+            "reclaimable_bytes": 100, "reclaimable_offloaded_bytes": 0, "ledger_ids": [1, 2],
+            "policy_source": "namespace", "retention_minutes": 1, "retention_size_mb": -1, "ttl_seconds": 0,
+            "eligible_since_ms": 5,
+            "unloaded_evidence": "not_trimmed_since", "idle_pinned_bytes": 7}
+
+
+def test_a_topic_level_policy_not_ruled_out_makes_the_topic_unknown_unless_the_broker_says_none() -> None:
+    from sweeper.retention_debt import NOT_SET, RULED_OUT, SET, UNCHECKED, finalize_topic_policies
+
+    def fresh() -> list[dict[str, Any]]:
+        return [_row("topic", "t/ns/persistent/a", True, UNCHECKED), _row("cursor", "t/ns/persistent/a", True,
+                                                                          UNCHECKED, "sub"),
+                _row("topic", "t/ns/persistent/b", False, UNCHECKED), _row("topic", "t/ns/persistent/c", None,
+                                                                           RULED_OUT)]
+
+    asked: list[str] = []
+
+    def broker(topic: str) -> tuple[str, str]:
+        asked.append(topic)
+        return NOT_SET, "none of its own"
+
+    rows = fresh()
+    assert finalize_topic_policies(rows, broker) == 1
+    assert asked == ["persistent://t/ns/a"]  # b's bundle has no live owner: asking would load it
+    a, a_sub, b, c = rows
+    assert (a["status"], a["topic_policy"], a["reclaimable_bytes"]) == ("candidate", NOT_SET, 100)
+    assert a_sub["status"] == "candidate"
+    assert (b["status"], b["reason"], b["reclaimable_bytes"], b["ledger_ids"]) == (
+        "unknown", "topic_policy_may_exist", 0, [])
+    assert c["status"] == "candidate" and c["topic_policy"] == RULED_OUT
+    rows = fresh()
+    finalize_topic_policies(rows, lambda topic: (SET, "retention 10 min of its own"))
+    assert (rows[0]["status"], rows[0]["reason"], rows[1]["status"]) == ("unknown", "topic_policy_set", "unknown")
+    rows = fresh()
+    assert finalize_topic_policies(rows, None) == 0  # [retention] topic_policies = "system_topic": never asks
+    assert [r["status"] for r in rows] == ["unknown", "unknown", "unknown", "candidate"]
+
+
+class _TopicPolicyBroker:
+    """A loopback HTTP server answering the admin v2 topic-policy GETs as Pulsar does (204: none set; 200 with
+    the value; 405 with topic-level policies disabled), redirecting the first request of a path once (307, as a
+    broker that does not own the topic)."""
+
+    def __init__(self, answers: dict[str, tuple[int, bytes]]) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.answers, self.seen, broker = answers, [], self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                broker.seen.append(self.path)
+                if not self.path.startswith("/owner"):
+                    self.send_response(307)
+                    self.send_header("Location", f"/owner{self.path}")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                key = self.path.removeprefix("/owner/admin/v2/persistent/")
+                status, body = broker.answers.get(key, (204, b""))
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_broker_is_asked_for_local_and_global_topic_policies_of_the_partitioned_topic() -> None:
+    from sweeper.retention_debt import NOT_SET, SET, UNREAD
+    from sweeper.retention_repair import BrokerAdmin, TopicPolicyLookup
+
+    broker = _TopicPolicyBroker({
+        "t/ns/ttl/messageTTL?isGlobal=true": (200, b"3600"),
+        "t/ns/off/retention?isGlobal=false": (405, b'{"reason": "Topic level policies is disabled"}'),
+        "t/ns/nulls/retention?isGlobal=false": (200, b"null"),
+    })
+    try:
+        admin = BrokerAdmin(BASE_CONFIG.replace(system_topic={"admin_url": broker.url}).system_topic)
+        assert admin.topic_policy("persistent://t/ns/plain-partition-3")[0] == NOT_SET
+        assert [p for p in broker.seen if p.startswith("/owner")] == [
+            f"/owner/admin/v2/persistent/t/ns/plain/{s}?isGlobal={g}"
+            for s in ("retention", "messageTTL") for g in ("false", "true")]  # the partitioned topic, redirected
+        verdict, detail = admin.topic_policy("persistent://t/ns/ttl")
+        assert verdict == SET and "global messageTTL (3600)" in detail
+        verdict, detail = admin.topic_policy("persistent://t/ns/off")
+        assert verdict == UNREAD and "HTTP 405" in detail
+        assert admin.topic_policy("persistent://t/ns/nulls")[0] == NOT_SET
+        lookup = TopicPolicyLookup(admin, 1000.0)
+        assert lookup("persistent://t/ns/ttl")[0] == SET
+    finally:
+        broker.close()
+    # The broker gone: that topic and every later one are unread (unknown), and nobody is asked again.
+    asked = len(broker.seen)
+    verdict, detail = lookup("persistent://t/ns/plain")
+    assert verdict == UNREAD and "unreachable" in detail
+    assert lookup("persistent://t/ns/other") == (UNREAD, f"not asked: {detail}") and len(broker.seen) == asked
+
+
+def test_admin_mode_asks_the_broker_only_about_owned_topics_whose_policies_may_be_overridden(
+        zk: KazooClient, zk_target: ZkTarget, zk_clock: ServerClock, spark: SparkSession, tmp_path: Path) -> None:
+    """[retention] topic_policies = "admin": in the namespace whose __change_events holds events, a topic in an
+    owned bundle is judged under its namespace's policy once the broker says it has none of its own; namespaces
+    whose __change_events holds no event are never asked about (the unowned case: the finalize test above)."""
+    from sweeper.retention_debt import NOT_SET, RULED_OUT
+    from sweeper.sandbox.retention_scenarios import TOPIC_POLICY_NS
+
+    tenant, ns = TOPIC_POLICY_NS.split("/")
+    zk.create(f"/namespace/{tenant}/{ns}/0x00000000_0xffffffff", b"{}", ephemeral=True, makepath=True)
+    cluster, store, run_id = _snapshot(zk, zk_target, spark, tmp_path, SandboxSpec(seed=5, topics=10))
+    asked: list[str] = []
+
+    def broker(topic: str) -> tuple[str, str]:
+        asked.append(topic)
+        return NOT_SET, "none of its own"
+
+    result = run_retention_debt(spark, store, run_id, RetentionSettings(topic_policies="admin"),
+                                topic_policy_lookup=broker)
+    found, cursors = _debt(store, run_id)
+    in_ns = {ml: row for ml, row in found.items() if ml.startswith(f"{TOPIC_POLICY_NS}/")}
+    assert in_ns and asked and result.counts["topic_policy_calls"] == len(asked)
+    assert {row["topic_name"] for row in in_ns.values()} == set(asked)
+    for row in in_ns.values():
+        assert row["bundle_owned"] is True and row["topic_policy"] == NOT_SET, row["detail"]
+        assert row["status"] != "unknown" and row["reason"] != "topic_policy_may_exist", row["detail"]
+    # Its one user topic: an idle subscription at the first ledger keeps everything, and now says so.
+    user_topic = next(ml for ml in in_ns if "/unknown-" in ml)
+    assert (found[user_topic]["status"], cursors[(user_topic, "old-sub")]["status"]) == ("none", "idle")
+    assert cursors[(user_topic, "old-sub")]["reclaimable_bytes"] == found[user_topic]["idle_pinned_bytes"] > 0
+    assert all(row["topic_policy"] == RULED_OUT for ml, row in found.items() if ml not in in_ns
+               and row["status"] != "unknown")
+    assert len(cluster.retention) > len(in_ns)
