@@ -3,12 +3,23 @@
 #
 #   SPARK_MASTER=yarn ./spark-submit.sh snapshot --config conf/prod.toml
 #
+# The JVM parts come from jvm/target/, where scripts/setup.sh (`mvn -f jvm/pom.xml package`) put
+# them: delta-spark + delta-storage (the delta-spark table engine, which `[tables] engine = "auto"`
+# picks in a session this script starts) and hadoop-aws + the AWS SDK bundle (tables on s3://).
+#
 # Environment:
 #   SPARK_MASTER       --master (default: local[*])
 #   SPARK_SUBMIT       spark-submit binary (default: spark-submit on PATH, else the venv's)
 #   PYSPARK_PYTHON     Python on the executors (must have the project's dependencies)
-#   DELTA_PACKAGES     Maven coordinates for delta-spark (default io.delta:delta-spark_4.2_2.13:4.4.1);
-#                      set to "" to rely on jars already on the cluster's classpath
+#   DELTA_JARS         comma-separated Delta jars (default: jvm/target/delta/*.jar); "provided": the
+#                      cluster has them on its class path (only Delta's extension is set); "": no Delta
+#   S3A_JARS           comma-separated hadoop-aws + AWS SDK jars (default: jvm/target/s3a/*.jar);
+#                      "" or "provided": the cluster has s3a already (EMR, Dataproc) or needs none
+#   DELTA_PACKAGES     fallback when the Delta jars were never fetched: Maven coordinates resolved
+#                      at submit time, which needs Maven Central (default io.delta:delta-spark_2.13:4.4.0)
+#   SWEEPER_JARS_MODE  "local": every node has the jars at these paths, nothing is copied (default
+#                      for local[*] and a standalone master on loopback); "ship": Spark copies them
+#                      to the executors (default otherwise; the SDK bundle alone is ~650 MiB)
 #   SPARK_EXTRA_ARGS   anything else for spark-submit (e.g. "--deploy-mode cluster --num-executors 8")
 #   SWEEPER_BUILD_DIR  where the zip of our code is built (default: build/ here)
 # Exit codes are the stage's own: 0 ok, 2 configuration error, 3 refused (wrong root,
@@ -24,11 +35,51 @@ build="${SWEEPER_BUILD_DIR:-$here/build}"; mkdir -p "$build"
 # Ship our packages (and the Avro schema they read) to the executors as one zip.
 python3 "$here/scripts/build_pyfiles.py" "$build/ledger_sweeper.zip" >&2
 
-delta_packages="${DELTA_PACKAGES-io.delta:delta-spark_4.2_2.13:4.4.1}"
-args=(--master "${SPARK_MASTER:-local[*]}" --name "ledger-sweeper-$stage" --py-files "$build/ledger_sweeper.zip")
-if [ -n "$delta_packages" ]; then
-  args+=(--packages "$delta_packages"
-         --conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension
+master="${SPARK_MASTER:-local[*]}"
+jars_dir="${SWEEPER_JARS_DIR:-$here/jvm/target}"
+fetched() { ls "$jars_dir/$1"/*.jar 2>/dev/null | paste -sd, - || true; }
+delta_jars="${DELTA_JARS-$(fetched delta)}"
+s3a_jars="${S3A_JARS-$(fetched s3a)}"
+case "$master" in
+  local*|spark://127.*|spark://localhost*) default_mode=local ;;
+  *) default_mode=ship ;;
+esac
+mode="${SWEEPER_JARS_MODE:-$default_mode}"
+
+jars=()
+add_jars() {  # comma-separated list -> jars[], as local: URIs in local mode
+  local list="$1" jar
+  [ -n "$list" ] && [ "$list" != provided ] || return 0
+  IFS=, read -r -a items <<< "$list"
+  for jar in "${items[@]}"; do
+    [ -f "$jar" ] || { echo "spark-submit.sh: jar not found: $jar" >&2; exit 2; }
+    if [ "$mode" = local ]; then jars+=("local:$(cd "$(dirname "$jar")" && pwd)/$(basename "$jar")"); else jars+=("$jar"); fi
+  done
+}
+add_jars "$delta_jars"
+add_jars "$s3a_jars"
+
+args=(--master "$master" --name "ledger-sweeper-$stage" --py-files "$build/ledger_sweeper.zip")
+with_delta=1
+if [ -z "$delta_jars" ]; then
+  if [ -z "${DELTA_JARS+set}" ] && [ -n "${DELTA_PACKAGES-io.delta:delta-spark_2.13:4.4.0}" ]; then
+    echo "spark-submit.sh: no Delta jars in $jars_dir/delta (run scripts/setup.sh); resolving" \
+         "${DELTA_PACKAGES-io.delta:delta-spark_2.13:4.4.0} from Maven at submit time" >&2
+    args+=(--packages "${DELTA_PACKAGES-io.delta:delta-spark_2.13:4.4.0}")
+  else
+    with_delta=0  # DELTA_JARS="" (or no jars and DELTA_PACKAGES=""): delta-rs only
+  fi
+fi
+if [ ${#jars[@]} -gt 0 ]; then
+  args+=(--jars "$(IFS=,; echo "${jars[*]}")")
+fi
+if [ "$mode" = local ] && [ ${#jars[@]} -gt 0 ]; then
+  # local: URIs are not put on the driver's class path by spark-submit in client mode; this is.
+  driver_cp="$(IFS=:; echo "${jars[*]//local:/}")"
+  args+=(--driver-class-path "$driver_cp")
+fi
+if [ "$with_delta" = 1 ]; then
+  args+=(--conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension
          --conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog)
 fi
 [ -n "${PYSPARK_PYTHON:-}" ] && args+=(--conf "spark.pyspark.python=$PYSPARK_PYTHON")

@@ -121,14 +121,18 @@ def main() -> None:
     try:
         client = zkutil.connect(server.connect_string)
         t0 = time.monotonic()
-        records, baseline = seed(client, args.orphans)
+        # Ledger znodes created when their ledgers were (their age is the later of the two clocks).
+        assert server.clock is not None, "the benchmark needs the sandbox ZooKeeper's settable clock (libfaketime)"
+        with server.clock.at(OLD_MS - 86_400_000):
+            records, baseline = seed(client, args.orphans)
         print(f"seeded {len(records):,} orphans (+ live topics and a baseline copy) in {time.monotonic() - t0:.1f}s")
 
         spark = get_spark("bench-delete", master="local[2]", conf={"spark.sql.shuffle.partitions": "4"})
         cfg = SweeperConfig(pulsar=PulsarMetadataConfig(cluster_name="sandbox")).replace(
             bookkeeper={"zookeeper": server.connect_string}, offload={"enabled": False},
             tables={"root": str(work / "tables"), "engine": "delta-rs"},
-            delete={"max_deletes_per_run": len(records), "deletes_per_second": 1e9, "tasks": args.tasks})
+            delete={"max_deletes_per_run": len(records), "deletes_per_second": 1e9, "tasks": args.tasks},
+            scan={"reads_per_second": 0.0})  # the permission check's reads, unpaced like the deletes
         store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
         now = datetime.now(UTC)
         store.append_rows("emitted", [{

@@ -29,12 +29,14 @@ from kazoo.protocol.states import ZnodeStat
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from sweeper.codecs.bookkeeper import decode_ledger_metadata
+from sweeper.codecs.pulsar import decode_schema_locator
 from sweeper.config import SweeperConfig
 from sweeper.layout import ledger_path
 from sweeper.reconcile import SafetySettings, run_reconcile
 from sweeper.safety import CircuitBreaker
 from sweeper.sandbox.model import SandboxSpec, build_cluster
 from sweeper.sandbox.seed import (
+    LEDGER_EPOCH_DAYS,
     cursor_info_bytes,
     ledger_znode_data,
     managed_ledger_info_bytes,
@@ -79,12 +81,15 @@ def snapshot_rows(cluster: Any, run_id: str, captured_at: datetime) -> dict[str,
     spec = cluster.spec
     now = spec.now_ms
     stat = ZnodeStat(1, 1, now, now, 0, 0, 0, 0, 0, 0, 1)
+    # Ledger znodes are created with their ledgers, before the metadata's ctime (as the sandbox seeds them).
+    znode_ctime = now - LEDGER_EPOCH_DAYS * 86_400_000
     tables: dict[str, list[dict[str, Any]]] = {name: [] for name in SNAPSHOT_TABLES}
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = [{"record_type": "namespaces", "namespace": ns, "sources": ["policies"]}
+                                  for ns in cluster.namespaces]
     for ledger in cluster.ledgers.values():
         path = ledger_path(spec.ledgers_root, ledger.ledger_id, spec.layout)
         md = decode_ledger_metadata(ledger_znode_data(ledger))
-        rows.append(bk_scan.ledger_row(path, ledger.ledger_id, "short", md, 0, now, now))
+        rows.append(bk_scan.ledger_row(path, ledger.ledger_id, "short", md, 0, znode_ctime, znode_ctime))
     for ml in cluster.managed_ledgers:
         path = f"{spec.managed_ledgers_root}/{ml.name}"
         rows += pulsar_scan.managed_ledger_rows(ml.name, path, managed_ledger_info_bytes(ml), stat, len(ml.cursors))
@@ -92,15 +97,8 @@ def snapshot_rows(cluster: Any, run_id: str, captured_at: datetime) -> dict[str,
             rows += pulsar_scan.cursor_rows(ml.name, cursor.znode_name, f"{path}/{cursor.znode_name}",
                                             cursor_info_bytes(cursor, "NONE"), stat)
     for locator in cluster.schemas:
-        data = schema_locator_bytes(locator)
-        from sweeper.codecs.pulsar import decode_schema_locator
-
-        decoded = decode_schema_locator(data)
-        for entry in decoded.index:
-            rows.append({"record_type": "schema_ledgers", "schema_id": locator.schema_id,
-                         "path": f"{spec.schemas_root}/{locator.schema_id}", "zk_version": 0,
-                         "version": entry.version, "ledger_id": entry.position.ledgerId,
-                         "entry_id": entry.position.entryId, "is_latest": entry.version == decoded.info.version})
+        decoded = decode_schema_locator(schema_locator_bytes(locator))
+        rows += pulsar_scan.schema_rows(locator.schema_id, f"{spec.schemas_root}/{locator.schema_id}", 0, decoded)
     for row in rows:
         table = row.pop("record_type")
         row["run_id"], row["captured_at"] = run_id, captured_at
@@ -133,7 +131,7 @@ def main() -> None:
     record_run(store, run_id, "snapshot", "succeeded", captured_at, counts, SweeperConfig())
     print(f"snapshot tables written: {counts} ({time.monotonic() - t:.0f}s)", flush=True)
 
-    settings = SafetySettings(breaker=CircuitBreaker(1.0))
+    settings = SafetySettings(breaker=CircuitBreaker(1.0), local_cluster=cluster.spec.cluster_name)
     with PeakMemory() as memory:
         t = time.monotonic()
         result = run_reconcile(spark, store, run_id, settings)

@@ -74,6 +74,7 @@ def main() -> None:
         cfg = SweeperConfig(pulsar=PulsarMetadataConfig(cluster_name="sandbox")).replace(
             bookkeeper={"zookeeper": server.connect_string},
             tables={"root": str(work / "tables"), "engine": "delta-rs"},
+            scan={"reads_per_second": 0.0},  # raw speed; what the limit costs ZooKeeper: bench_zk_impact.py
         )
         store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
         result = run_snapshot(spark, cfg, store)

@@ -82,7 +82,7 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
     server = start_zookeeper(work / "zk", heap="4g")
-    broker = start_pulsar(work / "pulsar", free_port(), free_port())
+    broker = start_pulsar(work / "pulsar", free_port(), free_port(), register_zookeeper=server.connect_string)
     memory = TreeMemory({server.pid, broker.pid})
     try:
         t0 = time.monotonic()
@@ -99,7 +99,8 @@ def main() -> None:
             tables={"root": str(work / "tables"), "engine": "delta-rs"}, offload={"enabled": False},
             safety={"max_orphan_fraction": 0.25},
             system_topic={"service_url": broker.service_url, "admin_url": broker.admin_url},
-            delete={"max_deletes_per_run": 1_000_000, "deletes_per_second": 1e9})
+            delete={"max_deletes_per_run": 1_000_000, "deletes_per_second": 1e9},
+            scan={"reads_per_second": 0.0})  # raw speed, as before the limit (bench_zk_impact.py measures it)
         spark = get_spark("bench-sweep", master="local[2]", conf={"spark.driver.memory": "6g"})
         store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
         for name, stage in (("run_snapshot", "snapshot"), ("reconcile_stage", "reconcile"), ("emit_stage", "emit"),

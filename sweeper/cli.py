@@ -1,8 +1,9 @@
 """`sweeper` command line: sandbox management and the pipeline stages.
 
 Exit codes (for schedulers): 0 success, 1 unexpected error, 2 usage or configuration error,
-3 a stage refused to run (wrong root, unreachable server or broker, failed gate, circuit breaker,
-a system topic that is not as configured, another delete run holding the lock), 4 partial: some
+3 a stage refused to run (wrong root, unreachable server or broker, a ZooKeeper certificate, login or
+permission refused, failed gate, circuit breaker, a system topic that is not as configured, another
+delete run holding the lock), 4 partial: some
 deletes failed and wait in the retry queue (or were dead-lettered); rerun later.
 """
 
@@ -43,6 +44,9 @@ def _load_config(args: argparse.Namespace) -> SweeperConfig:
     overrides: dict[str, dict[str, object]] = {}
     if getattr(args, "tables", None):
         overrides["tables"] = {"root": args.tables}
+    if getattr(args, "tables_s3_endpoint", None) and not cfg.tables.s3_endpoint:
+        # The sandbox's S3 serves a table root on S3 that names no endpoint of its own.
+        overrides["tables"] = {**overrides.get("tables", {}), "s3_endpoint": args.tables_s3_endpoint}
     if getattr(args, "zookeeper", None):
         overrides["bookkeeper"] = {"zookeeper": args.zookeeper}
     if getattr(args, "s3_endpoint", None):
@@ -107,17 +111,60 @@ def _session(cfg: SweeperConfig) -> tuple[Any, Any]:
     # Spark's own progress bar, on a terminal only: a scheduler's log wants the per-stage lines.
     progress = {"spark.ui.showConsoleProgress": "true"} if sys.stderr.isatty() else {}
     spark = get_spark(cfg.spark.app_name, master=cfg.spark.master or None, conf=progress)
-    return spark, open_table_store(cfg.tables.root, spark, engine=cfg.tables.engine)
+    store = open_table_store(cfg.tables.root, spark, engine=cfg.tables.engine,
+                             s3_endpoint=cfg.tables.s3_endpoint, s3_region=cfg.tables.s3_region)
+    return spark, store
+
+
+def cmd_testbed(args: argparse.Namespace) -> int:
+    """The real Apache Pulsar testbed (tests and experiments only; see sweeper/testbed)."""
+    from sweeper.testbed.server import TestbedError, status, testbed_crash, testbed_down, testbed_up
+
+    home = Path(args.home)
+    try:
+        if args.action == "up":
+            info = testbed_up(home, pulsar_home=args.pulsar_home)
+            print(f"Pulsar {info.pulsar_version} testbed serving: broker {info.service_url}, admin {info.admin_url}, "
+                  f"ZooKeeper {info.zookeeper}, S3 {info.s3_endpoint} (bucket {info.offload_bucket})")
+            print(f"superuser token: {info.superuser_token_file}; sweeper config: {info.sweeper_config}; "
+                  f"broker log: {info.log_file}")
+        elif args.action == "seed":
+            from sweeper.testbed.server import running_testbed
+            from sweeper.testbed.world import build_world
+
+            running = running_testbed(home)
+            if running is None:
+                print(f"no testbed running under {home}: run `sweeper testbed up` first", file=sys.stderr)
+                return EXIT_REFUSED
+            world = build_world(running)
+            kinds: dict[str, int] = {}
+            for orphan in world.manifest.orphans:
+                kinds[orphan.kind] = kinds.get(orphan.kind, 0) + len(orphan.ledgers) + len(orphan.objects)
+            print(f"workload and orphans written in {world.built_s:.0f}s; ground truth in {world.manifest_path}")
+            _print_counts("induced orphans:", kinds)
+        elif args.action == "crash":
+            testbed_crash(home)
+            print("broker killed (-9); ZooKeeper and the bookie still run; `sweeper testbed up` restarts it")
+        elif args.action == "down":
+            stopped = testbed_down(home, wipe=args.wipe)
+            print("testbed stopped" if stopped else "no testbed was running", "(data wiped)" if args.wipe else "")
+        else:
+            print(json.dumps(status(home), indent=2))
+    except TestbedError as exc:
+        print(f"testbed: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    return EXIT_OK
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    from sweeper.snapshot import run_snapshot
+    from sweeper.snapshot import run_snapshot, zk_load
 
     cfg = _load_config(args)
     spark, store = _session(cfg)
     result = run_snapshot(spark, cfg, store, run_id=args.run_id)
     print(f"snapshot {result.run_id}: layout {result.layout}, {result.units} scan units, "
           f"{result.duration_s:.1f}s ({result.ledgers_per_second:,.0f} ledgers/s scanned), engine {store.engine}")
+    print(f"ZooKeeper load: {zk_load(result.counts)}")
     _print_counts("rows written:", result.counts)
     if args.json:
         print(json.dumps({"run_id": result.run_id, "counts": result.counts, "versions": result.versions}))
@@ -183,6 +230,8 @@ def cmd_delete(args: argparse.Namespace) -> int:
     print(f"delete {run_id}: {delete_summary(result)} in {result.duration_s:.1f}s"
           + ("" if args.execute else " (dry run: pass --execute to delete)"))
     _print_counts("guards:", {k: int(v) for k, v in result.guards.items() if isinstance(v, int | float)})
+    if result.guards.get("permission_check", "ok") != "ok":
+        print(f"ZooKeeper permissions: {result.guards['permission_check']}")
     if args.json:
         print(json.dumps({"run_id": run_id, "counts": result.counts, "guards": result.guards}))
     return EXIT_PARTIAL if is_partial(result) else EXIT_OK
@@ -267,6 +316,23 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _sandbox_table_bucket(args: argparse.Namespace) -> None:
+    """A table root on S3 with no endpoint of its own lives on the sandbox's S3: create its bucket."""
+    from sweeper.offload import S3Target, s3_client
+    from sweeper.tables.storage import TableStorage
+
+    cfg = _load_config(args)
+    storage = TableStorage(cfg.tables.root)
+    if not storage.on_s3 or cfg.tables.s3_endpoint:
+        return
+    args.tables_s3_endpoint = args.s3_endpoint
+    client = s3_client(S3Target(storage.bucket), args.s3_endpoint)
+    existing = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
+    if storage.bucket not in existing:
+        client.create_bucket(Bucket=storage.bucket)
+    print(f"sandbox: tables on {cfg.tables.root} (the sandbox's S3)")
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Run the stages in order with one run id, stopping at the first refusal."""
     from sweeper.pipeline import sweep
@@ -287,6 +353,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             cmd_sandbox(argparse.Namespace(**{**vars(args), "action": "seed"}))
         except SandboxError as exc:
             print(f"sandbox: {exc}; scanning what is there")
+        _sandbox_table_bucket(args)
     cfg = _load_config(args)
     spark, store = _session(cfg)
     until = "delete" if args.execute else args.until
@@ -318,6 +385,15 @@ def build_parser() -> argparse.ArgumentParser:
     sandbox_options(sandbox)
     common(sandbox)
     sandbox.set_defaults(func=cmd_sandbox)
+
+    testbed = sub.add_parser("testbed", help="a real Apache Pulsar on loopback for tests (never production)")
+    testbed.add_argument("action", choices=["up", "seed", "status", "crash", "down"],
+                         help="up: start; seed: workload + orphans + manifest; crash: kill -9 the broker")
+    testbed.add_argument("--home", default="var/testbed", help="testbed state, data and logs")
+    testbed.add_argument("--pulsar-home", help="a Pulsar distribution (default: the one jvm/pom.xml fetches)")
+    testbed.add_argument("--wipe", action="store_true", help="with `down`: delete the testbed data too")
+    common(testbed)
+    testbed.set_defaults(func=cmd_testbed)
 
     def stage_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--strict", action="store_true",
@@ -400,15 +476,17 @@ def main(argv: list[str] | None = None) -> int:
     from sweeper.pipeline import StageRefused
     from sweeper.snapshot import ClockSkewRefused
     from sweeper.system_topic import SystemTopicError
-    from sweeper.zk import WrongRootError, ZooKeeperUnavailableError
+    from sweeper.tables import DeltaSparkUnavailableError, TableStorageUnavailableError
+    from sweeper.zk import WrongRootError, ZooKeeperPermissionError, ZooKeeperUnavailableError
 
     try:
         return int(args.func(args))
-    except ConfigError as exc:
+    except (ConfigError, DeltaSparkUnavailableError, TableStorageUnavailableError) as exc:
+        # A missing jar is a setup problem: its message names the jar and how to get it.
         print(f"configuration error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (WrongRootError, ZooKeeperUnavailableError, LayoutError, StageRefused, SystemTopicError,
-            ClockSkewRefused) as exc:
+    except (WrongRootError, ZooKeeperUnavailableError, ZooKeeperPermissionError, LayoutError, StageRefused,
+            SystemTopicError, ClockSkewRefused) as exc:
         print(f"refused: {exc}", file=sys.stderr)
         return EXIT_REFUSED
 

@@ -16,14 +16,39 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
-class BookKeeperConfig:
+class ZooKeeperAccessConfig:
+    """How to reach a secured ZooKeeper: TLS and authentication, per metadata store.
+
+    Shared by [bookkeeper] and [pulsar]; secrets only by file or environment variable name
+    (see sweeper.zksecurity, which reads them when connecting).
+    """
+
+    tls: bool = False  # the connect string names TLS client ports (secureClientPort)
+    tls_ca_file: str = ""  # PEM CA(s) to trust; empty: the system's CAs
+    tls_cert_file: str = ""  # PEM client certificate (mutual TLS), with tls_key_file
+    tls_key_file: str = ""
+    tls_verify_hostname: bool = True  # the server certificate must name the host connected to
+    sasl_mechanism: str = ""  # "" (none) | DIGEST-MD5 | GSSAPI
+    sasl_username: str = ""  # DIGEST-MD5 user (JAAS DigestLoginModule user_<name>)
+    sasl_password_file: str = ""  # DIGEST-MD5 password: a file holding it
+    sasl_password_env: str = ""  # or the name of an environment variable holding it
+    sasl_principal: str = ""  # GSSAPI: the client principal, e.g. ledger-sweeper@EXAMPLE.COM
+    sasl_keytab: str = ""  # GSSAPI: its keytab (exported as KRB5_CLIENT_KTNAME)
+    sasl_service: str = "zookeeper"  # GSSAPI: the servers' principal name (zookeeper/<host>@REALM)
+    digest_auth_file: str = ""  # `digest` scheme credentials (addauth): a file holding "user:password"
+    digest_auth_env: str = ""  # or the name of an environment variable holding them
+
+
+@dataclass(frozen=True)
+class BookKeeperConfig(ZooKeeperAccessConfig):
     zookeeper: str = "127.0.0.1:2181"  # may carry a chroot: host:port/chroot
     ledgers_root: str = "/ledgers"
     session_timeout_s: float = 15.0
 
 
 @dataclass(frozen=True)
-class PulsarMetadataConfig:
+class PulsarMetadataConfig(ZooKeeperAccessConfig):
+    # Access options here apply when `zookeeper` names another ensemble; else [bookkeeper]'s do.
     zookeeper: str = ""  # empty: same ensemble as BookKeeper
     managed_ledgers_root: str = "/managed-ledgers"
     schemas_root: str = "/schemas"
@@ -37,8 +62,13 @@ class PulsarMetadataConfig:
 
 @dataclass(frozen=True)
 class TablesConfig:
-    root: str = "var/tables"
+    root: str = "var/tables"  # a path, or s3://bucket/prefix (s3a:// too); see sweeper.tables.storage
     engine: str = "auto"  # auto | delta-rs | delta-spark
+    # For a root on S3: an S3-compatible endpoint for its bucket (empty: AWS) and the region.
+    # Credentials never go here: each process takes them from the usual chain (environment,
+    # profile, instance role; Hadoop's chain for s3a).
+    s3_endpoint: str = ""
+    s3_region: str = ""
 
 
 @dataclass(frozen=True)
@@ -53,6 +83,10 @@ class ScanConfig:
     window: int = 2000  # ZooKeeper reads in flight per task
     multi_read: int = 100  # reads per request (multiRead, ZooKeeper >= 3.6); 1 for older servers
     chunk: int = 2000  # managed ledgers / schemas per scan unit
+    # Load on the ensemble (docs/benchmarks.md, "ZooKeeper impact"): reads per second for the whole
+    # scan, shared by its tasks (0: unlimited), and at most this many scan sessions at once.
+    reads_per_second: float = 20000.0
+    max_sessions: int = 8
 
 
 @dataclass(frozen=True)
@@ -230,9 +264,10 @@ def from_dict(data: dict[str, Any]) -> SweeperConfig:
             if key == "execute":
                 raise ConfigError(f"[{name}] execute: deleting is never switched on by a config file; pass "
                                   "--execute on the command line")
-            if key in ("auth_token", "token", "password", "secret_key"):
+            if key in ("auth_token", "token", "password", "secret_key", "sasl_password", "digest_auth"):
+                option = "auth_token" if key in ("auth_token", "token", "password", "secret_key") else key
                 raise ConfigError(f"[{name}] {key}: secrets never go in the config file; name a file "
-                                  "(auth_token_file) or an environment variable (auth_token_env) instead")
+                                  f"({option}_file) or an environment variable ({option}_env) instead")
             if key not in field_types:
                 raise ConfigError(f"unknown option [{name}] {key}; known: {', '.join(sorted(field_types))}")
             kwargs[key] = _coerce(name, key, value, field_types[key])
@@ -242,9 +277,45 @@ def from_dict(data: dict[str, Any]) -> SweeperConfig:
     return config
 
 
+SASL_MECHANISMS = ("", "DIGEST-MD5", "GSSAPI")
+
+
+def validate_zookeeper_access(config: SweeperConfig) -> None:
+    """[bookkeeper] / [pulsar] TLS and authentication options: complete, and secrets never inline."""
+    stores = [("bookkeeper", config.bookkeeper)]
+    if config.pulsar.zookeeper:
+        stores.append(("pulsar", config.pulsar))
+    elif any(getattr(config.pulsar, f.name) != f.default for f in dataclasses.fields(ZooKeeperAccessConfig)):
+        raise ConfigError("[pulsar] TLS / SASL / digest options need [pulsar] zookeeper set; with it empty the "
+                          "Pulsar metadata is read with [bookkeeper]'s connection settings")
+    for name, access in stores:
+        if access.sasl_mechanism not in SASL_MECHANISMS:
+            raise ConfigError(f"[{name}] sasl_mechanism must be one of DIGEST-MD5, GSSAPI (or empty), got "
+                              f"{access.sasl_mechanism!r}")
+        if bool(access.tls_cert_file) != bool(access.tls_key_file):
+            raise ConfigError(f"[{name}] tls_cert_file and tls_key_file go together (mutual TLS)")
+        if (access.tls_ca_file or access.tls_cert_file) and not access.tls:
+            raise ConfigError(f"[{name}] tls_* files are set but tls = false: set tls = true (and use the "
+                              "servers' secureClientPort in the connect string)")
+        for secret in ("sasl_password", "digest_auth"):
+            if getattr(access, f"{secret}_file") and getattr(access, f"{secret}_env"):
+                raise ConfigError(f"[{name}] set {secret}_file or {secret}_env, not both")
+        has_password = bool(access.sasl_password_file or access.sasl_password_env)
+        if access.sasl_mechanism == "DIGEST-MD5" and not (access.sasl_username and has_password):
+            raise ConfigError(f"[{name}] sasl_mechanism DIGEST-MD5 needs sasl_username and sasl_password_file or "
+                              "sasl_password_env")
+        if access.sasl_mechanism == "GSSAPI" and not access.sasl_principal:
+            raise ConfigError(f"[{name}] sasl_mechanism GSSAPI needs sasl_principal (and usually sasl_keytab)")
+        if not access.sasl_mechanism and (access.sasl_username or has_password or access.sasl_keytab):
+            raise ConfigError(f"[{name}] sasl_* options are set but sasl_mechanism is empty")
+
+
 def validate(config: SweeperConfig) -> None:
+    validate_zookeeper_access(config)
     if config.tables.engine not in ("auto", "delta-rs", "delta-spark"):
         raise ConfigError(f"[tables] engine must be auto, delta-rs or delta-spark, got {config.tables.engine!r}")
+    if config.tables.s3_endpoint and not config.tables.s3_endpoint.startswith(("http://", "https://")):
+        raise ConfigError(f"[tables] s3_endpoint must be an http(s) URL, got {config.tables.s3_endpoint!r}")
     for section, key, path in (
         ("bookkeeper", "ledgers_root", config.bookkeeper.ledgers_root),
         ("pulsar", "managed_ledgers_root", config.pulsar.managed_ledgers_root),
@@ -257,6 +328,8 @@ def validate(config: SweeperConfig) -> None:
             raise ConfigError(f"[{section}] {key} must be an absolute znode path other than '/', got {path!r}")
     if config.scan.window < 1 or config.scan.chunk < 1 or config.scan.multi_read < 1:
         raise ConfigError("[scan] window, chunk and multi_read must be positive")
+    if config.scan.reads_per_second < 0 or config.scan.max_sessions < 1:
+        raise ConfigError("[scan] reads_per_second must be >= 0 (0: unlimited) and max_sessions positive")
     if not 0 < config.safety.max_orphan_fraction <= 1:
         raise ConfigError("[safety] max_orphan_fraction must be in (0, 1]")
     if config.safety.max_clock_skew_seconds <= 0:

@@ -1,17 +1,21 @@
 """The emit action (PIP-186 phase 1, "mark"): a run's candidate orphans onto the system topic.
 
-The driver turns candidates into `PendingDeleteLedgerInfo` records and gives each a fixed place:
+Spark tasks turn candidates into `PendingDeleteLedgerInfo` records and give each a fixed place:
 a partition (Java's string hash of the ledger id, as a keyed Java producer would route it), a
 producer (one per `records_per_producer` records of a partition, named after the run) and a
-sequence id. Spark tasks then each open one producer and send their records in batches with a
-bounded number in flight. Because names and sequence ids are the same on every attempt, a retried
-task or a rerun stage resends nothing the broker already holds: the producer learns the last
-sequence id the broker persisted for its name and skips up to it, and the broker's deduplication
-drops any resend that races it. What was acknowledged goes to `emitted` in one Delta commit.
+sequence id (the record's rank by key within its partition). Spark tasks then each open one
+producer and send their records in batches with a bounded number in flight, and write what they
+sent to `emitted` in one Delta commit. Because names and sequence ids are the same on every
+attempt, a retried task or a rerun stage resends nothing the broker already holds: the producer
+learns the last sequence id the broker persisted for its name and skips up to it, and the broker's
+deduplication drops any resend that races it. The driver only holds counts and the list of
+producer slots: nothing in proportion to the candidates (`plan_messages` is the same plan for a
+list in one process, used by the tests).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -20,7 +24,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from pyspark.sql import SparkSession
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from sweeper import pending_delete
@@ -208,31 +213,75 @@ def send_slot(messages: list[PlannedMessage], broker: BrokerSettings,
              PUBLISHED if m.sequence_id in receipts else ALREADY_PUBLISHED) for m in messages]
 
 
-def candidate_records(spark: SparkSession, store: TableStore, run_id: str) -> list[dict[str, Any]]:
-    orphans = store.read("orphans").where((F.col("run_id") == run_id) & (F.col("status") == CANDIDATE))
+_ORPHAN_COLUMNS = ["run_id", "object_type", "ledger_id", "status", "reason", "component", "tenant", "namespace",
+                   "topic", "managed_ledger", "cursor", "schema_id", "bucket_key", "zk_path", "zk_version", "s3_bucket",
+                   "s3_key", "offload_uuid"]
+_RECORDS_DDL = ("record_key string, ledger_id long, ledger_type string, component string, topic_name string, "
+                "topic_partition int, record string, refused string")
+
+
+def _offload_targets(store: TableStore, run_id: str) -> dict[str, tuple[str, str]]:
+    """bucket -> (region, endpoint) of the run's offload contexts (a handful of buckets)."""
     targets: dict[str, tuple[str, str]] = {}
     if store.exists("ml_ledgers"):
         for r in (store.read("ml_ledgers").where((F.col("run_id") == run_id) & F.col("offload_bucket").isNotNull())
                   .select("offload_bucket", "offload_region", "offload_endpoint").distinct().collect()):
             targets[r["offload_bucket"]] = (r["offload_region"] or "", r["offload_endpoint"] or "")
-    # Arrow, not Rows, and only the columns records use: a run can have a hundred thousand candidates.
-    columns = ["run_id", "object_type", "ledger_id", "status", "reason", "component", "tenant", "namespace", "topic",
-               "managed_ledger", "cursor", "schema_id", "bucket_key", "zk_path", "zk_version", "s3_bucket", "s3_key",
-               "offload_uuid"]
-    return pending_delete.records_for_orphans(orphans.select(*columns).toArrow().to_pylist(), targets)
+    return targets
 
 
-def split_invalid(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], str]]]:
-    """Records the delete stage would accept, and the others with why: one bad candidate never sinks the stage."""
-    good, bad = [], []
-    for record in records:
-        try:
-            pending_delete.validate(record)
-        except pending_delete.InvalidPendingDelete as exc:
-            bad.append((record, f"{exc.kind}: {exc}"))
-        else:
-            good.append(record)
-    return good, bad
+def _candidates(store: TableStore, run_id: str) -> DataFrame:
+    return store.read("orphans").where((F.col("run_id") == run_id) & (F.col("status") == CANDIDATE)) \
+        .select(*_ORPHAN_COLUMNS)
+
+
+def candidate_records(spark: SparkSession, store: TableStore, run_id: str) -> list[dict[str, Any]]:
+    """The run's records in this process (tests and small tools; run_emit builds them in Spark tasks)."""
+    rows = _candidates(store, run_id).toArrow().to_pylist()
+    return pending_delete.records_for_orphans(rows, _offload_targets(store, run_id))
+
+
+def record_rows(spark: SparkSession, store: TableStore, run_id: str, partitions: int) -> DataFrame:
+    """The run's candidates as records, computed by the executors: one row per record with its record key and
+    topic partition, the record as JSON, and `refused` (why our delete stage would refuse it) or null."""
+    targets = _offload_targets(store, run_id)
+    parallelism = max(1, spark.sparkContext.defaultParallelism)
+
+    def to_records(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        # All of a ledger's rows are in this task (partitioned by ledger id): an offloaded copy's data
+        # and index keys become one record.
+        rows = [row for batch in batches for row in batch.to_pylist()]
+        out = []
+        for record in pending_delete.records_for_orphans(rows, targets):
+            # What our own delete stage would refuse never reaches the topic; it is counted, not fatal.
+            refused = None
+            try:
+                pending_delete.validate(record)
+            except pending_delete.InvalidPendingDelete as exc:
+                refused = f"{exc.kind}: {exc}"
+            out.append({"record_key": pending_delete.record_key(record), "ledger_id": int(record["ledgerId"]),
+                        "ledger_type": record["ledgerType"], "component": record["ledgerComponent"],
+                        "topic_name": record.get("topicName"),
+                        "topic_partition": partition_for(str(record["ledgerId"]), partitions),
+                        "record": json.dumps(record, sort_keys=True), "refused": refused})
+        if out:
+            yield pa.RecordBatch.from_pylist(out, schema=_RECORDS_ARROW)
+
+    return _candidates(store, run_id).repartition(parallelism, "ledger_id").mapInArrow(to_records, _RECORDS_DDL)
+
+
+def planned_records(records: DataFrame, records_per_producer: int) -> DataFrame:
+    """The valid records of `record_rows` with their sequence id (rank by key within the topic partition) and
+    producer slot."""
+    rank = F.row_number().over(Window.partitionBy("topic_partition").orderBy("record_key")) - 1
+    return (records.where(F.col("refused").isNull()).drop("refused")
+            .withColumn("sequence_id", rank.cast("long"))
+            .withColumn("producer_slot", F.floor(F.col("sequence_id") / records_per_producer).cast("int")))
+
+
+_RECORDS_ARROW = pa.schema([("record_key", pa.string()), ("ledger_id", pa.int64()), ("ledger_type", pa.string()),
+                            ("component", pa.string()), ("topic_name", pa.string()), ("topic_partition", pa.int32()),
+                            ("record", pa.string()), ("refused", pa.string())])
 
 
 def check_reconciled(store: TableStore, run_id: str) -> None:
@@ -255,59 +304,89 @@ def run_emit(spark: SparkSession, config: SweeperConfig, store: TableStore, run_
     check_reconciled(store, run_id)
     try:
         broker = BrokerSettings.from_config(cfg)
-        records, refused = split_invalid(candidate_records(spark, store, run_id))
-        counts: dict[str, int] = {"records": len(records), "ledger_records": 0, "offload_records": 0,
-                                  "refused_invalid": len(refused)}
-        for record, why in refused[:20]:
-            log.warning("emit: not sending ledger %s (%s): %s", record.get("ledgerId"), record.get("ledgerType"), why)
-        for r in records:
-            counts["ledger_records" if r["ledgerType"] == "LEDGER" else "offload_records"] += 1
-        if not records:
-            return EmitResult(run_id, {**counts, "published": 0, "already_published": 0}, time.monotonic() - t0)
+        if not store.exists("orphans"):
+            return EmitResult(run_id, {"records": 0, "ledger_records": 0, "offload_records": 0, "published": 0,
+                                       "already_published": 0}, time.monotonic() - t0)
+        # The topic's partition count decides the plan; an empty run asks nothing of the broker.
+        if _candidates(store, run_id).limit(1).count() == 0:
+            return EmitResult(run_id, {"records": 0, "ledger_records": 0, "offload_records": 0, "published": 0,
+                                       "already_published": 0}, time.monotonic() - t0)
         partitions = ensure_topic(cfg, broker)
     except SystemTopicError as exc:
         raise EmitRefused(str(exc)) from exc
-    planned = plan_messages(records, partitions, cfg.records_per_producer)
-    done_keys = already_emitted(store, run_id)
-    todo = [m for m in planned if m.record_key not in done_keys]
-    counts["previously_emitted"] = len(planned) - len(todo)
-    counts["partitions"] = partitions
-    rows: list[dict[str, Any]] = []
-    if todo:
-        producer = ProducerSettings.from_config(cfg, run_id)
-        emitted_at = datetime.now(UTC)
-        by_slot: dict[tuple[int, int], list[PlannedMessage]] = {}
-        for m in todo:
-            by_slot.setdefault((m.topic_partition, m.producer_slot), []).append(m)
-        # One element per Spark partition, so each task is exactly one producer and nothing is shuffled.
-        slots = spark.sparkContext.parallelize(list(by_slot.values()), len(by_slot))
-
-        def send_partition(items: Iterator[list[PlannedMessage]]) -> Iterator[SlotRow]:
-            for messages in items:
-                yield from send_slot(messages, broker, producer)
-
-        sending = time.monotonic()
+    rows = record_rows(spark, store, run_id, partitions).persist()
+    try:
+        refused = rows.where(F.col("refused").isNotNull())
+        refused_count = refused.count()
+        for r in refused.select("ledger_id", "ledger_type", "refused").limit(20).collect():
+            log.warning("emit: not sending ledger %s (%s): %s", r["ledger_id"], r["ledger_type"], r["refused"])
+        planned = planned_records(rows, cfg.records_per_producer).persist()
         try:
-            acked = slots.mapPartitions(send_partition).collect()
-        except Exception as exc:
-            raise EmitFailed(_task_error(exc)) from exc
-        counts["send_ms"] = int((time.monotonic() - sending) * 1000)
-        outcome = {(row[0], row[1]): row[2:] for row in acked}
-        rows = []
-        for m in todo:
-            message_id, name, payload, status = outcome[(m.topic_partition, m.sequence_id)]
-            rows.append({
-                "run_id": run_id, "emitted_at": emitted_at, "record_key": m.record_key, "ledger_id": m.ledger_id,
-                "ledger_type": m.ledger_type, "component": m.component, "topic_name": m.topic_name,
-                "topic_partition": m.topic_partition, "producer_name": name, "sequence_id": m.sequence_id,
-                "message_id": message_id, "status": status,
-                "payload": payload,
-            })
-        store.append_rows("emitted", rows, EMITTED, commit_metadata={"run_id": run_id, "stage": "emit"})
-    counts["published"] = sum(1 for r in rows if r["status"] == PUBLISHED)
-    counts["already_published"] = sum(1 for r in rows if r["status"] == ALREADY_PUBLISHED)
-    counts["refused_oversize"] = sum(1 for r in rows if r["status"] == REFUSED_OVERSIZE)
-    counts["producers"] = len({r["producer_name"] for r in rows})
+            result = _emit_planned(spark, store, run_id, planned, broker, ProducerSettings.from_config(cfg, run_id),
+                                   partitions, t0)
+        finally:
+            planned.unpersist()
+    finally:
+        rows.unpersist()
+    result.counts["refused_invalid"] = refused_count
+    return result
+
+
+def _emit_planned(spark: SparkSession, store: TableStore, run_id: str, planned: DataFrame, broker: BrokerSettings,
+                  producer: ProducerSettings, partitions: int, t0: float) -> EmitResult:
+    totals = planned.agg(F.count(F.lit(1)).alias("records"),
+                         F.sum(F.when(F.col("ledger_type") == "LEDGER", 1).otherwise(0)).alias("ledger_records")).head()
+    records = int(totals["records"] or 0)
+    counts: dict[str, int] = {"records": records, "ledger_records": int(totals["ledger_records"] or 0)}
+    counts["offload_records"] = records - counts["ledger_records"]
+    todo = planned
+    if store.exists("emitted"):
+        done = store.read("emitted").where(F.col("run_id") == run_id).select("record_key").distinct()
+        todo = planned.join(done, "record_key", "left_anti")
+    # One Spark partition per producer slot (partition, slot): each task is exactly one producer.
+    slots = sorted((r["topic_partition"], r["producer_slot"]) for r in
+                   todo.select("topic_partition", "producer_slot").distinct().collect())
+    counts["previously_emitted"] = records - (todo.count() if slots else 0)
+    counts["partitions"] = partitions
+    if not slots:
+        return EmitResult(run_id, {**counts, "published": 0, "already_published": 0}, time.monotonic() - t0)
+    slot_index = {slot: i for i, slot in enumerate(slots)}
+    emitted_at = datetime.now(UTC)
+
+    def send_partition(items: Iterator[tuple[int, Any]]) -> Iterator[tuple]:
+        rows = [row for _, row in items]
+        if not rows:
+            return
+        messages = [PlannedMessage(
+            record_key=r["record_key"], ledger_id=r["ledger_id"], ledger_type=r["ledger_type"],
+            component=r["component"], topic_name=r["topic_name"], topic_partition=r["topic_partition"],
+            producer_slot=r["producer_slot"], sequence_id=r["sequence_id"], record=json.loads(r["record"]))
+            for r in rows]
+        by_seq = {m.sequence_id: m for m in messages}
+        for partition, seq, message_id, name, payload, status in send_slot(messages, broker, producer):
+            m = by_seq[seq]
+            yield (run_id, emitted_at, m.record_key, m.ledger_id, m.ledger_type, m.component, m.topic_name, partition,
+                   name, seq, message_id, status, payload)
+
+    by_slot = (todo.select("record_key", "ledger_id", "ledger_type", "component", "topic_name", "topic_partition",
+                           "producer_slot", "sequence_id", "record").rdd
+               .map(lambda r: (slot_index[(r["topic_partition"], r["producer_slot"])], r))
+               .partitionBy(len(slots), lambda index: index))
+    sending = time.monotonic()
+    try:
+        # One job: the producer tasks write what they sent to `emitted` themselves (one Delta commit).
+        store.append("emitted", spark.createDataFrame(by_slot.mapPartitions(send_partition), EMITTED), EMITTED,
+                     commit_metadata={"run_id": run_id, "stage": "emit"})
+    except Exception as exc:
+        raise EmitFailed(_task_error(exc)) from exc
+    counts["send_ms"] = int((time.monotonic() - sending) * 1000)
+    sent = (store.read("emitted").where((F.col("run_id") == run_id) & (F.col("emitted_at") == F.lit(emitted_at)))
+            .groupBy("status").agg(F.count(F.lit(1)).alias("n")).collect())
+    by_status = {r["status"]: int(r["n"]) for r in sent}
+    counts["published"] = by_status.get(PUBLISHED, 0)
+    counts["already_published"] = by_status.get(ALREADY_PUBLISHED, 0)
+    counts["refused_oversize"] = by_status.get(REFUSED_OVERSIZE, 0)
+    counts["producers"] = len(slots)
     return EmitResult(run_id, counts, time.monotonic() - t0)
 
 

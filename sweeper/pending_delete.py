@@ -18,7 +18,8 @@ import fastavro
 
 from sweeper import names
 
-SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schemas" / "avro" / "pending_delete_ledger_info.avsc"
+SCHEMA_MEMBER = "schemas/avro/pending_delete_ledger_info.avsc"  # relative to the repo, and in the shipped zip
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / SCHEMA_MEMBER
 
 # Ledger custom-metadata component -> record component (cursor ledgers are managed-ledger ledgers
 # that carry `pulsar/cursor`).
@@ -44,8 +45,16 @@ def schema_json() -> str:
     try:
         return SCHEMA_PATH.read_text()
     except (FileNotFoundError, NotADirectoryError):
-        # Shipped to executors inside spark-submit.sh's zip: the zip importer reads it.
-        return __loader__.get_data(str(SCHEMA_PATH)).decode()  # type: ignore[union-attr]
+        # Shipped to executors inside spark-submit.sh's zip, which executors import by a path
+        # relative to their working directory (./ledger_sweeper.zip): read the member from the
+        # archive the zip importer loaded us from, whatever its spelling.
+        import zipfile
+
+        archive = getattr(__loader__, "archive", None)
+        if archive is None:
+            raise
+        with zipfile.ZipFile(archive) as shipped:
+            return shipped.read(SCHEMA_MEMBER).decode()
 
 
 @cache

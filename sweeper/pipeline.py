@@ -24,7 +24,7 @@ from sweeper.metrics import MetricsError, publish, render
 from sweeper.reconcile import ReconcileRefused, ReconcileResult, SafetySettings, run_reconcile
 from sweeper.retention_debt import RetentionDebtRefused, RetentionDebtResult, RetentionSettings, run_retention_debt
 from sweeper.safety import HOUR_MS, CircuitBreaker, GracePeriod, Scope
-from sweeper.snapshot import SnapshotResult, record_run, run_snapshot
+from sweeper.snapshot import SnapshotResult, record_run, run_snapshot, zk_load
 from sweeper.system_topic import SystemTopicError
 from sweeper.tables import TableStore
 
@@ -161,7 +161,8 @@ def delete_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, 
         record_run(store, run_id, "delete", "failed", started, {}, config, f"{type(exc).__name__}: {exc}")
         raise
     status = "partial" if is_partial(result) else "succeeded"
-    record_run(store, run_id, "delete", status, started, {**result.counts, "execute": int(execute)}, config,
+    record_run(store, run_id, "delete", status, started, {**result.counts, "execute": int(execute),
+               "deletes_per_second_per_task": int(config.delete.deletes_per_second)}, config,
                json.dumps({"guards": result.guards}))
     return result
 
@@ -225,6 +226,7 @@ def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: 
     log(f"[snapshot]  {snap.counts.get('bk_ledgers', 0):>10,} ledgers, {snap.counts.get('managed_ledgers', 0):,} "
         f"managed ledgers, {snap.counts.get('quarantine', 0):,} quarantined in {snap.duration_s:.1f}s "
         f"({snap.ledgers_per_second:,.0f} ledgers/s)")
+    log(f"            ZooKeeper: {zk_load(snap.counts)}")
     if until == "snapshot":
         return result
     rec = reconcile_stage(spark, config, store, snap.run_id)
@@ -263,7 +265,8 @@ def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: 
         result.stages["delete"] = {"seconds": round(deleted.duration_s, 1), **deleted.counts}
         result.partial = is_partial(deleted)
         result.outcomes = [(r.ledger_type, r.outcome) for r in deleted.results]
-        log(f"[delete]    {delete_summary(deleted)} in {deleted.duration_s:.1f}s")
+        log(f"[delete]    {delete_summary(deleted)} in {deleted.duration_s:.1f}s (paced at "
+            f"{config.delete.deletes_per_second:,.0f} deletes/s per task)")
     export_metrics(config, result, log)
     for line in summary_table(result):
         log(line)

@@ -1,6 +1,12 @@
 """A throwaway S3 endpoint on loopback (moto's server mode) for the sandbox and the tests.
 
 Real HTTP, real boto3 on the client side; never used against production.
+
+`python -m sweeper.s3server -H host -p port` runs moto's own server with one change that makes it
+behave like S3 where our tables depend on it: a conditional write (`If-None-Match: *` or
+`If-Match`, on PutObject and CompleteMultipartUpload) is checked and stored atomically. moto checks
+first and stores later on one of its request threads (moto.s3.responses.S3Response.put_object), so
+two writers racing for one Delta commit version could both win there; on S3 one gets 412.
 """
 
 from __future__ import annotations
@@ -10,10 +16,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sweeper.zkserver import free_port
 
@@ -30,12 +39,12 @@ class S3ServerInfo:
 
 def start_s3(log_dir: str | os.PathLike[str], port: int | None = None, timeout: float = 30.0) -> S3ServerInfo:
     port = port or free_port()
-    moto = Path(sys.executable).with_name("moto_server")
-    command = [str(moto)] if moto.exists() else [sys.executable, "-m", "moto.server"]
+    repo = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH", "")) if p)}
     Path(log_dir).mkdir(parents=True, exist_ok=True)
     log = open(Path(log_dir) / "moto.log", "ab")  # noqa: SIM115 - handed to the child process
-    proc = subprocess.Popen([*command, "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-m", "sweeper.s3server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     log.close()
     endpoint = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
@@ -56,3 +65,33 @@ def stop_s3(info: S3ServerInfo) -> None:
         os.killpg(info.pid, signal.SIGTERM)
     with contextlib.suppress(ChildProcessError):
         os.waitpid(info.pid, 0)
+
+
+def _atomic_conditional_writes() -> None:
+    from moto.s3.responses import S3Response
+
+    lock = threading.Lock()
+
+    def atomic(method: Callable[..., Any]) -> Callable[..., Any]:
+        def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if self.headers.get("If-None-Match") or self.headers.get("If-Match"):
+                with lock:
+                    return method(self, *args, **kwargs)
+            return method(self, *args, **kwargs)
+
+        return run
+
+    # put_object: PutObject; _key_response_post: CompleteMultipartUpload (among other POSTs).
+    for name in ("put_object", "_key_response_post"):
+        setattr(S3Response, name, atomic(getattr(S3Response, name)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    from moto import server
+
+    _atomic_conditional_writes()
+    server.main(argv)
+
+
+if __name__ == "__main__":
+    main()

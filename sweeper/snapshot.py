@@ -7,6 +7,7 @@ table at once. Each table then gets one Delta commit for the run.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -17,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
+from kazoo.exceptions import NoAuthError, NoNodeError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
@@ -26,6 +28,7 @@ from sweeper import zk as zkutil
 from sweeper.config import SweeperConfig
 from sweeper.liveness import ClockReading, clock_problem, live_brokers, probe_clock
 from sweeper.offload import S3Target, list_offload_objects, listing_units, s3_client
+from sweeper.ratelimit import TokenBucket
 from sweeper.retention import parse_namespace_policies
 from sweeper.scan import bookkeeper as bk_scan
 from sweeper.scan import pulsar as pulsar_scan
@@ -36,7 +39,14 @@ from sweeper.spark import task_error
 from sweeper.system_topic import AdminClient, BrokerSettings, SystemTopicError, broker_partitions
 from sweeper.table_schemas import RUNS, SNAPSHOT_TABLES
 from sweeper.tables import TableStore
-from sweeper.zk import ChildrenRead, ZnodeRead
+from sweeper.zk import (
+    ChildrenRead,
+    ZnodeRead,
+    ZooKeeperPermissionError,
+    ZooKeeperSecurityError,
+    ZooKeeperUnavailableError,
+)
+from sweeper.zksecurity import ZkSecurity, bookkeeper_security, pulsar_security
 from sweeper.zkwire import WireReader
 
 log = logging.getLogger(__name__)
@@ -52,6 +62,8 @@ PACKED_SCHEMA = StructType([
 TASK_BK, TASK_ML, TASK_SCHEMA = "bk", "ml", "schema"
 LISTING_FAILED = "listing_failed"  # quarantine error_kind of an offload bucket slice that could not be listed
 BATCH_ROWS = 10_000
+# Packed rows that are no table's: what each scan task read and how long its rate limit held it back.
+STAT_READS, STAT_WAIT_MS = "zk_reads", "zk_wait_ms"
 
 
 @dataclass(frozen=True)
@@ -68,6 +80,9 @@ class ScanTarget:
     multi_read: int
     run_id: str
     captured_at: datetime
+    bk_security: ZkSecurity | None = None
+    pulsar_security: ZkSecurity | None = None
+    reads_per_task: float = 0.0  # [scan] reads_per_second shared by the scan's sessions (0: unlimited)
 
 
 @dataclass
@@ -99,17 +114,29 @@ class ScanReader:
     """The reads of one scan task: one ZooKeeper session speaking the wire protocol directly.
 
     Data reads go `multi_read` to a request (ZooKeeper >= 3.6); directory listings go one to a
-    request, since a single listing may already hold 10,000 names.
+    request, since a single listing may already hold 10,000 names. A `limiter` paces the reads.
+    A read refused for lack of permission fails the task (and the snapshot) naming the znode:
+    a snapshot missing what it may not read would look like orphans.
     """
 
-    def __init__(self, hosts: str, timeout_s: float, multi_read: int) -> None:
-        self.reader = WireReader(hosts, timeout=timeout_s, multi_read=max(1, multi_read))
+    def __init__(self, hosts: str, timeout_s: float, multi_read: int, security: ZkSecurity | None = None,
+                 limiter: TokenBucket | None = None) -> None:
+        self.reader = WireReader(hosts, timeout=timeout_s, multi_read=max(1, multi_read), security=security,
+                                 limiter=limiter)
+        self.reads = 0
 
     def get_many(self, paths: Iterable[str], window: int = zkutil.DEFAULT_WINDOW) -> Iterator[ZnodeRead]:
-        return self.reader.get_many(paths, window)
+        return self._checked(self.reader.get_many(paths, window))
 
     def children_many(self, paths: Iterable[str], window: int = zkutil.DEFAULT_WINDOW) -> Iterator[ChildrenRead]:
-        return self.reader.children_many(paths, window, multi_read=1)
+        return self._checked(self.reader.children_many(paths, window, multi_read=1))
+
+    def _checked(self, reads: Iterator[Any]) -> Iterator[Any]:
+        for read in reads:
+            if isinstance(read.error, ZooKeeperPermissionError):
+                raise read.error
+            self.reads += 1
+            yield read
 
     def close(self) -> None:
         self.reader.close()
@@ -121,26 +148,29 @@ def _scan_partition(target: ScanTarget, batches: Iterator[pa.RecordBatch]) -> It
         batch.column("kind").to_pylist(), batch.column("payload").to_pylist(), strict=True)]
     if not tasks:
         return
-    readers: dict[str, Any] = {}
+    readers: dict[tuple[str, ZkSecurity | None], ScanReader] = {}
+    # One budget for the task, whichever ensemble its reads go to.
+    limiter = TokenBucket(target.reads_per_task) if target.reads_per_task > 0 else None
 
-    def client(hosts: str) -> zkutil.ZnodeReader:
-        if hosts not in readers:
-            readers[hosts] = ScanReader(hosts, target.timeout_s, target.multi_read)
-        return readers[hosts]
+    def client(hosts: str, security: ZkSecurity | None) -> zkutil.ZnodeReader:
+        if (hosts, security) not in readers:
+            readers[hosts, security] = ScanReader(hosts, target.timeout_s, target.multi_read, security, limiter)
+        return readers[hosts, security]
 
     def rows() -> Iterator[dict[str, Any]]:
+        pulsar = (target.pulsar_hosts, target.pulsar_security)
         for kind, payload in tasks:
             if kind == TASK_BK:
                 yield from bk_scan.scan_ledger_units(
-                    client(target.bk_hosts), target.ledgers_root, payload.split("\n"), target.window
+                    client(target.bk_hosts, target.bk_security), target.ledgers_root, payload.split("\n"), target.window
                 )
             elif kind == TASK_ML:
                 yield from pulsar_scan.scan_managed_ledgers(
-                    client(target.pulsar_hosts), target.ml_root, payload.split("\n"), target.window
+                    client(*pulsar), target.ml_root, payload.split("\n"), target.window
                 )
             elif kind == TASK_SCHEMA:
                 yield from pulsar_scan.scan_schemas(
-                    client(target.pulsar_hosts), target.schemas_root, payload.split("\n"), target.window
+                    client(*pulsar), target.schemas_root, payload.split("\n"), target.window
                 )
 
     try:
@@ -148,9 +178,67 @@ def _scan_partition(target: ScanTarget, batches: Iterator[pa.RecordBatch]) -> It
         for row in rows():
             yield from packer.add(row)
         yield from packer.flush()
+        waited = limiter.waited_s if limiter is not None else 0.0
+        yield pa.RecordBatch.from_pydict(
+            {"record_type": [STAT_READS, STAT_WAIT_MS],
+             "rows": [sum(r.reads for r in readers.values()), int(waited * 1000)], "payload": [b"", b""]},
+            schema=packer.packed)
     finally:
         for reader in readers.values():
             reader.close()
+
+
+def _require_readable(client: Any, *paths: str) -> None:
+    """The roots first, so that a missing READ is named as such rather than as a missing tree."""
+    for path in paths:
+        try:
+            client.get(path)
+        except NoNodeError:
+            continue  # the planning says what is missing
+        except NoAuthError as exc:
+            raise ZooKeeperPermissionError(path, "READ", "the snapshot reads the whole tree") from exc
+
+
+@contextlib.contextmanager
+def _readable(root: str) -> Iterator[None]:
+    """kazoo's NoAuth names no znode; listings below the root name theirs (sweeper.zk.children_many)."""
+    try:
+        yield
+    except NoAuthError as exc:
+        raise ZooKeeperPermissionError(root, "READ", "the snapshot lists and reads the whole tree") from exc
+
+
+_TASK_ERRORS: dict[str, type[Exception]] = {
+    "ZooKeeperPermissionError": ZooKeeperPermissionError,
+    "ZooKeeperSecurityError": ZooKeeperSecurityError,
+    "ZooKeeperUnavailableError": ZooKeeperUnavailableError,
+}
+
+
+def zookeeper_task_error(exc: BaseException) -> Exception | None:
+    """Our ZooKeeper error a Spark task failed with, rebuilt on the driver with its message (or None)."""
+    text = str(exc)
+    for name, cls in _TASK_ERRORS.items():
+        if f"{name}: " in text:
+            message = task_error(exc, (name,))
+            if cls is ZooKeeperPermissionError:
+                return ZooKeeperPermissionError("", "", message=message)
+            return cls(message)
+    return None
+
+
+def zk_load(counts: dict[str, int]) -> str:
+    """The snapshot's ZooKeeper reads against their limits, for the run's report lines."""
+    limit = counts.get("reads_per_second_limit", 0)
+    return (f"{counts.get('zk_reads', 0):,} reads at {counts.get('zk_reads_per_second', 0):,}/s over "
+            f"{counts.get('scan_sessions', 0)} session(s); limit "
+            + (f"{limit:,} reads/s" if limit else "none") + f", {counts.get('zk_wait_ms', 0) / 1000:,.1f}s held back")
+
+
+def scan_sessions(spark: SparkSession, config: SweeperConfig, units: int) -> int:
+    """Scan partitions, each one ZooKeeper session per ensemble at a time: at most [scan] max_sessions."""
+    parallelism = config.spark.scan_partitions or 4 * spark.sparkContext.defaultParallelism
+    return max(1, min(parallelism, units, config.scan.max_sessions))
 
 
 def _chunks(items: list[str], size: int) -> list[str]:
@@ -172,17 +260,24 @@ class SnapshotPlan:
 
 def plan_tasks(config: SweeperConfig) -> SnapshotPlan:
     timeout = config.bookkeeper.session_timeout_s
-    bk_client = zkutil.connect(config.bookkeeper.zookeeper, timeout=timeout)
+    bk_client = zkutil.connect(config.bookkeeper.zookeeper, timeout=timeout, security=bookkeeper_security(config))
     try:
-        ledger_plan = bk_scan.plan_ledger_units(bk_client, config.bookkeeper.ledgers_root)
+        root = config.bookkeeper.ledgers_root
+        _require_readable(bk_client, root, zkutil.join(root, "LAYOUT"))
+        with _readable(root):
+            ledger_plan = bk_scan.plan_ledger_units(bk_client, root)
         clock = probe_clock(bk_client, config.safety.clock_probe_path)
     finally:
         zkutil.close(bk_client)
-    pulsar_client = zkutil.connect(config.pulsar_zookeeper, timeout=timeout)
+    # The configuration store is Pulsar's too: [pulsar]'s access options (or [bookkeeper]'s) reach it.
+    pulsar_access = pulsar_security(config)
+    pulsar_client = zkutil.connect(config.pulsar_zookeeper, timeout=timeout, security=pulsar_access)
     try:
-        pulsar_plan = pulsar_scan.plan_pulsar(
-            pulsar_client, config.pulsar.managed_ledgers_root, config.pulsar.schemas_root
-        )
+        _require_readable(pulsar_client, config.pulsar.managed_ledgers_root, config.pulsar.schemas_root)
+        with _readable(f"{config.pulsar.managed_ledgers_root} or {config.pulsar.schemas_root}"):
+            pulsar_plan = pulsar_scan.plan_pulsar(
+                pulsar_client, config.pulsar.managed_ledgers_root, config.pulsar.schemas_root
+            )
         brokers = len(live_brokers(pulsar_client, config.pulsar.brokers_path))
         owner_rows, owners_problem = scan_bundle_owners(pulsar_client, config.retention.bundle_owners_root)
         contents: dict[str, tuple[bytes, int]] = {}
@@ -191,7 +286,7 @@ def plan_tasks(config: SweeperConfig) -> SnapshotPlan:
     finally:
         zkutil.close(pulsar_client)
     if config.pulsar.configuration_store:
-        store_client = zkutil.connect(config.pulsar.configuration_store, timeout=timeout)
+        store_client = zkutil.connect(config.pulsar.configuration_store, timeout=timeout, security=pulsar_access)
         try:
             policies = pulsar_scan.plan_namespace_policies(store_client, config.pulsar.policies_root, contents)
         finally:
@@ -218,8 +313,7 @@ def namespace_policy_row(namespace: str, data: bytes, version: int) -> dict[str,
 
 def scan_dataframe(spark: SparkSession, config: SweeperConfig, target: ScanTarget,
                    tasks: list[tuple[str, str]]) -> DataFrame:
-    parallelism = config.spark.scan_partitions or 4 * spark.sparkContext.defaultParallelism
-    partitions = max(1, min(parallelism, len(tasks)))
+    partitions = scan_sessions(spark, config, len(tasks))
     # Deal units round-robin so big and small ones interleave; parallelize keeps that split
     # without a shuffle.
     dealt = [tasks[i::partitions] for i in range(partitions)]
@@ -395,6 +489,7 @@ def run_snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore,
         record_run(store, run_id, "snapshot", "refused", started, {}, config, skew)
         raise ClockSkewRefused(skew)
     tasks, ledger_plan = plan.tasks, plan.ledgers
+    sessions = scan_sessions(spark, config, len(tasks))
     target = ScanTarget(
         bk_hosts=config.bookkeeper.zookeeper,
         ledgers_root=config.bookkeeper.ledgers_root,
@@ -406,13 +501,27 @@ def run_snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore,
         multi_read=config.scan.multi_read,
         run_id=run_id,
         captured_at=started,
+        bk_security=bookkeeper_security(config),
+        pulsar_security=pulsar_security(config),
+        # Every partition may run at once: each gets an equal share, so the sum never exceeds the limit.
+        reads_per_task=config.scan.reads_per_second / sessions,
     )
     zk_scan = scan_dataframe(spark, config, target, tasks).persist(StorageLevel.MEMORY_AND_DISK)
     scan = zk_scan
     try:
         t_scan = time.monotonic()
-        counts = _counts(zk_scan)
+        try:
+            counts = _counts(zk_scan)
+        except Exception as exc:
+            failure = zookeeper_task_error(exc)
+            if failure is None:
+                raise
+            raise failure from exc
         scan_s = time.monotonic() - t_scan
+        # The load put on ZooKeeper, and the limits that bounded it, in the run's report.
+        counts["scan_sessions"] = sessions
+        counts["reads_per_second_limit"] = int(config.scan.reads_per_second)
+        counts["zk_reads_per_second"] = int(counts.get(STAT_READS, 0) / scan_s) if scan_s else 0
         buckets = offload_targets(zk_scan, config) if config.offload.enabled else []
         if buckets:
             listing = offload_dataframe(spark, config, buckets, run_id, started).persist(StorageLevel.MEMORY_AND_DISK)

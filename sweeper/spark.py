@@ -2,17 +2,23 @@
 
 Two situations:
 - launched by `spark-submit` (a cluster, or the wrapper script): the submit command owns the
-  master and the resources; we only add what our code relies on (UTC session time zone, Arrow).
-- a plain `python` process (tests, notebooks, `sweeper` CLI on a laptop): we start a local
+  master, the resources and the jars; we only add what our code relies on (UTC session time
+  zone, Arrow).
+- a plain `python` process (tests, notebooks, `sweeper` CLI on a laptop): we start an *embedded*
   session tuned for a small machine, bound to loopback, with Python workers that run the same
-  interpreter (the venv) and can import our packages.
+  interpreter (the venv) and can import our packages. When `scripts/setup.sh` has fetched the JVM
+  parts (jvm/pom.xml -> jvm/target/), the session also gets Delta's jars and SQL extension and
+  hadoop-aws (s3a://), so either table engine and tables on S3 work in it; the embedded session is
+  marked (EMBEDDED_CONF) and `[tables] engine = "auto"` keeps delta-rs there.
 """
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -25,6 +31,23 @@ REPO_ROOT = str(Path(__file__).resolve().parents[1])
 DEFAULT_MASTER = "local[*]"
 MASTER_ENV = "SWEEPER_SPARK_MASTER"
 DELTA_EXTENSION_CLASS = "io.delta.sql.DeltaSparkSessionExtension"
+DELTA_CATALOG_CLASS = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
+S3A_FILESYSTEM_CLASS = "org.apache.hadoop.fs.s3a.S3AFileSystem"
+# Set on the sessions get_spark starts in-process (CLI, sandbox, tests): `engine = "auto"` then
+# means delta-rs, the embedded engine, even when Delta's jars are on the classpath.
+EMBEDDED_CONF = "spark.sweeper.embedded"
+
+# The JVM parts jvm/pom.xml pins (keep in step with its properties). Maven Central serves
+# delta-spark up to 4.4.0 while pip's delta-spark is 4.4.1: same Delta protocol, same Spark 4.2.
+DELTA_VERSION = "4.4.0"
+HADOOP_AWS_VERSION = "3.5.0"  # = pyspark's bundled hadoop-client
+AWS_SDK_VERSION = "2.35.4"  # what hadoop-aws 3.5.0's pom asks for
+S3_ANALYTICS_VERSION = "1.3.1"  # software.amazon.s3.analyticsaccelerator, which hadoop-aws 3.5.0 also loads
+DELTA_PACKAGES = (f"io.delta:delta-spark_2.13:{DELTA_VERSION}",)
+S3A_PACKAGES = (f"org.apache.hadoop:hadoop-aws:{HADOOP_AWS_VERSION}",
+                f"software.amazon.awssdk:bundle:{AWS_SDK_VERSION}",
+                f"software.amazon.s3.analyticsaccelerator:analyticsaccelerator-s3:{S3_ANALYTICS_VERSION}")
+JARS_DIR_ENV = "SWEEPER_JARS_DIR"  # where `mvn -f jvm/pom.xml package` put them (default jvm/target)
 
 # Settings our code depends on wherever it runs: timestamps are UTC end to end, and
 # mapInArrow / createDataFrame(arrow) paths assume Arrow is on.
@@ -43,6 +66,71 @@ LOCAL_CONF: dict[str, str] = {
     # Only effective when this call starts the JVM; a running JVM keeps its heap.
     "spark.driver.memory": "4g",
 }
+
+
+@dataclass(frozen=True)
+class ProjectJars:
+    """The jars scripts/setup.sh fetched (absolute paths; empty when not fetched)."""
+
+    delta: tuple[str, ...]  # delta-spark + delta-storage
+    s3a: tuple[str, ...]  # hadoop-aws + the AWS SDK bundle + the S3 analytics accelerator
+
+    @property
+    def all(self) -> tuple[str, ...]:
+        return self.delta + self.s3a
+
+
+def jars_dir() -> Path:
+    return Path(os.environ.get(JARS_DIR_ENV) or Path(REPO_ROOT) / "jvm" / "target")
+
+
+def project_jars() -> ProjectJars:
+    base = jars_dir()
+
+    def found(sub: str, *prefixes: str) -> tuple[str, ...]:
+        jars = sorted(glob.glob(str(base / sub / "*.jar")))
+        # Only a complete set counts: half of it gives ClassNotFoundError deep inside a job.
+        if all(any(Path(j).name.startswith(p) for j in jars) for p in prefixes):
+            return tuple(jars)
+        return ()
+
+    return ProjectJars(found("delta", "delta-spark_", "delta-storage-"), found("s3a", "hadoop-aws-", "bundle-",
+                                                                                 "analyticsaccelerator-s3-"))
+
+
+def delta_session_conf() -> dict[str, str]:
+    """What a session needs for the delta-spark engine (besides the jars)."""
+    return {"spark.sql.extensions": DELTA_EXTENSION_CLASS, "spark.sql.catalog.spark_catalog": DELTA_CATALOG_CLASS}
+
+
+def _jar_conf(jars: ProjectJars) -> dict[str, str]:
+    if not jars.all:
+        return {}
+    # extraClassPath, not spark.jars: the jars are on this machine, so nothing is copied (the AWS
+    # SDK bundle alone is ~650 MiB) and the classes load from the JVM's own class path.
+    classpath = os.pathsep.join(jars.all)
+    conf = {"spark.driver.extraClassPath": classpath, "spark.executor.extraClassPath": classpath}
+    if jars.delta:
+        conf.update(delta_session_conf())
+    return conf
+
+
+DELTA_SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
+
+
+def _tune_delta(spark: SparkSession) -> None:
+    """Delta rebuilds a table's state (on every read and write) with `snapshotPartitions` tasks,
+    50 by default: our logs hold a few commits per run, and 50 tasks on a 2-core machine cost
+    seconds per table for nothing. Use the cluster's parallelism, at most Delta's default; a
+    value given at submit time wins."""
+    if not delta_spark_configured(spark):
+        return
+    try:
+        if spark.sparkContext.getConf().contains(DELTA_SNAPSHOT_PARTITIONS):
+            return
+        spark.conf.set(DELTA_SNAPSHOT_PARTITIONS, str(max(2, min(50, spark.sparkContext.defaultParallelism))))
+    except Exception as exc:  # Spark Connect: no SparkContext here
+        log.debug("cannot tune Delta's snapshot partitions: %s", exc)
 
 
 def _launched_by_spark_submit() -> bool:
@@ -86,6 +174,7 @@ def get_spark(app_name: str = "ledger-sweeper", master: str | None = None,
             builder = builder.config(key, value)
         spark = builder.getOrCreate()
         _apply_runtime_conf(spark, {**REQUIRED_CONF, **{k: v for k, v in conf.items() if k.startswith("spark.sql.")}})
+        _tune_delta(spark)
         return spark
 
     # Python workers are forked by the JVM from these variables: they must run this venv's
@@ -97,6 +186,8 @@ def get_spark(app_name: str = "ledger-sweeper", master: str | None = None,
 
     settings = {
         **LOCAL_CONF,
+        **_jar_conf(project_jars()),
+        EMBEDDED_CONF: "true",
         **REQUIRED_CONF,
         # Covers a JVM that was started earlier in this process with an older environment.
         "spark.executorEnv.PYTHONPATH": os.environ["PYTHONPATH"],
@@ -107,22 +198,36 @@ def get_spark(app_name: str = "ledger-sweeper", master: str | None = None,
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    _tune_delta(spark)
     return spark
 
 
 def delta_spark_available(spark: SparkSession) -> bool:
     """True when Delta's Spark classes (the delta-spark jars) are on the JVM's classpath."""
+    return jvm_class_available(spark, DELTA_EXTENSION_CLASS)
+
+
+def is_embedded(spark: SparkSession) -> bool:
+    """True for a session get_spark started in this process (not spark-submit's, not a notebook's own)."""
+    try:
+        return (spark.conf.get(EMBEDDED_CONF, "false") or "").lower() == "true"
+    except Exception:
+        return False
+
+
+def jvm_class_available(spark: SparkSession, name: str) -> bool:
+    """True when the JVM behind `spark` can load class `name` (False on Spark Connect: no local JVM)."""
     from py4j.protocol import Py4JError
 
     try:
-        jvm = spark._jvm  # None or missing on Spark Connect, which has no local JVM
+        jvm = spark._jvm
     except Exception:
         return False
     if jvm is None:
         return False
     try:
         loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
-        jvm.java.lang.Class.forName(DELTA_EXTENSION_CLASS, False, loader)
+        jvm.java.lang.Class.forName(name, False, loader)
     except Py4JError:
         return False
     return True

@@ -10,12 +10,15 @@ import logging
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import AuthFailedError, NoAuthError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import ZnodeStat
+
+if TYPE_CHECKING:
+    from sweeper.zksecurity import ZkSecurity
 
 DEFAULT_WINDOW = 1000
 
@@ -31,16 +34,53 @@ class WrongRootError(LookupError):
     pass
 
 
-def connect(hosts: str, timeout: float = 15.0, read_only: bool = False) -> KazooClient:
-    """Connected client for `hosts` (which may carry a chroot, e.g. `zk1:2181/pulsar`)."""
-    client = KazooClient(hosts=hosts, timeout=timeout, read_only=read_only, connection_retry=None)
+class ZooKeeperSecurityError(ZooKeeperUnavailableError):
+    """The TLS handshake or the authentication failed: a certificate, key, password or principal to fix."""
+
+
+class ZooKeeperPermissionError(PermissionError):
+    """ZooKeeper refused an operation for lack of a permission (NoAuth): names the znode and the permission."""
+
+    def __init__(self, path: str, permission: str, why: str = "", identity: str = "",
+                 message: str | None = None) -> None:
+        who = f" for this sweeper's identity ({identity})" if identity else ""
+        super().__init__(message or f"no {permission} permission on znode {path} (ZooKeeper NoAuth){who}"
+                         + (f": {why}" if why else ""))
+        self.path = path
+        self.permission = permission
+
+
+def connect(hosts: str, timeout: float = 15.0, read_only: bool = False,
+            security: ZkSecurity | None = None) -> KazooClient:
+    """Connected client for `hosts` (which may carry a chroot, e.g. `zk1:2181/pulsar`).
+
+    With `security` (TLS, SASL, digest credentials), one short wire-protocol session first proves
+    the handshake and the login, so that a wrong certificate or password is a clear error at once
+    rather than kazoo retrying until the timeout.
+    """
+    kwargs = {}
+    if security is not None and security.enabled:
+        from sweeper.zkwire import WireReader
+
+        WireReader(hosts, timeout=timeout, security=security).close()
+        kwargs = security.kazoo_kwargs()
+    client = KazooClient(hosts=hosts, timeout=timeout, read_only=read_only, connection_retry=None, **kwargs)
     try:
         client.start(timeout=timeout)
+        if kwargs.get("sasl_options"):
+            # kazoo reports CONNECTED before its SASL exchange; the first request shows whether it held.
+            client.exists("/")
     except KazooTimeoutError as exc:
         client.close()
         raise ZooKeeperUnavailableError(
             f"cannot connect to ZooKeeper at {hosts!r} within {timeout:.0f}s: is the server up and the "
             "connect string right?"
+        ) from exc
+    except AuthFailedError as exc:
+        close(client)
+        assert security is not None
+        raise ZooKeeperSecurityError(
+            f"ZooKeeper at {hosts!r} refused the login ({security.describe()}): wrong user name or password?"
         ) from exc
     return client
 
@@ -79,6 +119,8 @@ def get_many(client: KazooClient, paths: Iterable[str], window: int = DEFAULT_WI
             return ZnodeRead(path, data, stat)
         except NoNodeError:
             return ZnodeRead(path, None, None)
+        except NoAuthError:
+            return ZnodeRead(path, None, None, ZooKeeperPermissionError(path, "READ"))
         except Exception as exc:  # reported per znode so one bad read never sinks the scan
             return ZnodeRead(path, None, None, exc)
 
@@ -108,6 +150,8 @@ def children_many(
             return ChildrenRead(path, sorted(pending.get()))  # type: ignore[attr-defined]
         except NoNodeError:
             return ChildrenRead(path, None)
+        except NoAuthError:
+            return ChildrenRead(path, None, ZooKeeperPermissionError(path, "READ"))
         except Exception as exc:
             return ChildrenRead(path, None, exc)
 

@@ -2,11 +2,16 @@
 
 It runs Debian's `zookeeper` package (a real server, not a fake) on a free loopback port and
 is stopped by PID. Never used against production: there the operator gives a connect string.
+
+With `ServerSecurity` it also serves a TLS client port (Netty, client certificates required)
+and SASL DIGEST-MD5 logins from a JAAS file, as a secured production ensemble would.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -20,6 +25,12 @@ from pathlib import Path
 
 ZOOKEEPER_JAR = Path(os.environ.get("SWEEPER_ZOOKEEPER_JAR", "/usr/share/java/zookeeper.jar"))
 SERVER_MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
+JAVA_LIB = ZOOKEEPER_JAR.parent
+# Debian's zookeeper.jar manifest lists netty's buffer/common/handler/transport but not the codec
+# and resolver jars that NettyServerCnxnFactory (the TLS port) also loads.
+NETTY_EXTRA = ("netty-codec.jar", "netty-resolver.jar", "netty-transport-native-unix-common.jar")
+# Without a binding SLF4J drops every log line; a warning (a refused handshake or login) is worth keeping.
+LOG_BINDING = "slf4j-simple.jar"
 # Debian's libfaketime: lets the sandbox server stamp znodes with past creation times (see ServerClock).
 FAKETIME_LIB = Path(os.environ.get("SWEEPER_FAKETIME_LIB", "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"))
 
@@ -29,16 +40,43 @@ class ZooKeeperServerError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class ServerSecurity:
+    """A secured server: TLS on a second client port and SASL DIGEST-MD5 users.
+
+    `keystore` is a PEM file holding the server's private key and certificate, `truststore` a PEM
+    file of the CA(s) whose client certificates are accepted (ZooKeeper's X509Util reads PEM
+    stores since 3.6). `sasl_users` become the JAAS `Server` section's DigestLoginModule users;
+    `super_password` sets the `super` digest user (DigestAuthenticationProvider.superDigest).
+    """
+
+    keystore: str
+    truststore: str
+    client_auth: str = "need"  # need | want | none (ssl.clientAuth)
+    sasl_users: tuple[tuple[str, str], ...] = ()
+    super_password: str = ""
+    require_sasl: bool = False  # sessionRequireClientSASLAuth (3.6+): unauthenticated sessions are closed
+    secure_port: int | None = None
+
+
+@dataclass(frozen=True)
 class ZooKeeperServerInfo:
     host: str
     port: int
     pid: int
     data_dir: str
+    secure_port: int | None = None  # the TLS client port, when started with ServerSecurity
     clock_file: str = ""  # set when the server runs under a ServerClock
 
     @property
     def connect_string(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def secure_connect_string(self) -> str:
+        if self.secure_port is None:
+            raise ZooKeeperServerError("this server has no TLS client port")
+        return f"{self.host}:{self.secure_port}"
+
 
     @property
     def clock(self) -> ServerClock | None:
@@ -92,6 +130,42 @@ def clock_for(hosts: list[tuple[str, int]]) -> ServerClock | None:
     return None
 
 
+def super_digest(password: str, user: str = "super") -> str:
+    """`user:base64(sha1(user:password))`, the form of DigestAuthenticationProvider's ids."""
+    digest = hashlib.sha1(f"{user}:{password}".encode()).digest()  # ZooKeeper's digest scheme
+    return f"{user}:{base64.b64encode(digest).decode()}"
+
+
+def _security_settings(root: Path, host: str, security: ServerSecurity) -> tuple[int, list[str], list[str]]:
+    """(secure port, zoo.cfg lines, JVM options) for a secured server."""
+    secure_port = security.secure_port or free_port(host)
+    lines = [
+        f"secureClientPort={secure_port}",
+        f"secureClientPortAddress={host}",
+        "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
+        # Unknown zoo.cfg keys become `zookeeper.<key>` system properties (QuorumPeerConfig).
+        "ssl.keyStore.type=PEM",
+        f"ssl.keyStore.location={security.keystore}",
+        "ssl.trustStore.type=PEM",
+        f"ssl.trustStore.location={security.truststore}",
+        f"ssl.clientAuth={security.client_auth}",
+        "ssl.hostnameVerification=false",  # the server does not check its clients' host names
+    ]
+    jvm: list[str] = []
+    if security.sasl_users:
+        jaas = root / "jaas.conf"
+        users = "\n".join(f'    user_{name}="{password}"' for name, password in security.sasl_users)
+        jaas.write_text(f"Server {{\n    org.apache.zookeeper.server.auth.DigestLoginModule required\n{users};\n}};\n")
+        jaas.chmod(0o600)
+        lines.append("authProvider.1=org.apache.zookeeper.server.auth.SASLAuthenticationProvider")
+        jvm.append(f"-Djava.security.auth.login.config={jaas}")
+        if security.require_sasl:
+            lines.append("sessionRequireClientSASLAuth=true")
+    if security.super_password:
+        jvm.append(f"-Dzookeeper.DigestAuthenticationProvider.superDigest={super_digest(security.super_password)}")
+    return secure_port, lines, jvm
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
@@ -125,18 +199,35 @@ def _wait_serving(host: str, port: int, proc: subprocess.Popen[bytes], log_path:
     raise ZooKeeperServerError(f"ZooKeeper on {host}:{port} not serving after {timeout:.0f}s; log: {log_path}")
 
 
+def _wait_listening(host: str, port: int, proc: subprocess.Popen[bytes], log_path: Path, timeout: float) -> None:
+    """The TLS port accepts connections (a handshake is the client's business)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ZooKeeperServerError(f"ZooKeeper exited with {proc.returncode}; log: {log_path}")
+        try:
+            socket.create_connection((host, port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise ZooKeeperServerError(f"ZooKeeper TLS port {host}:{port} not listening after {timeout:.0f}s; log: {log_path}")
+
+
 def start_zookeeper(
     data_dir: str | os.PathLike[str],
     port: int | None = None,
     host: str = "127.0.0.1",
     heap: str = "1g",
     timeout: float = 30.0,
+    security: ServerSecurity | None = None,
     fake_clock: bool = True,
 ) -> ZooKeeperServerInfo:
     """Start a standalone server whose state lives in `data_dir` (kept across restarts).
 
-    With `fake_clock` (and Debian's libfaketime installed) the server's wall clock follows a
-    ServerClock file, at offset zero unless a seeder sets it back.
+    The plain `port` always serves (readiness checks, and tests of what an unauthenticated client
+    sees); with `security` the TLS port serves too. With `fake_clock` (and Debian's libfaketime
+    installed) the server's wall clock follows a ServerClock file, at offset zero unless a seeder
+    sets it back.
     """
     if not ZOOKEEPER_JAR.exists():
         raise ZooKeeperServerError(
@@ -145,10 +236,12 @@ def start_zookeeper(
     root = Path(data_dir)
     (root / "data").mkdir(parents=True, exist_ok=True)
     port = port or free_port(host)
+    secure_port, secure_lines, jvm_options = (
+        _security_settings(root, host, security) if security else (None, [], []))
     cfg = root / "zoo.cfg"
     cfg.write_text(
         "\n".join(
-            [
+            [*secure_lines,
                 f"dataDir={root / 'data'}",
                 f"clientPort={port}",
                 f"clientPortAddress={host}",
@@ -167,6 +260,12 @@ def start_zookeeper(
         )
     )
     log_path = root / "zookeeper.log"
+    classpath = [str(ZOOKEEPER_JAR), "/etc/zookeeper/conf"]
+    if security is not None:
+        classpath += [str(JAVA_LIB / jar) for jar in NETTY_EXTRA if (JAVA_LIB / jar).exists()]
+    if (JAVA_LIB / LOG_BINDING).exists():
+        classpath.append(str(JAVA_LIB / LOG_BINDING))
+        jvm_options = [*jvm_options, "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn"]
     env = dict(os.environ)
     clock_file = ""
     if fake_clock and FAKETIME_LIB.exists():
@@ -184,8 +283,9 @@ def start_zookeeper(
             _java(),
             f"-Xmx{heap}",
             "-Djute.maxbuffer=16777216",
+            *jvm_options,
             "-cp",
-            f"{ZOOKEEPER_JAR}:/etc/zookeeper/conf",
+            ":".join(classpath),
             SERVER_MAIN,
             str(cfg),
         ],
@@ -197,12 +297,17 @@ def start_zookeeper(
     log.close()
     try:
         _wait_serving(host, port, proc, log_path, timeout)
+        if secure_port is not None:
+            _wait_listening(host, secure_port, proc, log_path, timeout)
     except BaseException:
         _kill(proc.pid)
         raise
-    info = ZooKeeperServerInfo(host=host, port=port, pid=proc.pid, data_dir=str(root), clock_file=clock_file)
+    info = ZooKeeperServerInfo(host=host, port=port, pid=proc.pid, data_dir=str(root), secure_port=secure_port,
+                               clock_file=clock_file)
     if info.clock is not None:
         _clocks[port] = info.clock
+        if secure_port is not None:  # a seeder may reach the server through either port
+            _clocks[secure_port] = info.clock
     (root / "server.json").write_text(json.dumps(asdict(info)))
     return info
 
@@ -230,6 +335,8 @@ def _kill(pid: int, timeout: float = 10.0) -> None:
 
 def stop_zookeeper(info: ZooKeeperServerInfo) -> None:
     _clocks.pop(info.port, None)
+    if info.secure_port is not None:
+        _clocks.pop(info.secure_port, None)
     _kill(info.pid)
     with contextlib.suppress(FileNotFoundError):
         (Path(info.data_dir) / "server.json").unlink()
@@ -247,4 +354,6 @@ def running_server(data_dir: str | os.PathLike[str]) -> ZooKeeperServerInfo | No
         return None
     if info.clock is not None:
         _clocks[info.port] = info.clock
+        if info.secure_port is not None:
+            _clocks[info.secure_port] = info.clock
     return info

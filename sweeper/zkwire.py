@@ -5,9 +5,20 @@ Why not kazoo: a pipelined kazoo scan spends most of its time in per-request Pyt
 bytes appended to a batch and a reply is parsed in place from a receive buffer, so the scan is
 bounded by the server rather than by the client.
 
-Scope is deliberately narrow: getData and getChildren, no watches, no auth, no reconnects. A lost
-connection or an expired session ends the scan with `ZooKeeperUnavailableError`; the caller
+Scope is deliberately narrow: getData and getChildren (and whoAmI), no watches, no reconnects. A
+lost connection or an expired session ends the scan with `ZooKeeperUnavailableError`; the caller
 retries the whole task, as it would with kazoo.
+
+Secured ensembles (`security`, a `sweeper.zksecurity.ZkSecurity`): the socket is wrapped in TLS
+before the ZooKeeper handshake; after it, a SASL exchange (op 102; each token a GetSASLRequest /
+SetSASLResponse buffer, on ordinary positive xids as ClientCnxn.sendPacket assigns them; the
+server answers a failed login with AUTHFAILED and hangs up, ZooKeeperServer.processSasl) and digest
+credentials as an AuthPacket (op 100, xid -4, ClientCnxn.AUTHPACKET_XID). A refused handshake or
+login is a `ZooKeeperSecurityError`; a read refused for lack of READ permission reports a
+`ZooKeeperPermissionError` naming the znode.
+
+`limiter` (a `sweeper.ratelimit.TokenBucket`) paces the reads sent, in small batches, so a rate
+limit never turns into bursts of a whole window.
 
 Even pipelined, one read per request leaves the server as the bottleneck: ZooKeeper's NIO server
 hands each request through several threads. With `multi_read=N` (ZooKeeper >= 3.6) reads travel
@@ -21,9 +32,11 @@ integers are big-endian; strings and buffers are int32 length (-1 = null) + byte
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -31,14 +44,24 @@ import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
-from typing import TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from kazoo.exceptions import EXCEPTIONS
 from kazoo.hosts import collect_hosts
 from kazoo.protocol.paths import normpath
 from kazoo.protocol.states import ZnodeStat
 
-from sweeper.zk import ChildrenRead, ZnodeRead, ZooKeeperUnavailableError
+from sweeper.zk import (
+    ChildrenRead,
+    ZnodeRead,
+    ZooKeeperPermissionError,
+    ZooKeeperSecurityError,
+    ZooKeeperUnavailableError,
+)
+
+if TYPE_CHECKING:
+    from sweeper.ratelimit import TokenBucket
+    from sweeper.zksecurity import ZkSecurity
 
 __all__ = ["WireReader", "ZooKeeperWireError"]
 
@@ -47,15 +70,23 @@ DEFAULT_WINDOW = 2000
 # Opcodes (ZooDefs.OpCode) and the special xids (ClientCnxn).
 _OP_GET_DATA = 4
 _OP_GET_CHILDREN = 8
+_OP_GET_ACL = 6
 _OP_PING = 11
 _OP_CLOSE = -11
 _OP_MULTI_READ = 22
+_OP_AUTH = 100
+_OP_SASL = 102
+_OP_WHO_AM_I = 107
 _OP_ERROR = -1  # the op type of an ErrorResult inside a MultiResponse
 _PING_XID = -2
+_AUTH_XID = -4
 _MAX_XID = 2**31 - 1
 
 _UNIMPLEMENTED = -6
 _NO_NODE = -101
+_NO_AUTH = -102
+_AUTH_FAILED = -115
+_SESSION_CLOSED_REQUIRE_SASL_AUTH = -124
 
 _INT = struct.Struct("!i")
 _REPLY_HEADER = struct.Struct("!iqi")  # xid, zxid, err
@@ -93,6 +124,12 @@ T = TypeVar("T")
 Parser = Callable[[str, int, int], tuple[T, int]]
 
 
+class AclRead(NamedTuple):
+    path: str
+    acl: list[tuple[int, str, str]] | None  # (perms, scheme, id) entries; None: no such znode
+    error: BaseException | None = None
+
+
 class ZooKeeperWireError(Exception):
     """A per-request error code from the server, reported on the read it belongs to."""
 
@@ -116,28 +153,36 @@ class WireReader:
     listings are large.
     """
 
-    def __init__(self, hosts: str, timeout: float = 15.0, multi_read: int = 1) -> None:
+    def __init__(self, hosts: str, timeout: float = 15.0, multi_read: int = 1, security: ZkSecurity | None = None,
+                 limiter: TokenBucket | None = None) -> None:
         if multi_read < 1:
             raise ValueError(f"multi_read must be >= 1, got {multi_read}")
         self.hosts = hosts
         self.multi_read = multi_read
+        self.limiter = limiter
         addresses, chroot = collect_hosts(hosts)
         self._chroot = normpath(chroot).rstrip("/") if chroot else ""
-        self._sock, self.session_timeout, self.session_id = _handshake(hosts, addresses, timeout)
+        self._sock, self.session_timeout, self.session_id, self._xid = _handshake(hosts, addresses, timeout, security)
+        tls = isinstance(self._sock, ssl.SSLSocket)
         # Receive state: buffered bytes are self._buf[self._head:self._tail].
         self._buf = bytearray(_RECV_BUFFER)
         self._view = memoryview(self._buf)
         self._head = 0
         self._tail = 0
-        self._xid = 0
         self._outstanding = 0  # requests sent whose replies are not read yet
-        self._lowat = 1 if hasattr(socket, "SO_RCVLOWAT") else 0  # current SO_RCVLOWAT; 0: unused
+        # Current SO_RCVLOWAT (0: unused). Not under TLS: the mark counts ciphertext on the socket while
+        # decrypted bytes may already wait inside the TLS layer, so a wait for them could stall.
+        self._lowat = 1 if hasattr(socket, "SO_RCVLOWAT") and not tls else 0
         self._iteration = 0  # bumped per get_many/children_many so a superseded one fails loudly
         self._failure: ZooKeeperUnavailableError | None = None  # why the connection is unusable
         self._released = False  # close() has run
         # Keepalive: the server expires a session that sends nothing for its timeout, and a slow
         # consumer of our iterators sends nothing. A third of the timeout, as ZooKeeper's clients do.
         self._send_lock = threading.Lock()
+        # One TLS connection must not be read and written by two threads at once (OpenSSL's SSL
+        # objects are not thread-safe): under TLS the pinger's sends also wait for a receive to end.
+        self._recv_lock: threading.Lock | contextlib.nullcontext[None] = (
+            self._send_lock if tls else contextlib.nullcontext())
         self._last_send = time.monotonic()
         self._ping_interval = self.session_timeout / 3.0
         self._stop = threading.Event()
@@ -175,6 +220,63 @@ class WireReader:
         self._check_usable(window)
         return self._pipeline(paths, window, _OP_GET_CHILDREN, self._children_reply, multi_read or self.multi_read)
 
+    def acls_many(self, paths: Iterable[str], window: int = DEFAULT_WINDOW) -> Iterator[AclRead]:
+        """Each path's ACL as (perms, scheme, id) entries, in input order, one request each (multiRead
+        carries no getACL). Needs READ or ADMIN on the znode; without ADMIN digest ids read `user:x`."""
+        self._check_usable(window)
+        return self._pipeline(paths, window, _OP_GET_ACL, self._acl_reply, 1)
+
+    def _acl_reply(self, path: str, err: int, offset: int) -> tuple[AclRead, int]:
+        if err:
+            return AclRead(path, None, None if err == _NO_NODE else _read_error(err, path)), offset
+        buf, view, unpack = self._buf, self._view, _INT.unpack_from
+        (count,) = unpack(buf, offset)
+        offset += 4
+        entries = []
+        for _ in range(max(count, 0)):
+            (perms,) = unpack(buf, offset)
+            offset += 4
+            fields = []
+            for _ in range(2):  # Id: ustring scheme, ustring id
+                (length,) = unpack(buf, offset)
+                offset += 4
+                fields.append(str(view[offset : offset + max(length, 0)], "utf-8"))
+                offset += max(length, 0)
+            entries.append((perms, fields[0], fields[1]))
+        return AclRead(path, entries), offset + _STAT.size
+
+    def who_am_i(self) -> list[tuple[str, str]]:
+        """This session's identities as the server sees them, (scheme, user) pairs (ZooKeeper >= 3.7).
+
+        `digest` ids come back as the user name only (AuthUtil.getClientInfos); `super` with an
+        empty user. Raises ZooKeeperWireError where the server does not know the request.
+        """
+        self._check_usable(1)
+        while self._outstanding:  # an abandoned iteration's replies come first
+            self._read_reply()
+        self._iteration += 1  # any open iterator would now read our reply: it must fail instead
+        self._xid = self._xid + 1 if self._xid < _MAX_XID else 1
+        self._send(struct.pack("!iii", 8, self._xid, _OP_WHO_AM_I))
+        self._outstanding += 1
+        xid, err, offset, _ = self._read_reply()
+        if xid != self._xid:
+            raise self._fail(f"replied out of order (xid {xid}, expected {self._xid})")
+        if err:
+            raise ZooKeeperWireError(err, "whoAmI")
+        buf = self._buf
+        (count,) = _INT.unpack_from(buf, offset)
+        offset += 4
+        identities = []
+        for _ in range(max(count, 0)):
+            fields = []
+            for _ in range(2):  # ClientInfo: ustring authScheme, ustring user
+                (length,) = _INT.unpack_from(buf, offset)
+                offset += 4
+                fields.append(str(self._view[offset : offset + max(length, 0)], "utf-8"))
+                offset += max(length, 0)
+            identities.append((fields[0], fields[1]))
+        return identities
+
     def _check_usable(self, window: int) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
@@ -183,7 +285,7 @@ class WireReader:
 
     def _get_data_reply(self, path: str, err: int, offset: int) -> tuple[ZnodeRead, int]:
         if err:
-            return ZnodeRead(path, None, None, None if err == _NO_NODE else ZooKeeperWireError(err, path)), offset
+            return ZnodeRead(path, None, None, None if err == _NO_NODE else _read_error(err, path)), offset
         buf = self._buf
         (length,) = _INT.unpack_from(buf, offset)
         offset += 4
@@ -196,7 +298,7 @@ class WireReader:
 
     def _children_reply(self, path: str, err: int, offset: int) -> tuple[ChildrenRead, int]:
         if err:
-            return ChildrenRead(path, None, None if err == _NO_NODE else ZooKeeperWireError(err, path)), offset
+            return ChildrenRead(path, None, None if err == _NO_NODE else _read_error(err, path)), offset
         buf, view, unpack = self._buf, self._view, _INT.unpack_from
         (count,) = unpack(buf, offset)
         offset += 4
@@ -227,7 +329,12 @@ class WireReader:
             if self._iteration != iteration:  # checked before sending, so we never interleave with it
                 raise RuntimeError("this WireReader iteration was superseded by a newer get_many/children_many")
             if not exhausted and pending <= refill_at:
-                sent, exhausted = self._send_reads(source, window - pending, opcode, in_flight, per_request)
+                count = window - pending
+                if self.limiter is not None:
+                    # Paced sends: at most a short slice of the rate at a time, whole requests only.
+                    count = min(count, max(per_request, self.limiter.slice(per_request)))
+                    self.limiter.acquire(count)
+                sent, exhausted = self._send_reads(source, count, opcode, in_flight, per_request)
                 pending += sent
             if not in_flight:
                 return
@@ -289,10 +396,11 @@ class WireReader:
         xid = self._xid
         if per_request == 1:
             pack = _READ_REQUEST_HEAD.pack
+            watch, extra = (b"", 12) if opcode == _OP_GET_ACL else (_FALSE, 13)  # GetACLRequest has no watch flag
             for path, raw in zip(paths, raws, strict=True):
                 xid = xid + 1 if xid < _MAX_XID else 1
-                # frame length = xid + opcode + path length + path + watch flag
-                frames += (pack(13 + len(raw), xid, opcode, len(raw)), raw, _FALSE)
+                # frame length = xid + opcode + path length + path (+ watch flag)
+                frames += (pack(extra + len(raw), xid, opcode, len(raw)), raw, watch)
                 requests.append((xid, path))
         else:
             for start in range(0, len(paths), per_request):
@@ -353,7 +461,8 @@ class WireReader:
             if self._lowat:
                 self._set_lowat(_MIN_REPLY * self._outstanding - (self._tail - self._head))
             try:
-                received = self._sock.recv_into(self._view[self._tail :])
+                with self._recv_lock:
+                    received = self._sock.recv_into(self._view[self._tail :])
             except OSError as exc:
                 raise self._fail(f"lost: {exc}") from exc
             if not received:
@@ -431,10 +540,21 @@ def _keepalive(ref: weakref.ref[WireReader], stop: threading.Event) -> None:
             return
 
 
-def _handshake(hosts: str, addresses: list[tuple[str, int]], timeout: float) -> tuple[socket.socket, float, int]:
-    """Socket, negotiated session timeout (s) and session id from the first host that answers."""
+# X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH (OpenSSL x509_vfy.h)
+_NAME_MISMATCH = (62, 64)
+
+
+class _Refused(Exception):
+    """This host refused our TLS session or our login: a setting to fix, not an outage."""
+
+
+def _handshake(hosts: str, addresses: list[tuple[str, int]], timeout: float,
+               security: ZkSecurity | None) -> tuple[socket.socket, float, int, int]:
+    """Socket, negotiated session timeout (s), session id and the last xid used, from the first host
+    that completes the handshake (and, with `security`, the TLS session and the login)."""
     per_host = timeout / max(1, len(addresses))  # like kazoo: the whole attempt stays within timeout
-    errors = []
+    context = security.ssl_context() if security is not None and security.tls else None
+    errors, refused = [], []
     for host, port in addresses:
         try:
             sock = socket.create_connection((host, port), timeout=per_host)
@@ -443,12 +563,22 @@ def _handshake(hosts: str, addresses: list[tuple[str, int]], timeout: float) -> 
             continue
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if context is not None:
+                sock = _start_tls(context, sock, host)
             body = _CONNECT_REQUEST.pack(0, 0, int(timeout * 1000), 0, 16, bytes(16), False)
-            sock.sendall(_INT.pack(len(body)) + body)
-            (length,) = _INT.unpack(_recv_exactly(sock, 4))
-            _, negotiated_ms, session_id = _CONNECT_RESPONSE_HEAD.unpack_from(_recv_exactly(sock, length))
+            try:
+                sock.sendall(_INT.pack(len(body)) + body)
+                (length,) = _INT.unpack(_recv_exactly(sock, 4))
+                _, negotiated_ms, session_id = _CONNECT_RESPONSE_HEAD.unpack_from(_recv_exactly(sock, length))
+            except OSError as exc:
+                raise _session_refused(exc, tls=context is not None) from exc
             if negotiated_ms <= 0:
                 raise ConnectionError("server refused the session")
+            xid = _login(sock, host, security) if security is not None else 0
+        except _Refused as exc:
+            sock.close()
+            refused.append(f"{host}:{port}: {exc}")
+            continue
         except (OSError, struct.error) as exc:
             sock.close()
             errors.append(f"{host}:{port}: handshake failed: {exc}")
@@ -456,11 +586,114 @@ def _handshake(hosts: str, addresses: list[tuple[str, int]], timeout: float) -> 
         negotiated = negotiated_ms / 1000.0
         # From here a silent server means a dead session: give up after one session timeout.
         sock.settimeout(negotiated)
-        return sock, negotiated, session_id
+        return sock, negotiated, session_id, xid
+    if refused:
+        assert security is not None
+        raise ZooKeeperSecurityError(
+            f"ZooKeeper at {hosts!r} refused the connection ({security.describe()}): {'; '.join(refused + errors)}")
     raise ZooKeeperUnavailableError(
         f"cannot connect to ZooKeeper at {hosts!r} within {timeout:.0f}s: is the server up and the "
         f"connect string right? ({'; '.join(errors)})"
     )
+
+
+def _start_tls(context: ssl.SSLContext, sock: socket.socket, host: str) -> ssl.SSLSocket:
+    try:
+        return context.wrap_socket(sock, server_hostname=host)
+    except ssl.SSLCertVerificationError as exc:
+        hint = (f"the certificate does not name {host} (or set tls_verify_hostname = false)"
+                if exc.verify_code in _NAME_MISMATCH
+                else "is tls_ca_file the CA that signed the servers' certificates?")
+        raise _Refused(f"the server's TLS certificate is not trusted: {exc.verify_message}; {hint}") from exc
+    except ssl.SSLError as exc:
+        raise _Refused(_tls_failure("TLS handshake failed", exc)) from exc
+
+
+# TLS alerts with which a server refuses the client's certificate (or its absence).
+_CLIENT_CERTIFICATE_ALERTS = ("BAD_CERTIFICATE", "CERTIFICATE_REQUIRED", "CERTIFICATE_UNKNOWN", "UNKNOWN_CA",
+                              "HANDSHAKE_FAILURE")
+
+
+def _tls_failure(what: str, exc: ssl.SSLError) -> str:
+    reason = exc.reason or str(exc)
+    if "WRONG_VERSION" in reason:
+        return f"{what}: {reason} (is this a TLS port, the servers' secureClientPort?)"
+    if any(alert in reason for alert in _CLIENT_CERTIFICATE_ALERTS):
+        return (f"{what}: {reason}: the server refused our client certificate; is tls_cert_file signed by a CA in "
+                "the servers' ssl.trustStore, with its key in tls_key_file?")
+    return f"{what}: {reason}"
+
+
+def _session_refused(exc: OSError, tls: bool) -> BaseException:
+    """What a failure between connecting and the ZooKeeper session means."""
+    if isinstance(exc, ssl.SSLError):
+        # TLS 1.3 servers check the client's certificate after the client has finished its handshake.
+        return _Refused(_tls_failure("the server ended the TLS session", exc))
+    if tls and isinstance(exc, ConnectionError):
+        return _Refused(f"the server closed the TLS connection before the ZooKeeper handshake ({exc}): was our client "
+                        "certificate refused (tls_cert_file, tls_key_file)?")
+    if isinstance(exc, ConnectionError):
+        return ConnectionError(f"{exc} (a TLS port? then set tls = true)")
+    return exc
+
+
+def _login(sock: socket.socket, host: str, security: ZkSecurity) -> int:
+    """SASL, then digest credentials, on a fresh session; returns the last xid used."""
+    xid = 0
+    if security.sasl_mechanism:
+        who = f"SASL {security.sasl_mechanism} login as " + repr(
+            security.sasl_username if security.sasl_mechanism == "DIGEST-MD5" else security.sasl_principal)
+        client = security.sasl_client(host)
+        challenge: bytes | None = None
+        while not client.complete:
+            try:
+                response = client.process(challenge)
+            except Exception as exc:  # pure-sasl's errors: a bad challenge, a missing library
+                raise _Refused(f"{who} failed: {exc}") from exc
+            if client.complete and not response:
+                break
+            xid += 1
+            err, body = _exchange(sock, xid, _OP_SASL, _buffer(response or b""), f"{who} refused")
+            if err:
+                raise _Refused(f"{who} refused ({_code_name(err)}): wrong user name or password?")
+            (length,) = _INT.unpack_from(body, 0)
+            challenge = bytes(body[4 : 4 + length]) if length >= 0 else None
+    if security.digest is not None:
+        packet = _INT.pack(0) + _buffer(b"digest") + _buffer(security.digest.value.encode())
+        err, _ = _exchange(sock, _AUTH_XID, _OP_AUTH, packet, "digest credentials refused")
+        if err:
+            raise _Refused(f"digest credentials of {security.digest_user!r} refused ({_code_name(err)})")
+    return xid
+
+
+def _exchange(sock: socket.socket, xid: int, opcode: int, body: bytes, refused: str) -> tuple[int, bytes]:
+    """One request and its reply during the login: (error code, reply body)."""
+    frame = struct.pack("!ii", xid, opcode) + body
+    try:
+        sock.sendall(_INT.pack(len(frame)) + frame)
+        (length,) = _INT.unpack(_recv_exactly(sock, 4))
+        reply = _recv_exactly(sock, length)
+    except OSError as exc:
+        # ZooKeeper hangs up on a failed login, sometimes before its error reply reaches us.
+        raise _Refused(f"{refused}: the server closed the connection (wrong user name or password?)") from exc
+    reply_xid, _, err = _REPLY_HEADER.unpack_from(reply, 0)
+    if reply_xid != xid:
+        raise ConnectionError(f"unexpected reply xid {reply_xid} during the login (expected {xid})")
+    return err, reply[_REPLY_HEADER.size :]
+
+
+def _buffer(data: bytes) -> bytes:
+    return _INT.pack(len(data)) + data
+
+
+def _code_name(code: int) -> str:
+    return f"{EXCEPTIONS[code].__name__} (code {code})" if code in EXCEPTIONS else f"code {code}"
+
+
+def _read_error(code: int, path: str) -> Exception:
+    if code == _NO_AUTH:
+        return ZooKeeperPermissionError(path, "READ")
+    return ZooKeeperWireError(code, path)
 
 
 def _recv_exactly(sock: socket.socket, size: int) -> bytes:

@@ -10,6 +10,7 @@ import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
@@ -103,3 +104,13 @@ def spark() -> Iterator[SparkSession]:
 
 
 # ---- end spark -------------------------------------------------------------------------------
+
+
+# ---- a secured ZooKeeper (TLS, SASL DIGEST-MD5, ACLs): one per session, chroots per test --------
+
+
+@pytest.fixture(scope="session")
+def secure_zk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from tests.secure_zk import start_secure_zookeeper
+
+    yield from start_secure_zookeeper(tmp_path_factory.mktemp("secure-zk"))

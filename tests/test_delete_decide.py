@@ -9,6 +9,7 @@ import pytest
 
 from sweeper.codecs.bookkeeper import LedgerMetadata
 from sweeper.codecs.errors import MetadataDecodeError
+from sweeper.delete import decide as decide_module
 from sweeper.delete.decide import (
     ALREADY_GONE,
     DELETE,
@@ -16,9 +17,9 @@ from sweeper.delete.decide import (
     INVALID,
     MISMATCH,
     LiveLedger,
+    LiveObject,
     ReferrerState,
     decide_ledger,
-    decide_object,
     managed_ledger_name,
 )
 from sweeper.safety import DAY_MS
@@ -114,12 +115,13 @@ def test_planned_version_must_still_hold() -> None:
     assert result.outcome == IN_USE and "changed since the plan" in result.detail
 
 
-def test_grace_period_from_metadata_ctime_else_znode_ctime() -> None:
+def test_grace_period_from_the_later_of_metadata_and_znode_ctime() -> None:
     young_znode = dataclasses.replace(live(), znode_ctime_ms=NOW - DAY_MS)
     assert decide(rec(), young_znode) == IN_USE
-    # A recorded ctime wins over the znode's (here the znode is old, the ledger young, and the reverse).
+    # The later of the two clocks: either one saying "young" keeps the ledger.
     assert decide(rec(), dataclasses.replace(live(), metadata_ctime_ms=NOW - DAY_MS)) == IN_USE
-    assert decide(rec(), dataclasses.replace(young_znode, metadata_ctime_ms=NOW - 8 * DAY_MS)) == DELETE
+    assert decide(rec(), dataclasses.replace(young_znode, metadata_ctime_ms=NOW - 8 * DAY_MS)) == IN_USE
+    assert decide(rec(), dataclasses.replace(live(), metadata_ctime_ms=NOW - 8 * DAY_MS)) == DELETE
     assert decide(rec(), dataclasses.replace(live(), znode_ctime_ms=0)) == IN_USE  # unknown age
 
 
@@ -156,7 +158,9 @@ def test_binary_ownership_values_cannot_be_read() -> None:
 
 
 def test_managed_ledger_names() -> None:
-    assert managed_ledger_name("persistent://t/ns/a%20b") == "t/ns/persistent/a%20b"
+    # Codec.encode (java.net.URLEncoder) of the local name: what Pulsar names the managed ledger.
+    assert managed_ledger_name("persistent://t/ns/a b:c%d~") == "t/ns/persistent/a+b%3Ac%25d%7E"
+    assert managed_ledger_name("persistent://t/ns/a%20b") == "t/ns/persistent/a%2520b"
     assert managed_ledger_name("persistent://t/c/ns/a") == "t/c/ns/persistent/a"
     for bad in (None, "", "t/ns/a", "persistent://t/a", "persistent://t//a", "persistent://a/b/c/d/e"):
         assert managed_ledger_name(bad) is None
@@ -168,6 +172,20 @@ def orec(keys: list[str] | None = None, bucket: str = "b1", uuid: str = UUID, **
     return rec(**{"ledgerType": "OFFLOAD_LEDGER", "offloadContext": context, **fields})
 
 
+PULSAR_OBJECT = {"pulsarclustername": "east", "managedledgername": "t/ns/persistent/a", "role": "data"}
+
+
+def objects(keys: list[str], age_ms: int = 8 * DAY_MS, **metadata: str) -> list[LiveObject]:
+    return [LiveObject(k, NOW - age_ms, {**PULSAR_OBJECT, **metadata}) for k in keys]
+
+
+def decide_object(record: dict[str, Any], live_objects: Any, referrer: ReferrerState,
+                  buckets: set[str]) -> Any:
+    if live_objects and isinstance(live_objects[0], str):
+        live_objects = objects(live_objects)
+    return decide_module.decide_object(record, live_objects, referrer, buckets, "east", NOW, 7 * DAY_MS)
+
+
 def test_object_decisions() -> None:
     both = [f"{UUID}-ledger-42", f"{UUID}-ledger-42-index"]
     assert decide_object(orec(), both, FREE, {"b1"}).outcome == DELETE
@@ -176,6 +194,17 @@ def test_object_decisions() -> None:
     assert decide_object(orec(), [], FREE, {"b1"}).outcome == ALREADY_GONE
     assert decide_object(orec(), both, ReferrerState(("listed",)), {"b1"}).outcome == IN_USE
     assert decide_object(orec(), both, ReferrerState(unverifiable="x"), {"b1"}).outcome == IN_USE
+
+
+@pytest.mark.parametrize(("live_objects", "outcome"), [
+    (objects([f"{UUID}-ledger-42"], pulsarclustername="west"), MISMATCH),  # a geo-replicated peer's
+    (objects([f"{UUID}-ledger-42"], managedledgername="t/ns/persistent/other"), MISMATCH),  # forged topic
+    ([LiveObject(f"{UUID}-ledger-42", NOW - 8 * DAY_MS, {"role": "data"})], MISMATCH),  # no owner metadata
+    (objects([f"{UUID}-ledger-42"], age_ms=DAY_MS), IN_USE),  # the object itself is young
+])
+def test_an_object_must_name_this_cluster_and_the_records_managed_ledger(live_objects: list[LiveObject],
+                                                                         outcome: str) -> None:
+    assert decide_object(orec(keys=[f"{UUID}-ledger-42"]), live_objects, FREE, {"b1"}).outcome == outcome
 
 
 @pytest.mark.parametrize("keys", [

@@ -31,11 +31,11 @@ from sweeper.emit import (
     run_emit,
     send_slot,
 )
-from sweeper.pulsar_endpoint import PulsarEndpoint
-from sweeper.pulsar_endpoint.admin import AdminServer
 from sweeper.reconcile import CANDIDATE, SafetySettings, run_reconcile
 from sweeper.safety import CircuitBreaker
 from sweeper.sandbox.model import SandboxSpec, build_cluster
+from sweeper.sandbox.pulsar_endpoint import PulsarEndpoint
+from sweeper.sandbox.pulsar_endpoint.admin import AdminServer
 from sweeper.sandbox.seed import seed_zookeeper
 from sweeper.snapshot import record_run, run_snapshot
 from sweeper.system_topic import BrokerSettings, partition_for, partition_topic

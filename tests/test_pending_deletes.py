@@ -43,7 +43,8 @@ def _publish_raw(broker: Broker, partition: int, payloads: list[bytes]) -> None:
 
 
 def test_pending_deletes_are_read_quarantined_and_classified(
-        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
+        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker,
+        live_broker: str) -> None:
     spec = SandboxSpec(seed=21, topics=30)
     cluster = build_cluster(spec)
     seed_zookeeper(zk, cluster)
@@ -76,7 +77,10 @@ def test_pending_deletes_are_read_quarantined_and_classified(
     done_count = min(len(ledger_keys) // 2, ledger_keys.index(dropped[-1]))
     assert done_count > 0
     capped = cfg.replace(delete={"max_deletes_per_run": done_count})
-    run_delete(spark, capped, store, first, execute=True)
+    capped_run = run_delete(spark, capped, store, first, execute=True)
+    # Only the first `done_count` records (by key) reached the driver; the rest wait, counted.
+    assert capped_run.counts["records"] == done_count
+    assert capped_run.counts["deferred_by_cap"] == len(records) - done_count
     deleted_ids = {int(k.split("/")[1]) for k in ledger_keys[:done_count]}
     still = [int(k.split("/")[1]) for k in ledger_keys[done_count:]]
     ml_name = cluster.ledgers[regained].custom["pulsar/managed-ledger"].decode()

@@ -8,7 +8,16 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from sweeper.spark import REPO_ROOT, delta_spark_available, get_spark
+from sweeper.spark import (
+    REPO_ROOT,
+    delta_spark_available,
+    delta_spark_configured,
+    get_spark,
+    is_embedded,
+    jvm_class_available,
+    project_jars,
+)
+from sweeper.tables import auto_engine
 
 REPO = str(Path(__file__).resolve().parents[1])
 
@@ -60,7 +69,32 @@ def test_workers_import_sweeper_in_arrow_udfs(spark: SparkSession) -> None:
     assert {r["f"] for r in rows} == {"sweeper.tables.files"}
 
 
-def test_delta_spark_detection_is_false_without_the_jars(spark: SparkSession) -> None:
-    has_delta_jars = "delta" in (spark.conf.get("spark.jars.packages", "") or "") + (
-        spark.conf.get("spark.jars", "") or "")
-    assert delta_spark_available(spark) is has_delta_jars
+def test_the_embedded_session_carries_the_fetched_jars_and_auto_stays_delta_rs(spark: SparkSession) -> None:
+    jars = project_jars()
+    # scripts/setup.sh fetched them (jvm/pom.xml); without them the delta-spark tests could not run.
+    assert jars.delta and jars.s3a, "run `mvn -f jvm/pom.xml package` (scripts/setup.sh) first"
+    assert delta_spark_available(spark) and delta_spark_configured(spark)
+    assert jvm_class_available(spark, "org.apache.hadoop.fs.s3a.S3AFileSystem")
+    # The embedded engine stays the default in the process's own session (CLI, sandbox, tests);
+    # delta-spark is what `auto` picks under spark-submit (tests/test_cluster.py).
+    assert is_embedded(spark)
+    assert auto_engine(spark) == "delta-rs"
+
+
+def test_the_pinned_jar_versions_match_jvm_pom() -> None:
+    """sweeper.spark names the jars in its messages and fallbacks; jvm/pom.xml fetches them."""
+    import xml.etree.ElementTree as ET
+
+    from sweeper import spark as spark_mod
+
+    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
+    props = ET.parse(Path(REPO) / "jvm" / "pom.xml").getroot().find("m:properties", ns)
+    assert props is not None
+    pinned = {child.tag.split("}")[1]: child.text for child in props}
+    assert pinned["delta.version"] == spark_mod.DELTA_VERSION
+    assert pinned["hadoop.version"] == spark_mod.HADOOP_AWS_VERSION
+    assert pinned["awssdk.version"] == spark_mod.AWS_SDK_VERSION
+    assert pinned["s3analytics.version"] == spark_mod.S3_ANALYTICS_VERSION
+    jars = project_jars()
+    assert any(f"delta-spark_2.13-{spark_mod.DELTA_VERSION}.jar" in j for j in jars.delta)
+    assert any(f"hadoop-aws-{spark_mod.HADOOP_AWS_VERSION}.jar" in j for j in jars.s3a)

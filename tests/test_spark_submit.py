@@ -28,8 +28,9 @@ def test_the_zip_alone_is_enough_for_executors_to_encode_and_decode_records(tmp_
     assert {"sweeper/__init__.py", "sweeper/delete/stage.py", "jobs/sweep.py",
             "schemas/avro/pending_delete_ledger_info.avsc"} <= names
     assert not any("__pycache__" in n for n in names)
-    # A fresh interpreter with the zip first on its path, as an executor sees --py-files: the
-    # package and its Avro schema must come from the zip, not from this checkout.
+    # A fresh interpreter with the zip first on its path by a relative name, as an executor sees
+    # --py-files (./ledger_sweeper.zip in its work directory): the package and its Avro schema must
+    # come from the zip, not from this checkout.
     probe = (
         "import sys; sys.path.insert(0, sys.argv[1])\n"
         "import sweeper.pending_delete as pd\n"
@@ -41,14 +42,15 @@ def test_the_zip_alone_is_enough_for_executors_to_encode_and_decode_records(tmp_
         "assert pd.decode(pd.encode(record)) == record\n"
         "print(pd.schema()['name'])\n"
     )
-    done = subprocess.run([sys.executable, "-c", probe, str(shipped)], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", probe, "./ledger_sweeper.zip"], capture_output=True, text=True,
                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": ""})
     assert done.returncode == 0, done.stderr
     assert "PendingDeleteLedgerInfo" in done.stdout
 
 
 def test_spark_submit_runs_a_sandbox_sweep_and_reports_exit_codes(tmp_path: Path) -> None:
-    env = {**os.environ, "SPARK_MASTER": "local[2]", "DELTA_PACKAGES": "",
+    # Without the fetched jars: the delta-rs engine under spark-submit (tests/test_cluster.py runs delta-spark).
+    env = {**os.environ, "SPARK_MASTER": "local[2]", "DELTA_JARS": "", "S3A_JARS": "",
            "SPARK_SUBMIT": str(VENV_BIN / "spark-submit"), "PYSPARK_PYTHON": sys.executable,
            "SWEEPER_BUILD_DIR": str(tmp_path / "build")}
     submit = [str(REPO / "spark-submit.sh")]

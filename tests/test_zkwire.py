@@ -9,7 +9,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from sweeper import zkwire
-from sweeper.zk import ChildrenRead, ZnodeRead, ZooKeeperUnavailableError
+from sweeper.zk import ChildrenRead, ZnodeRead, ZooKeeperPermissionError, ZooKeeperUnavailableError
 from sweeper.zkserver import free_port
 from sweeper.zkwire import WireReader, ZooKeeperWireError
 
@@ -186,11 +186,13 @@ def test_server_error_is_reported_per_read(zk: KazooClient, zk_target: ZkTarget,
     with WireReader(zk_target.hosts, multi_read=multi_read) as reader:
         secret, public = reader.get_many(["/secret", "/public"])
         (listing,) = reader.children_many(["/secret"])
-    assert isinstance(secret.error, ZooKeeperWireError)
-    assert secret.error.code == -102 and "NoAuthError" in str(secret.error)
+    # NoAuth (code -102) is the one error with its own type: it names the znode and the permission.
+    assert isinstance(secret.error, ZooKeeperPermissionError)
+    assert str(secret.error).startswith("no READ permission on znode /secret (ZooKeeper NoAuth)")
     assert (secret.data, secret.stat) == (None, None)
     assert public.data == b"p" and public.error is None
-    assert isinstance(listing.error, ZooKeeperWireError) and listing.children is None
+    assert isinstance(listing.error, ZooKeeperPermissionError) and listing.children is None
+    assert str(ZooKeeperWireError(-103, "/x")) == "BadVersionError (code -103) reading '/x'"
 
 
 def test_idle_session_kept_alive_by_pings(zk: KazooClient, zk_target: ZkTarget) -> None:

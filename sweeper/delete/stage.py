@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from kazoo.exceptions import NoAuthError
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -28,6 +29,7 @@ from sweeper import pending_delete
 from sweeper import zk as zkutil
 from sweeper.codecs.bookkeeper import decode_ledger_metadata
 from sweeper.config import SweeperConfig
+from sweeper.delete import permissions
 from sweeper.delete.drain import TopicDrain
 from sweeper.delete.lock import DeleteRunLock
 from sweeper.delete.records import SOURCE_EMITTED, SOURCE_JSON, SOURCE_RETRY, PendingRecord
@@ -43,6 +45,8 @@ from sweeper.safety import HOUR_MS, GracePeriod
 from sweeper.scan.bookkeeper import read_layout, split_custom_metadata
 from sweeper.table_schemas import DEAD_LETTER, DELETE_RESULTS, RETRY_QUEUE
 from sweeper.tables import TableStore
+from sweeper.zk import ZooKeeperPermissionError
+from sweeper.zksecurity import ZkSecurity, bookkeeper_security
 from sweeper.zkwire import WireReader
 
 QUEUED, RESOLVED, DEAD_LETTERED = "queued", "resolved", "dead_lettered"
@@ -74,6 +78,7 @@ class DeleteTarget:
     buckets: tuple[tuple[str, str, str], ...]  # (bucket, region, endpoint) this run may delete from
     shadows: tuple[tuple[str, tuple[str, ...]], ...] = ()  # source managed ledger -> its shadow topics' ones
     local_cluster: str = ""  # [pulsar] cluster_name: an object must carry it to be deleted
+    zk_security: ZkSecurity | None = None  # TLS / SASL / digest for [bookkeeper]'s ensemble
 
 
 @dataclass
@@ -105,27 +110,40 @@ def retry_states(store: TableStore) -> dict[str, Mapping[str, Any]]:
     return _latest_by_key(store.read("retry_queue").toArrow().to_pylist())
 
 
-def load_inputs(store: TableStore, run_id: str, now: datetime) -> tuple[list[PendingRecord], dict[str, int]]:
-    """The run's emitted records without a final result yet, and every queued record that is due."""
+def load_inputs(store: TableStore, run_id: str, now: datetime,
+                limit: int | None = None) -> tuple[list[PendingRecord], dict[str, int]]:
+    """The run's emitted records without a final result yet, and every queued record that is due,
+    by record key; at most `limit` of them (`counts["selected"]` says how many there were).
+
+    The run's emitted records are filtered, counted and cut to the first `limit` in Spark: only
+    what this run will process reaches the driver, not every record the run ever emitted. The
+    retry queue (failed deletes only) is read on the driver as before.
+    """
     counts = {"emitted": 0, "already_final": 0, "not_due": 0, "due_retries": 0}
-    final: set[str] = set()
-    if store.exists("delete_results"):
-        final = {r["record_key"] for r in store.read("delete_results").where(
-            (F.col("run_id") == run_id) & (F.col("outcome") != FAILED) & ~F.col("dry_run")).select(
-            "record_key").distinct().toArrow().to_pylist()}
     queue = retry_states(store)
-    picked: dict[str, PendingRecord] = {}
+    picked: list[PendingRecord] = []
+    pending = 0
     if store.exists("emitted"):
-        emitted = store.read("emitted").where(F.col("run_id") == run_id).select("record_key", "payload")
-        for row in emitted.toArrow().to_pylist():
-            if row["record_key"] in picked:
-                continue
-            counts["emitted"] += 1
-            if row["record_key"] in final:
-                counts["already_final"] += 1
-            elif row["record_key"] not in queue:  # the queue governs records that failed before
-                picked[row["record_key"]] = PendingRecord(row["record_key"], SOURCE_EMITTED, run_id, 0,
-                                                          row["payload"])
+        emitted = (store.read("emitted").where(F.col("run_id") == run_id).select("record_key", "payload")
+                   .dropDuplicates(["record_key"]))
+        counts["emitted"] = emitted.count()
+        todo = emitted
+        if store.exists("delete_results"):
+            final = store.read("delete_results").where(
+                (F.col("run_id") == run_id) & (F.col("outcome") != FAILED) & ~F.col("dry_run")).select("record_key")
+            counts["already_final"] = emitted.join(final, "record_key", "left_semi").count()
+            todo = todo.join(final, "record_key", "left_anti")
+        if queue:  # the queue governs records that failed before
+            spark = emitted.sparkSession
+            todo = todo.join(spark.createDataFrame([(k,) for k in queue], "record_key string"), "record_key",
+                             "left_anti")
+        pending = todo.count()
+        head = todo.orderBy("record_key")
+        if limit is not None:
+            head = head.limit(limit)
+        picked = [PendingRecord(row["record_key"], SOURCE_EMITTED, run_id, 0, row["payload"])
+                  for row in head.toArrow().to_pylist()]
+    retries: list[PendingRecord] = []
     for key, row in queue.items():
         if row["state"] != QUEUED:
             continue
@@ -134,8 +152,10 @@ def load_inputs(store: TableStore, run_id: str, now: datetime) -> tuple[list[Pen
             counts["not_due"] += 1
             continue
         counts["due_retries"] += 1
-        picked[key] = PendingRecord(key, SOURCE_RETRY, row["run_id"], int(row["attempts"]), row["payload"])
-    return sorted(picked.values(), key=lambda p: p.record_key), counts
+        retries.append(PendingRecord(key, SOURCE_RETRY, row["run_id"], int(row["attempts"]), row["payload"]))
+    selected = sorted(picked + retries, key=lambda p: p.record_key)
+    counts["selected"] = pending + len(retries)
+    return (selected if limit is None else selected[:limit]), counts
 
 
 def records_from_json(path: str | Path, client: Any, ledgers_root: str, layout: LedgerLayout) -> list[PendingRecord]:
@@ -245,14 +265,15 @@ def delete_partition(items: Iterator[list[PendingRecord]], target: DeleteTarget)
         else:
             decoded.append((item, record))
     rng = random.Random(hash(items[0].record_key))
-    client = zkutil.connect(target.zk_hosts, timeout=target.session_timeout_s)
+    client = zkutil.connect(target.zk_hosts, timeout=target.session_timeout_s, security=target.zk_security)
     reader: WireReader | None = None
     try:
         ledgers = [(i, r) for i, r in decoded if r["ledgerType"] == "LEDGER"]
         if ledgers:
             # Bulk verification reads on a second session; a missing one only makes verification slower.
             with contextlib.suppress(Exception):
-                reader = WireReader(target.zk_hosts, timeout=target.session_timeout_s, multi_read=target.multi_read)
+                reader = WireReader(target.zk_hosts, timeout=target.session_timeout_s, multi_read=target.multi_read,
+                                    security=target.zk_security)
         objects = [(i, r) for i, r in decoded if r["ledgerType"] != "LEDGER"]
         if ledgers:
             deleter = LedgerDeleter(
@@ -345,7 +366,9 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
         # The compare-and-set multi must cover the ledger znode and its referrers in one ensemble.
         raise DeleteRefused("Pulsar and BookKeeper metadata are in different ZooKeeper ensembles; deleting "
                             "needs one multi-operation across both, so only dry runs are possible")
-    client = zkutil.connect(config.bookkeeper.zookeeper, timeout=config.bookkeeper.session_timeout_s)
+    security = bookkeeper_security(config)
+    client = zkutil.connect(config.bookkeeper.zookeeper, timeout=config.bookkeeper.session_timeout_s,
+                            security=security)
     lock: DeleteRunLock | None = None
     drain: TopicDrain | None = None
     try:
@@ -361,10 +384,10 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
             buckets = _buckets(store, config, None)
         else:
             _check_emitted(store, run_id)
-            inputs, counts = load_inputs(store, run_id, now)
+            inputs, counts = load_inputs(store, run_id, now, limit=d.max_deletes_per_run)
             buckets = _buckets(store, config, run_id)
         cap = d.max_deletes_per_run
-        counts["deferred_by_cap"] = max(0, len(inputs) - cap)
+        counts["deferred_by_cap"] = max(0, counts.pop("selected", len(inputs)) - cap)
         inputs = inputs[:cap]
         counts["records"] = len(inputs)
         guards = {"execute": execute, "max_deletes_per_run": cap, "deletes_per_second_per_task": d.deletes_per_second,
@@ -374,9 +397,29 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
             raise DeleteRefused("no snapshot in the tables: run `sweeper snapshot` first, so that shadow topics "
                                 "(which list their source topics' ledgers) are known and re-checked")
         counts["shadow_topics"] = sum(len(names) for _, names in shadows or ())
+        if inputs:
+            allowed = permissions.check(
+                config.bookkeeper.zookeeper, security, config.bookkeeper.session_timeout_s,
+                [item.payload for item in inputs], ledgers_root=config.bookkeeper.ledgers_root, layout=layout,
+                ml_root=config.pulsar.managed_ledgers_root, schemas_root=config.pulsar.schemas_root,
+                shadows=dict(shadows or ()), reads_per_second=config.scan.reads_per_second,
+                multi_read=config.scan.multi_read)
+            guards["permission_check"] = allowed.status
+            counts["missing_permissions"] = len(allowed.missing)
+            if allowed.missing:
+                guards["permission_check"] = allowed.refusal()
+                if execute:
+                    raise DeleteRefused(allowed.refusal())
         if execute:
             lock = DeleteRunLock(client, d.lock_path, run_id=run_id)
-            lock.acquire()
+            try:
+                lock.acquire()
+            except NoAuthError as exc:
+                lock = None
+                raise DeleteRefused(str(ZooKeeperPermissionError(
+                    d.lock_path.rsplit("/", 1)[0] or "/", "CREATE",
+                    f"the run lock {d.lock_path} (create its parent writable by the sweeper, or set [delete] "
+                    "lock_path)"))) from exc
             skew = clock_problem(lock.clock_skew_ms, config.safety.max_clock_skew_seconds)
             guards["clock_skew_ms"] = lock.clock_skew_ms
             if skew:
@@ -393,7 +436,7 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
             policy=RetryPolicy(max_attempts=d.max_attempts, in_task_attempts=d.in_task_attempts,
                                retry_after_s=d.retry_after_s),
             endpoint_override=config.offload.endpoint_override, buckets=buckets, shadows=shadows or (),
-            local_cluster=config.pulsar.cluster_name)
+            local_cluster=config.pulsar.cluster_name, zk_security=security)
         rows: list[TaskRow] = []
         if inputs:
             parts = _partitions(spark, config, len(inputs))
@@ -404,6 +447,11 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
             rows = (spark.sparkContext.parallelize(groups, parts)
                     .mapPartitions(lambda it: delete_partition(it, target)).collect())
         result = _commit(store, run_id, rows, target, execute, now, counts)
+        refused = [r.error for r in result.results if r.error and "(ZooKeeper NoAuth)" in r.error]
+        if refused:
+            # Committed first, so every outcome is on record; then the run stops as refused (exit 3).
+            raise DeleteRefused(f"{refused[0]}; {len(refused)} record(s) not done wait in the retry queue: grant the "
+                                "permission and run again")
         if drain is not None and execute:
             # Committed: every record has its final result or sits in the retry queue.
             result.counts["acknowledged"] = drain.acknowledge()

@@ -16,6 +16,7 @@ from typing import Any
 from kazoo.client import KazooClient
 from kazoo.exceptions import (
     BadVersionError,
+    NoAuthError,
     NoNodeError,
     NotEmptyError,
     RolledBackError,
@@ -42,8 +43,11 @@ from sweeper.delete.results import (
 from sweeper.delete.retry import is_transient
 from sweeper.layout import LayoutError, LedgerLayout, is_middle, is_tree_top, ledger_path, tree_depth
 from sweeper.scan.pulsar import BUCKET_PREFIX, COMPACTED_TOPIC_LEDGER, COMPACTION_CURSOR
+from sweeper.zk import ZooKeeperPermissionError
 
 NowMs = int | Callable[[], int]
+WHY_READ = "the delete re-reads the ledger and its referrers"
+NOT_ATTEMPTED = "not attempted: a missing ZooKeeper permission stopped the run"
 Read = tuple[bytes, Any] | None  # (data, stat), None when the znode does not exist
 
 
@@ -136,6 +140,8 @@ class _Reads:
                     self.deleter.client.get_children_async(path).get(timeout=self.deleter.op_timeout_s))
             except NoNodeError:
                 self.children[path] = None
+            except NoAuthError as exc:
+                raise ZooKeeperPermissionError(path, "READ", WHY_READ) from exc
         return self.children[path]
 
 
@@ -191,13 +197,18 @@ class LedgerDeleter:
         # Source managed ledger -> its shadow topics' managed ledgers (PIP-180), which list the
         # source's ledgers: each is a referrer to re-read, as reconcile counted them.
         self.shadows = {k: tuple(v) for k, v in (shadows or {}).items()}
+        # A NoAuth refuses the whole run: once met, nothing more is deleted (the driver stops the run).
+        self.refusal: str | None = None
 
     # ---- the whole job ---------------------------------------------------------------------
 
     def process(self, records: Sequence[Mapping[str, Any]]) -> list[DeleteResult]:
         """One result per record, in input order; never raises for a ZooKeeper error."""
         verified, results = self.verify(records)
-        if verified:
+        if verified and self.refusal is not None:
+            for item in verified:
+                results[item.index] = self._done(item, FAILED, NOT_ATTEMPTED, self.refusal)
+        elif verified:
             for index, result in self.delete(verified).items():
                 results[index] = result
         return [r for r in results if r is not None]
@@ -209,6 +220,8 @@ class LedgerDeleter:
             data, stat = self.client.get_async(path).get(timeout=self.op_timeout_s)
         except NoNodeError:
             return None
+        except NoAuthError as exc:
+            raise ZooKeeperPermissionError(path, "READ", WHY_READ) from exc
         return data, stat
 
     def verify(self, records: Sequence[Mapping[str, Any]]) -> tuple[list[Verified], list[DeleteResult | None]]:
@@ -220,12 +233,18 @@ class LedgerDeleter:
         outage: str | None = None
         for index, record in enumerate(records):
             started = time.monotonic()
+            if self.refusal is not None:
+                results.append(result_for(record, FAILED, NOT_ATTEMPTED, error=self.refusal))
+                continue
             if outage is not None and not self.client.connected:
                 # Each read would wait out its timeout in turn; the retry re-verifies them all anyway.
                 results.append(result_for(record, FAILED, "ZooKeeper unavailable", error=outage))
                 continue
             try:
                 item = self._verify_one(index, record, reads, started)
+            except ZooKeeperPermissionError as exc:
+                self.refusal = str(exc)
+                item = result_for(record, FAILED, "refused: missing ZooKeeper permission", error=self.refusal)
             except Exception as exc:  # per record: one bad read must not sink the others
                 item = result_for(record, FAILED, "could not verify", error=_error_text(exc))
                 if is_transient(exc):
@@ -425,6 +444,10 @@ class LedgerDeleter:
         results: dict[int, DeleteResult] = {}
         batches = [list(verified[i:i + self.batch_size]) for i in range(0, len(verified), self.batch_size)]
         for start in range(0, len(batches), self.IN_FLIGHT):
+            if self.refusal is not None:
+                for item in (i for batch in batches[start:] for i in batch):
+                    results[item.index] = self._done(item, FAILED, NOT_ATTEMPTED, self.refusal)
+                break
             sent = [(batch, *self._send(batch)) for batch in batches[start:start + self.IN_FLIGHT]]
             for batch, checks, answer in sent:
                 outcome = self._settle(batch, checks, answer)
@@ -435,6 +458,9 @@ class LedgerDeleter:
                     results[batch[0].index] = outcome
                 else:
                     for item in batch:
+                        if self.refusal is not None:
+                            results[item.index] = self._done(item, FAILED, NOT_ATTEMPTED, self.refusal)
+                            continue
                         single = self._settle([item], *self._send([item]))
                         results[item.index] = single or self._done(item, DELETED,
                                                                    "deleted with the verified version")
@@ -479,6 +505,15 @@ class LedgerDeleter:
         item = batch[0]
         if len(batch) > 1:
             return self._done(item, FAILED, "batch failed", _error_text(error))
+        if isinstance(error, NoAuthError):
+            # Named per ledger: a larger batch that failed is retried one by one by delete().
+            if position < len(checks):
+                denied = ZooKeeperPermissionError(checks[position][0], "READ", "checked in the compare-and-set multi")
+            else:
+                denied = ZooKeeperPermissionError(item.path.rsplit("/", 1)[0], "DELETE",
+                                                  f"deleting {item.path} needs DELETE on its parent")
+            self.refusal = str(denied)
+            return self._done(item, FAILED, "refused: missing ZooKeeper permission", self.refusal)
         if position < len(checks):
             path = checks[position][0]
             # The referrer moved after we read it: what it says now must be verified again, so retry.

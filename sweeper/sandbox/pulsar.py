@@ -39,7 +39,7 @@ def start_pulsar(home: str | Path, port: int, admin_port: int, timeout: float = 
     log = open(home / "endpoint.log", "ab")  # noqa: SIM115 - handed to the child process
     register = ["--register-zookeeper", register_zookeeper] if register_zookeeper else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sweeper.pulsar_endpoint", "--data-dir", str(home / "data"), "--port", str(port),
+        [sys.executable, "-m", "sweeper.sandbox.pulsar_endpoint", "--data-dir", str(home / "data"), "--port", str(port),
          "--admin-port", str(admin_port), "--persist-latency-ms", str(persist_latency_ms), *register],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     log.close()

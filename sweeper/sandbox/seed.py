@@ -19,7 +19,14 @@ from kazoo.exceptions import NodeExistsError
 from sweeper.codecs import pulsar as pulsar_codec
 from sweeper.codecs.bookkeeper import LedgerMetadata, Segment, encode_ledger_metadata
 from sweeper.layout import LedgerLayout, layout_znode, ledger_path
-from sweeper.sandbox.model import BkLedger, Cursor, ManagedLedger, SandboxCluster, SchemaLocatorModel
+from sweeper.sandbox.model import (
+    BkLedger,
+    Cursor,
+    ManagedLedger,
+    OffloadObject,
+    SandboxCluster,
+    SchemaLocatorModel,
+)
 from sweeper.zkserver import ServerClock, clock_for
 
 WINDOW = 2000
@@ -72,12 +79,13 @@ def managed_ledger_info_bytes(ml: ManagedLedger) -> bytes:
             ctx.complete = entry.offload.complete
             ctx.bookkeeperDeleted = entry.offload.bookkeeper_deleted
             ctx.timestamp = entry.offload.timestamp_ms
+            # As Pulsar 4.0's jclouds offloader records it (tests/test_testbed_fidelity.py checks).
             ctx.driverMetadata.name = "aws-s3"
             for key, value in (
+                ("managedLedgerOffloadDriver", "aws-s3"),
                 ("bucket", entry.offload.bucket),
                 ("region", entry.offload.region),
                 ("serviceEndpoint", entry.offload.endpoint),
-                ("ManagedLedgerName", ml.name),
             ):
                 prop = ctx.driverMetadata.properties.add()
                 prop.key, prop.value = key, value
@@ -312,6 +320,26 @@ def write_manifest(cluster: SandboxCluster, path: str | Path) -> Path:
     return target
 
 
+OFFLOADER_VERSION = "4.0.8"
+
+
+def offload_object_metadata(obj: OffloadObject) -> dict[str, str]:
+    """The user metadata Pulsar's jclouds offloader (BlobStoreManagedLedgerOffloader) puts on each object:
+    the broker's offloader metadata (pulsarClusterName, the offloader's version keys), the role and
+    ManagedLedgerName. An object modeled without an owner or cluster (injected cases) lacks that key."""
+    metadata = {
+        "role": "index" if obj.key.endswith("-index") else "data",
+        "s3ManagedLedgerOffloaderSoftwareVersion": OFFLOADER_VERSION,
+        "s3ManagedLedgerOffloaderSoftwareGitSha": "0" * 40,
+        "s3ManagedLedgerOffloaderFormatVersion": "1",
+    }
+    if obj.managed_ledger is not None:
+        metadata["ManagedLedgerName"] = obj.managed_ledger
+    if obj.cluster_name is not None:
+        metadata["pulsarClusterName"] = obj.cluster_name
+    return metadata
+
+
 def seed_s3(client: Any, cluster: SandboxCluster, stray_keys: int = 1) -> int:
     """Upload the cluster's offloaded objects (tiny bodies) and a stray non-offload key."""
     buckets = {obj.bucket for obj in cluster.offload_objects} | {cluster.spec.offload_bucket}
@@ -319,14 +347,7 @@ def seed_s3(client: Any, cluster: SandboxCluster, stray_keys: int = 1) -> int:
         with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
             client.create_bucket(Bucket=bucket)
     for obj in cluster.offload_objects:
-        # As Pulsar's jcloud offloader writes them (BlobStoreManagedLedgerOffloader: the broker's offloader
-        # metadata with pulsarClusterName, the role, and ManagedLedgerName).
-        metadata = {"role": "index" if obj.key.endswith("-index") else "data"}
-        if obj.managed_ledger is not None:
-            metadata["ManagedLedgerName"] = obj.managed_ledger
-        if obj.cluster_name is not None:
-            metadata["pulsarClusterName"] = obj.cluster_name
-        client.put_object(Bucket=obj.bucket, Key=obj.key, Body=b"x" * 64, Metadata=metadata)
+        client.put_object(Bucket=obj.bucket, Key=obj.key, Body=b"x" * 64, Metadata=offload_object_metadata(obj))
     for i in range(stray_keys):
         client.put_object(Bucket=cluster.spec.offload_bucket, Key=f"notes/readme-{i}.txt", Body=b"not an offload")
     return len(cluster.offload_objects) + stray_keys

@@ -7,18 +7,26 @@
 - "delta-rs": Spark tasks write Parquet with pyarrow, the driver commits once with delta-rs.
   Needs no Delta jars; the engine used locally, in tests and in CI.
 - "delta-spark": Delta Lake's Spark integration; needs the delta-spark jars and SQL extension.
-- "auto": delta-spark when the session has the jars and the extension, else delta-rs.
+- "auto": the cluster engine on a cluster, the embedded engine embedded. Precisely: delta-spark
+  when the session has Delta's jars and extension and was not started by `sweeper.spark.get_spark`
+  in this process (spark-submit.sh, a cluster job, a notebook's own session); delta-rs otherwise
+  (the CLI, the sandbox and the tests, even when their session carries the jars).
 Both write ordinary Delta tables: either engine (or any Delta reader) can read the other's.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-
-import pyspark
 from pyspark.sql import SparkSession
 
-from sweeper.spark import delta_spark_available, delta_spark_configured
+from sweeper.spark import (
+    DELTA_CATALOG_CLASS,
+    DELTA_EXTENSION_CLASS,
+    DELTA_PACKAGES,
+    delta_spark_available,
+    delta_spark_configured,
+    is_embedded,
+    jars_dir,
+)
 from sweeper.tables.base import (
     CommitResult,
     TableNotFoundError,
@@ -27,6 +35,13 @@ from sweeper.tables.base import (
 )
 from sweeper.tables.delta_rs import DeltaRsTableStore
 from sweeper.tables.files import NotNullViolation
+from sweeper.tables.storage import (
+    TableStorage,
+    TableStorageUnavailableError,
+    check_spark_reaches,
+    configure_spark,
+    delta_rs_options,
+)
 
 ENGINES = ("delta-rs", "delta-spark")
 
@@ -36,44 +51,57 @@ class DeltaSparkUnavailableError(RuntimeError):
 
 
 def delta_spark_package() -> str:
-    """Maven coordinate of the delta-spark jar matching the installed pyspark and delta-spark."""
-    spark_minor = ".".join(pyspark.__version__.split(".")[:2])
-    try:
-        delta_version = importlib.metadata.version("delta-spark")
-    except importlib.metadata.PackageNotFoundError:
-        delta_version = "<delta-spark version>"
-    return f"io.delta:delta-spark_{spark_minor}_2.13:{delta_version}"
+    """Maven coordinate of the delta-spark jar jvm/pom.xml pins (for --packages)."""
+    return DELTA_PACKAGES[0]
 
 
-_HOW_TO_ENABLE = (
-    "Start Spark with the jars and the extension, e.g. spark-submit --packages {package} "
-    "--conf spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension "
-    "--conf spark.sql.catalog.spark_catalog=org.apache.spark.sql.delta.catalog.DeltaCatalog "
-    "(or the same as spark.jars.packages / jars already on the cluster), or use engine='delta-rs'."
-)
+def _how_to_enable() -> str:
+    return (
+        f"Run `mvn -f jvm/pom.xml package` (scripts/setup.sh does) to fetch delta-spark_2.13 and delta-storage "
+        f"into {jars_dir()}/delta/, then start Spark with them: ./spark-submit.sh does, or spark-submit "
+        f"--jars <those jars> (or --packages {delta_spark_package()}) "
+        f"--conf spark.sql.extensions={DELTA_EXTENSION_CLASS} "
+        f"--conf spark.sql.catalog.spark_catalog={DELTA_CATALOG_CLASS}; or use engine='delta-rs'."
+    )
+
+
+def auto_engine(spark: SparkSession) -> str:
+    """The engine `engine = "auto"` means for this session (see the module doc)."""
+    if is_embedded(spark):
+        return "delta-rs"
+    return "delta-spark" if delta_spark_available(spark) and delta_spark_configured(spark) else "delta-rs"
 
 
 def open_table_store(root: str, spark: SparkSession, engine: str = "auto",
-                     storage_options: dict[str, str] | None = None) -> TableStore:
+                     storage_options: dict[str, str] | None = None, *,
+                     s3_endpoint: str = "", s3_region: str = "") -> TableStore:
     """The table store for `root` (a local path or a URI such as s3://bucket/prefix).
 
-    storage_options: delta-rs storage options (e.g. AWS_ENDPOINT_URL, AWS_REGION,
-    AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ALLOW_HTTP); Spark tasks get them too.
+    s3_endpoint, s3_region: `[tables]` settings for a root on S3 (sweeper.tables.storage); they
+    configure both delta-rs and the session's s3a. storage_options: delta-rs storage options
+    instead of the ones derived from them (Spark tasks get them too; never log them).
+    Raises DeltaSparkUnavailableError / TableStorageUnavailableError, naming the missing jar or
+    setting, before anything runs.
     """
+    storage = TableStorage(root, s3_endpoint, s3_region)
+    check_spark_reaches(spark, storage)
+    configure_spark(spark, storage)
+    if storage_options is None:
+        storage_options = delta_rs_options(storage)
     if engine == "auto":
-        engine = "delta-spark" if delta_spark_available(spark) and delta_spark_configured(spark) else "delta-rs"
+        engine = auto_engine(spark)
     if engine == "delta-rs":
         return DeltaRsTableStore(root, spark, storage_options)
     if engine == "delta-spark":
-        how = _HOW_TO_ENABLE.format(package=delta_spark_package())
         if not delta_spark_available(spark):
             raise DeltaSparkUnavailableError(
-                "engine 'delta-spark' needs Delta Lake's jars on the Spark classpath, and this session has "
-                f"none (class io.delta.sql.DeltaSparkSessionExtension not found). {how}")
+                "engine 'delta-spark' needs Delta Lake's jars (delta-spark_2.13, delta-storage) on the Spark "
+                f"classpath, and this session has none (class {DELTA_EXTENSION_CLASS} not found). {_how_to_enable()}")
         if not delta_spark_configured(spark):
             raise DeltaSparkUnavailableError(
                 "engine 'delta-spark': the Delta jars are present but the session lacks Delta's SQL extension "
-                f"(spark.sql.extensions). These are fixed when the session starts. {how}")
+                f"(spark.sql.extensions={DELTA_EXTENSION_CLASS}); it is fixed when the session starts. "
+                f"{_how_to_enable()}")
         from sweeper.tables.delta_spark import DeltaSparkTableStore
 
         return DeltaSparkTableStore(root, spark, storage_options)
@@ -88,7 +116,9 @@ __all__ = [
     "NotNullViolation",
     "TableNotFoundError",
     "TableSchemaError",
+    "TableStorageUnavailableError",
     "TableStore",
+    "auto_engine",
     "delta_spark_package",
     "open_table_store",
 ]

@@ -41,10 +41,12 @@ from sweeper.tables.files import (
     FILE_RECORD_DDL,
     TARGET_FILE_BYTES,
     WriteSpec,
+    filesystem,
     is_local,
     write_files,
     write_files_task,
 )
+from sweeper.tables.storage import spark_uri
 
 _FILE_COLUMN = "__sweeper_file"
 
@@ -91,10 +93,29 @@ class DeltaRsTableStore(TableStore):
 
     def history(self, name: str) -> list[dict[str, Any]]:
         return [
-            history_entry(c["version"], c.get("timestamp"), c.get("operation"), c.get("operationParameters"),
+            history_entry(version, c.get("timestamp"), c.get("operation"), c.get("operationParameters"),
                           c.get("operationMetrics"), c.get("userMetadata"), c.get("engineInfo"))
-            for c in self._table(name).history()
+            for version, c in self._commit_infos(name, self._table(name).version())
         ]
+
+    def _commit_infos(self, name: str, newest: int, limit: int | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+        """(version, commitInfo) from `newest` down, read from the commit files themselves.
+
+        Not DeltaTable.history(): delta-rs lists every commit file from the first wanted one
+        onwards, newer ones included, and numbers them down from the version it loaded, so a
+        commit another writer lands meanwhile shifts every number (delta-rs Snapshot::commit_infos;
+        seen with two writers on S3). Stops at a file log clean-up removed.
+        """
+        fs, base = filesystem(self.path(name), self._storage_options)
+        oldest = 0 if limit is None else max(0, newest - limit + 1)
+        for version in range(newest, oldest - 1, -1):
+            try:
+                with fs.open_input_stream(f"{base.rstrip('/')}/_delta_log/{version:020d}.json") as stream:
+                    text = stream.read().decode("utf-8")
+            except FileNotFoundError:
+                return
+            info = next((json.loads(line)["commitInfo"] for line in text.splitlines() if '"commitInfo"' in line), {})
+            yield version, info
 
     # ---- reading data
 
@@ -125,12 +146,8 @@ class DeltaRsTableStore(TableStore):
         return data.join(F.broadcast(mapping), _FILE_COLUMN).select(*schema.fieldNames())
 
     def _spark_path(self, uri: str) -> str:
-        if is_local(uri) or not uri.startswith("s3://"):
-            return uri
         # Hadoop's S3 connector is s3a://, unless the cluster maps s3:// itself (EMR does).
-        if self.spark.conf.get("spark.hadoop.fs.s3.impl", None):
-            return uri
-        return "s3a://" + uri[len("s3://"):]
+        return uri if is_local(uri) else spark_uri(self.spark, uri)
 
     # ---- writing
 
@@ -223,11 +240,11 @@ class DeltaRsTableStore(TableStore):
 
     def _commit_version(self, name: str, commit_id: str) -> int:
         # Find our own commit rather than trusting "latest": others may have committed since.
-        table = DeltaTable(self.path(name), storage_options=self._options)
-        for commit in table.history(limit=100):
-            if parse_user_metadata(commit.get("userMetadata")).get(COMMIT_ID_KEY) == commit_id:
-                return int(commit["version"])
-        return table.version()
+        latest = DeltaTable(self.path(name), storage_options=self._options).version()
+        for version, info in self._commit_infos(name, latest, limit=100):
+            if parse_user_metadata(info.get("userMetadata")).get(COMMIT_ID_KEY) == commit_id:
+                return version
+        return latest
 
 
 def _refuse_unsupported(name: str, table: DeltaTable, writing: bool) -> None:

@@ -6,10 +6,16 @@ one Delta commit, a zero-row append to an existing table commits nothing.
 
 Differences to know:
 - Creating a table is its own commit (CREATE TABLE with the exact schema, so NOT NULL columns
-  stay NOT NULL; a DataFrame write would make every column nullable), followed by the append.
-- The zero-row check is `df.isEmpty()`, which evaluates the DataFrame up to its first row.
+  stay NOT NULL: Delta makes every column of a DataFrame write nullable, see Delta's
+  ImplicitMetadataOperation.updateMetadata), followed by the append. So a first append whose job
+  fails leaves the empty table it created (version 0, no rows), where delta-rs leaves nothing.
+- A zero-row append commits nothing because Delta's WriteIntoDelta skips empty commits
+  (OptimisticTransaction.commitIfNeeded); nothing evaluates the DataFrame twice.
+- Version, schema and partitioning come from the table's DeltaLog snapshot through the JVM (its
+  protocol and metadata, no Spark job), with Delta's public API as the fallback.
 - `storage_options` only passes Hadoop keys (`fs.*`, `dfs.*`) as read/write options; credentials for
-  s3a:// normally come from the cluster's Hadoop configuration instead.
+  s3a:// come from the Hadoop credential chain (environment, instance role), endpoints from the
+  session's Hadoop configuration (sweeper.storage sets them from `[tables]`).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import threading
 from typing import Any
 
 import pyarrow as pa
+from py4j.protocol import Py4JError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
@@ -31,6 +38,7 @@ from sweeper.tables.base import (
     history_entry,
     parse_user_metadata,
 )
+from sweeper.tables.storage import spark_uri
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +51,8 @@ class DeltaSparkTableStore(TableStore):
     engine = "delta-spark"
 
     def __init__(self, root: str, spark: SparkSession, storage_options: dict[str, str] | None = None) -> None:
-        super().__init__(root, spark, storage_options)
+        # Hadoop names S3 s3a://; delta-rs writes the same table as s3:// (the log holds relative paths).
+        super().__init__(spark_uri(spark, root), spark, storage_options)
         from delta.tables import DeltaTable  # the delta-spark Python package
 
         self._delta_table = DeltaTable
@@ -57,28 +66,85 @@ class DeltaSparkTableStore(TableStore):
             raise TableNotFoundError(f"no Delta table {name!r} at {self.path(name)}")
         return self._delta_table.forPath(self.spark, self.path(name), self._hadoop_options)
 
+    def _snapshot(self, name: str) -> tuple[int, StructType, list[str]] | None:
+        """(version, schema, partition columns) of the latest snapshot, None without a table.
+
+        Through Delta's DeltaLog: protocol and metadata are read from the log (or its checksum
+        file) on the driver, where DeltaTable.detail() runs a job over the whole table state.
+        """
+        if self._hadoop_options:
+            return self._snapshot_public(name)
+        try:
+            jvm = self.spark._jvm
+            log_class = jvm.org.apache.spark.sql.delta.DeltaLog
+            none = jvm.scala.Option.empty()
+            snapshot = log_class.forTable(self.spark._jsparkSession, self.path(name)).update(False, none, none)
+            version = int(snapshot.version())
+            if version < 0:
+                return None
+            metadata = snapshot.metadata()
+            schema = StructType.fromJson(json.loads(metadata.schemaString()))
+            joined = metadata.partitionColumns().mkString("\u0000")  # no column name holds a NUL
+            return version, schema, joined.split("\u0000") if joined else []
+        except Py4JError as exc:  # another Delta version's internals: the public API still works
+            log.debug("DeltaLog snapshot unavailable (%s); using DeltaTable.detail()", exc)
+            return self._snapshot_public(name)
+
+    def _snapshot_public(self, name: str) -> tuple[int, StructType, list[str]] | None:
+        if not self.exists(name):
+            return None
+        handle = self._delta_table.forPath(self.spark, self.path(name), self._hadoop_options)
+        version = int(handle.history(1).select("version").head()[0])
+        parts = handle.detail().select("partitionColumns").head()[0] or []
+        return version, handle.toDF().schema, list(parts)
+
     def exists(self, name: str) -> bool:
         return bool(self._delta_table.isDeltaTable(self.spark, self.path(name)))
 
     def version(self, name: str) -> int | None:
-        if not self.exists(name):
-            return None
-        return int(self._handle(name).history(1).select("version").head()[0])
+        snapshot = self._snapshot(name)
+        return None if snapshot is None else snapshot[0]
 
     def layout(self, name: str) -> tuple[StructType, list[str]] | None:
-        if not self.exists(name):
-            return None
-        handle = self._handle(name)
-        parts = handle.detail().select("partitionColumns").head()[0] or []
-        return handle.toDF().schema, list(parts)
+        snapshot = self._snapshot(name)
+        return None if snapshot is None else (snapshot[1], snapshot[2])
 
     def history(self, name: str) -> list[dict[str, Any]]:
-        rows = self._handle(name).history().orderBy("version", ascending=False).collect()
-        return [
-            history_entry(r["version"], r["timestamp"], r["operation"], r["operationParameters"],
-                          r["operationMetrics"], r["userMetadata"], r["engineInfo"])
-            for r in rows
-        ]
+        latest = self.version(name)
+        if latest is None:
+            raise TableNotFoundError(f"no Delta table {name!r} at {self.path(name)}")
+        try:
+            return [_entry(version, info) for version, info in self._commit_infos(name, latest)]
+        except Py4JError:
+            rows = self._handle(name).history().orderBy("version", ascending=False).collect()
+            return [history_entry(r["version"], r["timestamp"], r["operation"], r["operationParameters"],
+                                  r["operationMetrics"], r["userMetadata"], r["engineInfo"]) for r in rows]
+
+    def _commit_infos(self, name: str, newest: int, limit: int | None = None):  # -> Iterator[(int, dict)]
+        """(version, commitInfo) from `newest` down, read from the commit files through Hadoop's
+        file system on the driver: a few small reads, where DeltaTable.history() runs a Spark job.
+        Stops at a file log clean-up removed."""
+        jvm = self.spark._jvm
+        hadoop_path = jvm.org.apache.hadoop.fs.Path
+        log_dir = hadoop_path(f"{self.path(name)}/_delta_log")
+        conf = self.spark._jsc.hadoopConfiguration()
+        if self._hadoop_options:
+            conf = jvm.org.apache.hadoop.conf.Configuration(conf)
+            for key, value in self._hadoop_options.items():
+                conf.set(key, value)
+        fs = log_dir.getFileSystem(conf)
+        oldest = 0 if limit is None else max(0, newest - limit + 1)
+        for version in range(newest, oldest - 1, -1):
+            commit = hadoop_path(log_dir, f"{version:020d}.json")
+            if not fs.exists(commit):
+                return
+            stream = fs.open(commit)
+            try:
+                text = jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+            finally:
+                stream.close()
+            yield version, next((json.loads(line)["commitInfo"] for line in text.splitlines()
+                                 if '"commitInfo"' in line), {})
 
     def read(self, name: str, version: int | None = None) -> DataFrame:
         latest = self.version(name)
@@ -113,10 +179,6 @@ class DeltaSparkTableStore(TableStore):
                       create: bool, metadata: dict[str, str]) -> CommitResult:
         if create:
             self._create(name, schema, partition_by, metadata)
-        if df.isEmpty():
-            if create:
-                return CommitResult(name, self._commit_version(name, metadata[COMMIT_ID_KEY]), 0, 0, self.engine)
-            return CommitResult(name, self.version(name) or 0, 0, 0, self.engine)
         writer = (
             df.write.format("delta")
             .mode("append")
@@ -127,8 +189,11 @@ class DeltaSparkTableStore(TableStore):
         if partition_by:
             writer = writer.partitionBy(*partition_by)
         writer.save(self.path(name))
-        # Our commit, found by its id; if 100 others landed since, the latest stands in for it.
-        entry = self._find_commit(name, metadata[COMMIT_ID_KEY]) or self.history(name)[0]
+        # Our commit, found by its id. None: Delta skipped the commit (no rows), or 100 others
+        # landed since ours, which only a busy shared table sees.
+        entry = self._find_commit(name, metadata[COMMIT_ID_KEY])
+        if entry is None or entry["operation"] != "WRITE":
+            return CommitResult(name, entry["version"] if entry else (self.version(name) or 0), 0, 0, self.engine)
         metrics = entry["operation_metrics"]
         return CommitResult(name, entry["version"], int(metrics.get("numOutputRows", 0)),
                             int(metrics.get("numFiles", 0)), self.engine)
@@ -139,13 +204,21 @@ class DeltaSparkTableStore(TableStore):
         return self._append_frame(name, df, schema, partition_by, create, metadata)
 
     def _find_commit(self, name: str, commit_id: str) -> dict[str, Any] | None:
-        rows = self._handle(name).history(100).collect()
-        for r in rows:
+        latest = self.version(name) or 0
+        try:
+            for version, info in self._commit_infos(name, latest, limit=100):
+                if parse_user_metadata(info.get("userMetadata")).get(COMMIT_ID_KEY) == commit_id:
+                    return _entry(version, info)
+            return None
+        except Py4JError:
+            pass
+        for r in self._handle(name).history(100).collect():
             if parse_user_metadata(r["userMetadata"]).get(COMMIT_ID_KEY) == commit_id:
                 return history_entry(r["version"], r["timestamp"], r["operation"], r["operationParameters"],
                                      r["operationMetrics"], r["userMetadata"], r["engineInfo"])
         return None
 
-    def _commit_version(self, name: str, commit_id: str) -> int:
-        entry = self._find_commit(name, commit_id)
-        return entry["version"] if entry is not None else (self.version(name) or 0)
+
+def _entry(version: int, info: dict[str, Any]) -> dict[str, Any]:
+    return history_entry(version, info.get("timestamp"), info.get("operation"), info.get("operationParameters"),
+                         info.get("operationMetrics"), info.get("userMetadata"), info.get("engineInfo"))

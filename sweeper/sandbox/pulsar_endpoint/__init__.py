@@ -5,8 +5,8 @@ subscription cursors persist in the data dir next to the message logs.
 
 Regenerate the protobuf module after editing PulsarApi.proto::
 
-    .venv/bin/python -m grpc_tools.protoc -Isweeper/pulsar_endpoint \
-        --python_out=sweeper/pulsar_endpoint sweeper/pulsar_endpoint/PulsarApi.proto
+    .venv/bin/python -m grpc_tools.protoc -Isweeper/sandbox/pulsar_endpoint \
+        --python_out=sweeper/sandbox/pulsar_endpoint sweeper/sandbox/pulsar_endpoint/PulsarApi.proto
 """
 
 from .server import PulsarEndpoint, normalize_topic

@@ -1,0 +1,45 @@
+"""A token bucket: pacing a task's ZooKeeper reads so the whole run stays under its budget."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+class TokenBucket:
+    """`rate` tokens a second. `acquire(n)` sleeps until the n tokens are earned (a debt is allowed,
+    so a request larger than the bucket is paced rather than refused); `slice` keeps each send small
+    enough that the pace is smooth at the server, not a burst every second.
+    """
+
+    SLICE_S = 0.02  # a send covers at most this much of the rate
+
+    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        if rate <= 0:
+            raise ValueError(f"rate must be positive, got {rate}")
+        self.rate = float(rate)
+        self.burst = max(1.0, self.rate * self.SLICE_S)
+        self._clock, self._sleep = clock, sleep
+        self._tokens = self.burst
+        self._updated = clock()
+        self.acquired = 0  # tokens taken, for the run's report
+        self.waited_s = 0.0  # time spent waiting for them
+
+    def slice(self, unit: int = 1) -> int:
+        """How many tokens one send should take: about SLICE_S of the rate, in whole `unit`s (at least one)."""
+        return max(unit, int(self.rate * self.SLICE_S) // unit * unit)
+
+    def acquire(self, n: int) -> float:
+        """Take `n` tokens, sleeping until they are earned; returns the time slept."""
+        now = self._clock()
+        self._tokens = min(self.burst, self._tokens + (now - self._updated) * self.rate)
+        self._updated = now
+        self._tokens -= n
+        self.acquired += n
+        if self._tokens >= 0:
+            return 0.0
+        wait = -self._tokens / self.rate
+        self._sleep(wait)
+        self.waited_s += wait
+        return wait

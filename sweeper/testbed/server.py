@@ -1,0 +1,529 @@
+"""Start, inspect and stop the real Pulsar testbed (standalone broker + bookie + ZooKeeper, moto S3).
+
+Everything lives under one home directory (default `var/testbed/`): the config this module
+writes, the token secret and tokens, ZooKeeper's and the bookie's data, the logs, and
+`testbed.json`, the state file with the ports (free loopback ports chosen at start) and PIDs.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from sweeper.s3server import S3ServerInfo, start_s3, stop_s3
+from sweeper.zkserver import free_port
+
+DEFAULT_HOME = Path("var/testbed")
+PULSAR_VERSION = "4.0.8"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CLUSTER_NAME = "testbed"
+OFFLOAD_BUCKET = "testbed-offload"
+SUPERUSER = "admin"
+SWEEPER_ROLE = "ledger-sweeper"
+# moto accepts any credentials; jclouds reads them from the standard AWS environment variables.
+S3_ACCESS_KEY = "testbed"
+S3_SECRET_KEY = "testbed-secret"
+
+
+class TestbedError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class TestbedInfo:
+    __test__ = False  # not a pytest test class
+    home: str
+    pulsar_home: str
+    pulsar_version: str
+    cluster: str
+    zk_port: int
+    bk_port: int
+    broker_port: int
+    web_port: int
+    s3_endpoint: str
+    s3_pid: int
+    pid: int
+    offload_bucket: str
+    started_at: float = field(default=0.0)
+    storage_pid: int = 0  # ZooKeeper + bookie JVM; `pid` is the broker's
+
+    @property
+    def zookeeper(self) -> str:
+        return f"127.0.0.1:{self.zk_port}"
+
+    @property
+    def service_url(self) -> str:
+        return f"pulsar://127.0.0.1:{self.broker_port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.web_port}"
+
+    @property
+    def superuser_token_file(self) -> Path:
+        return Path(self.home) / "tokens" / f"{SUPERUSER}.jwt"
+
+    @property
+    def sweeper_token_file(self) -> Path:
+        return Path(self.home) / "tokens" / f"{SWEEPER_ROLE}.jwt"
+
+    @property
+    def sweeper_config(self) -> Path:
+        return Path(self.home) / "sweeper.toml"
+
+    @property
+    def log_file(self) -> Path:
+        return Path(self.home) / "logs" / "broker.out"
+
+    @property
+    def storage_log_file(self) -> Path:
+        return Path(self.home) / "logs" / "zookeeper-bookie.out"
+
+    def superuser_token(self) -> str:
+        return self.superuser_token_file.read_text().strip()
+
+
+def default_pulsar_home(version: str = PULSAR_VERSION) -> Path:
+    return REPO_ROOT / "jvm" / "target" / "pulsar" / f"apache-pulsar-{version}"
+
+
+def default_offloaders_dir(version: str = PULSAR_VERSION) -> Path:
+    return REPO_ROOT / "jvm" / "target" / "pulsar-offloaders" / f"apache-pulsar-offloaders-{version}" / "offloaders"
+
+
+def hs256_token(secret: bytes, subject: str) -> str:
+    """A JWT as Pulsar's AuthenticationProviderToken accepts it (HS256, `sub` = role, no expiry)."""
+    def b64(raw: bytes) -> str:
+        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+    signing_input = b64(b'{"alg":"HS256"}') + "." + b64(json.dumps({"sub": subject}).encode())
+    signature = hmac.new(secret, signing_input.encode(), hashlib.sha256).digest()
+    return signing_input + "." + b64(signature)
+
+
+def broker_settings(info: TestbedInfo, secret_file: Path, offloaders_dir: Path) -> dict[str, str]:
+    """The settings the testbed overrides in Pulsar's own standalone.conf (everything else: upstream defaults)."""
+    home = Path(info.home)
+    return {
+        "clusterName": info.cluster,
+        "bindAddress": "127.0.0.1",
+        "advertisedAddress": "127.0.0.1",
+        "brokerServicePort": str(info.broker_port),
+        "webServicePort": str(info.web_port),
+        "webSocketServiceEnabled": "false",
+        # Topics stay until the test deletes them, and keep all their data: the tests compare every
+        # message a topic held before the sweep with what it serves after.
+        "brokerDeleteInactiveTopicsEnabled": "false",
+        "defaultRetentionTimeInMinutes": "-1",
+        "defaultRetentionSizeInMB": "-1",
+        "retentionCheckIntervalInSeconds": "5",
+        # Roll data and cursor ledgers quickly so a small workload makes many ledgers.
+        "managedLedgerMinLedgerRolloverTimeMinutes": "0",
+        "managedLedgerMaxEntriesPerLedger": "10",
+        "managedLedgerCursorMaxEntriesPerLedger": "5",
+        "managedLedgerCursorPositionFlushSeconds": "1",
+        "managedLedgerDefaultMarkDeleteRateLimit": "0",
+        # Compaction is triggered by the workload (admin REST), never by size.
+        "brokerServiceCompactionThresholdInBytes": "0",
+        # PIP-195: the bucket tracker keeps delayed-message indexes in bucket-snapshot ledgers.
+        "delayedDeliveryEnabled": "true",
+        "delayedDeliveryTrackerFactoryClassName":
+            "org.apache.pulsar.broker.delayed.BucketDelayedDeliveryTrackerFactory",
+        "delayedDeliveryTickTimeMillis": "100",
+        "delayedDeliveryMinIndexCountPerBucket": "5",
+        "delayedDeliveryMaxIndexesPerBucketSnapshotSegment": "5",
+        "delayedDeliveryMaxTimeStepPerBucketSnapshotSegmentSeconds": "1",
+        "transactionCoordinatorEnabled": "true",
+        "systemTopicEnabled": "true",
+        "topicLevelPoliciesEnabled": "true",
+        # Tiered storage: the jclouds offloader against moto on loopback; BookKeeper copies are
+        # deleted as soon as the offload is done. Driver `S3` (jclouds' generic S3 API), not `aws-s3`:
+        # jclouds' aws-s3 provider asks s3.amazonaws.com for the bucket's region (getBucketLocation)
+        # whatever the endpoint, and with no route out each call waits out 100 retries (~50 s).
+        "offloadersDirectory": str(offloaders_dir),
+        "managedLedgerOffloadDriver": "S3",
+        # The `S3` driver reads the generic keys (the s3ManagedLedgerOffload* ones are aws-s3's).
+        "managedLedgerOffloadBucket": info.offload_bucket,
+        "managedLedgerOffloadServiceEndpoint": info.s3_endpoint,
+        "managedLedgerOffloadRegion": "us-east-1",
+        "managedLedgerOffloadDeletionLagMs": "0",
+        # Token authentication (HS256 secret key); the admin role is the superuser.
+        "authenticationEnabled": "true",
+        "authenticationProviders": "org.apache.pulsar.broker.authentication.AuthenticationProviderToken",
+        "authorizationEnabled": "true",
+        "superUserRoles": SUPERUSER,
+        "tokenSecretKey": f"file://{secret_file.resolve()}",
+        "brokerClientAuthenticationPlugin": "org.apache.pulsar.client.impl.auth.AuthenticationToken",
+        "brokerClientAuthenticationParameters": f"file://{(home / 'tokens' / f'{SUPERUSER}.jwt').resolve()}",
+        # The bookie (configured from this same file by Pulsar's LocalBookkeeperEnsemble): small
+        # caches, and a short garbage-collection interval so deleted ledgers' space is reclaimed.
+        "dbStorage_writeCacheMaxSizeMb": "16",
+        "dbStorage_readAheadCacheMaxSizeMb": "16",
+        "dbStorage_rocksDB_blockCacheSize": "16777216",
+        "gcWaitTime": "10000",
+        "numIOThreads": "2",
+        "numHttpServerThreads": "4",
+        "numOrderedExecutorThreads": "2",
+        "managedLedgerNumSchedulerThreads": "2",
+        "bookkeeperNumberOfChannelsPerBookie": "1",
+    }
+
+
+def write_broker_conf(template: Path, target: Path, settings: dict[str, str]) -> None:
+    """Pulsar's standalone.conf with `settings` replacing (or appended after) its keys."""
+    remaining = dict(settings)
+    lines = []
+    for line in template.read_text().splitlines():
+        key = line.split("=", 1)[0].strip() if "=" in line and not line.lstrip().startswith("#") else None
+        if key in remaining:
+            lines.append(f"{key}={remaining.pop(key)}")
+        else:
+            lines.append(line)
+    lines.append("")
+    lines.append("# ledger-sweeper testbed")
+    lines.extend(f"{key}={value}" for key, value in remaining.items())
+    target.write_text("\n".join(lines) + "\n")
+
+
+def sweeper_toml(info: TestbedInfo) -> str:
+    home = Path(info.home).resolve()
+    return f"""# Written by `sweeper testbed up`: the sweeper pointed at the real Pulsar testbed.
+[bookkeeper]
+zookeeper = "{info.zookeeper}"
+ledgers_root = "/ledgers"
+
+[pulsar]
+zookeeper = ""
+managed_ledgers_root = "/managed-ledgers"
+schemas_root = "/schemas"
+cluster_name = "{info.cluster}"   # the brokers' clusterName: offloaded objects carry it as pulsarClusterName
+
+[tables]
+root = "{home / 'tables'}"
+engine = "delta-rs"
+
+[safety]
+min_age_hours = 168.0
+force_min_age = false
+max_orphan_fraction = 0.5
+
+[offload]
+enabled = true
+endpoint_override = "{info.s3_endpoint}"
+head_metadata = true
+
+[system_topic]
+service_url = "{info.service_url}"
+admin_url = "{info.admin_url}"
+topic = "persistent://pulsar/system/__ledger_deletion"
+partitions = 4
+create_if_missing = true
+read_in_snapshot = true
+auth_token_file = "{info.superuser_token_file.resolve()}"
+"""
+
+
+def _state_file(home: Path) -> Path:
+    return home / "testbed.json"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def running_testbed(home: str | Path = DEFAULT_HOME) -> TestbedInfo | None:
+    """The testbed recorded under `home`, if its broker process is still alive."""
+    state = _state_file(Path(home))
+    if not state.exists():
+        return None
+    info = TestbedInfo(**json.loads(state.read_text()))
+    return info if _alive(info.pid) else None
+
+
+def _admin_get(info: TestbedInfo, path: str, token: str) -> tuple[int, bytes]:
+    request = urllib.request.Request(info.admin_url + path, headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except OSError:
+        return 0, b""
+
+
+def _previous_state(home: Path) -> TestbedInfo | None:
+    state = _state_file(home)
+    return TestbedInfo(**json.loads(state.read_text())) if state.exists() else None
+
+
+def _ready(info: TestbedInfo, token: str) -> bool:
+    # Standalone creates public/default and pulsar/system after the broker is up: wait for both,
+    # and for the transaction coordinator's assignment topic.
+    status, body = _admin_get(info, "/admin/v2/namespaces/pulsar", token)
+    if status != 200 or "pulsar/system" not in json.loads(body or b"[]"):
+        return False
+    status, body = _admin_get(info, "/admin/v2/namespaces/public", token)
+    return status == 200 and "public/default" in json.loads(body or b"[]")
+
+
+def log_tail(info: TestbedInfo, chars: int = 4000) -> str:
+    try:
+        return info.log_file.read_text(errors="replace")[-chars:]
+    except FileNotFoundError:
+        return "(no log)"
+
+
+def testbed_up(
+    home: str | Path = DEFAULT_HOME,
+    pulsar_home: str | Path | None = None,
+    offloaders_dir: str | Path | None = None,
+    heap: str = "-Xms512m -Xmx1g -XX:MaxDirectMemorySize=512m",
+    storage_heap: str = "-Xms128m -Xmx384m -XX:MaxDirectMemorySize=256m",
+    timeout: float = 240.0,
+) -> TestbedInfo:
+    """Start the testbed (idempotent: a running one is returned as it is)."""
+    home = Path(home).resolve()
+    existing = running_testbed(home)
+    if existing is not None:
+        return existing
+    pulsar = Path(pulsar_home) if pulsar_home else default_pulsar_home()
+    offloaders = Path(offloaders_dir) if offloaders_dir else default_offloaders_dir()
+    if not (pulsar / "bin" / "pulsar").exists():
+        raise TestbedError(f"no Pulsar distribution at {pulsar}: run `mvn -B -f jvm/pom.xml package` "
+                           "(scripts/setup.sh does) to fetch it from Maven Central")
+    if not any(offloaders.glob("tiered-storage-jcloud-*.nar")):
+        raise TestbedError(f"no jclouds offloader NAR under {offloaders}: run `mvn -B -f jvm/pom.xml package`")
+    for sub in ("conf", "tokens", "logs", "data"):
+        (home / sub).mkdir(parents=True, exist_ok=True)
+
+    secret_file = home / "tokens" / "secret.key"
+    if not secret_file.exists():
+        secret_file.write_bytes(secrets.token_bytes(32))
+        secret_file.chmod(0o600)
+    secret = secret_file.read_bytes()
+    for role in (SUPERUSER, SWEEPER_ROLE):
+        token_file = home / "tokens" / f"{role}.jwt"
+        token_file.write_text(hs256_token(secret, role) + "\n")
+        token_file.chmod(0o600)
+
+    previous = _previous_state(home)
+    version = pulsar.name.removeprefix("apache-pulsar-")
+    if previous is not None and _alive(previous.s3_pid) and _alive(previous.storage_pid):
+        # A broker restart after a crash (kill -9): same ports and data; ZooKeeper, the bookie and
+        # S3 kept running.
+        info = TestbedInfo(**{**asdict(previous), "pid": 0, "started_at": time.time()})
+    else:
+        if previous is not None:
+            testbed_down(home, previous)
+        s3 = start_s3(home / "logs", port=free_port())
+        info = TestbedInfo(
+            home=str(home), pulsar_home=str(pulsar.resolve()), pulsar_version=version, cluster=CLUSTER_NAME,
+            zk_port=free_port(), bk_port=free_port(), broker_port=free_port(), web_port=free_port(),
+            s3_endpoint=s3.endpoint, s3_pid=s3.pid, pid=0, offload_bucket=OFFLOAD_BUCKET, started_at=time.time())
+    try:
+        conf = home / "conf" / "standalone.conf"
+        write_broker_conf(pulsar / "conf" / "standalone.conf", conf, broker_settings(info, secret_file, offloaders))
+        env = {
+            **os.environ,
+            # Upstream PulsarStandalone: this forces the ZooKeeper metadata store (LocalBookkeeperEnsemble)
+            # instead of the RocksDB one new standalones default to (PIP-117).
+            "PULSAR_STANDALONE_USE_ZOOKEEPER": "1",
+            "PULSAR_STANDALONE_CONF": str(conf),
+            "PULSAR_GC": "-XX:+UseG1GC",
+            "PULSAR_GC_LOG": "-Xlog:disable",
+            "PULSAR_LOG_DIR": str(home / "logs"),
+            # The jclouds `S3` driver reads ACCESS_KEY_ID / ACCESS_KEY_SECRET (JCloudBlobStoreProvider).
+            "ACCESS_KEY_ID": S3_ACCESS_KEY,
+            "ACCESS_KEY_SECRET": S3_SECRET_KEY,
+        }
+        standalone = [str(pulsar / "bin" / "pulsar"), "standalone", "--no-functions-worker", "--no-stream-storage",
+                      "--zookeeper-port", str(info.zk_port), "--bookkeeper-port", str(info.bk_port),
+                      "--zookeeper-dir", str(home / "data" / "zookeeper"),
+                      "--bookkeeper-dir", str(home / "data" / "bookkeeper")]
+        deadline = time.monotonic() + timeout
+        if not info.storage_pid:
+            # ZooKeeper and the bookie in one JVM (`--no-broker`), the broker in another (`--only-broker`):
+            # a broker can then be killed while the metadata store and the bookie live on, as in production.
+            storage = _spawn([*standalone, "--no-broker"], {**env, "PULSAR_MEM": storage_heap},
+                             info.storage_log_file, home)
+            info = TestbedInfo(**{**asdict(info), "storage_pid": storage.pid})
+            _state_file(home).write_text(json.dumps(asdict(info), indent=2))
+            while not _storage_ready(info):
+                _check(storage, info, info.storage_log_file, deadline, timeout, "ZooKeeper and the bookie")
+                time.sleep(0.5)
+            _create_bucket(info)
+        broker = _spawn([*standalone, "--only-broker"], {**env, "PULSAR_MEM": heap}, info.log_file, home)
+        info = TestbedInfo(**{**asdict(info), "pid": broker.pid})
+        _state_file(home).write_text(json.dumps(asdict(info), indent=2))
+        token = info.superuser_token()
+        while not _ready(info, token):
+            _check(broker, info, info.log_file, deadline, timeout, "the Pulsar broker")
+            time.sleep(1.0)
+    except BaseException:
+        testbed_down(home, info)
+        raise
+    info.sweeper_config.write_text(sweeper_toml(info))
+    return info
+
+
+def _spawn(command: list[str], env: dict[str, str], log_file: Path, cwd: Path) -> subprocess.Popen[bytes]:
+    log = open(log_file, "ab")  # noqa: SIM115 - handed to the child process
+    try:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
+                                env=env, start_new_session=True)
+    finally:
+        log.close()
+
+
+def _check(proc: subprocess.Popen[bytes], info: TestbedInfo, log_file: Path, deadline: float, timeout: float,
+           what: str) -> None:
+    if proc.poll() is not None:
+        raise TestbedError(f"{what} exited with {proc.returncode} before serving; log {log_file}:\n"
+                           f"{_tail(log_file)}")
+    if time.monotonic() > deadline:
+        raise TestbedError(f"{what} not serving after {timeout:.0f}s; log {log_file}:\n{_tail(log_file)}")
+
+
+def _tail(log_file: Path, chars: int = 4000) -> str:
+    try:
+        return log_file.read_text(errors="replace")[-chars:]
+    except FileNotFoundError:
+        return "(no log)"
+
+
+def _storage_ready(info: TestbedInfo) -> bool:
+    """ZooKeeper answers and the bookie has registered itself as available."""
+    from kazoo.client import KazooClient
+    from kazoo.handlers.threading import KazooTimeoutError
+
+    try:
+        with socket.create_connection(("127.0.0.1", info.zk_port), timeout=0.5):
+            pass
+    except OSError:
+        return False
+    zk = KazooClient(hosts=info.zookeeper, timeout=5.0)
+    try:
+        zk.start(timeout=5)
+    except KazooTimeoutError:
+        return False
+    try:
+        return bool(zk.exists("/ledgers/available") and
+                    [c for c in zk.get_children("/ledgers/available") if c != "readonly"])
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def _create_bucket(info: TestbedInfo) -> None:
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=info.s3_endpoint, region_name="us-east-1",
+                          aws_access_key_id=S3_ACCESS_KEY, aws_secret_access_key=S3_SECRET_KEY)
+    client.create_bucket(Bucket=info.offload_bucket)
+
+
+def _stop_process_group(pid: int, timeout: float) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            done, _ = os.waitpid(pid, os.WNOHANG)
+            if done == pid:
+                return
+        if not _alive(pid):
+            return
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+
+
+def testbed_down(home: str | Path = DEFAULT_HOME, info: TestbedInfo | None = None, wipe: bool = False,
+                 timeout: float = 30.0) -> bool:
+    """Stop the broker (SIGTERM to its process group, SIGKILL after `timeout`) and moto. True if one ran."""
+    home = Path(home)
+    state = _state_file(home)
+    if state.exists():
+        # The state file wins over a caller's copy: a broker restarted after a crash has a new PID.
+        info = TestbedInfo(**json.loads(state.read_text()))
+    stopped = False
+    if info is not None:
+        if info.pid and _alive(info.pid):
+            _stop_process_group(info.pid, timeout)
+            stopped = True
+        if info.storage_pid and _alive(info.storage_pid):
+            _stop_process_group(info.storage_pid, timeout)
+            stopped = True
+        if info.s3_pid and _alive(info.s3_pid):
+            stop_s3(S3ServerInfo(info.s3_endpoint, info.s3_pid))
+    state.unlink(missing_ok=True)
+    if wipe:
+        import shutil
+
+        shutil.rmtree(home, ignore_errors=True)
+    return stopped
+
+
+def status(home: str | Path = DEFAULT_HOME) -> dict[str, object]:
+    info = running_testbed(home)
+    if info is None:
+        return {"running": False, "home": str(home)}
+    token = info.superuser_token()
+    return {"running": True, "serving": _ready(info, token), **asdict(info), "zookeeper": info.zookeeper,
+            "service_url": info.service_url, "admin_url": info.admin_url,
+            "sweeper_config": str(info.sweeper_config), "log": str(info.log_file)}
+
+
+def testbed_crash(home: str | Path = DEFAULT_HOME) -> None:
+    """kill -9 the broker (ZooKeeper and the bookie live on): a crash, no clean shutdown. `testbed_up`
+    afterwards restarts it on the same ports and data."""
+    info = running_testbed(home)
+    if info is None:
+        raise TestbedError(f"no testbed running under {home}")
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(info.pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(info.pid, 0)
+    while _alive(info.pid):
+        time.sleep(0.1)
+
+
+def bookkeeper_ledgers(info: TestbedInfo, timeout: float = 120.0) -> set[int]:
+    """Every ledger BookKeeper's own shell lists (`bookkeeper shell listledgers`, from the distribution)."""
+    home = Path(info.home)
+    conf = home / "conf" / "bk-shell.conf"
+    conf.write_text(f"metadataServiceUri=zk+hierarchical://{info.zookeeper}/ledgers\n")
+    env = {**os.environ, "BOOKIE_CONF": str(conf), "BOOKIE_LOG_DIR": str(home / "logs"),
+           "BOOKIE_MEM": "-Xms64m -Xmx256m", "BOOKIE_GC": "-XX:+UseSerialGC", "BOOKIE_GC_LOG": "-Xlog:disable"}
+    done = subprocess.run([str(Path(info.pulsar_home) / "bin" / "bookkeeper"), "shell", "listledgers"],
+                          capture_output=True, text=True, timeout=timeout, env=env, check=False)
+    if done.returncode != 0:
+        raise TestbedError(f"bookkeeper shell listledgers failed ({done.returncode}): {done.stdout[-2000:]}"
+                           f"{done.stderr[-2000:]}")
+    return {int(m) for m in re.findall(r"ledgerID: (\d+)", done.stdout + done.stderr)}
+
+
+# Their names start with "test": keep pytest from collecting (and running) them when a test imports them.
+testbed_up.__test__ = False  # type: ignore[attr-defined]
+testbed_down.__test__ = False  # type: ignore[attr-defined]
+testbed_crash.__test__ = False  # type: ignore[attr-defined]

@@ -1,0 +1,91 @@
+"""The testbed's pure parts, without a JVM: tokens, the broker config it writes, the sweeper config, errors."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+from pathlib import Path
+
+import pytest
+
+from sweeper import config as config_mod
+from sweeper.cli import main
+from sweeper.testbed import server
+from sweeper.testbed.admin import topic_path
+from sweeper.testbed.orphans import ml_path, schema_path
+from sweeper.testbed.server import (
+    TestbedError,
+    TestbedInfo,
+    broker_settings,
+    hs256_token,
+    sweeper_toml,
+    write_broker_conf,
+)
+
+
+def _info(home: Path) -> TestbedInfo:
+    return TestbedInfo(home=str(home), pulsar_home="/nowhere", pulsar_version="4.0.8", cluster="testbed",
+                       zk_port=1, bk_port=2, broker_port=3, web_port=4, s3_endpoint="http://127.0.0.1:5",
+                       s3_pid=0, pid=0, offload_bucket="b")
+
+
+def test_token_is_an_hs256_jwt_naming_the_role() -> None:
+    secret = b"k" * 32
+    header, payload, signature = hs256_token(secret, "admin").split(".")
+
+    def decode(part: str) -> bytes:
+        return base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
+
+    assert json.loads(decode(header)) == {"alg": "HS256"}
+    assert json.loads(decode(payload)) == {"sub": "admin"}
+    expected = hmac.new(secret, f"{header}.{payload}".encode(), hashlib.sha256).digest()
+    assert decode(signature) == expected
+
+
+def test_broker_conf_replaces_upstream_keys_and_appends_the_rest(tmp_path: Path) -> None:
+    template = tmp_path / "standalone.conf"
+    template.write_text("# comment=1\nclusterName=standalone\nmanagedLedgerMaxEntriesPerLedger=50000\n")
+    target = tmp_path / "out.conf"
+    settings = broker_settings(_info(tmp_path), tmp_path / "secret.key", tmp_path / "offloaders")
+    write_broker_conf(template, target, settings)
+    lines = target.read_text().splitlines()
+    assert "# comment=1" in lines
+    assert "clusterName=testbed" in lines and "clusterName=standalone" not in lines
+    assert "managedLedgerMaxEntriesPerLedger=10" in lines
+    assert "PULSAR_STANDALONE_USE_ZOOKEEPER" not in target.read_text()  # an environment variable, not a key
+    keys = [line.split("=", 1)[0] for line in lines if "=" in line and not line.startswith("#")]
+    assert len(keys) == len(set(keys))
+    assert settings["delayedDeliveryTrackerFactoryClassName"].endswith("BucketDelayedDeliveryTrackerFactory")
+    assert settings["authenticationEnabled"] == "true" and settings["transactionCoordinatorEnabled"] == "true"
+
+
+def test_sweeper_config_for_the_testbed_loads(tmp_path: Path) -> None:
+    info = _info(tmp_path)
+    path = tmp_path / "sweeper.toml"
+    path.write_text(sweeper_toml(info))
+    cfg = config_mod.load(path)
+    assert cfg.bookkeeper.zookeeper == "127.0.0.1:1"
+    assert cfg.system_topic.service_url == "pulsar://127.0.0.1:3"
+    assert cfg.system_topic.auth_token_file.endswith("tokens/admin.jwt")
+    assert cfg.offload.endpoint_override == "http://127.0.0.1:5"
+    assert cfg.pulsar.cluster_name == "testbed"
+
+
+def test_missing_distribution_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(TestbedError, match=r"mvn -B -f jvm/pom\.xml package"):
+        server.testbed_up(tmp_path / "home", pulsar_home=tmp_path / "no-pulsar")
+
+
+def test_cli_status_without_a_testbed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["testbed", "status", "--home", str(tmp_path)]) == 0
+    assert json.loads(capsys.readouterr().out)["running"] is False
+    assert main(["testbed", "seed", "--home", str(tmp_path)]) == 3
+
+
+def test_names_as_pulsar_encodes_them() -> None:
+    odd = "persistent://sweep/app/odd:name with space%x"
+    assert ml_path(odd) == "/managed-ledgers/sweep/app/persistent/odd%3Aname+with+space%25x"
+    assert schema_path(odd) == "/schemas/sweep/app/odd:name with space%x"
+    assert topic_path(odd) == "persistent/sweep/app/odd%3Aname%20with%20space%25x"
