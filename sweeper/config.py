@@ -189,6 +189,7 @@ class RetentionConfig:
     bundle_owners_root: str = "/namespace"  # modular load manager's bundle ownership (ephemeral znodes)
     report_idle_days: float = 7.0  # a cursor without acknowledgements this long is reported as idle
     cursor_idle_days: float = 0.0  # delete subscriptions idle longer than this; 0: never (the default)
+    force_cursor_idle: bool = False  # allows cursor_idle_days under 1 (tests against a real broker)
     allow: str = ""  # tenant or tenant/namespace globs for repairs; empty: [safety] allow applies
     deny: str = ""  # added to [safety] deny
     actions_per_second: float = 2.0  # admin REST calls per second while repairing
@@ -397,9 +398,10 @@ def _validate_retention(r: RetentionConfig) -> None:
                           f"{r.bundle_owners_root!r}")
     if r.report_idle_days <= 0:
         raise ConfigError("[retention] report_idle_days must be positive")
-    if r.cursor_idle_days < 0 or 0 < r.cursor_idle_days < 1:
-        raise ConfigError("[retention] cursor_idle_days must be 0 (never delete subscriptions) or at least 1: "
-                          "a cursor idle for less than a day may only be between consumers")
+    if r.cursor_idle_days < 0 or (0 < r.cursor_idle_days < 1 and not r.force_cursor_idle):
+        raise ConfigError("[retention] cursor_idle_days must be 0 (never delete subscriptions) or at least 1 "
+                          "(under 1 only with force_cursor_idle = true): a cursor idle for less than a day may only "
+                          "be between consumers")
     if r.actions_per_second <= 0 or r.max_actions_per_run < 0:
         raise ConfigError("[retention] actions_per_second must be positive and max_actions_per_run >= 0")
 

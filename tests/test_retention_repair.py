@@ -130,6 +130,8 @@ def test_a_dry_run_rechecks_each_znode_and_respects_the_cap(
 def test_subscription_deletion_needs_a_day_at_least_and_never_a_config_switch() -> None:
     with pytest.raises(ConfigError, match="cursor_idle_days"):
         BASE_CONFIG.replace(retention={"cursor_idle_days": 0.5})
+    forced = BASE_CONFIG.replace(retention={"cursor_idle_days": 0.5, "force_cursor_idle": True})
+    assert forced.retention.cursor_idle_days == 0.5
     with pytest.raises(ConfigError, match="--execute"):
         BASE_CONFIG.replace(retention={"execute": True})
     assert BASE_CONFIG.retention.cursor_idle_days == 0  # off unless set
