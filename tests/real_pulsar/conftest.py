@@ -12,8 +12,12 @@ clock: the broker, ZooKeeper and the sweeper then agree on what time it is.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,28 +29,97 @@ GRACE_S = 45.0
 COST: dict[str, float] = {}  # seconds per step, printed at the end of the session
 
 
-@pytest.fixture(scope="session")
-def testbed_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    if os.environ.get("SWEEPER_SKIP_REAL_PULSAR") == "1":
-        pytest.skip("SWEEPER_SKIP_REAL_PULSAR=1")
-    if not (default_pulsar_home() / "bin" / "pulsar").exists():
-        pytest.fail(f"no Pulsar distribution at {default_pulsar_home()}: run `mvn -B -f jvm/pom.xml package` "
-                    "(scripts/setup.sh does)")
-    home = tmp_path_factory.mktemp("testbed")
-    started = time.monotonic()
-    info = testbed_server.testbed_up(home)
-    COST["testbed_up_s"] = time.monotonic() - started
-    try:
-        world = build_world(info)
-        COST["world_s"] = world.built_s
-        # Orphans must be past the grace period before the sweeper looks.
-        newest = max(o.made_at_ms for o in world.manifest.orphans) / 1000
-        time.sleep(max(0.0, newest + GRACE_S + 2 - time.time()))
-        yield world
-    finally:
+class _Testbed:
+    """The session's testbed, started in a thread when collection finds real-Pulsar tests.
+
+    Starting the broker, driving the workload, making the orphans and waiting out the grace period take
+    about five minutes, nearly all of it waiting on the JVM and the clock; doing it while the rest of the
+    suite runs (the real-Pulsar tests are ordered last) keeps the suite inside its time budget.
+    """
+
+    def __init__(self) -> None:
+        self.home: Path | None = None
+        self.info: Any = None
+        self.world: World | None = None
+        self.error: BaseException | None = None
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self.thread is not None:
+            return
+        self.home = Path(tempfile.mkdtemp(prefix="sweeper-testbed-"))
+        self.thread = threading.Thread(target=self._prepare, name="real-pulsar-testbed", daemon=True)
+        self.thread.start()
+
+    def _prepare(self) -> None:
+        try:
+            started = time.monotonic()
+            self.info = testbed_server.testbed_up(self.home)
+            COST["testbed_up_s"] = time.monotonic() - started
+            world = build_world(self.info)
+            COST["world_s"] = world.built_s
+            # Orphans must be past the grace period before the sweeper looks.
+            newest = max(o.made_at_ms for o in world.manifest.orphans) / 1000
+            time.sleep(max(0.0, newest + GRACE_S + 2 - time.time()))
+            self.world = world
+        except BaseException as exc:  # reported by the fixture, in the tests that need the testbed
+            self.error = exc
+
+    def wait(self) -> World:
+        self.start()
+        assert self.thread is not None
+        self.thread.join()
+        if self.error is not None:
+            raise RuntimeError(f"the real Pulsar testbed did not come up: {self.error}") from self.error
+        assert self.world is not None
+        return self.world
+
+    def stop(self) -> None:
+        if self.thread is None or self.home is None:
+            return
+        self.thread.join(timeout=600)
         started = time.monotonic()
-        testbed_server.testbed_down(home, world.info if "world" in locals() else info)
+        testbed_server.testbed_down(self.home, self.world.info if self.world else self.info)
         COST["testbed_down_s"] = time.monotonic() - started
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+_TESTBED = _Testbed()
+
+
+def _testbed_unavailable() -> str | None:
+    if os.environ.get("SWEEPER_SKIP_REAL_PULSAR") == "1":
+        return "SWEEPER_SKIP_REAL_PULSAR=1"
+    if not (default_pulsar_home() / "bin" / "pulsar").exists():
+        return (f"no Pulsar distribution at {default_pulsar_home()}: run `mvn -B -f jvm/pom.xml package` "
+                "(scripts/setup.sh does)")
+    return None
+
+
+def _needs_testbed(item: pytest.Item) -> bool:
+    return "testbed_world" in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Real-Pulsar tests run last, and their testbed starts now, in the background."""
+    items.sort(key=_needs_testbed)  # stable: the order within each group is kept
+    if (not config.option.collectonly and any(_needs_testbed(i) for i in items)
+            and _testbed_unavailable() is None):
+        _TESTBED.start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _TESTBED.stop()
+
+
+@pytest.fixture(scope="session")
+def testbed_world() -> World:
+    unavailable = _testbed_unavailable()
+    if unavailable == "SWEEPER_SKIP_REAL_PULSAR=1":
+        pytest.skip(unavailable)
+    if unavailable:
+        pytest.fail(unavailable)
+    return _TESTBED.wait()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
