@@ -237,6 +237,44 @@ def cmd_delete(args: argparse.Namespace) -> int:
     return EXIT_PARTIAL if is_partial(result) else EXIT_OK
 
 
+def cmd_retention(args: argparse.Namespace) -> int:
+    """Repair retention debt through the broker's admin REST API: a dry run unless --execute."""
+    from sweeper.retention_repair import RetentionRepairRefused, latest_plan_run, run_repair
+    from sweeper.snapshot import new_run_id, record_run
+
+    cfg = _load_config(args)
+    _, store = _session(cfg)
+    plan = args.run_id or latest_plan_run(store)
+    if plan is None:
+        print(f"refused: no retention debt in {cfg.tables.root}; run `sweeper sweep` (or reconcile) first",
+              file=sys.stderr)
+        return EXIT_REFUSED
+    run_id = f"retention-{new_run_id()}"
+    started = datetime.now(UTC)
+    try:
+        result = run_repair(cfg, store, plan, run_id, execute=args.execute)
+    except RetentionRepairRefused as exc:
+        record_run(store, run_id, "retention_repair", "refused", started, {}, cfg, str(exc))
+        print(f"refused: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    failed = result.counts.get("failed", 0)
+    record_run(store, run_id, "retention_repair", "refused" if result.stopped else "partial" if failed else "succeeded",
+               started, {**result.counts, "execute": int(args.execute)}, cfg, result.stopped or "")
+    for row in result.rows:
+        what = row["topic_name"] + (f" subscription {row['cursor']!r}" if row["cursor"] else "")
+        sizes = f" ({row['bytes_before']:,} -> {row['bytes_after']:,} bytes)" if row["bytes_after"] is not None else ""
+        print(f"{row['action']:<20} {row['outcome']:<15} {what}{sizes}: {row['detail']}")
+    counts = ", ".join(f"{v:,} {k}" for k, v in sorted(result.counts.items())) or "nothing to do"
+    print(f"retention repair {run_id} of plan {plan}: {counts} in {result.duration_s:.1f}s"
+          + ("" if args.execute else " (dry run: pass --execute to act)"))
+    if args.json:
+        print(json.dumps({"run_id": run_id, "plan_run_id": plan, "counts": result.counts}))
+    if result.stopped:
+        print(f"refused: {result.stopped}", file=sys.stderr)
+        return EXIT_REFUSED
+    return EXIT_PARTIAL if failed else EXIT_OK
+
+
 def cmd_dlq(args: argparse.Namespace) -> int:
     from sweeper.delete.stage import dead_letters, redrive
 
@@ -393,6 +431,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="drain the system topic's Shared subscription ([delete] subscription); messages are "
                              "acknowledged only after their outcomes are committed, never in a dry run")
     delete.set_defaults(func=cmd_delete)
+
+    retention = sub.add_parser("retention", help="repair retention debt through the broker's admin REST API: load "
+                               "unloaded topics so their retention runs, delete subscriptions idle past [retention] "
+                               "cursor_idle_days (dry run by default)")
+    stage_options(retention)
+    common(retention)
+    retention.add_argument("--execute", action="store_true", help="really act (default: dry run)")
+    retention.set_defaults(func=cmd_retention)
 
     dlq = sub.add_parser("dlq", help="list or re-drive dead-lettered deletes")
     dlq.add_argument("action", choices=["list", "redrive"])

@@ -165,6 +165,38 @@ class DeleteConfig:
 
 
 @dataclass(frozen=True)
+class RetentionConfig:
+    """Retention debt (issue 15): inactive topics whose retention never runs, idle cursors pinning ledgers.
+
+    The broker settings below must match broker.conf: they are what Pulsar applies when a namespace
+    sets no policy of its own. Deleting subscriptions is off unless `cursor_idle_days` is set, and
+    nothing is ever repaired without `--execute` on the command line (there is no `execute` option).
+    """
+
+    default_retention_minutes: int = 0  # broker.conf defaultRetentionTimeInMinutes (-1: infinite)
+    default_retention_size_mb: int = 0  # broker.conf defaultRetentionSizeInMB (-1: infinite)
+    default_ttl_seconds: int = 0  # broker.conf ttlDurationDefaultInSeconds (0: no TTL)
+    check_interval_seconds: int = 120  # broker.conf retentionCheckIntervalInSeconds
+    expiry_check_minutes: int = 5  # broker.conf messageExpiryCheckIntervalInMinutes (TTL runs this often)
+    cursor_rollover_seconds: int = 14400  # broker.conf managedLedgerCursorRolloverTimeInSeconds
+    # Topic-level policies live in each namespace's __change_events system topic. "system_topic": ZooKeeper's
+    # evidence of whether that topic holds any event; topics of a namespace whose events cannot be ruled out
+    # are `unknown`. "admin": those topics' topic-level retention/TTL are asked of the broker
+    # ([system_topic] admin_url), only for topics whose bundle a live broker owns (the lookup behind the call
+    # then acquires nothing and loads no topic); the rest stay `unknown`. "none": the brokers run with
+    # topicLevelPoliciesEnabled=false (or nobody sets topic-level retention or TTL).
+    topic_policies: str = "system_topic"
+    bundle_owners_root: str = "/namespace"  # modular load manager's bundle ownership (ephemeral znodes)
+    report_idle_days: float = 7.0  # a cursor without acknowledgements this long is reported as idle
+    cursor_idle_days: float = 0.0  # delete subscriptions idle longer than this; 0: never (the default)
+    force_cursor_idle: bool = False  # allows cursor_idle_days under 1 (tests against a real broker)
+    allow: str = ""  # tenant or tenant/namespace globs for repairs; empty: [safety] allow applies
+    deny: str = ""  # added to [safety] deny
+    actions_per_second: float = 2.0  # admin REST calls per second while repairing
+    max_actions_per_run: int = 1000  # repairs beyond this wait for the next run (reported as deferred)
+
+
+@dataclass(frozen=True)
 class MetricsConfig:
     textfile: str = ""  # e.g. /var/lib/node_exporter/textfile/ledger_sweeper.prom (written atomically)
     pushgateway_url: str = ""  # e.g. http://pushgateway:9091
@@ -184,6 +216,7 @@ class SweeperConfig:
     system_topic: SystemTopicConfig = field(default_factory=SystemTopicConfig)
     delete: DeleteConfig = field(default_factory=DeleteConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
 
     @property
     def pulsar_zookeeper(self) -> str:
@@ -337,6 +370,9 @@ def validate(config: SweeperConfig) -> None:
         raise ConfigError("[delete] need 1 <= in_task_attempts <= max_attempts and retry_after_s >= 0")
     if not d.lock_path.startswith("/") or d.lock_path.rstrip("/") == "":
         raise ConfigError(f"[delete] lock_path must be an absolute znode path, got {d.lock_path!r}")
+    _validate_retention(config.retention)
+    if config.retention.topic_policies == "admin" and not config.system_topic.admin_url:
+        raise ConfigError("[retention] topic_policies = \"admin\" needs [system_topic] admin_url")
     if config.spark.scan_partitions < 0:
         raise ConfigError("[spark] scan_partitions must be >= 0")
     if config.offload.enabled and not config.pulsar.cluster_name.strip():
@@ -344,6 +380,30 @@ def validate(config: SweeperConfig) -> None:
             "[pulsar] cluster_name is required when [offload] enabled = true: geo-replicated clusters can offload "
             "into one bucket, and only objects whose pulsarClusterName metadata is this cluster's may be deleted. "
             "Set it to the brokers' clusterName (broker.conf), or set [offload] enabled = false")
+
+
+def _validate_retention(r: RetentionConfig) -> None:
+    for key in ("default_retention_minutes", "default_retention_size_mb"):
+        if getattr(r, key) < -1:
+            raise ConfigError(f"[retention] {key} must be -1 (infinite) or >= 0")
+    if r.default_ttl_seconds < 0:
+        raise ConfigError("[retention] default_ttl_seconds must be >= 0 (0: no TTL)")
+    for key in ("check_interval_seconds", "expiry_check_minutes", "cursor_rollover_seconds"):
+        if getattr(r, key) < 1:
+            raise ConfigError(f"[retention] {key} must be positive (it is the broker's setting)")
+    if r.topic_policies not in ("system_topic", "admin", "none"):
+        raise ConfigError(f"[retention] topic_policies must be system_topic, admin or none, got {r.topic_policies!r}")
+    if not r.bundle_owners_root.startswith("/") or r.bundle_owners_root == "/":
+        raise ConfigError(f"[retention] bundle_owners_root must be an absolute znode path other than '/', got "
+                          f"{r.bundle_owners_root!r}")
+    if r.report_idle_days <= 0:
+        raise ConfigError("[retention] report_idle_days must be positive")
+    if r.cursor_idle_days < 0 or (0 < r.cursor_idle_days < 1 and not r.force_cursor_idle):
+        raise ConfigError("[retention] cursor_idle_days must be 0 (never delete subscriptions) or at least 1 "
+                          "(under 1 only with force_cursor_idle = true): a cursor idle for less than a day may only "
+                          "be between consumers")
+    if r.actions_per_second <= 0 or r.max_actions_per_run < 0:
+        raise ConfigError("[retention] actions_per_second must be positive and max_actions_per_run >= 0")
 
 
 def load(path: str | Path | None) -> SweeperConfig:

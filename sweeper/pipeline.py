@@ -22,6 +22,7 @@ from sweeper.emit import EmitFailed, EmitRefused, EmitResult, run_emit
 from sweeper.gates import GateFailed, run_gates
 from sweeper.metrics import MetricsError, publish, render
 from sweeper.reconcile import ReconcileRefused, ReconcileResult, SafetySettings, run_reconcile
+from sweeper.retention_debt import RetentionDebtRefused, RetentionDebtResult, RetentionSettings, run_retention_debt
 from sweeper.safety import HOUR_MS, CircuitBreaker, GracePeriod, Scope
 from sweeper.snapshot import SnapshotResult, record_run, run_snapshot, zk_load
 from sweeper.system_topic import SystemTopicError
@@ -92,6 +93,44 @@ def reconcile_stage(spark: SparkSession, config: SweeperConfig, store: TableStor
     return result
 
 
+def retention_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str) -> RetentionDebtResult:
+    """Retention debt (issue 15), after reconcile: expired ledgers nobody trims, what idle cursors pin."""
+    started = datetime.now(UTC)
+    try:
+        settings = RetentionSettings.from_config(config.retention, config.safety)
+        lookup = None
+        if config.retention.topic_policies == "admin":
+            from sweeper.retention_repair import BrokerAdmin, TopicPolicyLookup
+
+            lookup = TopicPolicyLookup(BrokerAdmin(config.system_topic), config.retention.actions_per_second)
+        result = run_retention_debt(spark, store, run_id, settings, topic_policy_lookup=lookup)
+    except (RetentionDebtRefused, SystemTopicError) as exc:
+        record_run(store, run_id, "retention_debt", "refused", started, {}, config, str(exc))
+        raise StageRefused(str(exc)) from exc
+    except Exception as exc:
+        record_run(store, run_id, "retention_debt", "failed", started, {}, config, f"{type(exc).__name__}: {exc}")
+        raise
+    record_run(store, run_id, "retention_debt", "succeeded", started, result.counts, config)
+    return result
+
+
+def retention_summary(result: RetentionDebtResult, log: Any = print, top: int = 10) -> None:
+    """Reclaimable bytes by cause, the sweep report's retention lines."""
+    c = result.counts
+    idle = sum(c.get(f"cursor.{s}", 0) for s in ("candidate", "idle", "protected", "out_of_scope", "unknown"))
+    log(f"[retention] {c.get('topic.candidate', 0):>10,} unloaded topics hold {c.get('bytes.expired_unloaded', 0):,} "
+        f"bytes past retention (`sweeper retention --execute` loads them); {idle:,} idle cursors pin "
+        f"{c.get('bytes.idle_cursor', 0):,} bytes ({c.get('cursor.candidate', 0):,} subscriptions past [retention] "
+        f"cursor_idle_days); {c.get('topic.unknown', 0):,} topics unknown; {c.get('bytes.awaiting_broker', 0):,} "
+        f"bytes await a loaded broker's trim; in {result.duration_s:.1f}s")
+    rows = [r for r in result.report if r["total_bytes"]]
+    if rows:
+        log("reclaimable bytes by cause (orphans | expired, unloaded | idle cursors):")
+        for r in rows[:top]:
+            log(f"  {r['tenant']}/{r['namespace']}: {r['orphan_bytes']:,} | {r['expired_unloaded_bytes']:,} | "
+                f"{r['idle_cursor_bytes']:,}  (total {r['total_bytes']:,})")
+
+
 def emit_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str) -> EmitResult:
     started = datetime.now(UTC)
     try:
@@ -159,6 +198,8 @@ def export_metrics(config: SweeperConfig, result: SweepResult, log: Any = print)
 _SUMMARY_KEYS = {
     "snapshot": ("bk_ledgers", "managed_ledgers", "quarantine", "pending_deletes"),
     "reconcile": ("candidate", "young", "unknown", "missing", "stale_pointer", "other_cluster"),
+    "retention_debt": ("topic.candidate", "topic.unknown", "cursor.candidate", "cursor.idle", "bytes.expired_unloaded",
+                       "bytes.idle_cursor"),
     "emit": ("published", "already_published"),
     "delete": ("deleted", "would_delete", "in_use", "failed", "queued_for_retry"),
 }
@@ -208,6 +249,9 @@ def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: 
     pending = {k.split(".", 1)[1]: v for k, v in rec.counts.items() if k.startswith("pending_delete.")}
     if pending:
         log("pending deletes on the system topic: " + ", ".join(f"{v:,} {k}" for k, v in sorted(pending.items())))
+    debt = retention_stage(spark, config, store, snap.run_id)
+    result.stages["retention_debt"] = {"seconds": round(debt.duration_s, 1), **debt.counts}
+    retention_summary(debt, log)
     if until in ("emit", "delete"):
         emitted = emit_stage(spark, config, store, snap.run_id)
         result.stages["emit"] = {"seconds": round(emitted.duration_s, 1), **emitted.counts}

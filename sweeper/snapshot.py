@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -29,9 +29,11 @@ from sweeper.config import SweeperConfig
 from sweeper.liveness import ClockReading, clock_problem, live_brokers, probe_clock
 from sweeper.offload import S3Target, list_offload_objects, listing_units, s3_client
 from sweeper.ratelimit import TokenBucket
+from sweeper.retention import parse_namespace_policies
 from sweeper.scan import bookkeeper as bk_scan
 from sweeper.scan import pulsar as pulsar_scan
 from sweeper.scan import quarantine_row
+from sweeper.scan.ownership import scan_bundle_owners
 from sweeper.scan.pending_deletes import read_partition
 from sweeper.spark import task_error
 from sweeper.system_topic import AdminClient, BrokerSettings, SystemTopicError, broker_partitions
@@ -255,6 +257,10 @@ class SnapshotPlan:
     pulsar: pulsar_scan.PulsarScanPlan
     live_brokers: int
     clock: ClockReading
+    # Retention debt (issue 15): namespace retention/TTL policies and bundle ownership, read on the driver.
+    policy_rows: list[dict[str, Any]] = field(default_factory=list)
+    owner_rows: list[dict[str, Any]] = field(default_factory=list)
+    owners_problem: str | None = None
 
 
 def plan_tasks(config: SweeperConfig) -> SnapshotPlan:
@@ -278,14 +284,16 @@ def plan_tasks(config: SweeperConfig) -> SnapshotPlan:
                 pulsar_client, config.pulsar.managed_ledgers_root, config.pulsar.schemas_root
             )
         brokers = len(live_brokers(pulsar_client, config.pulsar.brokers_path))
+        owner_rows, owners_problem = scan_bundle_owners(pulsar_client, config.retention.bundle_owners_root)
+        contents: dict[str, tuple[bytes, int]] = {}
         if not config.pulsar.configuration_store:
-            policies = pulsar_scan.plan_namespace_policies(pulsar_client, config.pulsar.policies_root)
+            policies = pulsar_scan.plan_namespace_policies(pulsar_client, config.pulsar.policies_root, contents)
     finally:
         zkutil.close(pulsar_client)
     if config.pulsar.configuration_store:
         store_client = zkutil.connect(config.pulsar.configuration_store, timeout=timeout, security=pulsar_access)
         try:
-            policies = pulsar_scan.plan_namespace_policies(store_client, config.pulsar.policies_root)
+            policies = pulsar_scan.plan_namespace_policies(store_client, config.pulsar.policies_root, contents)
         finally:
             zkutil.close(store_client)
     for namespace in policies:
@@ -296,7 +304,19 @@ def plan_tasks(config: SweeperConfig) -> SnapshotPlan:
               for s in pulsar_scan.shards(pulsar_plan.managed_ledger_domains, config.scan.chunk)]
     tasks += [(TASK_SCHEMA, _shard_payload(*s))
               for s in pulsar_scan.shards(pulsar_plan.schema_namespaces, config.scan.chunk)]
-    return SnapshotPlan(tasks, ledger_plan, pulsar_plan, brokers, clock)
+    return SnapshotPlan(tasks, ledger_plan, pulsar_plan, brokers, clock,
+                        [namespace_policy_row(ns, data, version) for ns, (data, version) in sorted(contents.items())],
+                        owner_rows, owners_problem)
+
+
+def namespace_policy_row(namespace: str, data: bytes, version: int) -> dict[str, Any]:
+    """The retention fields of a namespace's Policies JSON, parsed here so the JSON itself (which may hold
+    offload credentials) never reaches a table."""
+    read = parse_namespace_policies(data)
+    return {"record_type": "namespace_policies", "namespace": namespace, "readable": read.readable,
+            "error": read.error, "retention_minutes": read.retention_minutes,
+            "retention_size_mb": read.retention_size_mb, "ttl_seconds": read.ttl_seconds, "deleted": read.deleted,
+            "zk_version": version}
 
 
 def scan_dataframe(spark: SparkSession, config: SweeperConfig, target: ScanTarget,
@@ -539,7 +559,8 @@ def run_snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore,
         commit_metadata = {"run_id": run_id, "stage": "snapshot"}
         namespace_rows = [{"record_type": "namespaces", "namespace": ns, "sources": sorted(sources)}
                           for ns, sources in sorted(plan.pulsar.namespaces.items())]
-        driver_rows = [dict(row) for row in ledger_plan.quarantine] + namespace_rows
+        driver_rows = ([dict(row) for row in ledger_plan.quarantine] + namespace_rows
+                       + [dict(row) for row in plan.policy_rows] + [dict(row) for row in plan.owner_rows])
         if driver_rows:
             # What the driver met while planning joins the tasks' rows, packed the same way.
             packer = TablePacker(run_id, started)
@@ -548,6 +569,9 @@ def run_snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore,
             scan = scan.unionByName(spark.createDataFrame(rows, PACKED_SCHEMA))
             counts["quarantine"] = counts.get("quarantine", 0) + len(ledger_plan.quarantine)
             counts["namespaces"] = counts.get("namespaces", 0) + len(namespace_rows)
+            counts["namespace_policies"] = len(plan.policy_rows)
+            counts["bundle_owners"] = len(plan.owner_rows)
+        counts["bundle_owners_unreadable"] = int(plan.owners_problem is not None)
         counts["live_brokers"] = plan.live_brokers
         if plan.clock.skew_ms is not None:
             counts["clock_skew_ms"] = plan.clock.skew_ms

@@ -123,6 +123,7 @@ ML_CURSORS = _schema(
     ("path", S),
     ("zk_version", INT),
     ("zk_mtime_ms", L),
+    ("last_active_ms", L),  # ManagedCursorInfo.lastActive, written with the znode (null: not recorded)
     ("cursors_ledger_id", L),  # -1: state kept in ZooKeeper, no cursor ledger
     ("mark_delete_ledger_id", L),
     ("mark_delete_entry_id", L),
@@ -148,6 +149,31 @@ NAMESPACES = _schema(
     *RUN_COLUMNS,
     ("namespace", S, False),  # tenant/namespace (tenant/cluster/namespace for old names)
     ("sources", ArrayType(S)),  # managed_ledgers | policies
+)
+
+# Each namespace's retention and TTL as its Policies JSON in the configuration store sets them (null: not
+# set, the broker default applies). Only these fields: the JSON also holds offload and auth settings.
+NAMESPACE_POLICIES = _schema(
+    *RUN_COLUMNS,
+    ("namespace", S, False),
+    ("readable", B, False),  # false: the JSON could not be read as Pulsar would (`error` says why)
+    ("error", S),
+    ("retention_minutes", INT),
+    ("retention_size_mb", L),
+    ("ttl_seconds", INT),
+    ("deleted", B),
+    ("zk_version", INT),
+)
+
+# Bundles a live broker owns (modular load manager: ephemeral znodes under [retention] bundle_owners_root).
+BUNDLE_OWNERS = _schema(
+    *RUN_COLUMNS,
+    ("namespace", S, False),
+    ("bundle", S, False),  # 0xlower_0xupper
+    ("lower", L),
+    ("upper", L),
+    ("ephemeral", B),
+    ("owner", S),  # the owning broker's nativeUrl
 )
 
 SCHEMA_LEDGERS = _schema(
@@ -274,6 +300,8 @@ SNAPSHOT_TABLES: dict[str, StructType] = {
     "schema_ledgers": SCHEMA_LEDGERS,
     "quarantine": QUARANTINE,
     "namespaces": NAMESPACES,
+    "namespace_policies": NAMESPACE_POLICIES,
+    "bundle_owners": BUNDLE_OWNERS,
 }
 ZK_SNAPSHOT_TABLES = dict(SNAPSHOT_TABLES)
 SNAPSHOT_TABLES = {**SNAPSHOT_TABLES, "offload_objects": OFFLOAD_OBJECTS, "pending_deletes": PENDING_DELETES}
@@ -358,7 +386,95 @@ PENDING_DELETE_STATUS = _schema(
     ("detail", S),
 )
 
+# Retention debt (issue 15): per topic, ledgers Pulsar's own rules would trim that nobody trims (or that
+# cannot be judged); per idle cursor, what it alone keeps from being trimmed. One row per topic that owes
+# something or is `unknown`, one per idle cursor (sweeper.retention_debt).
+RETENTION_DEBT = _schema(
+    ("run_id", S, False),
+    ("captured_at", TS, False),
+    ("kind", S, False),  # topic | cursor
+    # topic: candidate | awaiting_broker | none | out_of_scope | unknown
+    # cursor: candidate | idle | protected | out_of_scope | unknown. Only candidates are ever repaired.
+    ("status", S, False),
+    ("reason", S, False),  # sweeper.retention.Reason
+    ("detail", S),
+    ("tenant", S),
+    ("namespace", S),
+    ("topic", S),
+    ("topic_name", S),
+    ("managed_ledger", S, False),
+    ("cursor", S),  # cursor rows: the decoded subscription name
+    ("system_topic", B),
+    ("policy_source", S),  # namespace | namespace+broker_default_retention | ... (null: unknown)
+    # topic-level policies: ruled_out (its namespace's __change_events holds no event) | not_set (the broker
+    # says so) | set (not evaluated: unknown) | unread (unknown) | not_used ([retention] topic_policies = none)
+    ("topic_policy", S),
+    ("retention_minutes", INT),
+    ("retention_size_mb", L),
+    ("ttl_seconds", INT),
+    ("ledgers", INT),  # topic rows: ledgers listed, and their bytes
+    ("total_bytes", L),
+    # topic rows: what the broker would trim now; cursor rows: what this cursor alone keeps from that
+    ("reclaimable_ledgers", INT),
+    ("reclaimable_bytes", L),
+    ("reclaimable_offloaded_bytes", L),  # of which in tiered storage
+    ("ledger_ids", ArrayType(L)),
+    ("eligible_since_ms", L),  # topic rows: trimmable since, at the latest
+    ("unloaded_evidence", S),  # bundle_not_owned | not_trimmed_since
+    ("bundle_owned", B),  # null: ownership not readable (extensible load manager, no permission)
+    ("idle_cursors", INT),
+    ("idle_pinned_bytes", L),  # topic rows: what its idle cursors keep together
+    ("idle_ms", L),  # cursor rows: at least this long without a persisted acknowledgement
+    ("last_possible_ack_ms", L),
+    ("last_active_ms", L),
+    ("position_may_lag", B),  # an active cursor ledger: ZooKeeper's mark-delete is a lower bound
+    ("mark_delete_ledger_id", L),
+    ("mark_delete_entry_id", L),
+    ("cursor_ledger_id", L),
+    ("cursor_ledger_bytes", L),  # as BookKeeper records it (0 while the ledger is open)
+    ("zk_mtime_ms", L),  # the managed-ledger (topic rows) or cursor (cursor rows) znode, as planned:
+    ("zk_version", INT),  # the repair re-checks these before acting
+)
+
+# Reclaimable bytes by cause per tenant and namespace (orphan candidates come from the run's `orphans`).
+RECLAIMABLE_REPORT = _schema(
+    ("run_id", S, False),
+    ("tenant", S),
+    ("namespace", S),
+    ("orphan_bytes", L),
+    ("orphan_ledgers", L),
+    ("expired_unloaded_bytes", L),
+    ("expired_unloaded_topics", L),
+    ("idle_cursor_bytes", L),  # what idle cursors keep together, plus their own cursor ledgers
+    ("idle_cursors", L),
+    ("awaiting_broker_bytes", L),  # past retention on topics that may be loaded: their broker should trim
+    ("unknown_topics", L),
+    ("total_bytes", L),  # orphans + expired-but-unloaded + idle cursors
+)
+
+# One row per repair action (sweeper.retention_repair), dry runs included.
+RETENTION_ACTIONS = _schema(
+    ("run_id", S, False),  # the repair run
+    ("plan_run_id", S, False),  # the run whose retention_debt planned it
+    ("finished_at", TS, False),
+    ("action", S, False),  # load_topic | delete_subscription
+    ("tenant", S),
+    ("namespace", S),
+    ("topic_name", S, False),
+    ("managed_ledger", S),
+    ("cursor", S),
+    # would_load | trimmed | loaded | would_delete | deleted | skipped_active | skipped_gone | deferred | failed
+    ("outcome", S, False),
+    ("detail", S),
+    ("http_status", INT),
+    ("planned_bytes", L),
+    ("bytes_before", L),  # the managed ledger's listed bytes before and after (execute)
+    ("bytes_after", L),
+    ("dry_run", B, False),
+)
+
 ALL_TABLES: dict[str, StructType] = {**SNAPSHOT_TABLES, "orphans": ORPHANS, "orphan_report": ORPHAN_REPORT,
                                      "runs": RUNS, "emitted": EMITTED, "pending_delete_status": PENDING_DELETE_STATUS,
                                      "delete_results": DELETE_RESULTS, "retry_queue": RETRY_QUEUE,
-                                     "dead_letter": DEAD_LETTER}
+                                     "dead_letter": DEAD_LETTER, "retention_debt": RETENTION_DEBT,
+                                     "reclaimable_report": RECLAIMABLE_REPORT, "retention_actions": RETENTION_ACTIONS}

@@ -21,8 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_sweep_on_the_sandbox_end_to_end(spark: SparkSession, tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
-    home, tables = tmp_path / "sandbox", tmp_path / "tables"
-    args = ["--config", str(REPO / "conf" / "local.toml"), "--home", str(home), "--port", str(free_port()),
+    home, tables, port = tmp_path / "sandbox", tmp_path / "tables", free_port()
+    args = ["--config", str(REPO / "conf" / "local.toml"), "--home", str(home), "--port", str(port),
             "--tables", str(tables), "--topics", "40", "--json"]
     try:
         assert main(["sweep", "--sandbox", *args]) == EXIT_OK
@@ -33,6 +33,14 @@ def test_sweep_on_the_sandbox_end_to_end(spark: SparkSession, tmp_path: Path,
         orphans = sum(1 for v in manifest["not_in_use"].values() if v["status"] == "orphan")
         assert summary["stages"]["reconcile"]["candidate.ledger"] == orphans
         assert "nothing was published" in out and "nothing was deleted" in out
+        # Retention debt is part of the sweep's report; `sweeper retention` is a dry run unless --execute.
+        unloaded = sum(1 for e in manifest["retention"] if e["status"] == "candidate")
+        assert summary["stages"]["retention_debt"]["topic.candidate"] == unloaded
+        assert "reclaimable bytes by cause" in out
+        assert main(["retention", "--tables", str(tables), "--config", str(REPO / "conf" / "local.toml"),
+                     "--zookeeper", f"127.0.0.1:{port}"]) == EXIT_OK
+        out = capsys.readouterr().out
+        assert out.count("load_topic           would_load") == unloaded and "dry run: pass --execute" in out
 
         # A second sweep over the same sandbox is a new run; reconcile alone picks the latest snapshot
         # and refuses to reconcile it twice.

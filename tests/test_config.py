@@ -31,6 +31,8 @@ def test_defaults_and_local_config_load() -> None:
         ("[system_topic]\npartitions = 0\n", "partitions must be positive"),
         ("[delete]\nin_task_attempts = 20\n", "in_task_attempts <= max_attempts"),
         ("[metrics]\njob = 'a/b'\n", "job must be"),
+        ("[retention]\ntopic_policies = 'admin'\n", 'topic_policies = "admin" needs [system_topic] admin_url'),
+        ("[retention]\ntopic_policies = 'zk'\n", "topic_policies must be system_topic, admin or none"),
     ],
 )
 def test_bad_config_names_the_option(tmp_path: Path, text: str, message: str) -> None:

@@ -37,6 +37,7 @@ def test_audit_notebook_executes_and_plots(tmp_path: Path) -> None:
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     images = [o for o in outputs if "image/png" in o.get("data", {})]
-    assert len(images) >= 4  # bytes by namespace, ages, reasons, trend
+    assert len(images) >= 5  # bytes by namespace, ages, reasons, bytes by cause, trend
     text = "".join(o.get("text", "") for o in outputs)
     assert "candidates" in text and "GiB reclaimable" in text
+    assert "reclaimable by cause: orphans" in text and "pinned by idle cursors" in text

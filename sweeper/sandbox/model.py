@@ -16,6 +16,7 @@ from enum import StrEnum
 from sweeper.codecs.pulsar import offload_uuid
 from sweeper.layout import INT_MAX, LedgerLayout
 from sweeper.names import encode_local_name
+from sweeper.sandbox.retention_scenarios import RetentionExpectation, add_retention_scenarios, namespace_policies
 
 DAY_MS = 86_400_000
 GRACE_MS = 7 * DAY_MS  # the default grace period: what "young" means in the ground truth
@@ -120,6 +121,8 @@ class Cursor:
     mark_delete: tuple[int, int]
     long_properties: dict[str, int] = field(default_factory=dict)
     string_properties: dict[str, str] = field(default_factory=dict)
+    zk_mtime_ms: int | None = None  # when its znode was last written (None: at seeding)
+    last_active_ms: int | None = None  # ManagedCursorInfo.lastActive (None: not recorded)
 
     @property
     def znode_name(self) -> str:
@@ -136,6 +139,7 @@ class ManagedLedger:
     properties: dict[str, str]
     compression: str
     terminated: bool = False
+    zk_mtime_ms: int | None = None  # when its znode was last written (None: at seeding): a topic unloaded since
 
     @property
     def name(self) -> str:
@@ -186,11 +190,16 @@ class SandboxCluster:
     # Compaction pointers ZooKeeper holds while the cursor ledger has a newer one, naming a deleted ledger:
     # reported as possibly stale, never as lost data.
     stale_pointers: list[int] = field(default_factory=list)
+    # Retention debt (issue 15): each namespace's Policies JSON (None: no znode), and what a sweeper must report.
+    namespace_policies: dict[str, bytes | None] = field(default_factory=dict)
+    retention: list[RetentionExpectation] = field(default_factory=list)
 
     @property
     def namespaces(self) -> list[str]:
-        """Every namespace of the cluster (with policies in the configuration store), topics or not."""
-        return [f"tenant-{t}/ns-{n}" for t in range(self.spec.tenants) for n in range(self.spec.namespaces_per_tenant)]
+        """Every namespace of the cluster (with policies in the configuration store, or topics), topics or not."""
+        spec = self.spec
+        regular = [f"tenant-{t}/ns-{n}" for t in range(spec.tenants) for n in range(spec.namespaces_per_tenant)]
+        return regular + [ns for ns in self.namespace_policies if ns not in regular]
 
     def counts(self) -> dict[str, int]:
         by_status = Counter(ledger.status.value for ledger in self.ledgers.values())
@@ -624,7 +633,12 @@ class _Builder:
         objects = self.offload_objects([ml for ml, _ in mls if ml.name not in doomed_names],
                                        [ml for ml, _ in doomed])
         stale = sorted(i for i, owner in self.stale_pointers.items() if owner not in doomed_names)
-        return SandboxCluster(spec, self.ledgers, self.managed_ledgers, self.schemas, self.missing, objects, stale)
+        regular = [f"tenant-{t}/ns-{n}" for t in range(spec.tenants) for n in range(spec.namespaces_per_tenant)]
+        policies = namespace_policies(spec.cluster_name, regular)
+        # Last, from its own random stream: the ground truth above stays as it was.
+        retention = add_retention_scenarios(self)
+        return SandboxCluster(spec, self.ledgers, self.managed_ledgers, self.schemas, self.missing, objects, stale,
+                              policies, retention)
 
     def offload_objects(self, alive: list[ManagedLedger], doomed: list[ManagedLedger]) -> list[OffloadObject]:
         """What tiered storage holds: live offloads, offloads of deleted topics, superseded attempts."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import itertools
 import json
 import time
 from collections import deque
@@ -100,6 +102,8 @@ def cursor_info_bytes(cursor: Cursor, compression: str) -> bytes:
     info = pulsar_codec.pb.ManagedCursorInfo()
     info.cursorsLedgerId = cursor.cursors_ledger_id
     info.markDeleteLedgerId, info.markDeleteEntryId = cursor.mark_delete
+    if cursor.last_active_ms is not None:
+        info.lastActive = cursor.last_active_ms
     for name, value in cursor.long_properties.items():
         prop = info.properties.add()
         prop.name, prop.value = name, value
@@ -153,8 +157,26 @@ def cluster_znodes(cluster: SandboxCluster) -> Iterable[tuple[str, bytes]]:
         yield f"/admin/policies/{tenant}", json.dumps(
             {"adminRoles": [], "allowedClusters": [spec.cluster_name]}).encode()
     for namespace in cluster.namespaces:
-        yield f"/admin/policies/{namespace}", json.dumps(
-            {"replication_clusters": [spec.cluster_name], "deleted": False}).encode()
+        policies = cluster.namespace_policies.get(namespace, json.dumps(
+            {"replication_clusters": [spec.cluster_name], "deleted": False}).encode())
+        if policies is not None:  # None: a namespace whose policies are missing (its topics are `unknown`)
+            yield f"/admin/policies/{namespace}", policies
+
+
+def backdated_znodes(cluster: SandboxCluster) -> list[tuple[int, str, bytes]]:
+    """(mtime, path, data) of the managed-ledger and cursor znodes last written in the past (topics unloaded
+    since, cursors idle since): written again with the server's clock set to that time."""
+    ml_root = cluster.spec.managed_ledgers_root.rstrip("/")
+    out = []
+    for ml in cluster.managed_ledgers:
+        path = f"{ml_root}/{ml.name}"
+        if ml.zk_mtime_ms is not None:
+            out.append((ml.zk_mtime_ms, path, managed_ledger_info_bytes(ml)))
+        for cursor in ml.cursors:
+            if cursor.zk_mtime_ms is not None:
+                data = cursor_info_bytes(cursor, ml.compression)
+                out.append((cursor.zk_mtime_ms, f"{path}/{cursor.znode_name}", data))
+    return sorted(out)
 
 
 def _parents(path: str) -> list[str]:
@@ -234,6 +256,11 @@ def seed_zookeeper(client: KazooClient, cluster: SandboxCluster, window: int = W
         with clock.back_in_time(LEDGER_EPOCH_DAYS):
             total = _seed_leaves(client, ledgers, window)
         total += _seed_leaves(client, pulsar, window)
+        # Topics unloaded days ago, cursors idle for weeks: their znodes' mtimes are when that happened.
+        for mtime, group in itertools.groupby(backdated_znodes(cluster), key=lambda item: item[0]):
+            with clock.at(mtime):
+                for _, path, data in group:
+                    client.set(path, data)
     return SeedResult(total, time.monotonic() - started)
 
 
@@ -282,6 +309,7 @@ def manifest(cluster: SandboxCluster) -> dict[str, object]:
         "not_in_use": noteworthy,
         "missing_ledgers": cluster.missing_ledgers,
         "stale_pointers": cluster.stale_pointers,
+        "retention": [dataclasses.asdict(expected) for expected in cluster.retention],
     }
 
 

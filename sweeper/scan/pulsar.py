@@ -124,11 +124,13 @@ def list_shard(reader: zkutil.ZnodeReader, root: str, parent: str, shard: int, s
     return sorted(f"{parent}/{c}" for c in read.children or () if in_shard(c, shard, shards))
 
 
-def plan_namespace_policies(client: KazooClient, root: str) -> set[str]:
+def plan_namespace_policies(client: KazooClient, root: str,
+                            contents: dict[str, tuple[bytes, int]] | None = None) -> set[str]:
     """tenant/namespace (or tenant/cluster/namespace) of every namespace with policies in the configuration store.
 
     Pulsar keeps a namespace's policies at `/admin/policies/<tenant>/<namespace>` (JSON); a level
     without data is a parent (a tenant, or an old cluster-scoped namespace's cluster), not a namespace.
+    `contents` collects each namespace's policies (data, znode version) for the retention rules.
     """
     if client.exists(root) is None:
         return set()
@@ -139,12 +141,16 @@ def plan_namespace_policies(client: KazooClient, root: str) -> set[str]:
     for rel, read in zip(second, zkutil.get_many(client, (zkutil.join(root, r) for r in second)), strict=True):
         if read.error is None and read.data:
             found.add(rel)
+            if contents is not None:
+                contents[rel] = (read.data, read.stat.version)
         elif read.error is None and read.data is not None:
             third.append(rel)
     deeper = [f"{rel}/{c}" for rel, children in _list_level(client, root, third) for c in children]
     for rel, read in zip(deeper, zkutil.get_many(client, (zkutil.join(root, r) for r in deeper)), strict=True):
         if read.error is None and read.data:
             found.add(rel)
+            if contents is not None:
+                contents[rel] = (read.data, read.stat.version)
     return found
 
 
@@ -266,6 +272,7 @@ def cursor_rows(ml_name: str, znode: str, path: str, data: bytes, stat: Any) -> 
         "path": path,
         "zk_version": stat.version,
         "zk_mtime_ms": stat.mtime,
+        "last_active_ms": info.lastActive if info.HasField("lastActive") else None,
         "cursors_ledger_id": info.cursorsLedgerId,
         "mark_delete_ledger_id": info.markDeleteLedgerId,
         "mark_delete_entry_id": info.markDeleteEntryId,

@@ -226,6 +226,13 @@ enabled = true
 endpoint_override = "{info.s3_endpoint}"
 head_metadata = true
 
+[retention]
+# The testbed broker's own settings (broker_settings): retention is kept forever unless a namespace says
+# otherwise, and loaded topics are trimmed every 5 s.
+default_retention_minutes = -1
+default_retention_size_mb = -1
+check_interval_seconds = 5
+
 [system_topic]
 service_url = "{info.service_url}"
 admin_url = "{info.admin_url}"

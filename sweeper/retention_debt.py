@@ -1,0 +1,409 @@
+"""The retention-debt step (after reconcile): expired ledgers nobody trims, and what idle cursors pin.
+
+Spark brings each managed ledger's ledger list, cursors and znode times together (one shuffle, by
+managed ledger); each task applies `sweeper.retention`'s pure rules to its topics. The few facts
+that are per namespace (policies, bundle ownership, whether topic-level policies may exist) are
+read on the driver and shipped with the tasks. One run's snapshot in; `retention_debt` (a row per
+topic that owes something or cannot be judged, a row per idle cursor) and `reclaimable_report`
+(bytes by cause per tenant and namespace, orphans included) out. Nothing here talks to a broker:
+a lookup would acquire bundles and load topics, which is the repair (`sweeper.retention_repair`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import BooleanType, IntegerType, LongType, StringType, StructField, StructType
+
+from sweeper.config import RetentionConfig, SafetyConfig
+from sweeper.reconcile import snapshot_frames
+from sweeper.retention import (
+    CHANGE_EVENTS,
+    COMPACTION_CURSOR,
+    DAY_MS,
+    MINUTE_MS,
+    BrokerSettings,
+    Cursor,
+    CursorStatus,
+    Ledger,
+    NamespacePolicy,
+    Policy,
+    Position,
+    Reason,
+    TopicFacts,
+    TopicStatus,
+    assess_topic,
+    bundle_owned,
+    change_events_may_hold_policies,
+    cursor_status,
+    effective_policy,
+    is_system_topic,
+    last_possible_ack_ms,
+    topic_status,
+)
+from sweeper.safety import Scope
+from sweeper.table_schemas import RECLAIMABLE_REPORT, RETENTION_DEBT
+from sweeper.tables import TableStore
+
+TOPIC, CURSOR = "topic", "cursor"
+# `topic_policy` values (see table_schemas.RETENTION_DEBT); UNCHECKED only between the tasks and finalize.
+RULED_OUT, NOT_SET, SET, UNREAD, NOT_USED, UNCHECKED = "ruled_out", "not_set", "set", "unread", "not_used", "unchecked"
+_ML, _CURSOR, _LEDGER = 0, 1, 2
+
+# One frame for the three inputs, so one shuffle brings a managed ledger's rows together. The generic
+# long columns mean, by kind: managed ledger (a=znode mtime, b=znode version); cursor (a=cursorsLedgerId,
+# b/c=mark-delete ledger/entry, d=znode mtime, e=lastActive, f=znode version); ledger (a=ledger id,
+# b=entries, c=size, d=close timestamp, g=offloaded).
+UNION = StructType([
+    StructField("managed_ledger", StringType(), False),
+    StructField("kind", IntegerType(), False),
+    StructField("name", StringType()),
+    StructField("tenant", StringType()),
+    StructField("namespace", StringType()),
+    StructField("topic_name", StringType()),
+    StructField("shadow", BooleanType()),
+    *(StructField(c, LongType()) for c in "abcdef"),
+    StructField("g", BooleanType()),
+])
+
+
+class RetentionDebtRefused(RuntimeError):
+    """The step will not run: no successful snapshot, or the run already has its retention debt."""
+
+
+@dataclass(frozen=True)
+class RetentionSettings:
+    broker: BrokerSettings = field(default_factory=BrokerSettings)
+    report_idle_ms: int = 7 * DAY_MS
+    delete_after_ms: int = 0  # [retention] cursor_idle_days; 0: subscriptions are never deleted
+    scope: Scope = field(default_factory=Scope)
+    topic_policies: str = "system_topic"
+
+    @classmethod
+    def from_config(cls, r: RetentionConfig, safety: SafetyConfig) -> RetentionSettings:
+        def patterns(text: str) -> tuple[str, ...]:
+            return tuple(p.strip() for p in text.split(",") if p.strip())
+
+        broker = BrokerSettings(r.default_retention_minutes, r.default_retention_size_mb, r.default_ttl_seconds,
+                                r.check_interval_seconds * 1000, r.expiry_check_minutes * MINUTE_MS,
+                                r.cursor_rollover_seconds * 1000)
+        scope = Scope(allow=patterns(r.allow) or patterns(safety.allow), deny=patterns(safety.deny) + patterns(r.deny))
+        return cls(broker, int(r.report_idle_days * DAY_MS), int(r.cursor_idle_days * DAY_MS), scope, r.topic_policies)
+
+
+@dataclass(frozen=True)
+class _Context:
+    """What every task needs: small and picklable."""
+
+    run_id: str
+    now_ms: int
+    settings: RetentionSettings
+    policies: dict[str, tuple[Policy | None, Reason | None, str]]
+    topic_policy_namespaces: frozenset[str]  # their __change_events may hold topic-level policies
+    owned: dict[str, tuple[tuple[int, int], ...]]
+    ownership_readable: bool
+    quarantined: frozenset[str]
+
+
+@dataclass
+class RetentionDebtResult:
+    run_id: str
+    counts: dict[str, int]
+    duration_s: float
+    report: list[dict[str, Any]]  # reclaimable bytes by cause, per tenant/namespace, largest first
+
+
+def _union(frames: dict[str, DataFrame]) -> DataFrame:
+    nulls = {c: F.lit(None).cast(LongType()) for c in "abcdef"}
+
+    def shaped(df: DataFrame, kind: int, **cols: Any) -> DataFrame:
+        spec = {"managed_ledger": F.col("managed_ledger"), "kind": F.lit(kind), "name": F.lit(None).cast(StringType()),
+                "tenant": F.lit(None).cast(StringType()), "namespace": F.lit(None).cast(StringType()),
+                "topic_name": F.lit(None).cast(StringType()), "shadow": F.lit(None).cast(BooleanType()),
+                **nulls, "g": F.lit(None).cast(BooleanType()), **cols}
+        return df.select(*[spec[f.name].cast(f.dataType).alias(f.name) for f in UNION.fields])
+
+    mls = shaped(frames["managed_ledgers"], _ML, name=F.col("topic"), tenant=F.col("tenant"),
+                 namespace=F.col("namespace"), topic_name=F.col("topic_name"),
+                 shadow=F.col("shadow_source").isNotNull(), a=F.col("zk_mtime_ms"), b=F.col("zk_version"))
+    cursors = shaped(frames["ml_cursors"], _CURSOR, name=F.col("cursor"), a=F.col("cursors_ledger_id"),
+                     b=F.col("mark_delete_ledger_id"), c=F.col("mark_delete_entry_id"), d=F.col("zk_mtime_ms"),
+                     e=F.col("last_active_ms"), f=F.col("zk_version"))
+    ledgers = shaped(frames["ml_ledgers"], _LEDGER, a=F.col("ledger_id"), b=F.col("entries"), c=F.col("size"),
+                     d=F.col("timestamp_ms"), g=F.col("offloaded"))
+    return mls.unionByName(cursors).unionByName(ledgers)
+
+
+def _assess_partition(batches: Iterator[pa.RecordBatch], ctx: _Context) -> Iterator[pa.RecordBatch]:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    schema = to_arrow_schema(RETENTION_DEBT, timezone="UTC")
+    out: list[dict[str, Any]] = []
+    group: list[tuple[Any, ...]] = []
+    key = None
+    for batch in batches:
+        columns = [batch.column(f.name).to_pylist() for f in UNION.fields]
+        for row in zip(*columns, strict=True):
+            if row[0] != key:
+                if group:
+                    out.extend(_topic_rows(group, ctx))
+                key, group = row[0], []
+            group.append(row)
+        if len(out) >= 5000:
+            yield pa.RecordBatch.from_pylist(out, schema=schema)
+            out = []
+    if group:
+        out.extend(_topic_rows(group, ctx))
+    if out:
+        yield pa.RecordBatch.from_pylist(out, schema=schema)
+
+
+def _topic_rows(group: list[tuple[Any, ...]], ctx: _Context) -> list[dict[str, Any]]:
+    """The debt rows of one managed ledger (rows sorted: itself, its cursors, its ledgers by id)."""
+    head = group[0]
+    if head[1] != _ML:
+        return []  # cursors or ledgers without a decodable managed ledger: quarantined, reported there
+    managed_ledger, _, local, tenant, namespace, topic_name, shadow = head[:7]
+    ml_mtime, ml_version = head[7] or 0, head[8]
+    if shadow:
+        return []  # a shadow topic lists its source's ledgers; the source's retention frees them
+    cursors, ledgers = [], []
+    for row in group[1:]:
+        if row[1] == _CURSOR:
+            cursors.append((Cursor(row[2], Position(row[8] if row[8] is not None else -1,
+                                                    row[9] if row[9] is not None else -1),
+                                   row[7] if row[7] is not None else -1, row[10] or 0, row[11] or 0), row[12]))
+        elif row[1] == _LEDGER:
+            ledgers.append(Ledger(row[7], row[8] or 0, row[9] or 0, row[10] or 0, bool(row[13])))
+    ns_key = f"{tenant}/{namespace}"
+    policy, reason, detail = ctx.policies.get(ns_key, (None, Reason.POLICY_MISSING,
+                                                       "no namespace policies in the configuration store"))
+    topic_policy = NOT_USED if ctx.settings.topic_policies == "none" else RULED_OUT
+    if managed_ledger in ctx.quarantined:
+        policy, reason, detail = None, Reason.METADATA_QUARANTINED, "its metadata (or a cursor's) could not be decoded"
+    elif policy is not None and ns_key in ctx.topic_policy_namespaces:
+        topic_policy = UNCHECKED  # judged under the namespace's policy; finalize_topic_policies decides
+    system = is_system_topic(ns_key, local or "")
+    owned = bundle_owned(topic_name, ctx.owned.get(ns_key, ())) if ctx.ownership_readable else None
+    facts = TopicFacts(tuple(ledgers), tuple(c for c, _ in cursors), ml_mtime, policy, reason, detail, owned, system)
+    settings = ctx.settings
+    debt = assess_topic(facts, settings.broker, ctx.now_ms, settings.report_idle_ms)
+    in_scope = settings.scope.permits(tenant, namespace)
+    status = topic_status(debt, in_scope, system)
+    if status is TopicStatus.NONE and not debt.cursors:
+        return []
+    captured_at = datetime.fromtimestamp(ctx.now_ms / 1000, UTC)
+    base = {"run_id": ctx.run_id, "captured_at": captured_at, "tenant": tenant, "namespace": namespace,
+            "topic": local, "topic_name": topic_name, "managed_ledger": managed_ledger,
+            "policy_source": policy.source if policy else None,
+            "retention_minutes": policy.retention_minutes if policy else None,
+            "retention_size_mb": policy.retention_size_mb if policy else None,
+            "ttl_seconds": policy.ttl_seconds if policy else None, "system_topic": system,
+            "topic_policy": topic_policy}
+    detail = debt.detail
+    if debt.cursors and status is TopicStatus.NONE:
+        detail = (f"nothing past retention nobody trims; {len(debt.cursors)} idle cursor(s) pin "
+                  f"{debt.idle_pinned.bytes:,} bytes")
+    rows = [{**base, "kind": TOPIC, "status": status.value, "reason": debt.reason.value, "detail": detail,
+             "ledgers": len(ledgers), "total_bytes": sum(x.size for x in ledgers),
+             "reclaimable_ledgers": len(debt.trim.ledgers), "reclaimable_bytes": debt.trim.bytes,
+             "reclaimable_offloaded_bytes": sum(x.size for x in debt.trim.ledgers if x.offloaded),
+             "ledger_ids": [x.ledger_id for x in debt.trim.ledgers],
+             "eligible_since_ms": debt.eligible_since_ms, "unloaded_evidence": debt.unloaded_evidence,
+             "bundle_owned": owned, "idle_cursors": len(debt.cursors), "idle_pinned_bytes": debt.idle_pinned.bytes,
+             "zk_mtime_ms": ml_mtime, "zk_version": ml_version}]
+    versions = {c.name: version for c, version in cursors}
+    for c in debt.cursors:
+        cstatus = cursor_status(c, status, settings.delete_after_ms, in_scope, system)
+        lag = " (ZooKeeper's position may lag an active cursor ledger: it may pin less)" if c.position_may_lag else ""
+        why = {CursorStatus.CANDIDATE: "idle past [retention] cursor_idle_days: its subscription would be deleted",
+               CursorStatus.IDLE: "idle: reported only (subscription deletion is off or not yet due)",
+               CursorStatus.PROTECTED: "a system cursor (or topic): never deleted",
+               CursorStatus.OUT_OF_SCOPE: "idle, outside the repair allow-list",
+               CursorStatus.UNKNOWN: f"idle, on a topic that cannot be judged ({debt.reason.value})"}[cstatus]
+        rows.append({**base, "kind": CURSOR, "cursor": c.name, "status": cstatus.value,
+                     "reason": (Reason.SYSTEM_CURSOR if c.system or system else Reason.IDLE_CURSOR).value,
+                     "detail": f"{why}; pins {c.pinned.bytes:,} bytes alone{lag}",
+                     "reclaimable_ledgers": len(c.pinned.ledgers), "reclaimable_bytes": c.pinned.bytes,
+                     "reclaimable_offloaded_bytes": sum(x.size for x in c.pinned.ledgers if x.offloaded),
+                     "ledger_ids": [x.ledger_id for x in c.pinned.ledgers],
+                     "idle_ms": c.idle_ms, "last_possible_ack_ms": last_possible_ack_ms(c.cursor, settings.broker),
+                     "last_active_ms": c.cursor.last_active_ms or None, "position_may_lag": c.position_may_lag,
+                     "mark_delete_ledger_id": c.cursor.mark_delete.ledger_id,
+                     "mark_delete_entry_id": c.cursor.mark_delete.entry_id, "cursor_ledger_id": c.cursor.cursor_ledger,
+                     "bundle_owned": owned, "zk_mtime_ms": c.cursor.zk_mtime_ms, "zk_version": versions.get(c.name)})
+    return rows
+
+
+def finalize_topic_policies(rows: list[dict[str, Any]], lookup: Callable[[str], tuple[str, str]] | None) -> int:
+    """Rows judged under their namespace's policy while a topic-level one could not be ruled out: kept when the
+    broker says the topic sets no retention or TTL of its own, else `unknown` (never "expired"). The broker is
+    asked (`lookup`, [retention] topic_policies = "admin") only about topics whose bundle a live broker owns:
+    for them the lookup behind the call acquires nothing and loads no topic. Returns the calls made."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("topic_policy") == UNCHECKED:
+            groups.setdefault(r["managed_ledger"], []).append(r)
+    calls = 0
+    for group in groups.values():
+        topic = next(r for r in group if r["kind"] == TOPIC)
+        verdict, detail = UNREAD, (f"{topic['tenant']}/{topic['namespace']}/{CHANGE_EVENTS} may hold topic-level "
+                                   "policies that override the namespace's")
+        if lookup is not None:
+            if topic["bundle_owned"] is True:
+                calls += 1
+                verdict, detail = lookup(topic["topic_name"])
+            else:
+                detail += ("; not asked: no live broker owns its bundle, and asking would make one acquire it "
+                           "(loading its topics)")
+        for r in group:
+            r["topic_policy"] = verdict
+            if verdict != NOT_SET:
+                _make_unknown(r, Reason.TOPIC_POLICY_SET if verdict == SET else Reason.TOPIC_POLICY_MAY_EXIST, detail)
+    return calls
+
+
+def _make_unknown(r: dict[str, Any], reason: Reason, detail: str) -> None:
+    r.update(status=TopicStatus.UNKNOWN.value if r["kind"] == TOPIC else CursorStatus.UNKNOWN.value,
+             detail=detail if r["kind"] == TOPIC else f"idle, on a topic that cannot be judged ({reason.value})",
+             reclaimable_ledgers=0, reclaimable_bytes=0, reclaimable_offloaded_bytes=0, ledger_ids=[],
+             policy_source=None, retention_minutes=None, retention_size_mb=None, ttl_seconds=None)
+    if r["kind"] == TOPIC:
+        r.update(reason=reason.value, eligible_since_ms=None, unloaded_evidence=None, idle_pinned_bytes=0)
+
+
+def _namespace_facts(frames: dict[str, DataFrame], settings: RetentionSettings) -> tuple[
+        dict[str, tuple[Policy | None, Reason | None, str]], frozenset[str], dict[str, tuple[tuple[int, int], ...]],
+        bool, frozenset[str]]:
+    """Policies, namespaces whose topic-level policies cannot be ruled out, owned bundles, quarantined owners."""
+    policies = {}
+    for r in frames["namespace_policies"].collect():
+        read = NamespacePolicy(r["readable"], r["error"], r["retention_minutes"], r["retention_size_mb"],
+                               r["ttl_seconds"], bool(r["deleted"]))
+        policies[r["namespace"]] = effective_policy(read, settings.broker)
+    may_hold: set[str] = set()
+    if settings.topic_policies in ("system_topic", "admin"):  # "admin" asks the broker only about these
+        events = frames["managed_ledgers"].where(
+            (F.col("topic") == CHANGE_EVENTS) | F.col("topic").startswith(f"{CHANGE_EVENTS}-partition-")).select(
+            "managed_ledger", F.concat_ws("/", "tenant", "namespace").alias("ns"))
+        ledgers = (frames["ml_ledgers"].join(events.select("managed_ledger"), "managed_ledger")
+                   .join(frames["bk_ledgers"].select("ledger_id", "state", "last_entry_id"), "ledger_id", "left")
+                   .select("managed_ledger", "entries", "ledger_id", "state", "last_entry_id").collect())
+        compaction = {r["managed_ledger"] for r in frames["ml_cursors"].join(events.select("managed_ledger"),
+                                                                               "managed_ledger")
+                      .where(F.col("cursor") == COMPACTION_CURSOR).select("managed_ledger").collect()}
+        by_ml: dict[str, list[tuple[int, int, str | None, int | None]]] = {}
+        for r in ledgers:
+            by_ml.setdefault(r["managed_ledger"], []).append((r["entries"] or 0, r["ledger_id"], r["state"],
+                                                              r["last_entry_id"]))
+        for r in events.collect():
+            if change_events_may_hold_policies(by_ml.get(r["managed_ledger"], []),
+                                               r["managed_ledger"] in compaction):
+                may_hold.add(r["ns"])
+    owned: dict[str, list[tuple[int, int]]] = {}
+    readable = False
+    for r in frames["bundle_owners"].where(F.col("ephemeral")).collect():
+        owned.setdefault(r["namespace"], []).append((r["lower"], r["upper"]))
+        readable = True
+    quarantined = frozenset(r["owner"] for r in frames["quarantine"].where(
+        F.col("source").isin("managed_ledger", "cursor") & F.col("owner").isNotNull()).select("owner").distinct()
+        .collect())
+    return (policies, frozenset(may_hold), {ns: tuple(v) for ns, v in owned.items()}, readable, quarantined)
+
+
+def _with_cursor_ledger_bytes(rows: list[dict[str, Any]], frames: dict[str, DataFrame]) -> None:
+    """The idle cursors' own cursor ledgers, as long as BookKeeper records them (0 while open)."""
+    wanted = sorted({r["cursor_ledger_id"] for r in rows if r["kind"] == CURSOR and (r["cursor_ledger_id"] or -1) >= 0})
+    if not wanted:
+        return
+    lengths = {r["ledger_id"]: r["length"] for r in frames["bk_ledgers"].where(F.col("ledger_id").isin(wanted))
+               .select("ledger_id", "length").collect()}
+    for r in rows:
+        if r["kind"] == CURSOR and r.get("cursor_ledger_id") in lengths:
+            r["cursor_ledger_bytes"] = lengths[r["cursor_ledger_id"]]
+
+
+def reclaimable_report(rows: list[dict[str, Any]], orphans: DataFrame | None, run_id: str) -> list[dict[str, Any]]:
+    """Bytes by cause per tenant/namespace: orphan candidates, expired-but-unloaded, pinned by idle cursors
+    (what they pin together, plus their own cursor ledgers), and what loaded brokers should trim soon."""
+    report: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def entry(tenant: str | None, namespace: str | None) -> dict[str, Any]:
+        key = (tenant or "(unknown)", namespace or "(unknown)")
+        if key not in report:
+            report[key] = {"run_id": run_id, "tenant": key[0], "namespace": key[1], "orphan_bytes": 0,
+                           "orphan_ledgers": 0, "expired_unloaded_bytes": 0, "expired_unloaded_topics": 0,
+                           "idle_cursor_bytes": 0, "idle_cursors": 0, "awaiting_broker_bytes": 0, "unknown_topics": 0}
+        return report[key]
+
+    if orphans is not None:
+        for r in (orphans.where(F.col("status") == "candidate").groupBy("tenant", "namespace")
+                  .agg(F.count("*").alias("n"), F.sum(F.coalesce("size_bytes", F.lit(0))).alias("bytes")).collect()):
+            e = entry(r["tenant"], r["namespace"])
+            e["orphan_ledgers"], e["orphan_bytes"] = int(r["n"]), int(r["bytes"] or 0)
+    for r in rows:
+        e = entry(r["tenant"], r["namespace"])
+        if r["kind"] == TOPIC:
+            if r["reason"] == Reason.EXPIRED_UNLOADED.value:
+                e["expired_unloaded_bytes"] += r["reclaimable_bytes"] or 0
+                e["expired_unloaded_topics"] += 1
+            elif r["status"] == TopicStatus.AWAITING_BROKER.value:
+                e["awaiting_broker_bytes"] += r["reclaimable_bytes"] or 0
+            elif r["status"] == TopicStatus.UNKNOWN.value:
+                e["unknown_topics"] += 1
+            e["idle_cursor_bytes"] += r["idle_pinned_bytes"] or 0
+        else:
+            e["idle_cursors"] += 1
+            e["idle_cursor_bytes"] += r.get("cursor_ledger_bytes") or 0
+    out = list(report.values())
+    for e in out:
+        e["total_bytes"] = e["orphan_bytes"] + e["expired_unloaded_bytes"] + e["idle_cursor_bytes"]
+    return sorted(out, key=lambda e: (-e["total_bytes"], e["tenant"], e["namespace"]))
+
+
+def run_retention_debt(spark: SparkSession, store: TableStore, run_id: str,
+                       settings: RetentionSettings | None = None, now_ms: int | None = None,
+                       topic_policy_lookup: Callable[[str], tuple[str, str]] | None = None) -> RetentionDebtResult:
+    """`topic_policy_lookup` (topic name -> (not_set | set | unread, detail)): the broker's answer about a topic's
+    own policies, for [retention] topic_policies = "admin"."""
+    settings = settings or RetentionSettings()
+    started = time.monotonic()
+    if not store.exists("runs") or not store.read("runs").where(
+            (F.col("run_id") == run_id) & (F.col("stage") == "snapshot") & (F.col("status") == "succeeded")).limit(1)\
+            .count():
+        raise RetentionDebtRefused(f"no successful snapshot for run {run_id}")
+    if store.exists("retention_debt") and store.read("retention_debt").where(F.col("run_id") == run_id).limit(1)\
+            .count():
+        raise RetentionDebtRefused(f"run {run_id} already has its retention debt: start a new run")
+    frames = snapshot_frames(store, run_id)
+    if now_ms is None:
+        captured = frames["managed_ledgers"].agg(F.max("captured_at")).first()
+        now_ms = int(captured[0].timestamp() * 1000) if captured and captured[0] else int(time.time() * 1000)
+    policies, may_hold, owned, readable, quarantined = _namespace_facts(frames, settings)
+    ctx = _Context(run_id, now_ms, settings, policies, may_hold, owned, readable, quarantined)
+    parallelism = spark.sparkContext.defaultParallelism
+    union = _union(frames).repartition(max(2, 2 * parallelism), "managed_ledger").sortWithinPartitions(
+        "managed_ledger", "kind", "a")
+    rows = [r.asDict() for r in union.mapInArrow(lambda b: _assess_partition(b, ctx), RETENTION_DEBT).collect()]
+    calls = finalize_topic_policies(rows, topic_policy_lookup if settings.topic_policies == "admin" else None)
+    _with_cursor_ledger_bytes(rows, frames)
+    meta = {"run_id": run_id, "stage": "retention_debt"}
+    store.append_rows("retention_debt", rows, RETENTION_DEBT, commit_metadata=meta)
+    orphans = store.read("orphans").where(F.col("run_id") == run_id) if store.exists("orphans") else None
+    report = reclaimable_report(rows, orphans, run_id)
+    store.append_rows("reclaimable_report", report, RECLAIMABLE_REPORT, commit_metadata=meta)
+    counts: dict[str, int] = {"ownership_readable": int(readable), "topic_policy_namespaces": len(may_hold),
+                              "topic_policy_calls": calls}
+    for r in rows:
+        key = f"{r['kind']}.{r['status']}"
+        counts[key] = counts.get(key, 0) + 1
+    for cause in ("orphan_bytes", "expired_unloaded_bytes", "idle_cursor_bytes", "awaiting_broker_bytes"):
+        counts[f"bytes.{cause.removesuffix('_bytes')}"] = sum(e[cause] for e in report)
+    return RetentionDebtResult(run_id, counts, time.monotonic() - started, report)

@@ -1,0 +1,398 @@
+"""Repairing retention debt through the broker's admin REST API only, two-phase like deletes.
+
+Phase 1 is the `retention_debt` plan (sweeper.retention_debt); this is phase 2. Dry run by default
+(`sweeper retention`: what would be done, after the same re-checks); `--execute` on the command line
+(never a config switch) acts:
+- an idle subscription (`candidate` cursor rows: idle past `[retention] cursor_idle_days`, in scope,
+  no system cursor) is deleted with `DELETE .../subscription/{sub}` (no `force`: the broker itself
+  refuses while consumers are connected);
+- a topic holding expired ledgers nobody trims (`candidate` topic rows), or one whose idle
+  subscription was just deleted, is trimmed with `POST .../trim` (Pulsar 2.11+; the lookup behind it
+  loads the topic, and the broker applies its own retention rules, `ManagedLedgerImpl.internalTrimLedgers`);
+  a broker without that endpoint gets `GET .../internalStats`, which loads the topic so that its next
+  retention check (`BrokerService.checkConsumedLedgers`) trims it.
+Metadata is never written. Before each action the planned znode is read again (read-only): a managed
+ledger or cursor written since the plan (a load, a rollover, an acknowledgement) became active and is
+skipped; a subscription is also checked against the broker's live stats (connected consumers, recent
+acknowledgements or reads) right before it is deleted. Calls are paced (`actions_per_second`), capped
+per run (`max_actions_per_run`), and every outcome lands in `retention_actions`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from kazoo.exceptions import NoNodeError
+from pyspark.sql import functions as F
+
+from sweeper import names
+from sweeper import zk as zkutil
+from sweeper.codecs import pulsar as codec
+from sweeper.codecs.errors import MetadataDecodeError
+from sweeper.config import SweeperConfig
+from sweeper.retention import DAY_MS
+from sweeper.retention_debt import NOT_SET, SET, UNREAD
+from sweeper.system_topic import AdminClient, SystemTopicError
+from sweeper.table_schemas import RETENTION_ACTIONS
+from sweeper.tables import TableStore
+
+LOAD_TOPIC, DELETE_SUBSCRIPTION = "load_topic", "delete_subscription"
+WOULD_LOAD, WOULD_DELETE = "would_load", "would_delete"
+TRIMMED, LOADED, DELETED = "trimmed", "loaded", "deleted"
+SKIPPED_ACTIVE, SKIPPED_GONE, DEFERRED, FAILED = "skipped_active", "skipped_gone", "deferred", "failed"
+NOT_NEEDED = "not_needed"
+
+
+class RetentionRepairRefused(RuntimeError):
+    """The repair will not start (no plan, no broker to talk to) or had to stop (the broker refused us)."""
+
+
+@dataclass
+class PlannedAction:
+    action: str
+    tenant: str | None
+    namespace: str | None
+    topic_name: str
+    managed_ledger: str
+    cursor: str | None = None
+    planned_bytes: int = 0
+    zk_version: int | None = None  # of the managed-ledger (load) or cursor (delete) znode when planned
+    check_version: bool = True  # false for the trim right after deleting a subscription (we loaded the topic)
+
+
+@dataclass
+class RepairResult:
+    run_id: str
+    plan_run_id: str
+    execute: bool
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    duration_s: float = 0.0
+    stopped: str | None = None  # why the run stopped early (the broker unreachable or refusing us)
+
+
+def plan_actions(rows: Iterable[dict[str, Any]]) -> list[PlannedAction]:
+    """Per topic: its candidate subscriptions first, then one trim (for a candidate topic, or to free what the
+    deleted subscriptions pinned). Largest planned bytes first, so a cap keeps the most valuable work."""
+    topics: dict[str, dict[str, Any]] = {}
+    subs: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["status"] != "candidate":
+            continue
+        if r["kind"] == "topic":
+            topics[r["managed_ledger"]] = r
+        elif r["kind"] == "cursor":
+            subs.setdefault(r["managed_ledger"], []).append(r)
+    plans: list[tuple[int, list[PlannedAction]]] = []
+    for ml in sorted(set(topics) | set(subs)):
+        actions = []
+        for c in sorted(subs.get(ml, []), key=lambda r: r["cursor"]):
+            actions.append(PlannedAction(DELETE_SUBSCRIPTION, c["tenant"], c["namespace"], c["topic_name"], ml,
+                                         c["cursor"], c["reclaimable_bytes"] or 0, c["zk_version"]))
+        topic = topics.get(ml)
+        if topic is not None:
+            actions.append(PlannedAction(LOAD_TOPIC, topic["tenant"], topic["namespace"], topic["topic_name"], ml,
+                                         None, topic["reclaimable_bytes"] or 0, topic["zk_version"],
+                                         check_version=not actions))
+        elif actions:
+            first = actions[0]
+            actions.append(PlannedAction(LOAD_TOPIC, first.tenant, first.namespace, first.topic_name, ml, None,
+                                         sum(a.planned_bytes for a in actions), None, check_version=False))
+        plans.append((sum(a.planned_bytes for a in actions), actions))
+    plans.sort(key=lambda p: -p[0])
+    return [a for _, group in plans for a in group]
+
+
+class BrokerAdmin(AdminClient):
+    """The admin REST calls the repair makes, with [system_topic]'s token and TLS settings."""
+
+    def topic_url(self, topic_name: str, suffix: str = "") -> str:
+        parts = names.parse_topic(topic_name)
+        if parts is None:
+            raise SystemTopicError(f"not a persistent topic name: {topic_name!r}")
+        # The topic path parameter is @Encoded: Pulsar decodes it once itself (Codec.decode).
+        local = urllib.parse.quote(parts.local, safe="")
+        version = "v2/" if "/" not in parts.namespace else ""  # old cluster-scoped names: the v1 API
+        return f"{self.base}/admin/{version}persistent/{parts.tenant}/{parts.namespace}/{local}{suffix}"
+
+    def call(self, method: str, url: str, hops: int = 3) -> tuple[int, bytes]:
+        """One admin call; a 307/308 to the broker that owns the topic is followed for every method (urllib
+        follows it only for GET)."""
+        for _ in range(hops):
+            request = urllib.request.Request(url, data=b"" if method in ("POST", "PUT") else None, method=method)
+            request.add_header("Accept", "application/json")
+            if self.token is not None:
+                request.add_header("Authorization", f"Bearer {self.token.value}")
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout, context=self.context) as response:
+                    return response.status, response.read()
+            except urllib.error.HTTPError as exc:
+                location = exc.headers.get("Location") if exc.code in (307, 308) else None
+                if location:
+                    url = urllib.parse.urljoin(url, location)
+                    continue
+                if exc.code in (401, 403):
+                    raise SystemTopicError(f"admin API at {self.base} refused our credentials (HTTP {exc.code}): "
+                                           "check [system_topic] auth_token_file / auth_token_env") from exc
+                return exc.code, exc.read()
+            except (urllib.error.URLError, OSError) as exc:
+                raise SystemTopicError(f"admin API at {self.base} unreachable: {getattr(exc, 'reason', exc)}") from exc
+        raise SystemTopicError(f"admin API: more than {hops} redirects for {method} {url}")
+
+    def topic_policy(self, topic_name: str) -> tuple[str, str]:
+        """Whether the topic sets its own retention or TTL, locally or globally (the raw topic-level values,
+        `applied=false`): not_set | set | unread.
+
+        `GET .../retention` and `.../messageTTL` (admin v2 `PersistentTopics`) answer the stored
+        `TopicPolicies` value, or 204 when none is set; a broker with topicLevelPoliciesEnabled=false answers
+        405. Local and global topic policies are separate records (`isGlobal`), and the broker applies either,
+        so both are asked. Topic policies belong to the partitioned topic, not its partitions. Call this only
+        for topics whose bundle a live broker owns: the ownership check behind it would otherwise make a
+        broker acquire the bundle.
+        """
+        base = re.sub(r"-partition-\d+$", "", topic_name)
+        for suffix in ("/retention", "/messageTTL"):
+            for scope in ("false", "true"):
+                status, body = self.call("GET", self.topic_url(base, f"{suffix}?isGlobal={scope}"))
+                text = body.strip()
+                if status == 204 or (status == 200 and text in (b"", b"null")):
+                    continue
+                where = "global" if scope == "true" else "local"
+                if status == 200:
+                    shown = text[:120].decode("utf-8", "replace")
+                    return SET, f"{base} sets its own {where} {suffix[1:]} ({shown}): not evaluated"
+                return UNREAD, f"reading {base}'s {where} topic-level {suffix[1:]} answered HTTP {status}"
+        return NOT_SET, "the broker says the topic sets no retention or TTL of its own"
+
+    def trim(self, topic_name: str) -> tuple[int, bytes]:
+        return self.call("POST", self.topic_url(topic_name, "/trim"))
+
+    def internal_stats(self, topic_name: str) -> tuple[int, bytes]:
+        return self.call("GET", self.topic_url(topic_name, "/internalStats"))
+
+    def stats(self, topic_name: str) -> tuple[int, bytes]:
+        return self.call("GET", self.topic_url(topic_name, "/stats"))
+
+    def delete_subscription(self, topic_name: str, subscription: str) -> tuple[int, bytes]:
+        # The subscription parameter is decoded by the server and then again by Pulsar (Codec.decode).
+        sub = urllib.parse.quote(names.encode_local_name(subscription), safe="")
+        return self.call("DELETE", self.topic_url(topic_name, f"/subscription/{sub}"))
+
+
+def subscription_activity(stats: dict[str, Any], subscription: str, since_ms: int) -> str | None:
+    """Why the broker's live stats say a subscription is in use, or None when they show it idle.
+
+    Timestamps are the broker's in-memory ones (0 after the topic loaded: no activity since), so they can
+    only show activity, never prove idleness: the idleness itself comes from ZooKeeper.
+    """
+    sub = (stats.get("subscriptions") or {}).get(subscription)
+    if sub is None:
+        return "gone"
+    consumers = sub.get("consumers") or []
+    if consumers:
+        return f"{len(consumers)} consumer(s) connected"
+    for key in ("lastAckedTimestamp", "lastConsumedTimestamp", "lastConsumedFlowTimestamp",
+                "lastMarkDeleteAdvancedTimestamp"):
+        value = sub.get(key) or 0
+        if isinstance(value, int | float) and value > since_ms:
+            return f"{key} {int(value)} is after {since_ms}"
+    return None
+
+
+class _Pacer:
+    def __init__(self, per_second: float, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.interval, self.sleep, self.next_at = 1.0 / per_second, sleep, 0.0
+
+    def wait(self) -> None:
+        now = time.monotonic()
+        if now < self.next_at:
+            self.sleep(self.next_at - now)
+        self.next_at = max(now, self.next_at) + self.interval
+
+
+class TopicPolicyLookup:
+    """[retention] topic_policies = "admin": the broker's answer per topic, paced like the repair's calls. Once
+    the admin API is unreachable the rest are `unread` without asking (their topics stay `unknown`): a broker
+    we cannot reach never stops the run, and never makes a topic look expired."""
+
+    def __init__(self, admin: BrokerAdmin, per_second: float, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.admin, self.pacer, self.failure = admin, _Pacer(per_second, sleep), ""
+
+    def __call__(self, topic_name: str) -> tuple[str, str]:
+        if self.failure:
+            return UNREAD, f"not asked: {self.failure}"
+        self.pacer.wait()
+        try:
+            return self.admin.topic_policy(topic_name)
+        except SystemTopicError as exc:
+            self.failure = str(exc)
+            return UNREAD, self.failure
+
+
+def latest_plan_run(store: TableStore) -> str | None:
+    if not store.exists("runs"):
+        return None
+    rows = (store.read("runs").where((F.col("stage") == "retention_debt") & (F.col("status") == "succeeded"))
+            .orderBy(F.desc("started_at")).limit(1).collect())
+    return rows[0]["run_id"] if rows else None
+
+
+def run_repair(config: SweeperConfig, store: TableStore, plan_run_id: str, run_id: str, execute: bool = False,
+               admin: BrokerAdmin | None = None, zk_client: Any = None) -> RepairResult:
+    started = time.monotonic()
+    if not store.exists("retention_debt"):
+        raise RetentionRepairRefused(f"no retention_debt table in {config.tables.root}: run `sweeper sweep` first")
+    rows = [r.asDict() for r in store.read("retention_debt").where(F.col("run_id") == plan_run_id).collect()]
+    plan = plan_actions(rows)
+    if execute and admin is None:
+        if not config.system_topic.admin_url:
+            raise RetentionRepairRefused("[system_topic] admin_url is not set: the repair acts only through the "
+                                         "broker's admin REST API")
+        admin = BrokerAdmin(config.system_topic)
+    result = RepairResult(run_id, plan_run_id, execute)
+    own_client = zk_client is None
+    client = zk_client or zkutil.connect(config.pulsar_zookeeper, timeout=config.bookkeeper.session_timeout_s)
+    pacer = _Pacer(config.retention.actions_per_second)
+    idle_cutoff_ms = int(time.time() * 1000) - int(config.retention.cursor_idle_days * DAY_MS)
+    deleted_on: set[str] = set()
+    try:
+        for index, action in enumerate(plan):
+            if result.stopped or index >= config.retention.max_actions_per_run:
+                cap = config.retention.max_actions_per_run
+                why = result.stopped or f"beyond [retention] max_actions_per_run = {cap}: next run"
+                _record(result, action, DEFERRED, why)
+                continue
+            try:
+                _act(action, result, client, admin, pacer, config, idle_cutoff_ms, deleted_on)
+            except SystemTopicError as exc:
+                result.stopped = f"stopped: {exc}"
+                _record(result, action, FAILED, str(exc))
+    finally:
+        if own_client:
+            zkutil.close(client)
+    for row in result.rows:
+        result.counts[row["outcome"]] = result.counts.get(row["outcome"], 0) + 1
+    result.duration_s = time.monotonic() - started
+    if result.rows:
+        store.append_rows("retention_actions", result.rows, RETENTION_ACTIONS,
+                          commit_metadata={"run_id": run_id, "stage": "retention_repair"})
+    return result
+
+
+def _record(result: RepairResult, action: PlannedAction, outcome: str, detail: str, http_status: int | None = None,
+            before: int | None = None, after: int | None = None) -> None:
+    result.rows.append({
+        "run_id": result.run_id, "plan_run_id": result.plan_run_id, "finished_at": datetime.now(UTC),
+        "action": action.action, "tenant": action.tenant, "namespace": action.namespace,
+        "topic_name": action.topic_name, "managed_ledger": action.managed_ledger, "cursor": action.cursor,
+        "outcome": outcome, "detail": detail[:2000], "http_status": http_status, "planned_bytes": action.planned_bytes,
+        "bytes_before": before, "bytes_after": after, "dry_run": not result.execute,
+    })
+
+
+def _read(client: Any, path: str) -> tuple[bytes, Any] | None:
+    try:
+        return client.get(path)
+    except NoNodeError:
+        return None
+
+
+def _listed_bytes(data: bytes) -> int | None:
+    try:
+        return sum(x.size for x in codec.decode_managed_ledger_info(data).ledgerInfo)
+    except MetadataDecodeError:
+        return None
+
+
+def _reason(body: bytes) -> str:
+    """Pulsar's error body is {"reason": ...}; a missing endpoint answers with something else."""
+    try:
+        reason = json.loads(body or b"{}").get("reason")
+    except (ValueError, AttributeError):
+        return ""
+    return reason if isinstance(reason, str) else ""
+
+
+def _act(action: PlannedAction, result: RepairResult, client: Any, admin: BrokerAdmin | None, pacer: _Pacer,
+         config: SweeperConfig, idle_cutoff_ms: int, deleted_on: set[str]) -> None:
+    ml_path = zkutil.join(config.pulsar.managed_ledgers_root, action.managed_ledger)
+    if action.action == DELETE_SUBSCRIPTION:
+        assert action.cursor is not None
+        found = _read(client, zkutil.join(ml_path, names.encode_local_name(action.cursor)))
+        if found is None:
+            _record(result, action, SKIPPED_GONE, "the cursor's znode is gone")
+            return
+        if found[1].version != action.zk_version:
+            _record(result, action, SKIPPED_ACTIVE, f"the cursor's znode was written since the plan (version "
+                                                    f"{action.zk_version} -> {found[1].version}): it became active")
+            return
+        if not result.execute:
+            _record(result, action, WOULD_DELETE, "idle and unchanged since the plan; --execute deletes it")
+            return
+        assert admin is not None
+        pacer.wait()
+        status, body = admin.stats(action.topic_name)
+        if status != 200:
+            _record(result, action, FAILED, f"reading the topic's stats answered HTTP {status}: {body[:200]!r}", status)
+            return
+        activity = subscription_activity(json.loads(body or b"{}"), action.cursor, idle_cutoff_ms)
+        if activity == "gone":
+            _record(result, action, SKIPPED_GONE, "the broker has no such subscription", status)
+            return
+        if activity is not None:
+            _record(result, action, SKIPPED_ACTIVE, f"the broker shows it in use: {activity}", status)
+            return
+        pacer.wait()
+        status, body = admin.delete_subscription(action.topic_name, action.cursor)
+        if status in (200, 204):
+            deleted_on.add(action.managed_ledger)
+            _record(result, action, DELETED, "subscription deleted through the admin API", status)
+        elif status == 404:
+            _record(result, action, SKIPPED_GONE, "the broker has no such subscription", status)
+        elif status == 412:
+            _record(result, action, SKIPPED_ACTIVE, f"the broker refused: {body[:200]!r}", status)
+        else:
+            _record(result, action, FAILED, f"HTTP {status}: {body[:200]!r}", status)
+        return
+    found = _read(client, ml_path)
+    if found is None:
+        _record(result, action, SKIPPED_GONE, "the managed ledger is gone")
+        return
+    before = _listed_bytes(found[0])
+    if action.check_version and found[1].version != action.zk_version:
+        _record(result, action, SKIPPED_ACTIVE, f"its managed ledger was written since the plan (version "
+                                                f"{action.zk_version} -> {found[1].version}): a broker has it", None,
+                before)
+        return
+    if not action.check_version and action.managed_ledger not in deleted_on and result.execute:
+        _record(result, action, NOT_NEEDED, "no subscription was deleted: nothing new to trim", None, before)
+        return
+    if not result.execute:
+        _record(result, action, WOULD_LOAD, "unchanged since the plan; --execute loads and trims it", None, before)
+        return
+    assert admin is not None
+    pacer.wait()
+    status, body = admin.trim(action.topic_name)
+    outcome, detail = TRIMMED, "trimmed by the broker under its own retention rules"
+    reason = _reason(body)
+    if status == 404 and "not found" in reason.lower() and "topic" in reason.lower():
+        _record(result, action, SKIPPED_GONE, f"the broker: {reason}", status, before)
+        return
+    if status in (404, 405):
+        pacer.wait()
+        status, body = admin.internal_stats(action.topic_name)  # no trim endpoint (Pulsar < 2.11): load it
+        outcome, detail = LOADED, "loaded: its broker's next retention check trims it"
+    if status not in (200, 204):
+        _record(result, action, FAILED, f"HTTP {status}: {body[:200]!r}", status, before)
+        return
+    after = _read(client, ml_path)
+    _record(result, action, outcome, detail, status, before, _listed_bytes(after[0]) if after else None)

@@ -1,0 +1,236 @@
+"""Retention debt against a real Apache Pulsar (the testbed, tests/real_pulsar/conftest.py).
+
+Two namespaces, each a single bundle, keep everything (retention -1) while the topics are written; then
+the topics are unloaded one by one (PUT .../unload: the bundle stays owned) and only then do their
+namespaces lower retention to none (0 minutes, 0 MB). A namespace policy change reaches loaded topics
+only (PersistentTopic.onPoliciesUpdate), so the unloaded ones never apply it: their expired ledgers stay.
+(Unloading the namespace instead does not leave topics unloaded on Pulsar 4.0.8: a system-topic reader
+re-acquires the bundle within a second and PulsarService loads every topic of a newly owned bundle.)
+- `expiring`: topic `expired` (no subscription, 45 messages: four full ledgers and a fifth) and `woken`;
+- `subs`: topic `pinned` with an `idle` subscription (nothing acknowledged since the unload) next to an
+  `active` one that acknowledged everything and reconnects before the plan; topic `vetoed` whose idle subscription
+  gets a consumer between plan and act; topic `own-policy` with a topic-level retention of its own.
+Once a topic stays untrimmed longer than two retention checks and a minute (the rule's slack), one
+snapshot and the retention-debt step ([retention] topic_policies = "admin": the broker is asked about
+topics in owned bundles), then `sweeper retention --execute`'s repair:
+- `expired` is a candidate with exactly the ledgers the broker's rules allow now (ManagedLedgerImpl
+  internalTrimLedgers: every ledger but the last listed one, which ManagedLedgerImpl.initialize re-opens
+  with the load time as its timestamp) and their bytes as the broker's stats-internal reported them; the
+  repair's trim (admin v2 `POST .../trim`, PersistentTopicsBase.internalTrimTopic ->
+  ManagedLedgerImpl.trimConsumedLedgersInBackground) makes the broker delete them (with no retention at
+  all it also takes the re-opened one: our count is a lower bound there);
+- `woken` gets a producer between plan and act (it became active): skipped, untrimmed by us;
+- `pinned/idle` is deleted (DELETE .../subscription/idle); `pinned/active`, which acknowledged everything
+  and whose consumer is back, looks as idle in ZooKeeper but is left alone (the broker's stats show its
+  consumer); the ledgers only `idle` pinned are trimmed;
+- `vetoed/idle` is skipped: the broker's stats show its consumer;
+- `own-policy` is `unknown` (topic_policy_set): never acted on.
+
+Cost: about 72 s of waiting, one snapshot, the step and the repair.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pulsar
+import pytest
+from pyspark.sql import SparkSession
+
+from sweeper import config as config_mod
+from sweeper.codecs import pulsar as codec
+from sweeper.config import SweeperConfig
+from sweeper.pipeline import retention_stage
+from sweeper.retention_repair import DELETED, NOT_NEEDED, SKIPPED_ACTIVE, TRIMMED, run_repair
+from sweeper.snapshot import run_snapshot
+from sweeper.tables import open_table_store
+from sweeper.testbed.admin import Admin, topic_path
+from sweeper.testbed.orphans import ml_path
+from sweeper.testbed.workload import TENANT, admin_for, client_for, produce, topic
+from sweeper.testbed.world import World, zk_for
+from tests.real_pulsar.conftest import COST, GRACE_S
+
+pytestmark = [pytest.mark.real_pulsar, pytest.mark.timeout(900)]
+
+EXPIRING, SUBS = f"{TENANT}/retention-expiring", f"{TENANT}/retention-subs"
+EXPIRED, WOKEN = topic("expired", EXPIRING), topic("woken", EXPIRING)
+PINNED, VETOED, OWN_POLICY = topic("pinned", SUBS), topic("vetoed", SUBS), topic("own-policy", SUBS)
+# A loaded topic is trimmed every check interval: untrimmed for 2 x 5 s + 60 s means nobody runs its retention.
+UNTRIMMED_S = 2 * 5 + 60
+IDLE_S = 30.0  # [retention] cursor_idle_days, as a fraction of a day
+
+
+@dataclass
+class Repaired:
+    debt: dict[tuple[str, str | None], dict[str, Any]]  # (topic, cursor) -> retention_debt row
+    actions: dict[tuple[str, str | None], dict[str, Any]]  # (topic, cursor) -> retention_actions row
+    stats_before: dict[str, dict[int, int]]  # topic -> ledger id -> size, the broker's stats-internal
+    listed_at_plan: dict[str, dict[int, int]]  # topic -> ledger id -> size, as ZooKeeper listed them at the plan
+    admin: Admin
+
+
+def retention_config(world: World, tables: Path) -> SweeperConfig:
+    return config_mod.load(world.info.sweeper_config).replace(
+        tables={"root": str(tables), "engine": "delta-rs"},
+        safety={"min_age_hours": GRACE_S / 3600, "force_min_age": True, "max_orphan_fraction": 1.0},
+        retention={"topic_policies": "admin", "cursor_idle_days": IDLE_S / 86400, "force_cursor_idle": True,
+                   "report_idle_days": IDLE_S / 86400,
+                   "allow": f"{EXPIRING},{SUBS}", "actions_per_second": 50.0})
+
+
+def _ledger_sizes(admin: Admin, name: str) -> dict[int, int]:
+    return {int(x["ledgerId"]): int(x["size"]) for x in admin.internal_stats(name)["ledgers"]}
+
+
+def _listed(world: World, name: str) -> dict[int, int]:
+    """The managed ledger's list as ZooKeeper holds it (reading it loads nothing)."""
+    zk = zk_for(world.info)
+    try:
+        return {x.ledgerId: x.size for x in codec.decode_managed_ledger_info(zk.get(ml_path(name))[0]).ledgerInfo}
+    finally:
+        zk.stop()
+
+
+def _subscriptions(admin: Admin, name: str) -> set[str]:
+    return set(admin.stats(name)["subscriptions"])
+
+
+def _prepare(admin: Admin, client: pulsar.Client) -> tuple[dict[str, dict[int, int]], float]:
+    keep = {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1}
+    for namespace in (EXPIRING, SUBS):
+        admin.call("PUT", f"/admin/v2/namespaces/{namespace}", {"bundles": {"numBundles": 1}}, ok=(200, 204, 409))
+        admin.namespace_policy(namespace, "retention", keep)
+    for name, subscriptions in ((PINNED, ("idle", "active")), (VETOED, ("idle",))):
+        admin.create_topic(name)
+        for sub in subscriptions:
+            admin.create_subscription(name, sub)
+    for name, count in ((EXPIRED, 45), (WOKEN, 25), (PINNED, 35), (VETOED, 25), (OWN_POLICY, 25)):
+        produce(client, name, count)
+    # `active` acknowledges everything. The unload below closes the cursors, which writes their positions to
+    # ZooKeeper (ManagedCursorImpl persistPositionWhenClosing): exact there, no cursor ledger left to lag behind.
+    consumer = client.subscribe(PINNED, "active")
+    for _ in range(35):
+        consumer.acknowledge(consumer.receive(30_000))
+    consumer.close()
+    time.sleep(1.5)  # managedLedgerCursorPositionFlushSeconds = 1
+    # A topic-level retention of its own (stored in subs' __change_events): the namespace's is not what applies.
+    admin.call("POST", f"/admin/v2/{topic_path(OWN_POLICY)}/retention", keep)
+    deadline = time.monotonic() + 30
+    while admin.call("GET", f"/admin/v2/{topic_path(OWN_POLICY)}/retention") is None:
+        assert time.monotonic() < deadline, "the topic-level retention never showed"
+        time.sleep(0.5)
+    stats = {name: _ledger_sizes(admin, name) for name in (EXPIRED, PINNED)}
+    for name in (EXPIRED, WOKEN, PINNED, VETOED):
+        admin.unload(name)  # the ledger closes, cursors close: their znodes are written
+    unloaded_at = time.time()
+    for namespace in (EXPIRING, SUBS):
+        admin.namespace_policy(namespace, "retention", {"retentionTimeInMinutes": 0, "retentionSizeInMB": 0})
+    return stats, unloaded_at
+
+
+@pytest.fixture(scope="module")
+def repaired(testbed_world: World, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Repaired]:
+    started = time.monotonic()
+    world = testbed_world
+    admin = admin_for(world.info)
+    client = client_for(world.info)
+    cfg = retention_config(world, tmp_path_factory.mktemp("retention-tables"))
+    store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
+    holders: list[Any] = []  # consumers kept connected through the repair
+    try:
+        stats, unloaded_at = _prepare(admin, client)
+        # Untrimmed for longer than a loaded topic could be (nothing may touch the topics meanwhile).
+        time.sleep(max(0.0, unloaded_at + UNTRIMMED_S + 1.5 - time.time()))
+        # `active` is back: its consumer loads `pinned` (a load writes no cursor znode) and stays connected.
+        holders.append(client.subscribe(PINNED, "active"))
+        COST["retention_setup_s"] = time.monotonic() - started
+        step = time.monotonic()
+        run_id = run_snapshot(spark, cfg, store).run_id
+        listed = {name: _listed(world, name) for name in (EXPIRED, PINNED)}
+        retention_stage(spark, cfg, store, run_id)
+        COST["retention_plan_s"] = time.monotonic() - step
+        debt = {(r["topic_name"], r["cursor"]): r.asDict()
+                for r in store.read("retention_debt").where(f"run_id = '{run_id}'").collect()}
+        # Between plan and act: `woken` gets a producer (a broker loads it), `vetoed/idle` a consumer.
+        produce(client, WOKEN, 1)
+        holders.append(client.subscribe(VETOED, "idle"))
+        step = time.monotonic()
+        result = run_repair(cfg, store, run_id, f"retention-{run_id}", execute=True)
+        COST["retention_repair_s"] = time.monotonic() - step
+        actions = {(r["topic_name"], r["cursor"]): r for r in result.rows}
+        yield Repaired(debt, actions, stats, listed, admin)
+    finally:
+        for consumer in holders:
+            consumer.close()
+        client.close()
+        # Leave the broker as the other real-cluster tests expect it: these topics gone, through the broker.
+        for name in (EXPIRED, WOKEN, PINNED, VETOED, OWN_POLICY):
+            admin.delete_topic(name)
+        COST["retention_total_s"] = time.monotonic() - started
+
+
+def test_an_unloaded_topic_past_retention_is_found_with_the_brokers_bytes(repaired: Repaired) -> None:
+    row = repaired.debt[(EXPIRED, None)]
+    assert (row["status"], row["reason"], row["unloaded_evidence"], row["bundle_owned"]) == (
+        "candidate", "expired_not_trimmed", "not_trimmed_since", True), row["detail"]
+    listed = sorted(repaired.listed_at_plan[EXPIRED])
+    assert len(listed) >= 5 and row["ledger_ids"] == listed[:-1]  # all but the one a load re-opens
+    sizes = repaired.stats_before[EXPIRED]
+    assert row["reclaimable_bytes"] == sum(sizes[ledger] for ledger in listed[:-1]) > 0
+    assert (row["retention_minutes"], row["retention_size_mb"]) == (0, 0)
+
+
+def test_the_repair_makes_the_broker_trim_exactly_the_planned_ledgers(repaired: Repaired) -> None:
+    row, action = repaired.debt[(EXPIRED, None)], repaired.actions[(EXPIRED, None)]
+    assert action["outcome"] == TRIMMED, action["detail"]
+    # At least what was planned: with no retention the broker also takes the ledger the load re-opened.
+    assert action["bytes_before"] - action["bytes_after"] >= row["reclaimable_bytes"] > 0
+    remaining = set(_ledger_sizes(repaired.admin, EXPIRED))
+    assert not remaining & set(row["ledger_ids"])
+
+
+def test_a_topic_that_became_active_between_plan_and_act_is_skipped(repaired: Repaired) -> None:
+    assert repaired.debt[(WOKEN, None)]["status"] == "candidate"
+    action = repaired.actions[(WOKEN, None)]
+    assert action["outcome"] == SKIPPED_ACTIVE and action["http_status"] is None, action["detail"]
+
+
+def test_an_idle_subscription_is_deleted_and_the_active_one_next_to_it_untouched(repaired: Repaired) -> None:
+    idle = repaired.debt[(PINNED, "idle")]
+    assert idle["status"] == "candidate" and idle["idle_ms"] >= IDLE_S * 1000, idle["detail"]
+    assert not idle["position_may_lag"] and idle["cursor_ledger_id"] == -1
+    assert repaired.debt[(PINNED, None)]["topic_policy"] == "not_set"  # the broker was asked: owned bundle
+    assert repaired.actions[(PINNED, "idle")]["outcome"] == DELETED
+    # ZooKeeper alone cannot tell `active` from `idle` (both unchanged since the unload): the broker's live
+    # stats can, right before the delete.
+    active = repaired.actions[(PINNED, "active")]
+    assert active["outcome"] == SKIPPED_ACTIVE and "consumer" in active["detail"], active["detail"]
+    assert _subscriptions(repaired.admin, PINNED) == {"active"}
+    # What `idle` alone pinned is gone: the broker trimmed it once the subscription was.
+    trim = repaired.actions[(PINNED, None)]
+    assert trim["outcome"] == TRIMMED, trim["detail"]
+    # Its bytes: the broker's stats-internal sizes for the ledgers closed then; the one that was current (size
+    # 0 there) was closed by the unload and re-opened by the load, so with no retention it goes too.
+    listed, stats = repaired.listed_at_plan[PINNED], repaired.stats_before[PINNED]
+    assert idle["ledger_ids"] and idle["reclaimable_bytes"] == sum(listed[x] for x in idle["ledger_ids"])
+    assert all(stats[x] == listed[x] for x in idle["ledger_ids"] if stats.get(x))
+    assert not set(_ledger_sizes(repaired.admin, PINNED)) & set(idle["ledger_ids"])
+
+
+def test_a_subscription_with_a_consumer_at_act_time_is_skipped(repaired: Repaired) -> None:
+    assert repaired.debt[(VETOED, "idle")]["status"] == "candidate"
+    action = repaired.actions[(VETOED, "idle")]
+    assert action["outcome"] == SKIPPED_ACTIVE and "consumer" in action["detail"], action["detail"]
+    assert repaired.actions[(VETOED, None)]["outcome"] == NOT_NEEDED
+    assert _subscriptions(repaired.admin, VETOED) == {"idle"}
+
+
+def test_a_topic_level_policy_makes_the_topic_unknown_never_acted_on(repaired: Repaired) -> None:
+    row = repaired.debt[(OWN_POLICY, None)]
+    assert (row["status"], row["reason"], row["topic_policy"]) == ("unknown", "topic_policy_set", "set"), row
+    assert row["reclaimable_bytes"] == 0 and not row["ledger_ids"]
+    assert not [key for key in repaired.actions if key[0] == OWN_POLICY]

@@ -1,0 +1,271 @@
+"""Retention debt against the sandbox's ground truth, at several sizes: expired-but-unloaded topics with
+the right ledgers and bytes, idle cursors with what each alone pins, bad or missing policies `unknown`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+from pyspark.sql import SparkSession
+
+from sweeper.reconcile import SafetySettings, run_reconcile
+from sweeper.retention import DAY_MS
+from sweeper.retention_debt import RetentionDebtRefused, RetentionSettings, run_retention_debt
+from sweeper.safety import CircuitBreaker, Scope
+from sweeper.sandbox.model import SandboxCluster, SandboxSpec, build_cluster
+from sweeper.sandbox.retention_scenarios import SIZE_NS, TIME_NS
+from sweeper.sandbox.seed import seed_zookeeper
+from sweeper.snapshot import run_snapshot
+from sweeper.tables import TableStore, open_table_store
+from sweeper.zkserver import ServerClock
+from tests.conftest import BASE_CONFIG, ZkTarget
+
+
+def _snapshot(zk: KazooClient, target: ZkTarget, spark: SparkSession, tmp_path: Path,
+              spec: SandboxSpec) -> tuple[SandboxCluster, TableStore, str]:
+    cluster = build_cluster(spec)
+    seed_zookeeper(zk, cluster)
+    cfg = BASE_CONFIG.replace(bookkeeper={"zookeeper": target.hosts}, offload={"enabled": False},
+                              tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"})
+    store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
+    return cluster, store, run_snapshot(spark, cfg, store).run_id
+
+
+def _debt(store: TableStore, run_id: str) -> tuple[dict[str, dict[str, Any]], dict[tuple[str, str], dict[str, Any]]]:
+    rows = [r.asDict() for r in store.read("retention_debt").where(f"run_id = '{run_id}'").collect()]
+    topics = {r["managed_ledger"]: r for r in rows if r["kind"] == "topic"}
+    cursors = {(r["managed_ledger"], r["cursor"]): r for r in rows if r["kind"] == "cursor"}
+    assert len(topics) + len(cursors) == len(rows)
+    return topics, cursors
+
+
+@pytest.mark.parametrize(("seed", "topics"), [(11, 30), (23, 250)])
+def test_retention_debt_is_the_sandboxs_ground_truth(
+        seed: int, topics: int, zk: KazooClient, zk_target: ZkTarget, zk_clock: ServerClock, spark: SparkSession,
+        tmp_path: Path) -> None:
+    cluster, store, run_id = _snapshot(zk, zk_target, spark, tmp_path, SandboxSpec(seed=seed, topics=topics))
+    run_reconcile(spark, store, run_id, SafetySettings(breaker=CircuitBreaker(1.0)))
+    settings = RetentionSettings(delete_after_ms=30 * DAY_MS)
+    result = run_retention_debt(spark, store, run_id, settings)
+    found, cursors = _debt(store, run_id)
+    expected = {e.managed_ledger: e for e in cluster.retention}
+    assert len(expected) >= 13 * max(1, topics // 100) - 2 * (max(1, topics // 100) - 1)
+    # Recall and precision: every scenario that owes something (or cannot be judged) has its row, and no
+    # regular topic (kept forever) or young one has any.
+    assert set(found) == {ml for ml, e in expected.items() if e.status != "none" or e.cursors}
+    for ml, row in found.items():
+        e = expected[ml]
+        assert (row["status"], row["reason"]) == (e.status, e.reason), (e.scenario, row["detail"])
+        assert row["ledger_ids"] == e.trimmable, e.scenario
+        assert row["reclaimable_bytes"] == e.trimmable_bytes, e.scenario
+        if e.status == "candidate":
+            assert row["unloaded_evidence"] == "not_trimmed_since" and row["bundle_owned"] is None
+        if e.status == "unknown":
+            assert row["policy_source"] is None and row["reclaimable_bytes"] == 0  # never "expired"
+    expected_cursors = {(ml, c.name): c for ml, e in expected.items() for c in e.cursors}
+    assert set(cursors) == set(expected_cursors)
+    for key, row in cursors.items():
+        c = expected_cursors[key]
+        assert row["idle_ms"] >= c.min_idle_ms, key
+        assert row["ledger_ids"] == c.pinned and row["reclaimable_bytes"] == c.pinned_bytes, key
+        assert row["position_may_lag"] is c.position_may_lag, key
+        # Deletion at 30 days: the 60-day closed cursor is a candidate; the one whose cursor ledger may hold
+        # four more hours of acknowledgements is not yet; system cursors and unknown topics never are.
+        want = ("unknown" if expected[key[0]].status == "unknown" else "protected" if c.system
+                else "candidate" if c.min_idle_ms >= 30 * DAY_MS else "idle")
+        assert row["status"] == want, (key, row["detail"])
+    # The report by cause adds up, per namespace.
+    report = {(r["tenant"], r["namespace"]): r.asDict()
+              for r in store.read("reclaimable_report").where(f"run_id = '{run_id}'").collect()}
+    tenant, ns = TIME_NS.split("/")
+    unloaded = sum(e.trimmable_bytes for ml, e in expected.items()
+                   if ml.startswith(TIME_NS + "/") and e.reason == "expired_not_trimmed")
+    assert report[(tenant, ns)]["expired_unloaded_bytes"] == unloaded
+    assert report[(tenant, ns)]["idle_cursor_bytes"] >= sum(
+        c.pinned_bytes for ml, e in expected.items() if ml.startswith(TIME_NS + "/") for c in e.cursors)
+    orphan_bytes = sum(r["orphan_bytes"] for r in report.values())
+    assert orphan_bytes == sum(r["size_bytes"] or 0 for r in store.read("orphans").where(
+        f"run_id = '{run_id}' and status = 'candidate'").collect())
+    assert result.counts["topic.candidate"] == sum(1 for e in expected.values() if e.status == "candidate")
+    with pytest.raises(RetentionDebtRefused, match="already"):
+        run_retention_debt(spark, store, run_id, settings)
+
+
+def test_a_bundle_nobody_owns_has_no_topic_loaded(
+        zk: KazooClient, zk_target: ZkTarget, zk_clock: ServerClock, spark: SparkSession, tmp_path: Path) -> None:
+    """With ownership readable (a live broker owns bundles), a topic whose bundle nobody owns is unloaded even
+    when its list changed a minute ago; in an owned bundle only the clocks can tell."""
+    size_tenant, size_ns = SIZE_NS.split("/")
+    zk.create(f"/namespace/{size_tenant}/{size_ns}/0x00000000_0xffffffff", b'{"nativeUrl": "pulsar://b:6650"}',
+              ephemeral=True, makepath=True)
+    zk.create("/namespace/tenant-0/retention-time/0x80000000_0xc0000000", b"{}", makepath=True)  # not ephemeral
+    cluster, store, run_id = _snapshot(zk, zk_target, spark, tmp_path, SandboxSpec(seed=5, topics=10))
+    run_retention_debt(spark, store, run_id, RetentionSettings())
+    found, _ = _debt(store, run_id)
+    loaded = next(e.managed_ledger for e in cluster.retention if e.scenario == "expired_loaded")
+    assert found[loaded]["status"] == "candidate" and found[loaded]["unloaded_evidence"] == "bundle_not_owned"
+    assert found[loaded]["bundle_owned"] is False
+    over_quota = next(e.managed_ledger for e in cluster.retention if e.scenario == "over_quota")
+    assert found[over_quota]["bundle_owned"] is True
+    assert found[over_quota]["unloaded_evidence"] == "not_trimmed_since"
+
+
+def test_repairs_outside_the_allow_list_are_out_of_scope(
+        zk: KazooClient, zk_target: ZkTarget, zk_clock: ServerClock, spark: SparkSession, tmp_path: Path) -> None:
+    _, store, run_id = _snapshot(zk, zk_target, spark, tmp_path, SandboxSpec(seed=5, topics=10))
+    settings = RetentionSettings(delete_after_ms=DAY_MS, scope=Scope(allow=("tenant-1",)))
+    run_retention_debt(spark, store, run_id, settings)
+    found, cursors = _debt(store, run_id)
+    statuses = {(row["tenant"], row["status"]) for row in [*found.values(), *cursors.values()]}
+    assert ("tenant-0", "candidate") not in statuses and ("tenant-1", "candidate") in statuses
+    assert ("tenant-0", "out_of_scope") in statuses
+
+
+def _row(kind: str, ml: str, owned: bool | None, policy: str, cursor: str | None = None) -> dict[str, Any]:
+    return {"kind": kind, "managed_ledger": ml, "cursor": cursor, "tenant": "t", "namespace": "ns",
+            "topic_name": f"persistent://t/ns/{ml.rsplit('/', 1)[1]}", "bundle_owned": owned, "topic_policy": policy,
+            "status": "candidate", "reason": "expired_not_trimmed", "detail": "", "reclaimable_ledgers": 2,
+            "reclaimable_bytes": 100, "reclaimable_offloaded_bytes": 0, "ledger_ids": [1, 2],
+            "policy_source": "namespace", "retention_minutes": 1, "retention_size_mb": -1, "ttl_seconds": 0,
+            "eligible_since_ms": 5,
+            "unloaded_evidence": "not_trimmed_since", "idle_pinned_bytes": 7}
+
+
+def test_a_topic_level_policy_not_ruled_out_makes_the_topic_unknown_unless_the_broker_says_none() -> None:
+    from sweeper.retention_debt import NOT_SET, RULED_OUT, SET, UNCHECKED, finalize_topic_policies
+
+    def fresh() -> list[dict[str, Any]]:
+        return [_row("topic", "t/ns/persistent/a", True, UNCHECKED), _row("cursor", "t/ns/persistent/a", True,
+                                                                          UNCHECKED, "sub"),
+                _row("topic", "t/ns/persistent/b", False, UNCHECKED), _row("topic", "t/ns/persistent/c", None,
+                                                                           RULED_OUT)]
+
+    asked: list[str] = []
+
+    def broker(topic: str) -> tuple[str, str]:
+        asked.append(topic)
+        return NOT_SET, "none of its own"
+
+    rows = fresh()
+    assert finalize_topic_policies(rows, broker) == 1
+    assert asked == ["persistent://t/ns/a"]  # b's bundle has no live owner: asking would load it
+    a, a_sub, b, c = rows
+    assert (a["status"], a["topic_policy"], a["reclaimable_bytes"]) == ("candidate", NOT_SET, 100)
+    assert a_sub["status"] == "candidate"
+    assert (b["status"], b["reason"], b["reclaimable_bytes"], b["ledger_ids"]) == (
+        "unknown", "topic_policy_may_exist", 0, [])
+    assert c["status"] == "candidate" and c["topic_policy"] == RULED_OUT
+    rows = fresh()
+    finalize_topic_policies(rows, lambda topic: (SET, "retention 10 min of its own"))
+    assert (rows[0]["status"], rows[0]["reason"], rows[1]["status"]) == ("unknown", "topic_policy_set", "unknown")
+    rows = fresh()
+    assert finalize_topic_policies(rows, None) == 0  # [retention] topic_policies = "system_topic": never asks
+    assert [r["status"] for r in rows] == ["unknown", "unknown", "unknown", "candidate"]
+
+
+class _TopicPolicyBroker:
+    """A loopback HTTP server answering the admin v2 topic-policy GETs as Pulsar does (204: none set; 200 with
+    the value; 405 with topic-level policies disabled), redirecting the first request of a path once (307, as a
+    broker that does not own the topic)."""
+
+    def __init__(self, answers: dict[str, tuple[int, bytes]]) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.answers, self.seen, broker = answers, [], self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                broker.seen.append(self.path)
+                if not self.path.startswith("/owner"):
+                    self.send_response(307)
+                    self.send_header("Location", f"/owner{self.path}")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                key = self.path.removeprefix("/owner/admin/v2/persistent/")
+                status, body = broker.answers.get(key, (204, b""))
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_the_broker_is_asked_for_local_and_global_topic_policies_of_the_partitioned_topic() -> None:
+    from sweeper.retention_debt import NOT_SET, SET, UNREAD
+    from sweeper.retention_repair import BrokerAdmin, TopicPolicyLookup
+
+    broker = _TopicPolicyBroker({
+        "t/ns/ttl/messageTTL?isGlobal=true": (200, b"3600"),
+        "t/ns/off/retention?isGlobal=false": (405, b'{"reason": "Topic level policies is disabled"}'),
+        "t/ns/nulls/retention?isGlobal=false": (200, b"null"),
+    })
+    try:
+        admin = BrokerAdmin(BASE_CONFIG.replace(system_topic={"admin_url": broker.url}).system_topic)
+        assert admin.topic_policy("persistent://t/ns/plain-partition-3")[0] == NOT_SET
+        assert [p for p in broker.seen if p.startswith("/owner")] == [
+            f"/owner/admin/v2/persistent/t/ns/plain/{s}?isGlobal={g}"
+            for s in ("retention", "messageTTL") for g in ("false", "true")]  # the partitioned topic, redirected
+        verdict, detail = admin.topic_policy("persistent://t/ns/ttl")
+        assert verdict == SET and "global messageTTL (3600)" in detail
+        verdict, detail = admin.topic_policy("persistent://t/ns/off")
+        assert verdict == UNREAD and "HTTP 405" in detail
+        assert admin.topic_policy("persistent://t/ns/nulls")[0] == NOT_SET
+        lookup = TopicPolicyLookup(admin, 1000.0)
+        assert lookup("persistent://t/ns/ttl")[0] == SET
+    finally:
+        broker.close()
+    # The broker gone: that topic and every later one are unread (unknown), and nobody is asked again.
+    asked = len(broker.seen)
+    verdict, detail = lookup("persistent://t/ns/plain")
+    assert verdict == UNREAD and "unreachable" in detail
+    assert lookup("persistent://t/ns/other") == (UNREAD, f"not asked: {detail}") and len(broker.seen) == asked
+
+
+def test_admin_mode_asks_the_broker_only_about_owned_topics_whose_policies_may_be_overridden(
+        zk: KazooClient, zk_target: ZkTarget, zk_clock: ServerClock, spark: SparkSession, tmp_path: Path) -> None:
+    """[retention] topic_policies = "admin": in the namespace whose __change_events holds events, a topic in an
+    owned bundle is judged under its namespace's policy once the broker says it has none of its own; namespaces
+    whose __change_events holds no event are never asked about (the unowned case: the finalize test above)."""
+    from sweeper.retention_debt import NOT_SET, RULED_OUT
+    from sweeper.sandbox.retention_scenarios import TOPIC_POLICY_NS
+
+    tenant, ns = TOPIC_POLICY_NS.split("/")
+    zk.create(f"/namespace/{tenant}/{ns}/0x00000000_0xffffffff", b"{}", ephemeral=True, makepath=True)
+    cluster, store, run_id = _snapshot(zk, zk_target, spark, tmp_path, SandboxSpec(seed=5, topics=10))
+    asked: list[str] = []
+
+    def broker(topic: str) -> tuple[str, str]:
+        asked.append(topic)
+        return NOT_SET, "none of its own"
+
+    result = run_retention_debt(spark, store, run_id, RetentionSettings(topic_policies="admin"),
+                                topic_policy_lookup=broker)
+    found, cursors = _debt(store, run_id)
+    in_ns = {ml: row for ml, row in found.items() if ml.startswith(f"{TOPIC_POLICY_NS}/")}
+    assert in_ns and asked and result.counts["topic_policy_calls"] == len(asked)
+    assert {row["topic_name"] for row in in_ns.values()} == set(asked)
+    for row in in_ns.values():
+        assert row["bundle_owned"] is True and row["topic_policy"] == NOT_SET, row["detail"]
+        assert row["status"] != "unknown" and row["reason"] != "topic_policy_may_exist", row["detail"]
+    # Its one user topic: an idle subscription at the first ledger keeps everything, and now says so.
+    user_topic = next(ml for ml in in_ns if "/unknown-" in ml)
+    assert (found[user_topic]["status"], cursors[(user_topic, "old-sub")]["status"]) == ("none", "idle")
+    assert cursors[(user_topic, "old-sub")]["reclaimable_bytes"] == found[user_topic]["idle_pinned_bytes"] > 0
+    assert all(row["topic_policy"] == RULED_OUT for ml, row in found.items() if ml not in in_ns
+               and row["status"] != "unknown")
+    assert len(cluster.retention) > len(in_ns)
