@@ -26,7 +26,8 @@ topics in owned bundles), then `sweeper retention --execute`'s repair:
 - `vetoed/idle` is skipped: the broker's stats show its consumer;
 - `own-policy` is `unknown` (topic_policy_set): never acted on.
 
-Cost: about 72 s of waiting, one snapshot, the step and the repair.
+Cost: one snapshot, the step and the repair; the set-up and its ~72 s of waiting run in the testbed's
+background thread (conftest PREPARERS), overlapping the rest of the suite.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from sweeper.testbed.admin import Admin, topic_path
 from sweeper.testbed.orphans import ml_path
 from sweeper.testbed.workload import TENANT, admin_for, client_for, produce, topic
 from sweeper.testbed.world import World, zk_for
-from tests.real_pulsar.conftest import COST, GRACE_S
+from tests.real_pulsar.conftest import COST, GRACE_S, PREPARERS, prepared
 
 pytestmark = [pytest.mark.real_pulsar, pytest.mark.timeout(900)]
 
@@ -132,6 +133,18 @@ def _prepare(admin: Admin, client: pulsar.Client) -> tuple[dict[str, dict[int, i
     return stats, unloaded_at
 
 
+def _prepare_in_background(world: World) -> tuple[dict[str, dict[int, int]], float]:
+    """The set-up and its wait start with the testbed, while the rest of the suite runs."""
+    client = client_for(world.info)
+    try:
+        return _prepare(admin_for(world.info), client)
+    finally:
+        client.close()
+
+
+PREPARERS["retention"] = _prepare_in_background
+
+
 @pytest.fixture(scope="module")
 def repaired(testbed_world: World, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Repaired]:
     started = time.monotonic()
@@ -142,7 +155,7 @@ def repaired(testbed_world: World, spark: SparkSession, tmp_path_factory: pytest
     store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
     holders: list[Any] = []  # consumers kept connected through the repair
     try:
-        stats, unloaded_at = _prepare(admin, client)
+        stats, unloaded_at = prepared("retention")
         # Untrimmed for longer than a loaded topic could be (nothing may touch the topics meanwhile).
         time.sleep(max(0.0, unloaded_at + UNTRIMMED_S + 1.5 - time.time()))
         # `active` is back: its consumer loads `pinned` (a load writes no cursor znode) and stays connected.
