@@ -35,7 +35,7 @@ TABLE_BUCKET = "sweeper-tables"
 # and of every worker (so of every executor), as an instance role or a pod's secret would on a cluster.
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "cluster-test", "AWS_SECRET_ACCESS_KEY": "cluster-test-secret",
            "AWS_REGION": "us-east-1"}
-STAGES = ("snapshot", "reconcile", "emit", "delete")
+STAGES = ("snapshot", "reconcile", "retention_debt", "emit", "delete")  # a sweep reports retention debt too
 
 
 @pytest.fixture(scope="module")
