@@ -1,6 +1,7 @@
 """Reconcile speed and memory on a large snapshot, built straight from the sandbox model.
 
     .venv/bin/python bench/bench_reconcile.py --topics 100000 --max-rollovers 16 [--baseline-tree DIR]
+    .venv/bin/python bench/bench_reconcile.py --topics 100000 --max-rollovers 16 --retention [--both-orders]
 
 Seeding a million znodes through ZooKeeper only to read them back would measure the scan
 again (bench_snapshot.py does that); here the snapshot tables are produced by the same row
@@ -10,6 +11,12 @@ reconcile runs and its wall time and the peak memory of the whole process tree a
 With `--baseline-tree DIR` (a checkout of an older commit, e.g. `git worktree add /tmp/old a06e5e9`),
 that tree's reconcile runs on a copy of the same tables in a fresh process, and so does this tree's,
 alternately: the ratio of the two is what this shared machine's load cannot blur.
+
+With `--retention` the tables the retention-debt step reads beyond reconcile's are written too
+(namespace policies through the scan's `namespace_policy_row`, bundle ownership), and after a small
+warm-up run in the same Spark session the real `run_reconcile` and then `run_retention_debt` run on
+the same tables: the ratio retention / reconcile is what the retention step adds to the reconcile
+stage. `--both-orders` also runs them the other way round, on a copy of the pristine tables.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from sweeper.codecs.pulsar import decode_schema_locator
 from sweeper.config import SweeperConfig
 from sweeper.layout import ledger_path
 from sweeper.reconcile import SafetySettings, run_reconcile
+from sweeper.retention_debt import RetentionSettings, run_retention_debt
 from sweeper.safety import CircuitBreaker
 from sweeper.sandbox.model import SandboxSpec, build_cluster
 from sweeper.sandbox.seed import (
@@ -52,7 +60,7 @@ from sweeper.sandbox.seed import (
 )
 from sweeper.scan import bookkeeper as bk_scan
 from sweeper.scan import pulsar as pulsar_scan
-from sweeper.snapshot import record_run
+from sweeper.snapshot import namespace_policy_row, record_run
 from sweeper.spark import get_spark
 from sweeper.table_schemas import SNAPSHOT_TABLES
 from sweeper.tables import open_table_store
@@ -89,7 +97,8 @@ class PeakMemory:
 def snapshot_rows(cluster: Any, run_id: str, captured_at: datetime) -> dict[str, list[dict[str, Any]]]:
     spec = cluster.spec
     now = spec.now_ms
-    stat = ZnodeStat(1, 1, now, now, 0, 0, 0, 0, 0, 0, 1)
+    def stat(mtime_ms: int | None) -> ZnodeStat:  # topics unloaded / cursors idle since then keep that mtime
+        return ZnodeStat(1, 1, now, mtime_ms if mtime_ms is not None else now, 0, 0, 0, 0, 0, 0, 1)
     # Ledger znodes are created with their ledgers, before the metadata's ctime (as the sandbox seeds them).
     znode_ctime = now - LEDGER_EPOCH_DAYS * 86_400_000
     tables: dict[str, list[dict[str, Any]]] = {name: [] for name in SNAPSHOT_TABLES}
@@ -101,18 +110,93 @@ def snapshot_rows(cluster: Any, run_id: str, captured_at: datetime) -> dict[str,
         rows.append(bk_scan.ledger_row(path, ledger.ledger_id, "short", md, 0, znode_ctime, znode_ctime))
     for ml in cluster.managed_ledgers:
         path = f"{spec.managed_ledgers_root}/{ml.name}"
-        rows += pulsar_scan.managed_ledger_rows(ml.name, path, managed_ledger_info_bytes(ml), stat, len(ml.cursors))
+        rows += pulsar_scan.managed_ledger_rows(ml.name, path, managed_ledger_info_bytes(ml), stat(ml.zk_mtime_ms),
+                                                len(ml.cursors))
         for cursor in ml.cursors:
             rows += pulsar_scan.cursor_rows(ml.name, cursor.znode_name, f"{path}/{cursor.znode_name}",
-                                            cursor_info_bytes(cursor, "NONE"), stat)
+                                            cursor_info_bytes(cursor, "NONE"), stat(cursor.zk_mtime_ms))
     for locator in cluster.schemas:
         decoded = decode_schema_locator(schema_locator_bytes(locator))
         rows += pulsar_scan.schema_rows(locator.schema_id, f"{spec.schemas_root}/{locator.schema_id}", 0, decoded)
+    # The configuration store's policies as the sandbox seeds them (seed.cluster_znodes), parsed as the scan does.
+    default_policies = json.dumps({"replication_clusters": [spec.cluster_name], "deleted": False}).encode()
+    for ns in cluster.namespaces:
+        policies = cluster.namespace_policies.get(ns, default_policies)
+        if policies is not None:
+            rows.append(namespace_policy_row(ns, policies, 0))
+    rows += bundle_owner_rows(cluster.namespaces)
     for row in rows:
         table = row.pop("record_type")
         row["run_id"], row["captured_at"] = run_id, captured_at
         tables[table].append(row)
     return tables
+
+
+def bundle_owner_rows(namespaces: list[str], bundles: int = 4) -> list[dict[str, Any]]:
+    """What scan.ownership reads from a cluster whose brokers own every other namespace's bundles (the sandbox
+    has no brokers): four bundles a namespace, so the step hashes every topic of the owned namespaces."""
+    step = 0x100000000 // bundles
+    rows = []
+    for i, ns in enumerate(namespaces):
+        if i % 2:
+            continue
+        for b in range(bundles):
+            lower, upper = b * step, min((b + 1) * step, 0xFFFFFFFF)
+            rows.append({"record_type": "bundle_owners", "namespace": ns, "bundle": f"0x{lower:08x}_0x{upper:08x}",
+                         "lower": lower, "upper": upper, "ephemeral": True, "owner": "pulsar://broker-0:6650"})
+    return rows
+
+
+def write_snapshot(spark: Any, root: Path, cluster: Any, run_id: str, captured_at: datetime) -> dict[str, int]:
+    store = open_table_store(str(root), spark, engine="delta-rs")
+    counts = {}
+    for table, rows in snapshot_rows(cluster, run_id, captured_at).items():
+        schema = SNAPSHOT_TABLES[table]
+        arrow = pa.Table.from_pylist(rows, schema=to_arrow_schema(schema, timezone="UTC"))
+        store.append(table, spark.createDataFrame(arrow, schema=schema).repartition(8), schema)
+        counts[table] = len(rows)
+    record_run(store, run_id, "snapshot", "succeeded", captured_at, counts, SweeperConfig())
+    return counts
+
+
+def timed_stages(spark: Any, root: Path, run_id: str, cluster_name: str, order: tuple[str, ...]) -> dict[str, float]:
+    """Wall seconds of each stage, run in `order` on the tables at `root`."""
+    store = open_table_store(str(root), spark, engine="delta-rs")
+    config = SweeperConfig()
+    walls: dict[str, float] = {}
+    for stage in order:
+        t = time.monotonic()
+        if stage == "reconcile":
+            result = run_reconcile(spark, store, run_id,
+                                   SafetySettings(breaker=CircuitBreaker(1.0), local_cluster=cluster_name))
+        else:  # as pipeline.retention_stage builds its settings ([retention] topic_policies = "system_topic")
+            result = run_retention_debt(spark, store, run_id,
+                                        RetentionSettings.from_config(config.retention, config.safety))
+        walls[stage] = time.monotonic() - t
+        print(f"  {stage}: {walls[stage]:.1f}s wall; {result.counts}", flush=True)
+    return walls
+
+
+def retention_bench(spark: Any, work: Path, cluster: Any, run_id: str, captured_at: datetime,
+                    both_orders: bool) -> None:
+    # Warm-up on a small model in the same session: JIT, Python workers and imports are then paid for.
+    small = build_cluster(SandboxSpec(seed=2, topics=200, max_rollovers=4))
+    write_snapshot(spark, work / "warmup", small, run_id, captured_at)
+    print("warm-up (200 topics):", flush=True)
+    timed_stages(spark, work / "warmup", run_id, small.spec.cluster_name, ("reconcile", "retention_debt"))
+    orders = [("reconcile", "retention_debt")] + ([("retention_debt", "reconcile")] if both_orders else [])
+    ratios = []
+    for i, order in enumerate(orders):
+        root = work / f"tables-{i}"
+        shutil.copytree(work / "tables", root)
+        print(f"order {' then '.join(order)}:", flush=True)
+        walls = timed_stages(spark, root, run_id, cluster.spec.cluster_name, order)
+        ratio = walls["retention_debt"] / walls["reconcile"]
+        ratios.append(ratio)
+        print(f"reconcile {walls['reconcile']:.1f}s, retention debt {walls['retention_debt']:.1f}s: "
+              f"retention / reconcile = {ratio:.1%}", flush=True)
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"load average at the end: {os.getloadavg()}")
 
 
 def main() -> None:
@@ -122,6 +206,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--baseline-tree", default="", help="an older checkout to compare with, same tables")
     parser.add_argument("--rounds", type=int, default=2, help="alternating runs per tree with --baseline-tree")
+    parser.add_argument("--retention", action="store_true", help="time retention debt against reconcile")
+    parser.add_argument("--both-orders", action="store_true", help="with --retention: also retention first")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-reconcile-"))
@@ -130,17 +216,16 @@ def main() -> None:
     print(f"model: {len(cluster.ledgers):,} ledgers, {len(cluster.managed_ledgers):,} managed ledgers "
           f"({time.monotonic() - t:.0f}s)", flush=True)
     spark = get_spark("bench-reconcile")
-    store = open_table_store(str(work / "tables"), spark, engine="delta-rs")
     run_id, captured_at = "bench", datetime.fromtimestamp(cluster.spec.now_ms / 1000, UTC)
     t = time.monotonic()
-    counts = {}
-    for table, rows in snapshot_rows(cluster, run_id, captured_at).items():
-        schema = SNAPSHOT_TABLES[table]
-        arrow = pa.Table.from_pylist(rows, schema=to_arrow_schema(schema, timezone="UTC"))
-        store.append(table, spark.createDataFrame(arrow, schema=schema).repartition(8), schema)
-        counts[table] = len(rows)
-    record_run(store, run_id, "snapshot", "succeeded", captured_at, counts, SweeperConfig())
+    counts = write_snapshot(spark, work / "tables", cluster, run_id, captured_at)
     print(f"snapshot tables written: {counts} ({time.monotonic() - t:.0f}s)", flush=True)
+    if args.retention:
+        retention_bench(spark, work, cluster, run_id, captured_at, args.both_orders)
+        spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
+        return
+    store = open_table_store(str(work / "tables"), spark, engine="delta-rs")
 
     if args.baseline_tree:
         shutil.copytree(work / "tables", work / "tables-pristine")  # both trees reconcile the snapshot as written

@@ -290,23 +290,27 @@ def _namespace_facts(frames: dict[str, DataFrame], settings: RetentionSettings) 
         policies[r["namespace"]] = effective_policy(read, settings.broker)
     may_hold: set[str] = set()
     if settings.topic_policies in ("system_topic", "admin"):  # "admin" asks the broker only about these
-        events = frames["managed_ledgers"].where(
+        # A handful of `__change_events` topics: collected first, so that their ledgers and cursors are picked
+        # out of the big tables by filters rather than by joins (which would shuffle every ledger of the run).
+        events = {r["managed_ledger"]: r["ns"] for r in frames["managed_ledgers"].where(
             (F.col("topic") == CHANGE_EVENTS) | F.col("topic").startswith(f"{CHANGE_EVENTS}-partition-")).select(
-            "managed_ledger", F.concat_ws("/", "tenant", "namespace").alias("ns"))
-        ledgers = (frames["ml_ledgers"].join(events.select("managed_ledger"), "managed_ledger")
-                   .join(frames["bk_ledgers"].select("ledger_id", "state", "last_entry_id"), "ledger_id", "left")
-                   .select("managed_ledger", "entries", "ledger_id", "state", "last_entry_id").collect())
-        compaction = {r["managed_ledger"] for r in frames["ml_cursors"].join(events.select("managed_ledger"),
-                                                                               "managed_ledger")
-                      .where(F.col("cursor") == COMPACTION_CURSOR).select("managed_ledger").collect()}
+            "managed_ledger", F.concat_ws("/", "tenant", "namespace").alias("ns")).collect()}
+        listed = (frames["ml_ledgers"].where(F.col("managed_ledger").isin(list(events)))
+                  .select("managed_ledger", "entries", "ledger_id").collect()) if events else []
+        ids = sorted({r["ledger_id"] for r in listed if r["ledger_id"] is not None})
+        in_bookkeeper = {r["ledger_id"]: (r["state"], r["last_entry_id"]) for r in frames["bk_ledgers"].where(
+            F.col("ledger_id").isin(ids)).select("ledger_id", "state", "last_entry_id").collect()} if ids else {}
+        compaction = {r["managed_ledger"] for r in frames["ml_cursors"].where(
+            F.col("managed_ledger").isin(list(events)) & (F.col("cursor") == COMPACTION_CURSOR))
+            .select("managed_ledger").collect()} if events else set()
         by_ml: dict[str, list[tuple[int, int, str | None, int | None]]] = {}
-        for r in ledgers:
-            by_ml.setdefault(r["managed_ledger"], []).append((r["entries"] or 0, r["ledger_id"], r["state"],
-                                                              r["last_entry_id"]))
-        for r in events.collect():
-            if change_events_may_hold_policies(by_ml.get(r["managed_ledger"], []),
-                                               r["managed_ledger"] in compaction):
-                may_hold.add(r["ns"])
+        for r in listed:
+            state, last_entry_id = in_bookkeeper.get(r["ledger_id"], (None, None))
+            by_ml.setdefault(r["managed_ledger"], []).append((r["entries"] or 0, r["ledger_id"], state,
+                                                              last_entry_id))
+        for managed_ledger, ns in events.items():
+            if change_events_may_hold_policies(by_ml.get(managed_ledger, []), managed_ledger in compaction):
+                may_hold.add(ns)
     owned: dict[str, list[tuple[int, int]]] = {}
     readable = False
     for r in frames["bundle_owners"].where(F.col("ephemeral")).collect():
