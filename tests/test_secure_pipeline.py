@@ -168,7 +168,8 @@ def _refused_then_deleted_as_bookie(spark: SparkSession, tmp_path: Path, secure_
         assert _ledgers(admin) == before
         store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
         runs = {r["stage"]: r["status"] for r in store.read("runs").toArrow().to_pylist()}
-        assert runs == {"snapshot": "succeeded", "reconcile": "succeeded", "emit": "succeeded", "delete": "refused"}
+        assert runs == {"snapshot": "succeeded", "reconcile": "succeeded", "retention_debt": "succeeded",
+                        "emit": "succeeded", "delete": "refused"}
 
         # With BookKeeper's own identity (the znodes' creator) the same marks are deleted.
         as_bookie = _config(tmp_path, secure_zk, chroot, broker, name="as-bookie",

@@ -166,7 +166,8 @@ def test_missing_jars_are_named_not_a_java_stack_trace(tmp_path: Path) -> None:
     for name, tables in (("delta.toml", 'root = "var/tables"\nengine = "delta-spark"'),
                          ("s3.toml", 'root = "s3://some-bucket/tables"\nengine = "delta-rs"')):
         path = tmp_path / name
-        path.write_text(f'[bookkeeper]\nzookeeper = "127.0.0.1:1"\n[tables]\n{tables}\n')
+        path.write_text(f'[bookkeeper]\nzookeeper = "127.0.0.1:1"\n[pulsar]\ncluster_name = "sandbox"\n'
+                        f'[tables]\n{tables}\n')
         configs.append(str(path))
     env = {**os.environ, "PYTHONPATH": str(REPO), "SWEEPER_JARS_DIR": str(tmp_path / "no-jars")}
     done = subprocess.run([sys.executable, "-c", _NO_JARS, *configs], capture_output=True, text=True, env=env,

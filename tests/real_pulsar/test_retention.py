@@ -180,9 +180,8 @@ def repaired(testbed_world: World, spark: SparkSession, tmp_path_factory: pytest
         for consumer in holders:
             consumer.close()
         client.close()
-        # Leave the broker as the other real-cluster tests expect it: these topics gone, through the broker.
-        for name in (EXPIRED, WOKEN, PINNED, VETOED, OWN_POLICY):
-            admin.delete_topic(name)
+        # The topics stay: deleting them through the broker makes Pulsar 4.0.8 leave their schema ledgers behind
+        # (orphans the world's manifest does not know, which test_sweep would then find). Nothing here is an orphan.
         COST["retention_total_s"] = time.monotonic() - started
 
 
