@@ -16,13 +16,16 @@ With `--retention` the tables the retention-debt step reads beyond reconcile's a
 (namespace policies through the scan's `namespace_policy_row`, bundle ownership), and after a small
 warm-up run in the same Spark session the real `run_reconcile` and then `run_retention_debt` run on
 the same tables: the ratio retention / reconcile is what the retention step adds to the reconcile
-stage. `--both-orders` also runs them the other way round, on a copy of the pristine tables.
+stage. `--both-orders` also runs them the other way round, on a copy of the pristine tables;
+`--judge-all` once more with the step judging every topic (no skipping of the keep-forever ones that
+cannot owe anything), which is its cost on a cluster where no namespace keeps data forever.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -159,8 +162,10 @@ def write_snapshot(spark: Any, root: Path, cluster: Any, run_id: str, captured_a
     return counts
 
 
-def timed_stages(spark: Any, root: Path, run_id: str, cluster_name: str, order: tuple[str, ...]) -> dict[str, float]:
-    """Wall seconds of each stage, run in `order` on the tables at `root`."""
+def timed_stages(spark: Any, root: Path, run_id: str, cluster_name: str, order: tuple[str, ...],
+                 judge_all: bool = False) -> dict[str, float]:
+    """Wall seconds of each stage, run in `order` on the tables at `root`; `judge_all`: the retention step
+    without skipping the topics that cannot owe (as on a cluster where no namespace keeps data forever)."""
     store = open_table_store(str(root), spark, engine="delta-rs")
     config = SweeperConfig()
     walls: dict[str, float] = {}
@@ -170,27 +175,31 @@ def timed_stages(spark: Any, root: Path, run_id: str, cluster_name: str, order: 
             result = run_reconcile(spark, store, run_id,
                                    SafetySettings(breaker=CircuitBreaker(1.0), local_cluster=cluster_name))
         else:  # as pipeline.retention_stage builds its settings ([retention] topic_policies = "system_topic")
-            result = run_retention_debt(spark, store, run_id,
-                                        RetentionSettings.from_config(config.retention, config.safety))
+            settings = RetentionSettings.from_config(config.retention, config.safety)
+            if judge_all:
+                settings = dataclasses.replace(settings, skip_topics_that_cannot_owe=False)
+            result = run_retention_debt(spark, store, run_id, settings)
         walls[stage] = time.monotonic() - t
         print(f"  {stage}: {walls[stage]:.1f}s wall; {result.counts}", flush=True)
     return walls
 
 
 def retention_bench(spark: Any, work: Path, cluster: Any, run_id: str, captured_at: datetime,
-                    both_orders: bool) -> None:
+                    both_orders: bool, judge_all: bool) -> None:
     # Warm-up on a small model in the same session: JIT, Python workers and imports are then paid for.
     small = build_cluster(SandboxSpec(seed=2, topics=200, max_rollovers=4))
     write_snapshot(spark, work / "warmup", small, run_id, captured_at)
     print("warm-up (200 topics):", flush=True)
     timed_stages(spark, work / "warmup", run_id, small.spec.cluster_name, ("reconcile", "retention_debt"))
-    orders = [("reconcile", "retention_debt")] + ([("retention_debt", "reconcile")] if both_orders else [])
+    orders = [("reconcile", "retention_debt", False)]
+    orders += [("retention_debt", "reconcile", False)] if both_orders else []
+    orders += [("reconcile", "retention_debt", True)] if judge_all else []
     ratios = []
-    for i, order in enumerate(orders):
+    for i, (*order, all_topics) in enumerate(orders):
         root = work / f"tables-{i}"
         shutil.copytree(work / "tables", root)
-        print(f"order {' then '.join(order)}:", flush=True)
-        walls = timed_stages(spark, root, run_id, cluster.spec.cluster_name, order)
+        print(f"order {' then '.join(order)}{' (judging every topic)' if all_topics else ''}:", flush=True)
+        walls = timed_stages(spark, root, run_id, cluster.spec.cluster_name, tuple(order), all_topics)
         ratio = walls["retention_debt"] / walls["reconcile"]
         ratios.append(ratio)
         print(f"reconcile {walls['reconcile']:.1f}s, retention debt {walls['retention_debt']:.1f}s: "
@@ -208,6 +217,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="alternating runs per tree with --baseline-tree")
     parser.add_argument("--retention", action="store_true", help="time retention debt against reconcile")
     parser.add_argument("--both-orders", action="store_true", help="with --retention: also retention first")
+    parser.add_argument("--judge-all", action="store_true",
+                        help="with --retention: also a run that skips no topic before the shuffle")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-reconcile-"))
@@ -221,7 +232,7 @@ def main() -> None:
     counts = write_snapshot(spark, work / "tables", cluster, run_id, captured_at)
     print(f"snapshot tables written: {counts} ({time.monotonic() - t:.0f}s)", flush=True)
     if args.retention:
-        retention_bench(spark, work, cluster, run_id, captured_at, args.both_orders)
+        retention_bench(spark, work, cluster, run_id, captured_at, args.both_orders, args.judge_all)
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
         return

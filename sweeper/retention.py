@@ -325,6 +325,27 @@ def is_system_topic(namespace: str, local_name: str) -> bool:
     return local_name.startswith("__") or namespace == "pulsar/system" or namespace.startswith("pulsar/")
 
 
+def idle_seen_cutoff_ms(now_ms: int, report_idle_ms: int) -> int:
+    """No cursor whose znode write or `lastActive` is later than this can be idle in `assess_topic`: its last
+    possible acknowledgement (`last_possible_ack_ms`) is at least both."""
+    return now_ms - report_idle_ms
+
+
+def can_owe(policy: Policy | None, quarantined: bool, cursors_seen_ms: Iterable[int], now_ms: int,
+            report_idle_ms: int) -> bool:
+    """Whether `assess_topic` may report anything for a topic: False only when it certainly finds nothing.
+
+    Under a policy that never trims (retention -1/-1) `trimmable` is empty whatever the positions, so such a
+    topic owes only through an idle cursor; a topic whose policy or metadata cannot be established is always
+    reported (`unknown`). Lets the step skip, before any shuffle, the topics of keep-forever namespaces with
+    no cursor old enough to be idle. `cursors_seen_ms`: each cursor's max(znode mtime, lastActive).
+    """
+    if policy is None or quarantined or not policy.never_trims:
+        return True
+    cutoff = idle_seen_cutoff_ms(now_ms, report_idle_ms)
+    return any(seen <= cutoff for seen in cursors_seen_ms)
+
+
 def last_possible_ack_ms(cursor: Cursor, broker: BrokerSettings) -> int:
     """The latest time this cursor may have persisted an acknowledgement, from what ZooKeeper shows.
 

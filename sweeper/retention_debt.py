@@ -1,9 +1,11 @@
 """The retention-debt step (after reconcile): expired ledgers nobody trims, and what idle cursors pin.
 
 Spark brings each managed ledger's ledger list, cursors and znode times together (one shuffle, by
-managed ledger); each task applies `sweeper.retention`'s pure rules to its topics. The few facts
-that are per namespace (policies, bundle ownership, whether topic-level policies may exist) are
-read on the driver and shipped with the tasks. One run's snapshot in; `retention_debt` (a row per
+managed ledger); each task applies `sweeper.retention`'s pure rules to its topics. Topics that
+cannot owe anything (`retention.can_owe`: keep-forever namespaces, no cursor old enough to be idle)
+are dropped before the shuffle. The few facts that are per namespace (policies, bundle ownership)
+are read on the driver and shipped with the tasks; whether a namespace's topic-level policies may
+exist is settled on the driver once the rows are back. One run's snapshot in; `retention_debt` (a row per
 topic that owes something or cannot be judged, a row per idle cursor) and `reclaimable_report`
 (bytes by cause per tenant and namespace, orphans included) out. Nothing here talks to a broker:
 a lookup would acquire bundles and load topics, which is the repair (`sweeper.retention_repair`).
@@ -13,12 +15,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, IntegerType, LongType, StringType, StructField, StructType
 
@@ -44,6 +47,7 @@ from sweeper.retention import (
     change_events_may_hold_policies,
     cursor_status,
     effective_policy,
+    idle_seen_cutoff_ms,
     is_system_topic,
     last_possible_ack_ms,
     topic_status,
@@ -85,6 +89,9 @@ class RetentionSettings:
     delete_after_ms: int = 0  # [retention] cursor_idle_days; 0: subscriptions are never deleted
     scope: Scope = field(default_factory=Scope)
     topic_policies: str = "system_topic"
+    # Skip, before the shuffle, topics `can_owe` rules out (keep-forever namespaces, no cursor old enough to be
+    # idle). Off only to check that skipping changes nothing, and in benchmarks.
+    skip_topics_that_cannot_owe: bool = True
 
     @classmethod
     def from_config(cls, r: RetentionConfig, safety: SafetyConfig) -> RetentionSettings:
@@ -106,7 +113,6 @@ class _Context:
     now_ms: int
     settings: RetentionSettings
     policies: dict[str, tuple[Policy | None, Reason | None, str]]
-    topic_policy_namespaces: frozenset[str]  # their __change_events may hold topic-level policies
     owned: dict[str, tuple[tuple[int, int], ...]]
     ownership_readable: bool
     quarantined: frozenset[str]
@@ -139,6 +145,55 @@ def _union(frames: dict[str, DataFrame]) -> DataFrame:
     ledgers = shaped(frames["ml_ledgers"], _LEDGER, a=F.col("ledger_id"), b=F.col("entries"), c=F.col("size"),
                      d=F.col("timestamp_ms"), g=F.col("offloaded"))
     return mls.unionByName(cursors).unionByName(ledgers)
+
+
+# Beyond this many topics with a possibly idle cursor in keep-forever namespaces, every topic is assessed rather
+# than the names shipped in the plan (the skipping is only a saving).
+MAX_NAMES_IN_PLAN = 100_000
+
+
+@dataclass(frozen=True)
+class _OldCursors:
+    """Cursors whose znode write and `lastActive` are both old enough that they may be idle (a superset of the
+    idle ones, from `ml_cursors` alone): their managed ledgers and cursor ledgers."""
+
+    keep_forever_owners: frozenset[str]  # managed ledgers in keep-forever namespaces
+    cursor_ledgers: frozenset[int]
+
+
+def _keep_forever_namespaces(ctx: _Context) -> list[str]:
+    return sorted(ns for ns, (policy, _, _) in ctx.policies.items() if policy is not None and policy.never_trims)
+
+
+def _in_namespaces(namespaces: list[str]) -> Column:
+    # The key the tasks look policies up by (f"{tenant}/{namespace}"); a row without one is never in.
+    return (F.col("tenant").isNotNull() & F.col("namespace").isNotNull()
+            & F.concat_ws("/", "tenant", "namespace").isin(namespaces))
+
+
+def _old_cursors(frames: dict[str, DataFrame], keep_forever: list[str], now_ms: int,
+                 report_idle_ms: int) -> _OldCursors:
+    seen = F.greatest(F.coalesce("zk_mtime_ms", F.lit(0)), F.coalesce("last_active_ms", F.lit(0)))
+    rows = (frames["ml_cursors"].where(seen <= idle_seen_cutoff_ms(now_ms, report_idle_ms))
+            .select("managed_ledger", "cursors_ledger_id", _in_namespaces(keep_forever).alias("kf")).collect())
+    return _OldCursors(frozenset(r["managed_ledger"] for r in rows if r["kf"]),
+                       frozenset(r["cursors_ledger_id"] for r in rows if (r["cursors_ledger_id"] or -1) >= 0))
+
+
+def _worth_assessing(frames: dict[str, DataFrame], ctx: _Context, keep_forever: list[str],
+                     old: _OldCursors) -> dict[str, DataFrame]:
+    """The step's three inputs without the topics `retention.can_owe` rules out, decided before the shuffle.
+
+    In a namespace whose policy never trims (retention -1/-1) a topic owes something only through a cursor
+    idle long enough to report, or is unknown when its metadata is quarantined; every other namespace's
+    topics (finite or unknown policies) are all assessed. Clusters that keep most data forever then shuffle
+    and judge only the few topics that can owe anything.
+    """
+    owing = sorted(old.keep_forever_owners | ctx.quarantined)
+    if not ctx.settings.skip_topics_that_cannot_owe or not keep_forever or len(owing) > MAX_NAMES_IN_PLAN:
+        return frames
+    keep = ~_in_namespaces(keep_forever) | F.col("managed_ledger").isin(owing)
+    return {**frames, **{name: frames[name].where(keep) for name in ("managed_ledgers", "ml_cursors", "ml_ledgers")}}
 
 
 def _assess_partition(batches: Iterator[pa.RecordBatch], ctx: _Context) -> Iterator[pa.RecordBatch]:
@@ -188,8 +243,6 @@ def _topic_rows(group: list[tuple[Any, ...]], ctx: _Context) -> list[dict[str, A
     topic_policy = NOT_USED if ctx.settings.topic_policies == "none" else RULED_OUT
     if managed_ledger in ctx.quarantined:
         policy, reason, detail = None, Reason.METADATA_QUARANTINED, "its metadata (or a cursor's) could not be decoded"
-    elif policy is not None and ns_key in ctx.topic_policy_namespaces:
-        topic_policy = UNCHECKED  # judged under the namespace's policy; finalize_topic_policies decides
     system = is_system_topic(ns_key, local or "")
     owned = bundle_owned(topic_name, ctx.owned.get(ns_key, ())) if ctx.ownership_readable else None
     facts = TopicFacts(tuple(ledgers), tuple(c for c, _ in cursors), ml_mtime, policy, reason, detail, owned, system)
@@ -279,62 +332,109 @@ def _make_unknown(r: dict[str, Any], reason: Reason, detail: str) -> None:
         r.update(reason=reason.value, eligible_since_ms=None, unloaded_evidence=None, idle_pinned_bytes=0)
 
 
-def _namespace_facts(frames: dict[str, DataFrame], settings: RetentionSettings) -> tuple[
-        dict[str, tuple[Policy | None, Reason | None, str]], frozenset[str], dict[str, tuple[tuple[int, int], ...]],
-        bool, frozenset[str]]:
-    """Policies, namespaces whose topic-level policies cannot be ruled out, owned bundles, quarantined owners."""
+def mark_topic_policies_unchecked(rows: list[dict[str, Any]], namespaces: frozenset[str]) -> None:
+    """Rows judged under their namespace's policy in a namespace whose `__change_events` may hold topic-level
+    policies: `finalize_topic_policies` decides them. Rows without a policy (unknown) stay as they are."""
+    for r in rows:
+        if (r["topic_policy"] == RULED_OUT and r["policy_source"] is not None
+                and f"{r['tenant']}/{r['namespace']}" in namespaces):
+            r["topic_policy"] = UNCHECKED
+
+
+def _policies(frames: dict[str, DataFrame], settings: RetentionSettings) -> dict[
+        str, tuple[Policy | None, Reason | None, str]]:
     policies = {}
     for r in frames["namespace_policies"].collect():
         read = NamespacePolicy(r["readable"], r["error"], r["retention_minutes"], r["retention_size_mb"],
                                r["ttl_seconds"], bool(r["deleted"]))
         policies[r["namespace"]] = effective_policy(read, settings.broker)
-    may_hold: set[str] = set()
-    if settings.topic_policies in ("system_topic", "admin"):  # "admin" asks the broker only about these
-        # A handful of `__change_events` topics: collected first, so that their ledgers and cursors are picked
-        # out of the big tables by filters rather than by joins (which would shuffle every ledger of the run).
-        events = {r["managed_ledger"]: r["ns"] for r in frames["managed_ledgers"].where(
-            (F.col("topic") == CHANGE_EVENTS) | F.col("topic").startswith(f"{CHANGE_EVENTS}-partition-")).select(
-            "managed_ledger", F.concat_ws("/", "tenant", "namespace").alias("ns")).collect()}
-        listed = (frames["ml_ledgers"].where(F.col("managed_ledger").isin(list(events)))
-                  .select("managed_ledger", "entries", "ledger_id").collect()) if events else []
-        ids = sorted({r["ledger_id"] for r in listed if r["ledger_id"] is not None})
-        in_bookkeeper = {r["ledger_id"]: (r["state"], r["last_entry_id"]) for r in frames["bk_ledgers"].where(
-            F.col("ledger_id").isin(ids)).select("ledger_id", "state", "last_entry_id").collect()} if ids else {}
-        compaction = {r["managed_ledger"] for r in frames["ml_cursors"].where(
-            F.col("managed_ledger").isin(list(events)) & (F.col("cursor") == COMPACTION_CURSOR))
-            .select("managed_ledger").collect()} if events else set()
-        by_ml: dict[str, list[tuple[int, int, str | None, int | None]]] = {}
-        for r in listed:
-            state, last_entry_id = in_bookkeeper.get(r["ledger_id"], (None, None))
-            by_ml.setdefault(r["managed_ledger"], []).append((r["entries"] or 0, r["ledger_id"], state,
-                                                              last_entry_id))
-        for managed_ledger, ns in events.items():
-            if change_events_may_hold_policies(by_ml.get(managed_ledger, []), managed_ledger in compaction):
-                may_hold.add(ns)
+    return policies
+
+
+def _owned_bundles(frames: dict[str, DataFrame]) -> tuple[dict[str, tuple[tuple[int, int], ...]], bool]:
     owned: dict[str, list[tuple[int, int]]] = {}
-    readable = False
     for r in frames["bundle_owners"].where(F.col("ephemeral")).collect():
         owned.setdefault(r["namespace"], []).append((r["lower"], r["upper"]))
-        readable = True
-    quarantined = frozenset(r["owner"] for r in frames["quarantine"].where(
+    return {ns: tuple(v) for ns, v in owned.items()}, bool(owned)
+
+
+def _quarantined_owners(frames: dict[str, DataFrame]) -> frozenset[str]:
+    return frozenset(r["owner"] for r in frames["quarantine"].where(
         F.col("source").isin("managed_ledger", "cursor") & F.col("owner").isNotNull()).select("owner").distinct()
         .collect())
-    return (policies, frozenset(may_hold), {ns: tuple(v) for ns, v in owned.items()}, readable, quarantined)
 
 
-def _with_cursor_ledger_bytes(rows: list[dict[str, Any]], frames: dict[str, DataFrame]) -> None:
+@dataclass(frozen=True)
+class _ChangeEvents:
+    """Each namespace's `__change_events` partitions as listed: enough to rule topic-level policies out."""
+
+    namespace_of: dict[str, str]  # managed ledger -> tenant/namespace
+    listed: list[tuple[str, int, int]]  # (managed ledger, entries, ledger id)
+    compacted: frozenset[str]  # managed ledgers with a `__compaction` cursor
+
+    def bookkeeper_ids(self) -> set[int]:
+        return {ledger_id for _, _, ledger_id in self.listed}
+
+    def namespaces_that_may_hold_policies(self, bookkeeper: dict[int, tuple[str | None, int | None, int | None]]
+                                          ) -> frozenset[str]:
+        by_ml: dict[str, list[tuple[int, int, str | None, int | None]]] = {}
+        for managed_ledger, entries, ledger_id in self.listed:
+            state, last_entry_id, _ = bookkeeper.get(ledger_id, (None, None, None))
+            by_ml.setdefault(managed_ledger, []).append((entries, ledger_id, state, last_entry_id))
+        return frozenset(ns for managed_ledger, ns in self.namespace_of.items()
+                         if change_events_may_hold_policies(by_ml.get(managed_ledger, []),
+                                                            managed_ledger in self.compacted))
+
+
+def _change_events(frames: dict[str, DataFrame], settings: RetentionSettings) -> _ChangeEvents:
+    if settings.topic_policies not in ("system_topic", "admin"):  # "admin" asks the broker only about these
+        return _ChangeEvents({}, [], frozenset())
+    # A handful of `__change_events` topics: collected first, so that their ledgers and cursors are picked out
+    # of the big tables by filters rather than by joins (which would shuffle every ledger of the run).
+    namespace_of = {r["managed_ledger"]: r["ns"] for r in frames["managed_ledgers"].where(
+        (F.col("topic") == CHANGE_EVENTS) | F.col("topic").startswith(f"{CHANGE_EVENTS}-partition-")).select(
+        "managed_ledger", F.concat_ws("/", "tenant", "namespace").alias("ns")).collect()}
+    if not namespace_of:
+        return _ChangeEvents({}, [], frozenset())
+    listed = [(r["managed_ledger"], r["entries"] or 0, r["ledger_id"]) for r in frames["ml_ledgers"].where(
+        F.col("managed_ledger").isin(list(namespace_of))).select("managed_ledger", "entries", "ledger_id").collect()
+        if r["ledger_id"] is not None]
+    compacted = frozenset(r["managed_ledger"] for r in frames["ml_cursors"].where(
+        F.col("managed_ledger").isin(list(namespace_of)) & (F.col("cursor") == COMPACTION_CURSOR))
+        .select("managed_ledger").collect())
+    return _ChangeEvents(namespace_of, listed, compacted)
+
+
+def _bookkeeper_facts(frames: dict[str, DataFrame], ids: set[int]) -> dict[int, tuple[str | None, int | None,
+                                                                                      int | None]]:
+    """(state, last entry id, length) of a few ledgers, in one pass over `bk_ledgers`."""
+    if not ids:
+        return {}
+    return {r["ledger_id"]: (r["state"], r["last_entry_id"], r["length"]) for r in frames["bk_ledgers"].where(
+        F.col("ledger_id").isin(sorted(ids))).select("ledger_id", "state", "last_entry_id", "length").collect()}
+
+
+def _with_cursor_ledger_bytes(rows: list[dict[str, Any]],
+                              bookkeeper: dict[int, tuple[str | None, int | None, int | None]]) -> None:
     """The idle cursors' own cursor ledgers, as long as BookKeeper records them (0 while open)."""
-    wanted = sorted({r["cursor_ledger_id"] for r in rows if r["kind"] == CURSOR and (r["cursor_ledger_id"] or -1) >= 0})
-    if not wanted:
-        return
-    lengths = {r["ledger_id"]: r["length"] for r in frames["bk_ledgers"].where(F.col("ledger_id").isin(wanted))
-               .select("ledger_id", "length").collect()}
     for r in rows:
-        if r["kind"] == CURSOR and r.get("cursor_ledger_id") in lengths:
-            r["cursor_ledger_bytes"] = lengths[r["cursor_ledger_id"]]
+        if r["kind"] == CURSOR and r.get("cursor_ledger_id") in bookkeeper:
+            r["cursor_ledger_bytes"] = bookkeeper[r["cursor_ledger_id"]][2]
 
 
-def reclaimable_report(rows: list[dict[str, Any]], orphans: DataFrame | None, run_id: str) -> list[dict[str, Any]]:
+OrphanTotals = dict[tuple[str | None, str | None], tuple[int, int]]
+
+
+def orphan_totals(orphans: DataFrame | None) -> OrphanTotals:
+    """(candidate ledgers, their bytes) per (tenant, namespace) of a run's orphans."""
+    if orphans is None:
+        return {}
+    return {(r["tenant"], r["namespace"]): (int(r["n"]), int(r["bytes"] or 0)) for r in (
+        orphans.where(F.col("status") == "candidate").groupBy("tenant", "namespace")
+        .agg(F.count("*").alias("n"), F.sum(F.coalesce("size_bytes", F.lit(0))).alias("bytes")).collect())}
+
+
+def reclaimable_report(rows: list[dict[str, Any]], orphans: OrphanTotals, run_id: str) -> list[dict[str, Any]]:
     """Bytes by cause per tenant/namespace: orphan candidates, expired-but-unloaded, pinned by idle cursors
     (what they pin together, plus their own cursor ledgers), and what loaded brokers should trim soon."""
     report: dict[tuple[str, str], dict[str, Any]] = {}
@@ -347,11 +447,9 @@ def reclaimable_report(rows: list[dict[str, Any]], orphans: DataFrame | None, ru
                            "idle_cursor_bytes": 0, "idle_cursors": 0, "awaiting_broker_bytes": 0, "unknown_topics": 0}
         return report[key]
 
-    if orphans is not None:
-        for r in (orphans.where(F.col("status") == "candidate").groupBy("tenant", "namespace")
-                  .agg(F.count("*").alias("n"), F.sum(F.coalesce("size_bytes", F.lit(0))).alias("bytes")).collect()):
-            e = entry(r["tenant"], r["namespace"])
-            e["orphan_ledgers"], e["orphan_bytes"] = int(r["n"]), int(r["bytes"] or 0)
+    for (tenant, namespace), (count, size) in orphans.items():
+        e = entry(tenant, namespace)
+        e["orphan_ledgers"], e["orphan_bytes"] = count, size
     for r in rows:
         e = entry(r["tenant"], r["namespace"])
         if r["kind"] == TOPIC:
@@ -372,13 +470,7 @@ def reclaimable_report(rows: list[dict[str, Any]], orphans: DataFrame | None, ru
     return sorted(out, key=lambda e: (-e["total_bytes"], e["tenant"], e["namespace"]))
 
 
-def run_retention_debt(spark: SparkSession, store: TableStore, run_id: str,
-                       settings: RetentionSettings | None = None, now_ms: int | None = None,
-                       topic_policy_lookup: Callable[[str], tuple[str, str]] | None = None) -> RetentionDebtResult:
-    """`topic_policy_lookup` (topic name -> (not_set | set | unread, detail)): the broker's answer about a topic's
-    own policies, for [retention] topic_policies = "admin"."""
-    settings = settings or RetentionSettings()
-    started = time.monotonic()
+def _refuse_unless_ready(store: TableStore, run_id: str) -> None:
     if not store.exists("runs") or not store.read("runs").where(
             (F.col("run_id") == run_id) & (F.col("stage") == "snapshot") & (F.col("status") == "succeeded")).limit(1)\
             .count():
@@ -386,22 +478,58 @@ def run_retention_debt(spark: SparkSession, store: TableStore, run_id: str,
     if store.exists("retention_debt") and store.read("retention_debt").where(F.col("run_id") == run_id).limit(1)\
             .count():
         raise RetentionDebtRefused(f"run {run_id} already has its retention debt: start a new run")
-    frames = snapshot_frames(store, run_id)
-    if now_ms is None:
-        captured = frames["managed_ledgers"].agg(F.max("captured_at")).first()
-        now_ms = int(captured[0].timestamp() * 1000) if captured and captured[0] else int(time.time() * 1000)
-    policies, may_hold, owned, readable, quarantined = _namespace_facts(frames, settings)
-    ctx = _Context(run_id, now_ms, settings, policies, may_hold, owned, readable, quarantined)
+
+
+def _assess(spark: SparkSession, frames: dict[str, DataFrame], ctx: _Context) -> list[dict[str, Any]]:
+    """The per-topic pass: one shuffle by managed ledger, the pure rules in the tasks, rows back as Arrow."""
     parallelism = spark.sparkContext.defaultParallelism
-    union = _union(frames).repartition(max(2, 2 * parallelism), "managed_ledger").sortWithinPartitions(
-        "managed_ledger", "kind", "a")
-    rows = [r.asDict() for r in union.mapInArrow(lambda b: _assess_partition(b, ctx), RETENTION_DEBT).collect()]
+    union = _union(frames).repartition(
+        max(2, 2 * parallelism), "managed_ledger").sortWithinPartitions("managed_ledger", "kind", "a")
+    return union.mapInArrow(lambda b: _assess_partition(b, ctx), RETENTION_DEBT).toArrow().to_pylist()
+
+
+def run_retention_debt(spark: SparkSession, store: TableStore, run_id: str,
+                       settings: RetentionSettings | None = None, now_ms: int | None = None,
+                       topic_policy_lookup: Callable[[str], tuple[str, str]] | None = None) -> RetentionDebtResult:
+    """`topic_policy_lookup` (topic name -> (not_set | set | unread, detail)): the broker's answer about a topic's
+    own policies, for [retention] topic_policies = "admin".
+
+    The step is a handful of small reads around one shuffle; most of its wall time on a large snapshot is the
+    latency of Spark jobs, not work, so the independent reads run side by side (a job per driver thread).
+    """
+    settings = settings or RetentionSettings()
+    started = time.monotonic()
+    frames = snapshot_frames(store, run_id)
+    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="retention-debt") as pool:
+        ready = pool.submit(_refuse_unless_ready, store, run_id)
+        captured = pool.submit(lambda: frames["managed_ledgers"].agg(F.max("captured_at")).first())
+        policies = pool.submit(_policies, frames, settings)
+        owned = pool.submit(_owned_bundles, frames)
+        quarantined = pool.submit(_quarantined_owners, frames)
+        ready.result()  # nothing else is waited for, or written, before the refusals are known
+        events = pool.submit(_change_events, frames, settings)
+        orphans = pool.submit(orphan_totals, store.read("orphans").where(F.col("run_id") == run_id)
+                              if store.exists("orphans") else None)
+        if now_ms is None:
+            first = captured.result()
+            now_ms = int(first[0].timestamp() * 1000) if first and first[0] else int(time.time() * 1000)
+        bundles, readable = owned.result()
+        ctx = _Context(run_id, now_ms, settings, policies.result(), bundles, readable, quarantined.result())
+        keep_forever = _keep_forever_namespaces(ctx)
+        old = _old_cursors(frames, keep_forever, now_ms, settings.report_idle_ms)
+        # BookKeeper's view of the few ledgers the driver needs (change events; cursor ledgers of cursors that
+        # may be idle), read while the tasks assess the topics.
+        bookkeeper = pool.submit(lambda: _bookkeeper_facts(frames, events.result().bookkeeper_ids()
+                                                           | old.cursor_ledgers))
+        rows = _assess(spark, _worth_assessing(frames, ctx, keep_forever, old), ctx)
+        may_hold = events.result().namespaces_that_may_hold_policies(bookkeeper.result())
+        totals = orphans.result()
+    mark_topic_policies_unchecked(rows, may_hold)
     calls = finalize_topic_policies(rows, topic_policy_lookup if settings.topic_policies == "admin" else None)
-    _with_cursor_ledger_bytes(rows, frames)
+    _with_cursor_ledger_bytes(rows, bookkeeper.result())
     meta = {"run_id": run_id, "stage": "retention_debt"}
     store.append_rows("retention_debt", rows, RETENTION_DEBT, commit_metadata=meta)
-    orphans = store.read("orphans").where(F.col("run_id") == run_id) if store.exists("orphans") else None
-    report = reclaimable_report(rows, orphans, run_id)
+    report = reclaimable_report(rows, totals, run_id)
     store.append_rows("reclaimable_report", report, RECLAIMABLE_REPORT, commit_metadata=meta)
     counts: dict[str, int] = {"ownership_readable": int(readable), "topic_policy_namespaces": len(may_hold),
                               "topic_policy_calls": calls}

@@ -3,6 +3,7 @@ the right ledgers and bytes, idle cursors with what each alone pins, bad or miss
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from sweeper.retention import DAY_MS
 from sweeper.retention_debt import RetentionDebtRefused, RetentionSettings, run_retention_debt
 from sweeper.safety import CircuitBreaker, Scope
 from sweeper.sandbox.model import SandboxCluster, SandboxSpec, build_cluster
-from sweeper.sandbox.retention_scenarios import SIZE_NS, TIME_NS
+from sweeper.sandbox.retention_scenarios import FOREVER_NS, SIZE_NS, TIME_NS
 from sweeper.sandbox.seed import seed_zookeeper
 from sweeper.snapshot import run_snapshot
 from sweeper.tables import TableStore, open_table_store
@@ -269,3 +270,26 @@ def test_admin_mode_asks_the_broker_only_about_owned_topics_whose_policies_may_b
     assert all(row["topic_policy"] == RULED_OUT for ml, row in found.items() if ml not in in_ns
                and row["status"] != "unknown")
     assert len(cluster.retention) > len(in_ns)
+
+
+def test_skipping_topics_that_cannot_owe_changes_no_row(
+        zk: KazooClient, zk_target: ZkTarget, zk_clock: ServerClock, spark: SparkSession, tmp_path: Path) -> None:
+    """The step drops keep-forever topics without a possibly idle cursor before its shuffle; on the same
+    snapshot, judging every topic gives exactly the same rows (the idle-forever scenario among them)."""
+    _, store, run_id = _snapshot(zk, zk_target, spark, tmp_path, SandboxSpec(seed=31, topics=120))
+    copy = tmp_path / "tables-everything"
+    shutil.copytree(tmp_path / "tables", copy)
+    everything = open_table_store(str(copy), spark, engine="delta-rs")
+    run_retention_debt(spark, store, run_id, RetentionSettings(delete_after_ms=30 * DAY_MS))
+    run_retention_debt(spark, everything, run_id,
+                       RetentionSettings(delete_after_ms=30 * DAY_MS, skip_topics_that_cannot_owe=False))
+
+    def rows(s: TableStore) -> list[dict[str, Any]]:
+        return sorted(({k: v for k, v in r.asDict().items() if k != "captured_at"}
+                       for r in s.read("retention_debt").where(f"run_id = '{run_id}'").collect()),
+                      key=lambda r: (r["managed_ledger"], r["kind"], r["cursor"] or ""))
+
+    skipped, judged = rows(store), rows(everything)
+    assert skipped == judged
+    forever = [r for r in skipped if r["managed_ledger"].startswith(f"{FOREVER_NS}/")]
+    assert {(r["kind"], r["cursor"]) for r in forever} == {("topic", None), ("cursor", "stale-sub")}

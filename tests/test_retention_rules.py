@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import zlib
 
 import pytest
@@ -26,6 +27,7 @@ from sweeper.retention import (
     Trim,
     assess_topic,
     bundle_owned,
+    can_owe,
     change_events_may_hold_policies,
     cursor_status,
     effective_policy,
@@ -309,3 +311,45 @@ def test_bundle_ranges_and_the_topic_hash() -> None:
     assert bundle_owned(name, [(h, h + 1)]) and not bundle_owned(name, [(h + 1, 0xFFFFFFFF)])
     assert bundle_owned(name, [(0, 0xFFFFFFFF)]) or h == 0xFFFFFFFF
     assert not bundle_owned(name, [])
+
+
+# --- what the step may skip before its shuffle ------------------------------------------------------
+
+def _random_facts(rng: random.Random, policy: Policy | None) -> TopicFacts:
+    closed = sorted((rng.uniform(0, 120) for _ in range(rng.randrange(0, 6))), reverse=True)
+    listed = ledgers(*closed, size=rng.randrange(1, 3 * MEGABYTE)) if closed or rng.random() < 0.5 else ()
+    cursors = []
+    for i in range(rng.randrange(0, 4)):
+        at = rng.choice(listed).ledger_id if listed else 1
+        seen = int(NOW - rng.uniform(0, 30) * DAY_MS)
+        cursors.append(Cursor(rng.choice([f"sub-{i}", COMPACTION_CURSOR]) if i == 0 else f"sub-{i}",
+                              Position(at, rng.randrange(-1, 10)), rng.choice([-1, 99]), seen,
+                              rng.choice([0, seen - rng.randrange(0, DAY_MS)])))
+    return TopicFacts(listed, tuple(cursors), int(NOW - rng.uniform(0, 30) * DAY_MS), policy,
+                      None if policy else Reason.POLICY_MISSING)
+
+
+def test_a_topic_can_owe_nothing_only_when_the_step_would_report_nothing() -> None:
+    """`can_owe` lets the step drop topics before its shuffle: wherever it says no, `assess_topic` must find
+    no debt and no idle cursor; and it must say no for keep-forever topics with only recent cursors."""
+    rng = random.Random(5)
+    policies = [KEEP_FOREVER, Policy(-1, -1, ttl_seconds=3600), Policy(60, -1), Policy(-1, 1), Policy(0, 0, 60), None]
+    skipped = reported = 0
+    for _ in range(4000):
+        policy = rng.choice(policies)
+        facts = _random_facts(rng, policy)
+        debt = assess_topic(facts, BROKER, NOW, 7 * DAY_MS)
+        owes = debt.status is not TopicStatus.NONE or bool(debt.cursors)
+        seen = [max(c.zk_mtime_ms, c.last_active_ms) for c in facts.cursors]
+        if not can_owe(policy, False, seen, NOW, 7 * DAY_MS):
+            skipped += 1
+            assert not owes, facts
+        reported += owes
+    assert skipped > 300 and reported > 300  # both sides exercised
+    # A keep-forever topic is skipped only without a cursor old enough to be idle; quarantined never is.
+    facts = TopicFacts(ledgers(90, 60), (Cursor("stale", Position(1, -1), -1, NOW - 60 * DAY_MS),), NOW, KEEP_FOREVER)
+    assert can_owe(KEEP_FOREVER, False, [NOW - 60 * DAY_MS], NOW, 7 * DAY_MS)
+    assert assess_topic(facts, BROKER, NOW, 7 * DAY_MS).cursors
+    assert not can_owe(KEEP_FOREVER, False, [NOW - DAY_MS], NOW, 7 * DAY_MS)
+    assert can_owe(KEEP_FOREVER, True, [], NOW, 7 * DAY_MS)
+    assert can_owe(Policy(-1, 0), False, [], NOW, 7 * DAY_MS)  # a size quota of 0 trims everything consumed

@@ -28,7 +28,8 @@ TTL_NS = "tenant-1/retention-ttl"  # retention 0 (consumed data goes at once), T
 BAD_NS = "tenant-1/retention-bad"  # a Policies JSON Pulsar could not read
 MISSING_NS = "tenant-1/retention-nopolicy"  # topics, but no policies znode
 TOPIC_POLICY_NS = "tenant-1/retention-topic-policies"  # its __change_events holds events
-SCENARIO_NAMESPACES = (TIME_NS, SIZE_NS, TTL_NS, BAD_NS, MISSING_NS, TOPIC_POLICY_NS)
+FOREVER_NS = "tenant-0/retention-forever"  # keeps everything (-1/-1), like the regular ones, with idle cursors
+SCENARIO_NAMESPACES = (TIME_NS, SIZE_NS, TTL_NS, BAD_NS, MISSING_NS, TOPIC_POLICY_NS, FOREVER_NS)
 KEEP_FOREVER = {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1}
 
 
@@ -75,6 +76,7 @@ def namespace_policies(cluster_name: str, regular: list[str]) -> dict[str, bytes
     policies[MISSING_NS] = None
     policies[TOPIC_POLICY_NS] = policy_json(cluster_name, {"retentionTimeInMinutes": 24 * 60,
                                                           "retentionSizeInMB": -1})
+    policies[FOREVER_NS] = policy_json(cluster_name, KEEP_FOREVER)
     return policies
 
 
@@ -210,6 +212,17 @@ class _Scenarios:
             self.cursor(ml, "old-sub", (ml.ledgers[0].ledger_id, -1), now - 90 * DAY_MS)
             self.expect(ml, f"unknown_{namespace.split('/')[1]}", "unknown", reason, cursors=[CursorExpectation(
                 "old-sub", 90 * DAY_MS - HOUR_MS, [], 0, False)])
+
+        # Kept forever: nothing is ever trimmed, so an idle subscription pins nothing retention would free, but
+        # it is still reported (its own cursor ledger, and the data it holds once retention is lowered). The
+        # topic beside it, whose cursors are recent, owes nothing and has no row.
+        ml = self.topic(FOREVER_NS, f"idle-forever-{rep}", self.days_ago(61, 90, n))
+        self.cursor(ml, "stale-sub", (ml.ledgers[0].ledger_id, -1), idle_at, last_active_ms=idle_at)
+        self.cursor(ml, "live-sub", self.end_of(ml, n - 1), None)
+        self.expect(ml, "idle_forever", "none", "no_debt", cursors=[CursorExpectation(
+            "stale-sub", 60 * DAY_MS - HOUR_MS, [], 0, False)])
+        ml = self.topic(FOREVER_NS, f"forever-{rep}", self.days_ago(61, 90, n), zk_mtime_ms=unloaded_at)
+        self.cursor(ml, "recent-sub", (ml.ledgers[0].ledger_id, -1), now - DAY_MS, last_active_ms=now - DAY_MS)
 
     def change_events(self) -> None:
         """Topic-policy system topics: provably empty in the time namespace, holding events in another."""
