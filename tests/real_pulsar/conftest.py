@@ -16,7 +16,6 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +27,6 @@ from sweeper.testbed.world import World, build_world
 
 GRACE_S = 45.0
 COST: dict[str, float] = {}  # seconds per step, printed at the end of the session
-# Set-ups a test module registers at import (collection): run in the testbed's background thread once the
-# world is built, so their waiting overlaps the rest of the suite. name -> function of the world.
-PREPARERS: dict[str, Callable[[World], Any]] = {}
 
 
 class _Testbed:
@@ -46,7 +42,6 @@ class _Testbed:
         self.info: Any = None
         self.world: World | None = None
         self.error: BaseException | None = None
-        self.prepared: dict[str, Any] = {}  # name -> the preparer's result, or the exception it raised
         self.thread: threading.Thread | None = None
 
     def start(self) -> None:
@@ -63,11 +58,6 @@ class _Testbed:
             COST["testbed_up_s"] = time.monotonic() - started
             world = build_world(self.info)
             COST["world_s"] = world.built_s
-            for name, prepare in PREPARERS.items():
-                try:
-                    self.prepared[name] = prepare(world)
-                except Exception as exc:  # the test that registered it reports it
-                    self.prepared[name] = exc
             # Orphans must be past the grace period before the sweeper looks.
             newest = max(o.made_at_ms for o in world.manifest.orphans) / 1000
             time.sleep(max(0.0, newest + GRACE_S + 2 - time.time()))
@@ -95,16 +85,6 @@ class _Testbed:
 
 
 _TESTBED = _Testbed()
-
-
-def prepared(name: str) -> Any:
-    """What the preparer `name` returned in the background (after `testbed_world`); raises what it raised."""
-    result = _TESTBED.prepared.get(name)
-    if isinstance(result, Exception):
-        raise RuntimeError(f"the background set-up {name!r} failed: {result}") from result
-    if name not in _TESTBED.prepared:
-        raise RuntimeError(f"the background set-up {name!r} did not run")
-    return result
 
 
 def _testbed_unavailable() -> str | None:

@@ -26,8 +26,8 @@ topics in owned bundles), then `sweeper retention --execute`'s repair:
 - `vetoed/idle` is skipped: the broker's stats show its consumer;
 - `own-policy` is `unknown` (topic_policy_set): never acted on.
 
-Cost: one snapshot, the step and the repair; the set-up and its ~72 s of waiting run in the testbed's
-background thread (conftest PREPARERS), overlapping the rest of the suite.
+Cost: the set-up and its ~72 s of waiting (after test_sweep: see below), one snapshot, the step and
+the repair.
 """
 
 from __future__ import annotations
@@ -133,19 +133,8 @@ def _prepare(admin: Admin, client: pulsar.Client) -> tuple[dict[str, dict[int, i
     return stats, unloaded_at
 
 
-def _prepare_in_background(world: World) -> tuple[dict[str, dict[int, int]], float]:
-    """The set-up and its wait start with the testbed, while the rest of the suite runs."""
-    client = client_for(world.info)
-    try:
-        return _prepare(admin_for(world.info), client)
-    finally:
-        client.close()
-
-
-# Not registered in conftest's PREPARERS: its topics' first schema registrations make Pulsar 4.0.8 leak schema
-# ledgers (real orphans the world's manifest does not know), so this module runs after test_sweep instead.
-
-
+# Not run in the testbed's background thread: its topics' first schema registrations make Pulsar 4.0.8 leak
+# schema ledgers (real orphans the world's manifest does not know), so this module runs after test_sweep.
 @pytest.fixture(scope="module")
 def repaired(testbed_world: World, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Repaired]:
     started = time.monotonic()
