@@ -8,6 +8,7 @@ into an "orphan". Gates fail the run with a readable list of what failed.
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,10 +138,8 @@ def run_gates(store: TableStore, run_id: str, config: GatesConfig,
     for name in ("great_expectations", "great_expectations.data_context.types.base"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
-    context = gx.get_context(mode="ephemeral")
-    context.variables.progress_bars = ProgressBarsConfig(globally=False)  # a scheduler's log is no terminal
-    source = context.data_sources.add_spark("snapshot")
     pulsar_expected = bool(frames["bk_ledgers"] is not None and bk_count)
+    suites: list[tuple[str, DataFrame, list[Any]]] = []
     for table in ("bk_ledgers", "managed_ledgers", "ml_ledgers", "ml_cursors", "schema_ledgers"):
         frame = frames[table]
         floor = 0
@@ -155,13 +154,27 @@ def run_gates(store: TableStore, run_id: str, config: GatesConfig,
             if floor:
                 result.failures.append(f"{table} does not exist but at least {floor} rows were expected")
             continue
+        suites.append((table, frame, _expectations(table, floor)))
+
+    def validate(table: str, frame: DataFrame, expectations: list[Any]) -> list[Any]:
+        # A context per table: the suites share nothing, so their Spark jobs can run side by side.
+        context = gx.get_context(mode="ephemeral")
+        context.variables.progress_bars = ProgressBarsConfig(globally=False)  # a scheduler's log is no terminal
         suite = context.suites.add(gx.ExpectationSuite(name=f"{table}-{run_id}"))
-        for expectation in _expectations(table, floor):
+        for expectation in expectations:
             suite.add_expectation(expectation)
-        batch = source.add_dataframe_asset(table).add_batch_definition_whole_dataframe("run")
+        batch = context.data_sources.add_spark("snapshot").add_dataframe_asset(table)\
+            .add_batch_definition_whole_dataframe("run")
         validation = context.validation_definitions.add(
             gx.ValidationDefinition(name=f"{table}-{run_id}", data=batch, suite=suite))
-        outcome = validation.run(batch_parameters={"dataframe": frame})
-        result.checked += len(outcome.results)
-        result.failures += [f"{table}: {_describe(r)}" for r in outcome.results if not r.success]
+        return list(validation.run(batch_parameters={"dataframe": frame}).results)
+
+    # Most of a validation's time is the latency of its many small Spark jobs, not work.
+    with ThreadPoolExecutor(max_workers=len(suites) or 1, thread_name_prefix="gates") as pool:
+        outcomes = [(table, pool.submit(validate, table, frame, expectations))
+                    for table, frame, expectations in suites]
+        for table, outcome in outcomes:
+            results = outcome.result()
+            result.checked += len(results)
+            result.failures += [f"{table}: {_describe(r)}" for r in results if not r.success]
     return result

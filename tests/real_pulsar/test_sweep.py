@@ -57,6 +57,9 @@ def sweeper_config(info: TestbedInfo, tables: Path, **sections: dict[str, Any]) 
         **sections)
 
 
+MAX_PULSAR_LEAKS = 3
+
+
 @dataclass
 class Reconciled:
     world: World
@@ -66,6 +69,20 @@ class Reconciled:
     rows: list[dict[str, Any]]
     referenced_before: dict[int, str]
     bk_before: set[int]
+
+    def pulsar_leaks(self) -> set[int]:
+        """Ledgers Pulsar itself left behind during the workload, by the broker's own view (not the sweeper's):
+        in BookKeeper, referenced by no topic stats-internal shows (system topics included), and not induced
+        by the world. Pulsar 4.0.8 makes them now and then, e.g. a ledger created for a topic just before
+        its broker is killed, never added to the topic's list. Real orphans, so the sweep must find them."""
+        return self.bk_before - set(self.referenced_before) - set(self.world.manifest.orphan_ledgers())
+
+    def expected_ledgers(self) -> set[int]:
+        leaks = self.pulsar_leaks()
+        # A few at most: more would mean the broker's view and the manifest disagree for another reason.
+        assert len(leaks) <= MAX_PULSAR_LEAKS, {r["ledger_id"]: (r["reason"], r["managed_ledger"])
+                                               for r in self.rows if r["ledger_id"] in leaks}
+        return set(self.world.manifest.orphan_ledgers()) | leaks
 
     def candidates(self, object_type: str) -> dict[Any, str]:
         key = "ledger_id" if object_type == "ledger" else "s3_key"
@@ -98,7 +115,11 @@ def reconciled(testbed_world: World, spark: SparkSession, tmp_path_factory: pyte
 
 def test_candidates_are_exactly_the_induced_orphans(reconciled: Reconciled) -> None:
     manifest = reconciled.world.manifest
-    assert reconciled.candidates("ledger") == manifest.orphan_ledgers()
+    candidates = reconciled.candidates("ledger")
+    leaks = reconciled.pulsar_leaks()
+    COST["pulsar_leaked_ledgers"] = len(leaks)
+    assert set(candidates) == reconciled.expected_ledgers()
+    assert {ledger: reason for ledger, reason in candidates.items() if ledger not in leaks} == manifest.orphan_ledgers()
     assert reconciled.candidates("offload_object") == manifest.orphan_objects()
 
 
@@ -106,10 +127,11 @@ def test_nothing_the_broker_references_is_a_candidate(reconciled: Reconciled) ->
     """The broker's own view (stats-internal of every topic, system topics included) against the plan."""
     planned = set(reconciled.candidates("ledger"))
     assert not {ledger: who for ledger, who in reconciled.referenced_before.items() if ledger in planned}
-    # And the ground truth agrees with the broker: every BookKeeper ledger it does not reference is an
-    # induced orphan, or a compacted ledger whose pointer only its cursor ledger holds.
+    # And the ground truth agrees with the broker: every induced orphan is one it does not reference; the
+    # only others it does not reference are the few Pulsar leaked itself.
     unreferenced = reconciled.bk_before - set(reconciled.referenced_before)
-    assert unreferenced == set(reconciled.world.manifest.orphan_ledgers())
+    assert set(reconciled.world.manifest.orphan_ledgers()) <= unreferenced
+    assert unreferenced == reconciled.expected_ledgers()
 
 
 def test_current_compacted_ledgers_are_never_candidates(reconciled: Reconciled) -> None:
@@ -155,7 +177,7 @@ def test_sweep_deletes_exactly_the_orphans(swept: Swept) -> None:
     manifest = swept.reconciled.world.manifest
     failed = [(r.ledger_id, r.ledger_type, r.outcome, r.detail) for r in swept.results if r.outcome != "deleted"]
     assert not failed
-    assert swept.deleted == set(manifest.orphan_ledgers())
+    assert swept.deleted == swept.reconciled.expected_ledgers()
     info = swept.reconciled.world.info
     s3 = s3_client_for(info)
     keys = {o["Key"] for o in s3.list_objects_v2(Bucket=info.offload_bucket).get("Contents", [])}
