@@ -335,8 +335,10 @@ def can_owe(policy: Policy | None, quarantined: bool, cursors_seen_ms: Iterable[
             report_idle_ms: int) -> bool:
     """Whether `assess_topic` may report anything for a topic: False only when it certainly finds nothing.
 
-    Under a policy that never trims (retention -1/-1) `trimmable` is empty whatever the positions, so such a
-    topic owes only through an idle cursor; a topic whose policy or metadata cannot be established is always
+    Under a policy that never trims (retention -1/-1) `trimmable` is empty whatever the positions (Pulsar
+    4.0.8 `ManagedLedgerImpl.hasLedgerRetentionExpired` and `isLedgerRetentionOverSizeQuota` are both false
+    for a negative limit, so `internalTrimLedgers` deletes nothing), so such a topic owes only through an idle
+    cursor; a topic whose policy or metadata cannot be established is always
     reported (`unknown`). Lets the step skip, before any shuffle, the topics of keep-forever namespaces with
     no cursor old enough to be idle. `cursors_seen_ms`: each cursor's max(znode mtime, lastActive).
     """

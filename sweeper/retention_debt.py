@@ -44,6 +44,7 @@ from sweeper.retention import (
     TopicStatus,
     assess_topic,
     bundle_owned,
+    can_owe,
     change_events_may_hold_policies,
     cursor_status,
     effective_policy,
@@ -162,7 +163,11 @@ class _OldCursors:
 
 
 def _keep_forever_namespaces(ctx: _Context) -> list[str]:
-    return sorted(ns for ns, (policy, _, _) in ctx.policies.items() if policy is not None and policy.never_trims)
+    """Namespaces whose topics `can_owe` rules out unless a cursor may be idle or their metadata is quarantined
+    (the Spark filter below adds those two back)."""
+    report_idle_ms = ctx.settings.report_idle_ms
+    return sorted(ns for ns, (policy, _, _) in ctx.policies.items()
+                  if not can_owe(policy, False, (), ctx.now_ms, report_idle_ms))
 
 
 def _in_namespaces(namespaces: list[str]) -> Column:
