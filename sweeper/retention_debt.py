@@ -1,26 +1,29 @@
 """The retention-debt step (after reconcile): expired ledgers nobody trims, and what idle cursors pin.
 
-Spark brings each managed ledger's ledger list, cursors and znode times together (one shuffle, by
-managed ledger); each task applies `sweeper.retention`'s pure rules to its topics. Topics that
-cannot owe anything (`retention.can_owe`: keep-forever namespaces, no cursor old enough to be idle)
-are dropped before the shuffle. The few facts that are per namespace (policies, bundle ownership)
-are read on the driver and shipped with the tasks; whether a namespace's topic-level policies may
-exist is settled on the driver once the rows are back. One run's snapshot in; `retention_debt` (a row per
-topic that owes something or cannot be judged, a row per idle cursor) and `reclaimable_report`
-(bytes by cause per tenant and namespace, orphans included) out. Nothing here talks to a broker:
-a lookup would acquire bundles and load topics, which is the repair (`sweeper.retention_repair`).
+Each managed ledger's ledger list, cursors and znode times are brought together and `sweeper.retention`'s
+pure rules applied to each topic. Topics that cannot owe anything (`retention.can_owe`: keep-forever
+namespaces, no cursor old enough to be idle) are left out first, decided on the driver from the run's
+`managed_ledgers` and `ml_cursors`. When what remains is small it is judged on the driver, read straight
+from the tables (`TableStore.read_arrow`); otherwise Spark shuffles it by managed ledger and each task
+judges its topics. The facts that are per namespace (policies, bundle ownership) and the few ledgers the
+driver needs are small reads too; whether a namespace's topic-level policies may exist is settled on the
+driver once the rows are back. One run's snapshot in; `retention_debt` (a row per topic that owes
+something or cannot be judged, a row per idle cursor) and `reclaimable_report` (bytes by cause per tenant
+and namespace, orphans included) out. Nothing here talks to a broker: a lookup would acquire bundles and
+load topics, which is the repair (`sweeper.retention_repair`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, IntegerType, LongType, StringType, StructField, StructType
@@ -54,7 +57,7 @@ from sweeper.retention import (
     topic_status,
 )
 from sweeper.safety import Scope
-from sweeper.table_schemas import RECLAIMABLE_REPORT, RETENTION_DEBT
+from sweeper.table_schemas import ALL_TABLES, RECLAIMABLE_REPORT, RETENTION_DEBT
 from sweeper.tables import TableStore
 
 TOPIC, CURSOR = "topic", "cursor"
@@ -93,6 +96,9 @@ class RetentionSettings:
     # Skip, before the shuffle, topics `can_owe` rules out (keep-forever namespaces, no cursor old enough to be
     # idle). Off only to check that skipping changes nothing, and in benchmarks.
     skip_topics_that_cannot_owe: bool = True
+    # Judge the selected topics on the driver when their ledger-list entries and cursors are at most this many
+    # (some hundreds of MB of Python objects at worst); more go through a Spark shuffle.
+    driver_assess_max_rows: int = 500_000
 
     @classmethod
     def from_config(cls, r: RetentionConfig, safety: SafetyConfig) -> RetentionSettings:
@@ -148,56 +154,98 @@ def _union(frames: dict[str, DataFrame]) -> DataFrame:
     return mls.unionByName(cursors).unionByName(ledgers)
 
 
-# Beyond this many topics with a possibly idle cursor in keep-forever namespaces, every topic is assessed rather
-# than the names shipped in the plan (the skipping is only a saving).
+# Beyond this many topics to judge in keep-forever namespaces, the Spark pass judges every topic rather than
+# carry their names in its plan (the skipping is only a saving).
 MAX_NAMES_IN_PLAN = 100_000
 
 
-@dataclass(frozen=True)
-class _OldCursors:
-    """Cursors whose znode write and `lastActive` are both old enough that they may be idle (a superset of the
-    idle ones, from `ml_cursors` alone): their managed ledgers and cursor ledgers."""
-
-    keep_forever_owners: frozenset[str]  # managed ledgers in keep-forever namespaces
-    cursor_ledgers: frozenset[int]
-
-
-def _keep_forever_namespaces(ctx: _Context) -> list[str]:
-    """Namespaces whose topics `can_owe` rules out unless a cursor may be idle or their metadata is quarantined
-    (the Spark filter below adds those two back)."""
+def _keep_forever_namespaces(ctx: _Context) -> frozenset[str]:
+    """Namespaces whose topics `can_owe` rules out unless a cursor may be idle or their metadata is quarantined."""
     report_idle_ms = ctx.settings.report_idle_ms
-    return sorted(ns for ns, (policy, _, _) in ctx.policies.items()
-                  if not can_owe(policy, False, (), ctx.now_ms, report_idle_ms))
+    return frozenset(ns for ns, (policy, _, _) in ctx.policies.items()
+                     if not can_owe(policy, False, (), ctx.now_ms, report_idle_ms))
 
 
-def _in_namespaces(namespaces: list[str]) -> Column:
+def _in_namespaces(namespaces: Iterable[str]) -> Column:
     # The key the tasks look policies up by (f"{tenant}/{namespace}"); a row without one is never in.
     return (F.col("tenant").isNotNull() & F.col("namespace").isNotNull()
-            & F.concat_ws("/", "tenant", "namespace").isin(namespaces))
+            & F.concat_ws("/", "tenant", "namespace").isin(sorted(namespaces)))
 
 
-def _old_cursors(frames: dict[str, DataFrame], keep_forever: list[str], now_ms: int,
-                 report_idle_ms: int) -> _OldCursors:
-    seen = F.greatest(F.coalesce("zk_mtime_ms", F.lit(0)), F.coalesce("last_active_ms", F.lit(0)))
-    rows = (frames["ml_cursors"].where(seen <= idle_seen_cutoff_ms(now_ms, report_idle_ms))
-            .select("managed_ledger", "cursors_ledger_id", _in_namespaces(keep_forever).alias("kf")).collect())
-    return _OldCursors(frozenset(r["managed_ledger"] for r in rows if r["kf"]),
-                       frozenset(r["cursors_ledger_id"] for r in rows if (r["cursors_ledger_id"] or -1) >= 0))
+@dataclass(frozen=True)
+class _Topics:
+    """The run's managed ledgers and cursors as the driver needs them, read once, kept as Arrow."""
+
+    managed_ledgers: pa.Table  # managed_ledger, tenant, namespace, topic, ledger_count
+    cursors: pa.Table  # managed_ledger, cursors_ledger_id, seen_ms: max(znode mtime, lastActive), as `Cursor` has it
+    captured_at: datetime | None  # the snapshot's capture time
 
 
-def _worth_assessing(frames: dict[str, DataFrame], ctx: _Context, keep_forever: list[str],
-                     old: _OldCursors) -> dict[str, DataFrame]:
-    """The step's three inputs without the topics `retention.can_owe` rules out, decided before the shuffle.
+def _read_topics(store: TableStore, run_id: str) -> _Topics:
+    mls = _run_table(store, "managed_ledgers", run_id,
+                     ["managed_ledger", "tenant", "namespace", "topic", "ledger_count", "captured_at"])
+    cursors = _run_table(store, "ml_cursors", run_id,
+                         ["managed_ledger", "cursors_ledger_id", "zk_mtime_ms", "last_active_ms"])
+    seen = pc.max_element_wise(pc.fill_null(cursors["zk_mtime_ms"], 0), pc.fill_null(cursors["last_active_ms"], 0))
+    return _Topics(mls.drop_columns(["captured_at"]),
+                   pa.table({"managed_ledger": cursors["managed_ledger"],
+                             "cursors_ledger_id": cursors["cursors_ledger_id"], "seen_ms": seen}),
+                   pc.max(mls["captured_at"]).as_py())
 
-    In a namespace whose policy never trims (retention -1/-1) a topic owes something only through a cursor
-    idle long enough to report, or is unknown when its metadata is quarantined; every other namespace's
-    topics (finite or unknown policies) are all assessed. Clusters that keep most data forever then shuffle
-    and judge only the few topics that can owe anything.
-    """
-    owing = sorted(old.keep_forever_owners | ctx.quarantined)
-    if not ctx.settings.skip_topics_that_cannot_owe or not keep_forever or len(owing) > MAX_NAMES_IN_PLAN:
+
+@dataclass(frozen=True)
+class _Selection:
+    """The topics the per-topic pass judges (`retention.can_owe`) and what that costs."""
+
+    assess: list[str] | None  # managed ledgers to judge; None: every one
+    keep_forever: frozenset[str]  # namespaces whose topics are judged only when listed in `owing`
+    owing: list[str]  # the judged managed ledgers of those namespaces
+    rows: int  # ledger-list entries and cursors of the judged topics
+    cursor_ledgers: frozenset[int]  # cursor ledgers of the cursors that may be idle (their bytes are reported)
+
+
+def _select(topics: _Topics, ctx: _Context) -> _Selection:
+    """`can_owe` for each topic of a keep-forever namespace, from its oldest cursor (it owes through a cursor
+    only if some cursor is old enough, so the oldest decides). Topics of the other namespaces are all judged:
+    `can_owe` is true for them whatever their cursors or quarantine, as it is for their namespace's policy."""
+    cursors = topics.cursors
+    cutoff = idle_seen_cutoff_ms(ctx.now_ms, ctx.settings.report_idle_ms)
+    cursor_ledgers = frozenset(x for x in cursors.filter(pc.less_equal(cursors["seen_ms"], cutoff))[
+        "cursors_ledger_id"].to_pylist() if x is not None and x >= 0)
+    per_topic = cursors.group_by("managed_ledger").aggregate([("seen_ms", "min"), ("seen_ms", "count")])
+    mls = topics.managed_ledgers.join(per_topic, "managed_ledger", join_type="left outer")
+    keep_forever = _keep_forever_namespaces(ctx)
+    # The key `_topic_rows` looks policies up by (f"{tenant}/{namespace}"): a null part is never a namespace's.
+    ns_key = pc.binary_join_element_wise(mls["tenant"], mls["namespace"], "/")
+    in_keep_forever = pc.fill_null(pc.is_in(ns_key, pa.array(sorted(keep_forever), pa.string())), False)
+    if ctx.settings.skip_topics_that_cannot_owe and keep_forever:
+        kf = mls.filter(in_keep_forever)
+        owing_mask = [can_owe(ctx.policies[key][0], managed_ledger in ctx.quarantined,
+                              () if oldest is None else (oldest,), ctx.now_ms, ctx.settings.report_idle_ms)
+                      for managed_ledger, key, oldest in zip(kf["managed_ledger"].to_pylist(),
+                                                             pc.binary_join_element_wise(kf["tenant"], kf["namespace"],
+                                                                                         "/").to_pylist(),
+                                                             kf["seen_ms_min"].to_pylist(), strict=True)]
+        owing = kf.filter(pa.array(owing_mask, pa.bool_()))
+        judged = pa.concat_tables([mls.filter(pc.invert(in_keep_forever)), owing])
+        assess: list[str] | None = judged["managed_ledger"].to_pylist()
+        owing_names = owing["managed_ledger"].to_pylist()
+    else:
+        judged, assess, owing_names = mls, None, mls.filter(in_keep_forever)["managed_ledger"].to_pylist()
+    rows = (pc.sum(pc.fill_null(judged["ledger_count"], 0)).as_py() or 0) + (
+        pc.sum(pc.fill_null(judged["seen_ms_count"], 0)).as_py() or 0)
+    if assess is not None and len(assess) == mls.num_rows:
+        assess = None
+    return _Selection(assess, keep_forever, owing_names, rows, cursor_ledgers)
+
+
+def _worth_assessing(frames: dict[str, DataFrame], selection: _Selection) -> dict[str, DataFrame]:
+    """The Spark pass's three inputs without the topics `_select` left out, filtered before the shuffle: by
+    namespace (every topic of a namespace that may trim is judged) plus the few names that may owe in the
+    keep-forever ones, so the plan carries names only for those."""
+    if selection.assess is None or len(selection.owing) > MAX_NAMES_IN_PLAN:
         return frames
-    keep = ~_in_namespaces(keep_forever) | F.col("managed_ledger").isin(owing)
+    keep = ~_in_namespaces(selection.keep_forever) | F.col("managed_ledger").isin(selection.owing)
     return {**frames, **{name: frames[name].where(keep) for name in ("managed_ledgers", "ml_cursors", "ml_ledgers")}}
 
 
@@ -346,27 +394,46 @@ def mark_topic_policies_unchecked(rows: list[dict[str, Any]], namespaces: frozen
             r["topic_policy"] = UNCHECKED
 
 
-def _policies(frames: dict[str, DataFrame], settings: RetentionSettings) -> dict[
+def _run_table(store: TableStore, name: str, run_id: str, columns: list[str],
+               where: dict[str, Any] | None = None) -> pa.Table:
+    """A run's rows of `name`, read on the driver (none when the table does not exist: a store written before
+    it was added)."""
+    if not store.exists(name):
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        return to_arrow_schema(ALL_TABLES[name], timezone="UTC").empty_table().select(columns)
+    return store.read_arrow(name, {"run_id": run_id, **(where or {})}, columns)
+
+
+def _run_columns(store: TableStore, name: str, run_id: str, columns: list[str],
+                 where: dict[str, Any] | None = None) -> dict[str, list[Any]]:
+    """`_run_table` as Python lists per column."""
+    table = _run_table(store, name, run_id, columns, where)
+    return {c: table.column(c).to_pylist() for c in columns}
+
+
+def _policies(store: TableStore, run_id: str, settings: RetentionSettings) -> dict[
         str, tuple[Policy | None, Reason | None, str]]:
+    columns = ["namespace", "readable", "error", "retention_minutes", "retention_size_mb", "ttl_seconds", "deleted"]
+    read = _run_columns(store, "namespace_policies", run_id, columns)
     policies = {}
-    for r in frames["namespace_policies"].collect():
-        read = NamespacePolicy(r["readable"], r["error"], r["retention_minutes"], r["retention_size_mb"],
-                               r["ttl_seconds"], bool(r["deleted"]))
-        policies[r["namespace"]] = effective_policy(read, settings.broker)
+    for namespace, readable, error, minutes, size_mb, ttl, deleted in zip(*read.values(), strict=True):
+        policies[namespace] = effective_policy(NamespacePolicy(readable, error, minutes, size_mb, ttl, bool(deleted)),
+                                               settings.broker)
     return policies
 
 
-def _owned_bundles(frames: dict[str, DataFrame]) -> tuple[dict[str, tuple[tuple[int, int], ...]], bool]:
+def _owned_bundles(store: TableStore, run_id: str) -> tuple[dict[str, tuple[tuple[int, int], ...]], bool]:
+    read = _run_columns(store, "bundle_owners", run_id, ["namespace", "lower", "upper"], {"ephemeral": True})
     owned: dict[str, list[tuple[int, int]]] = {}
-    for r in frames["bundle_owners"].where(F.col("ephemeral")).collect():
-        owned.setdefault(r["namespace"], []).append((r["lower"], r["upper"]))
+    for namespace, lower, upper in zip(*read.values(), strict=True):
+        owned.setdefault(namespace, []).append((lower, upper))
     return {ns: tuple(v) for ns, v in owned.items()}, bool(owned)
 
 
-def _quarantined_owners(frames: dict[str, DataFrame]) -> frozenset[str]:
-    return frozenset(r["owner"] for r in frames["quarantine"].where(
-        F.col("source").isin("managed_ledger", "cursor") & F.col("owner").isNotNull()).select("owner").distinct()
-        .collect())
+def _quarantined_owners(store: TableStore, run_id: str) -> frozenset[str]:
+    read = _run_columns(store, "quarantine", run_id, ["owner"], {"source": ["managed_ledger", "cursor"]})
+    return frozenset(owner for owner in read["owner"] if owner is not None)
 
 
 @dataclass(frozen=True)
@@ -391,32 +458,36 @@ class _ChangeEvents:
                                                             managed_ledger in self.compacted))
 
 
-def _change_events(frames: dict[str, DataFrame], settings: RetentionSettings) -> _ChangeEvents:
+def _change_events(store: TableStore, run_id: str, topics: _Topics, settings: RetentionSettings) -> _ChangeEvents:
     if settings.topic_policies not in ("system_topic", "admin"):  # "admin" asks the broker only about these
         return _ChangeEvents({}, [], frozenset())
-    # A handful of `__change_events` topics: collected first, so that their ledgers and cursors are picked out
-    # of the big tables by filters rather than by joins (which would shuffle every ledger of the run).
-    namespace_of = {r["managed_ledger"]: r["ns"] for r in frames["managed_ledgers"].where(
-        (F.col("topic") == CHANGE_EVENTS) | F.col("topic").startswith(f"{CHANGE_EVENTS}-partition-")).select(
-        "managed_ledger", F.concat_ws("/", "tenant", "namespace").alias("ns")).collect()}
+    mls = topics.managed_ledgers
+    topic = mls["topic"]
+    events = mls.filter(pc.fill_null(pc.or_(pc.equal(topic, CHANGE_EVENTS),
+                                            pc.starts_with(topic, f"{CHANGE_EVENTS}-partition-")), False))
+    namespace_of = {managed_ledger: f"{tenant}/{namespace}" for managed_ledger, tenant, namespace in zip(
+        *(events[c].to_pylist() for c in ("managed_ledger", "tenant", "namespace")), strict=True)}
     if not namespace_of:
         return _ChangeEvents({}, [], frozenset())
-    listed = [(r["managed_ledger"], r["entries"] or 0, r["ledger_id"]) for r in frames["ml_ledgers"].where(
-        F.col("managed_ledger").isin(list(namespace_of))).select("managed_ledger", "entries", "ledger_id").collect()
-        if r["ledger_id"] is not None]
-    compacted = frozenset(r["managed_ledger"] for r in frames["ml_cursors"].where(
-        F.col("managed_ledger").isin(list(namespace_of)) & (F.col("cursor") == COMPACTION_CURSOR))
-        .select("managed_ledger").collect())
-    return _ChangeEvents(namespace_of, listed, compacted)
+    # A handful of `__change_events` topics: their ledgers and cursors are picked out of the big tables by name.
+    ledgers = _run_columns(store, "ml_ledgers", run_id, ["managed_ledger", "entries", "ledger_id"],
+                           {"managed_ledger": list(namespace_of)})
+    listed = [(managed_ledger, entries or 0, ledger_id) for managed_ledger, entries, ledger_id
+              in zip(*ledgers.values(), strict=True) if ledger_id is not None]
+    compacted = _run_columns(store, "ml_cursors", run_id, ["managed_ledger"],
+                             {"managed_ledger": list(namespace_of), "cursor": COMPACTION_CURSOR})
+    return _ChangeEvents(namespace_of, listed, frozenset(compacted["managed_ledger"]))
 
 
-def _bookkeeper_facts(frames: dict[str, DataFrame], ids: set[int]) -> dict[int, tuple[str | None, int | None,
-                                                                                      int | None]]:
-    """(state, last entry id, length) of a few ledgers, in one pass over `bk_ledgers`."""
+def _bookkeeper_facts(store: TableStore, run_id: str, ids: set[int]) -> dict[int, tuple[str | None, int | None,
+                                                                                         int | None]]:
+    """(state, last entry id, length) of a few ledgers."""
     if not ids:
         return {}
-    return {r["ledger_id"]: (r["state"], r["last_entry_id"], r["length"]) for r in frames["bk_ledgers"].where(
-        F.col("ledger_id").isin(sorted(ids))).select("ledger_id", "state", "last_entry_id", "length").collect()}
+    read = _run_columns(store, "bk_ledgers", run_id, ["ledger_id", "state", "last_entry_id", "length"],
+                        {"ledger_id": sorted(ids)})
+    return {ledger_id: (state, last_entry_id, length)
+            for ledger_id, state, last_entry_id, length in zip(*read.values(), strict=True)}
 
 
 def _with_cursor_ledger_bytes(rows: list[dict[str, Any]],
@@ -430,13 +501,14 @@ def _with_cursor_ledger_bytes(rows: list[dict[str, Any]],
 OrphanTotals = dict[tuple[str | None, str | None], tuple[int, int]]
 
 
-def orphan_totals(orphans: DataFrame | None) -> OrphanTotals:
+def orphan_totals(store: TableStore, run_id: str) -> OrphanTotals:
     """(candidate ledgers, their bytes) per (tenant, namespace) of a run's orphans."""
-    if orphans is None:
-        return {}
-    return {(r["tenant"], r["namespace"]): (int(r["n"]), int(r["bytes"] or 0)) for r in (
-        orphans.where(F.col("status") == "candidate").groupBy("tenant", "namespace")
-        .agg(F.count("*").alias("n"), F.sum(F.coalesce("size_bytes", F.lit(0))).alias("bytes")).collect())}
+    read = _run_columns(store, "orphans", run_id, ["tenant", "namespace", "size_bytes"], {"status": "candidate"})
+    totals: dict[tuple[str | None, str | None], tuple[int, int]] = {}
+    for tenant, namespace, size in zip(*read.values(), strict=True):
+        count, total = totals.get((tenant, namespace), (0, 0))
+        totals[(tenant, namespace)] = (count + 1, total + (size or 0))
+    return totals
 
 
 def reclaimable_report(rows: list[dict[str, Any]], orphans: OrphanTotals, run_id: str) -> list[dict[str, Any]]:
@@ -476,21 +548,59 @@ def reclaimable_report(rows: list[dict[str, Any]], orphans: OrphanTotals, run_id
 
 
 def _refuse_unless_ready(store: TableStore, run_id: str) -> None:
-    if not store.exists("runs") or not store.read("runs").where(
-            (F.col("run_id") == run_id) & (F.col("stage") == "snapshot") & (F.col("status") == "succeeded")).limit(1)\
-            .count():
+    if not _run_columns(store, "runs", run_id, ["run_id"], {"stage": "snapshot", "status": "succeeded"})["run_id"]:
         raise RetentionDebtRefused(f"no successful snapshot for run {run_id}")
-    if store.exists("retention_debt") and store.read("retention_debt").where(F.col("run_id") == run_id).limit(1)\
-            .count():
+    if _run_columns(store, "retention_debt", run_id, ["run_id"])["run_id"]:
         raise RetentionDebtRefused(f"run {run_id} already has its retention debt: start a new run")
 
 
-def _assess(spark: SparkSession, frames: dict[str, DataFrame], ctx: _Context) -> list[dict[str, Any]]:
-    """The per-topic pass: one shuffle by managed ledger, the pure rules in the tasks, rows back as Arrow."""
+def _assess(spark: SparkSession, store: TableStore, run_id: str, selection: _Selection,
+            ctx: _Context) -> list[dict[str, Any]]:
+    """The per-topic pass: on the driver when the selected topics are few, else one Spark shuffle by managed
+    ledger with the pure rules in the tasks. Both feed `_assess_partition` the same rows in the same order."""
+    if selection.rows <= ctx.settings.driver_assess_max_rows and (
+            selection.assess is None or len(selection.assess) <= MAX_NAMES_IN_PLAN):
+        batches = _union_arrow(store, run_id, selection.assess).to_batches()
+        return [r for batch in _assess_partition(iter(batches), ctx) for r in batch.to_pylist()]
+    frames = _worth_assessing(snapshot_frames(store, run_id), selection)
     parallelism = spark.sparkContext.defaultParallelism
     union = _union(frames).repartition(
         max(2, 2 * parallelism), "managed_ledger").sortWithinPartitions("managed_ledger", "kind", "a")
     return union.mapInArrow(lambda b: _assess_partition(b, ctx), RETENTION_DEBT).toArrow().to_pylist()
+
+
+def _union_arrow(store: TableStore, run_id: str, managed_ledgers: list[str] | None) -> pa.Table:
+    """`_union` of the selected managed ledgers, read on the driver and sorted as the Spark pass sorts it
+    (Spark puts nulls first)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    schema = to_arrow_schema(UNION)
+    where = {} if managed_ledgers is None else {"managed_ledger": managed_ledgers}
+
+    def shaped(table: str, kind: int, **sources: str) -> pa.Table:
+        read = _run_table(store, table, run_id, ["managed_ledger", *sources.values()], where)
+        arrays = []
+        for f in schema:
+            if f.name == "managed_ledger":
+                arrays.append(read["managed_ledger"])
+            elif f.name == "kind":
+                arrays.append(pa.nulls(read.num_rows, f.type).fill_null(kind))
+            elif f.name == "shadow" and "shadow" in sources:
+                arrays.append(pc.is_valid(read[sources["shadow"]]))
+            elif f.name in sources:
+                arrays.append(read[sources[f.name]].cast(f.type))
+            else:
+                arrays.append(pa.nulls(read.num_rows, f.type))
+        return pa.Table.from_arrays(arrays, schema=schema)
+
+    union = pa.concat_tables([
+        shaped("managed_ledgers", _ML, name="topic", tenant="tenant", namespace="namespace", topic_name="topic_name",
+               shadow="shadow_source", a="zk_mtime_ms", b="zk_version"),
+        shaped("ml_cursors", _CURSOR, name="cursor", a="cursors_ledger_id", b="mark_delete_ledger_id",
+               c="mark_delete_entry_id", d="zk_mtime_ms", e="last_active_ms", f="zk_version"),
+        shaped("ml_ledgers", _LEDGER, a="ledger_id", b="entries", c="size", d="timestamp_ms", g="offloaded"),
+    ])
+    return union.sort_by([(column, "ascending", "at_start") for column in ("managed_ledger", "kind", "a")])
 
 
 def run_retention_debt(spark: SparkSession, store: TableStore, run_id: str,
@@ -499,35 +609,30 @@ def run_retention_debt(spark: SparkSession, store: TableStore, run_id: str,
     """`topic_policy_lookup` (topic name -> (not_set | set | unread, detail)): the broker's answer about a topic's
     own policies, for [retention] topic_policies = "admin".
 
-    The step is a handful of small reads around one shuffle; most of its wall time on a large snapshot is the
-    latency of Spark jobs, not work, so the independent reads run side by side (a job per driver thread).
+    Apart from the per-topic pass, the step is a handful of small reads; on the delta-rs engine they read the
+    tables directly, on the others each is a Spark job, so the independent ones run side by side.
     """
     settings = settings or RetentionSettings()
     started = time.monotonic()
-    frames = snapshot_frames(store, run_id)
+    _refuse_unless_ready(store, run_id)  # nothing else is read, or written, before the refusals are known
     with ThreadPoolExecutor(max_workers=4, thread_name_prefix="retention-debt") as pool:
-        ready = pool.submit(_refuse_unless_ready, store, run_id)
-        captured = pool.submit(lambda: frames["managed_ledgers"].agg(F.max("captured_at")).first())
-        policies = pool.submit(_policies, frames, settings)
-        owned = pool.submit(_owned_bundles, frames)
-        quarantined = pool.submit(_quarantined_owners, frames)
-        ready.result()  # nothing else is waited for, or written, before the refusals are known
-        events = pool.submit(_change_events, frames, settings)
-        orphans = pool.submit(orphan_totals, store.read("orphans").where(F.col("run_id") == run_id)
-                              if store.exists("orphans") else None)
+        topics = pool.submit(_read_topics, store, run_id)
+        policies = pool.submit(_policies, store, run_id, settings)
+        owned = pool.submit(_owned_bundles, store, run_id)
+        quarantined = pool.submit(_quarantined_owners, store, run_id)
+        orphans = pool.submit(orphan_totals, store, run_id)
+        captured = topics.result().captured_at
         if now_ms is None:
-            first = captured.result()
-            now_ms = int(first[0].timestamp() * 1000) if first and first[0] else int(time.time() * 1000)
+            now_ms = int(captured.timestamp() * 1000) if captured else int(time.time() * 1000)
         bundles, readable = owned.result()
         ctx = _Context(run_id, now_ms, settings, policies.result(), bundles, readable, quarantined.result())
-        keep_forever = _keep_forever_namespaces(ctx)
-        old = _old_cursors(frames, keep_forever, now_ms, settings.report_idle_ms)
+        selection = _select(topics.result(), ctx)
+        events = _change_events(store, run_id, topics.result(), settings)
         # BookKeeper's view of the few ledgers the driver needs (change events; cursor ledgers of cursors that
-        # may be idle), read while the tasks assess the topics.
-        bookkeeper = pool.submit(lambda: _bookkeeper_facts(frames, events.result().bookkeeper_ids()
-                                                           | old.cursor_ledgers))
-        rows = _assess(spark, _worth_assessing(frames, ctx, keep_forever, old), ctx)
-        may_hold = events.result().namespaces_that_may_hold_policies(bookkeeper.result())
+        # may be idle), read while the topics are judged.
+        bookkeeper = pool.submit(_bookkeeper_facts, store, run_id, events.bookkeeper_ids() | selection.cursor_ledgers)
+        rows = _assess(spark, store, run_id, selection, ctx)
+        may_hold = events.namespaces_that_may_hold_policies(bookkeeper.result())
         totals = orphans.result()
     mark_topic_policies_unchecked(rows, may_hold)
     calls = finalize_topic_policies(rows, topic_policy_lookup if settings.topic_policies == "admin" else None)
@@ -536,8 +641,9 @@ def run_retention_debt(spark: SparkSession, store: TableStore, run_id: str,
     store.append_rows("retention_debt", rows, RETENTION_DEBT, commit_metadata=meta)
     report = reclaimable_report(rows, totals, run_id)
     store.append_rows("reclaimable_report", report, RECLAIMABLE_REPORT, commit_metadata=meta)
+    judged = topics.result().managed_ledgers.num_rows if selection.assess is None else len(selection.assess)
     counts: dict[str, int] = {"ownership_readable": int(readable), "topic_policy_namespaces": len(may_hold),
-                              "topic_policy_calls": calls}
+                              "topic_policy_calls": calls, "topics_judged": judged}
     for r in rows:
         key = f"{r['kind']}.{r['status']}"
         counts[key] = counts.get(key, 0) + 1

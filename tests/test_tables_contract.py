@@ -360,6 +360,44 @@ def test_partitioned_table(store: TableStore, spark: SparkSession) -> None:
         store.append("parts", df, partition_by=["shard"])
 
 
+def test_read_arrow_filters_on_the_driver(store: TableStore, spark: SparkSession) -> None:
+    rows = sample_rows(40) + sample_rows(10, run_id="r2", start=100)
+    store.append("small", frame(spark, rows), SCHEMA)
+    store.append("small", frame(spark, sample_rows(5, run_id="r3", start=200)), SCHEMA)  # the latest version
+    columns = ["run_id", "id", "name", "captured_at"]
+    assert canon(store.read_arrow("small").to_pylist()) == canon(rows + sample_rows(5, run_id="r3", start=200))
+    got = store.read_arrow("small", {"run_id": "r1"}, columns)
+    assert got.column_names == columns
+    assert canon(got.to_pylist(), columns) == canon([r for r in rows if r["run_id"] == "r1"], columns)
+    names = {"ledger-3-ü€", "ledger-5-ü€", "ledger-101-ü€", "missing"}
+    wanted = [r for r in rows if r["name"] in names and r["run_id"] in ("r1", "r2")]
+    for choice in (sorted(names), tuple(names), set(names), frozenset(names)):
+        got = store.read_arrow("small", {"run_id": ["r1", "r2"], "name": choice}, columns)
+        assert canon(got.to_pylist(), columns) == canon(wanted, columns)
+    assert store.read_arrow("small", {"name": []}, ["id"]).num_rows == 0
+    # A string column whose files carry no min/max statistics (too long for them) filters like any other.
+    long_names = [{**r, "run_id": "long", "name": f"persistent://tenant/namespace/{'x' * 40}-{r['id']}"}
+                  for r in sample_rows(6, start=300)]
+    store.append("small", frame(spark, long_names, partitions=2), SCHEMA)
+    wanted = [long_names[1]["name"], long_names[4]["name"]]
+    got = store.read_arrow("small", {"name": wanted, "run_id": "long"}, ["name"])
+    assert sorted(got.column("name").to_pylist()) == sorted(wanted)
+    assert store.read_arrow("small", {"name": wanted[0]}, ["name"]).num_rows == 1
+    assert store.read_arrow("small", {"name": None}, ["id"]).num_rows == 0  # a null never matches
+    with pytest.raises(TableNotFoundError):
+        store.read_arrow("nope")
+
+
+def test_read_arrow_of_a_partitioned_table(store: TableStore, spark: SparkSession) -> None:
+    rows = sample_rows(12)
+    for i, row in enumerate(rows):
+        row["run_id"] = ["x/y:z=1", "plain"][i % 2]
+    store.append("parts", frame(spark, rows), SCHEMA, partition_by=["run_id"])
+    got = store.read_arrow("parts", {"run_id": "x/y:z=1"}, ["run_id", "id"])
+    assert canon(got.to_pylist(), ["run_id", "id"]) == canon([r for r in rows if r["run_id"] == "x/y:z=1"],
+                                                             ["run_id", "id"])
+
+
 # --------------------------------------------------------------------------- delta-rs specifics
 
 
@@ -433,5 +471,6 @@ def test_delta_rs_writes_to_s3(spark: SparkSession, tmp_path: Path) -> None:
         table = DeltaTable("s3://lake/tables/runs", storage_options=options)
         assert table.version() == 1 and table.to_pyarrow_table().num_rows == 302
         assert store.history("runs")[0]["metadata"]["sweeper.table"] == "runs"
+        assert store.read_arrow("runs", {"run_id": "r"}, ["id"]).num_rows == 300  # the driver reads S3 too
     finally:
         s3server.stop_s3(info)

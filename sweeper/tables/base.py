@@ -107,7 +107,14 @@ def arrow_schema(schema: StructType) -> pa.Schema:
     return pa.schema(DeltaSchema.from_json(schema.json()).to_arrow())
 
 
+_SCALAR_TYPES = frozenset({str, int, float, bool, bytes, type(None), datetime})
+
+
 def _plain(value: Any) -> Any:
+    if type(value) in _SCALAR_TYPES:  # most values: nothing to unwrap
+        return value
+    if isinstance(value, list) and all(type(v) in _SCALAR_TYPES for v in value):
+        return value
     if isinstance(value, Row) and hasattr(value, "__fields__"):
         return value.asDict(recursive=True)
     if isinstance(value, Mapping):
@@ -246,6 +253,23 @@ class TableStore(ABC):
     def layout(self, name: str) -> tuple[StructType, list[str]] | None:
         """(schema, partition columns) of the table, or None when there is none."""
 
+    def read_arrow(self, name: str, where: Mapping[str, Any] | None = None,
+                   columns: Sequence[str] | None = None) -> pa.Table:
+        """The latest version's rows matching `where`, as Arrow on the driver: for the small reads around a
+        stage (a run's policies, a few ledgers by id), which do not need a Spark job each.
+
+        `where` maps a column to a value (equal to it) or to a list, tuple, set or frozenset (one of them;
+        an empty one matches nothing); conditions are ANDed, and a null never matches. `columns`: those
+        only, in that order (default: all). This default runs the filter as a Spark job; an engine that
+        reads the table itself overrides it.
+        """
+        from pyspark.sql import functions as F
+
+        df = self.read(name)
+        for column, value in (where or {}).items():
+            df = df.where(F.col(column).isin(list(value)) if is_value_list(value) else F.col(column) == value)
+        return df.select(*(columns or df.columns)).toArrow()
+
     @abstractmethod
     def _append_frame(self, name: str, df: DataFrame, schema: StructType, partition_by: list[str],
                       create: bool, metadata: dict[str, str]) -> CommitResult: ...
@@ -358,3 +382,7 @@ __all__ = [
     "TableSchemaError",
     "TableStore",
 ]
+
+
+def is_value_list(value: Any) -> bool:
+    return isinstance(value, list | tuple | set | frozenset)
