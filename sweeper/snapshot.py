@@ -12,7 +12,6 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -575,16 +574,11 @@ def run_snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore,
         counts["live_brokers"] = plan.live_brokers
         if plan.clock.skew_ms is not None:
             counts["clock_skew_ms"] = plan.clock.skew_ms
-        # Tables are independent Delta logs: commit them from a few driver threads at once
-        # (Spark runs their jobs side by side) instead of one after another.
-        with ThreadPoolExecutor(max_workers=4) as pool:
-            commits = {
-                table: pool.submit(store.append_arrow_frame, table,
-                                   scan.where(F.col("record_type") == table).select("payload"), _unpack,
-                                   SNAPSHOT_TABLES[table], commit_metadata=commit_metadata)
-                for table in SNAPSHOT_TABLES
-            }
-            versions = {table: future.result().version for table, future in commits.items()}
+        # One commit per table (independent Delta logs); the engine writes them all from the scan at once.
+        tables = scan.where(F.col("record_type").isin(list(SNAPSHOT_TABLES))).select("record_type", "payload")
+        commits = store.append_arrow_frames(tables, "record_type", _unpack,
+                                            SNAPSHOT_TABLES, commit_metadata=commit_metadata)
+        versions = {table: commit.version for table, commit in commits.items()}
         for table in SNAPSHOT_TABLES:
             counts.setdefault(table, 0)
         counts["scan_units"] = len(tasks)

@@ -360,6 +360,28 @@ def test_partitioned_table(store: TableStore, spark: SparkSession) -> None:
         store.append("parts", df, partition_by=["shard"])
 
 
+def test_append_arrow_frames_routes_rows_to_their_tables(store: TableStore, spark: SparkSession) -> None:
+    import pyarrow as pa
+
+    narrow = StructType([StructField("run_id", StringType(), False), StructField("id", LongType(), False)])
+    source = spark.createDataFrame([("a" if i % 3 else "b", "r1", i) for i in range(60)],
+                                   "table string, run_id string, id long").repartition(4)
+
+    def to_batches(batches: Any) -> Any:  # the target's rows from the source's (here: drop the route)
+        for batch in batches:
+            yield pa.RecordBatch.from_arrays([batch.column("run_id"), batch.column("id")], names=["run_id", "id"])
+
+    schemas = {"a": narrow, "b": narrow, "empty": narrow}
+    first = store.append_arrow_frames(source, "table", to_batches, schemas, commit_metadata={"run_id": "r1"})
+    assert {name: r.rows for name, r in first.items()} == {"a": 40, "b": 20, "empty": 0}
+    assert store.exists("empty") and store.read("empty").count() == 0  # created, though it got no row
+    assert sorted(r["id"] for r in store.read("b").collect()) == [i for i in range(60) if i % 3 == 0]
+    assert store.history("a")[0]["metadata"]["run_id"] == "r1"
+    again = store.append_arrow_frames(source, "table", to_batches, schemas)
+    assert again["a"].version == first["a"].version + 1 and store.read("a").count() == 80
+    assert again["empty"].version == first["empty"].version  # nothing to commit
+
+
 def test_read_arrow_filters_on_the_driver(store: TableStore, spark: SparkSession) -> None:
     rows = sample_rows(40) + sample_rows(10, run_id="r2", start=100)
     store.append("small", frame(spark, rows), SCHEMA)

@@ -309,6 +309,26 @@ class TableStore(ABC):
         """
         return self.append(name, source.mapInArrow(to_batches, schema), schema, commit_metadata=commit_metadata)
 
+    def append_arrow_frames(self, source: DataFrame, route: str,
+                            to_batches: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+                            schemas: Mapping[str, StructType], *,
+                            commit_metadata: Mapping[str, Any] | None = None) -> dict[str, CommitResult]:
+        """append_arrow_frame() into several tables at once: `source`'s column `route` names the table of each
+        row, and `to_batches` makes that table's rows from its rows of `source`. One commit per table (each
+        table is its own Delta log, so the tables are not committed atomically together); a table of
+        `schemas` with no rows is created when missing. This default runs a job per table, from a few driver
+        threads so that Spark runs them side by side; an engine that writes Arrow itself does it in one job.
+        """
+        from concurrent.futures import ThreadPoolExecutor
+
+        from pyspark.sql import functions as F
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            commits = {name: pool.submit(self.append_arrow_frame, name, source.where(F.col(route) == name),
+                                         to_batches, schema, commit_metadata=commit_metadata)
+                       for name, schema in schemas.items()}
+            return {name: future.result() for name, future in commits.items()}
+
     def append_rows(self, name: str, rows: Sequence[Mapping[str, Any] | Row], schema: StructType, *,
                     commit_metadata: Mapping[str, Any] | None = None) -> CommitResult:
         """append() for a few rows built on the driver (runs, quarantine): dicts keyed by column

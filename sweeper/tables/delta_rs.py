@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake import Schema as DeltaSchema
 from deltalake.transaction import AddAction, CommitProperties, create_table_with_add_actions
@@ -40,6 +41,7 @@ from sweeper.tables.base import (
     schema_problems,
 )
 from sweeper.tables.files import (
+    FILE_RECORD_ARROW,
     FILE_RECORD_DDL,
     TARGET_FILE_BYTES,
     WriteSpec,
@@ -216,6 +218,26 @@ class DeltaRsTableStore(TableStore):
         records = [row.asDict() for row in source.mapInArrow(write_partition, FILE_RECORD_DDL).collect()]
         return self._commit(name, records, table_schema, parts, create, self._metadata(name, commit_metadata))
 
+    def append_arrow_frames(self, source: DataFrame, route: str,
+                            to_batches: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+                            schemas: Mapping[str, StructType], *,
+                            commit_metadata: Mapping[str, Any] | None = None) -> dict[str, CommitResult]:
+        # One job writes every table's files (a job per table costs a scheduling round and a task per source
+        # partition each, which is most of a small snapshot's commit time); then one commit per table.
+        resolved = {name: self._resolve(name, schema, schema, None) for name, schema in schemas.items()}
+        specs = {name: self._spec(name, table_schema, parts) for name, (table_schema, parts, _) in resolved.items()}
+
+        def write_partition(batches):  # runs in the Spark tasks
+            return _write_routed(specs, route, to_batches, batches)
+
+        records: dict[str, list[dict[str, Any]]] = {name: [] for name in schemas}
+        for row in source.mapInArrow(write_partition, _ROUTED_RECORD_DDL).collect():
+            record = row.asDict()
+            records[record.pop("table")].append(record)
+        return {name: self._commit(name, records[name], table_schema, parts, create,
+                                   self._metadata(name, commit_metadata))
+                for name, (table_schema, parts, create) in resolved.items()}
+
     def _append_arrow(self, name: str, table: pa.Table, schema: StructType, partition_by: list[str],
                       create: bool, metadata: dict[str, str]) -> CommitResult:
         # Small driver-side data: write the file here, no Spark job needed.
@@ -276,6 +298,33 @@ class DeltaRsTableStore(TableStore):
             if parse_user_metadata(info.get("userMetadata")).get(COMMIT_ID_KEY) == commit_id:
                 return version
         return latest
+
+
+_ROUTED_RECORD_DDL = f"table string, {FILE_RECORD_DDL}"
+
+
+def _write_routed(specs: Mapping[str, WriteSpec], route: str,
+                  to_batches: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
+                  batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body of append_arrow_frames: this partition's rows, split by table, written table by table
+    (the source rows are held until then: the packed snapshot output is compact); file records tagged with
+    their table. A row routed to no table of `specs` is an error, not a silent drop."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    task = context.partitionId() if context is not None else 0
+    by_table: dict[str, list[pa.RecordBatch]] = {}
+    for batch in batches:
+        routes = batch.column(route)
+        for name in pc.unique(routes).to_pylist():
+            if name not in specs:
+                raise TableSchemaError(f"rows routed to {name!r}, which is not one of the tables being written")
+            by_table.setdefault(name, []).append(batch.filter(pc.equal(routes, name)))
+    for name, held in by_table.items():
+        records = write_files(specs[name], to_batches(iter(held)), task)
+        if records:
+            yield pa.RecordBatch.from_pylist([{"table": name, **r} for r in records],
+                                             schema=pa.schema([pa.field("table", pa.string()), *FILE_RECORD_ARROW]))
 
 
 def _refuse_unsupported(name: str, table: DeltaTable, writing: bool) -> None:
