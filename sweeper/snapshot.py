@@ -100,6 +100,10 @@ class SnapshotResult:
         return self.counts.get("bk_ledgers", 0) / self.scan_s if self.scan_s else 0.0
 
 
+class SnapshotIncomplete(RuntimeError):
+    """The committed tables hold other row counts than the scan produced: the run is failed, never used."""
+
+
 class ClockSkewRefused(RuntimeError):
     """This host's clock disagrees with ZooKeeper's beyond [safety] max_clock_skew_seconds."""
 
@@ -579,6 +583,12 @@ def run_snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore,
         commits = store.append_arrow_frames(tables, "record_type", _unpack,
                                             SNAPSHOT_TABLES, commit_metadata=commit_metadata)
         versions = {table: commit.version for table, commit in commits.items()}
+        # A row lost between the scan and its table would make a referenced ledger look unreferenced.
+        lost = {table: (counts.get(table, 0), commit.rows) for table, commit in commits.items()
+                if commit.rows != counts.get(table, 0)}
+        if lost:
+            raise SnapshotIncomplete("the snapshot's tables do not hold what the scan read (table: read, "
+                                     f"committed): {lost}; do not reconcile run {run_id}")
         for table in SNAPSHOT_TABLES:
             counts.setdefault(table, 0)
         counts["scan_units"] = len(tasks)

@@ -218,6 +218,32 @@ def test_wrong_root_fails_the_run_naming_the_path(
     assert not store.exists("bk_ledgers")
 
 
+def test_a_table_committed_short_of_the_scan_fails_the_run(
+    zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path
+) -> None:
+    """Rows lost between the scan and their table (here an engine that drops a table's rows) would make
+    referenced ledgers look unreferenced: the run fails naming the table, and reconcile never sees it."""
+    from pyspark.sql import functions as F
+
+    from sweeper.reconcile import ReconcileRefused, SafetySettings, run_reconcile
+    from sweeper.safety import CircuitBreaker
+    from sweeper.snapshot import SnapshotIncomplete
+    from sweeper.tables import DeltaRsTableStore
+
+    class LosingStore(DeltaRsTableStore):
+        def append_arrow_frames(self, source: Any, route: str, *args: Any, **kwargs: Any) -> Any:
+            return super().append_arrow_frames(source.where(F.col(route) != "ml_cursors"), route, *args, **kwargs)
+
+    _seeded(zk, LedgerLayout.HIERARCHICAL, seed=2, topics=5)
+    store = LosingStore(str(tmp_path / "tables"), spark)
+    with pytest.raises(SnapshotIncomplete, match="ml_cursors"):
+        run_snapshot(spark, _config(zk_target, tmp_path / "tables"), store)
+    [run] = _rows(store, "runs")
+    assert run["status"] == "failed" and "ml_cursors" in run["message"]
+    with pytest.raises(ReconcileRefused):
+        run_reconcile(spark, store, run["run_id"], SafetySettings(breaker=CircuitBreaker(1.0)))
+
+
 def test_a_root_without_layout_is_refused(zk: KazooClient, zk_target: ZkTarget, spark: SparkSession,
                                           tmp_path: Path) -> None:
     zk.ensure_path("/ledgers/00/0000")
