@@ -410,6 +410,34 @@ def test_read_arrow_filters_on_the_driver(store: TableStore, spark: SparkSession
         store.read_arrow("nope")
 
 
+def test_aggregate_arrow_groups_on_the_engine(store: TableStore, spark: SparkSession) -> None:
+    rows = sample_rows(40) + sample_rows(10, run_id="r2", start=100)
+    for i, row in enumerate(rows):
+        row["name"] = None if i % 9 == 0 else f"group-{i % 4}-ü€"  # a null key is a group of its own
+    store.append("small", frame(spark, rows), SCHEMA)
+    aggregates = [("id", "min"), ("id", "max"), ("id", "sum"), ("captured_at", "count"), ("captured_at", "max")]
+    got = store.aggregate_arrow("small", ["name"], aggregates, {"run_id": "r1"})
+    assert got.column_names == ["name", "id_min", "id_max", "id_sum", "captured_at_count", "captured_at_max"]
+    expected = {}
+    for row in rows[:40]:
+        group = expected.setdefault(row["name"], [])
+        group.append(row)
+    assert got.num_rows == len(expected)
+    for r in got.to_pylist():
+        group = expected[r["name"]]
+        ids = [x["id"] for x in group]
+        times = [x["captured_at"] for x in group if x["captured_at"] is not None]
+        assert (r["id_min"], r["id_max"], r["id_sum"]) == (min(ids), max(ids), sum(ids))  # exact beyond 2**53
+        assert r["captured_at_count"] == len(times)
+        assert r["captured_at_max"] == (max(times) if times else None)
+    nothing = store.aggregate_arrow("small", ["name"], [("id", "count")], {"run_id": "missing"})
+    assert nothing.num_rows == 0
+    with pytest.raises(ValueError, match="unknown functions"):
+        store.aggregate_arrow("small", ["name"], [("id", "median")])
+    with pytest.raises(TableNotFoundError):
+        store.aggregate_arrow("nope", ["name"], [("id", "count")])
+
+
 def test_read_arrow_of_a_partitioned_table(store: TableStore, spark: SparkSession) -> None:
     rows = sample_rows(12)
     for i, row in enumerate(rows):

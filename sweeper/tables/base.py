@@ -107,6 +107,18 @@ def arrow_schema(schema: StructType) -> pa.Schema:
     return pa.schema(DeltaSchema.from_json(schema.json()).to_arrow())
 
 
+def check_aggregates(aggregates: Sequence[tuple[str, str]], known: frozenset[str]) -> None:
+    unknown = sorted({fn for _, fn in aggregates} - known)
+    if unknown or not aggregates:
+        raise ValueError(f"aggregate_arrow: unknown functions {unknown} (known: {sorted(known)})" if unknown
+                         else "aggregate_arrow: no aggregates")
+
+
+def is_value_list(value: Any) -> bool:
+    """Whether a `read_arrow` condition is a choice of values rather than one value."""
+    return isinstance(value, list | tuple | set | frozenset)
+
+
 _SCALAR_TYPES = frozenset({str, int, float, bool, bytes, type(None), datetime})
 
 
@@ -270,6 +282,26 @@ class TableStore(ABC):
             df = df.where(F.col(column).isin(list(value)) if is_value_list(value) else F.col(column) == value)
         return df.select(*(columns or df.columns)).toArrow()
 
+    AGGREGATES: ClassVar[frozenset[str]] = frozenset({"min", "max", "sum", "count"})
+
+    def aggregate_arrow(self, name: str, keys: Sequence[str], aggregates: Sequence[tuple[str, str]],
+                        where: Mapping[str, Any] | None = None) -> pa.Table:
+        """The latest version's rows matching `where` (as in read_arrow), grouped by `keys`, as Arrow on the
+        driver: one row per group, the keys then a column `<column>_<function>` per aggregate, for the per-group
+        facts of a table too large to bring to the driver itself. Functions: min, max, sum, count (of non-null
+        values; min, max and sum skip nulls and are null for a group with none). Groups come in no set order.
+        This default is a Spark job; an engine that reads the table itself overrides it.
+        """
+        from pyspark.sql import functions as F
+
+        check_aggregates(aggregates, self.AGGREGATES)
+        df = self.read(name)
+        for column, value in (where or {}).items():
+            df = df.where(F.col(column).isin(list(value)) if is_value_list(value) else F.col(column) == value)
+        functions = {"min": F.min, "max": F.max, "sum": F.sum, "count": F.count}
+        columns = [functions[fn](column).alias(f"{column}_{fn}") for column, fn in aggregates]
+        return df.groupBy(*keys).agg(*columns).toArrow()
+
     @abstractmethod
     def _append_frame(self, name: str, df: DataFrame, schema: StructType, partition_by: list[str],
                       create: bool, metadata: dict[str, str]) -> CommitResult: ...
@@ -402,7 +434,3 @@ __all__ = [
     "TableSchemaError",
     "TableStore",
 ]
-
-
-def is_value_list(value: Any) -> bool:
-    return isinstance(value, list | tuple | set | frozenset)

@@ -35,6 +35,7 @@ from sweeper.tables.base import (
     TableSchemaError,
     TableStore,
     arrow_schema,
+    check_aggregates,
     history_entry,
     is_value_list,
     parse_user_metadata,
@@ -177,6 +178,15 @@ class DeltaRsTableStore(TableStore):
                 term = ds.field(column) == value
             condition = term if condition is None else condition & term
         return dataset.to_table(columns=list(columns) if columns else None, filter=condition)
+
+    def aggregate_arrow(self, name: str, keys: Sequence[str], aggregates: Sequence[tuple[str, str]],
+                        where: Mapping[str, Any] | None = None) -> pa.Table:
+        # Grouped by pyarrow on the driver over only the columns needed: for a million rows a fraction of a
+        # second, where a Spark job with its shuffle costs a few.
+        check_aggregates(aggregates, self.AGGREGATES)
+        needed = list(dict.fromkeys([*keys, *(column for column, _ in aggregates)]))
+        table = self.read_arrow(name, where, needed)
+        return table.group_by(list(keys)).aggregate([(column, fn) for column, fn in aggregates])
 
     def _spark_path(self, uri: str) -> str:
         # Hadoop's S3 connector is s3a://, unless the cluster maps s3:// itself (EMR does).
