@@ -17,8 +17,10 @@ With `--retention` the tables the retention-debt step reads beyond reconcile's a
 warm-up run in the same Spark session the real `run_reconcile` and then `run_retention_debt` run on
 the same tables: the ratio retention / reconcile is what the retention step adds to the reconcile
 stage. `--both-orders` also runs them the other way round, on a copy of the pristine tables;
-`--judge-all` once more with the step judging every topic (no skipping of the keep-forever ones that
-cannot owe anything), which is its cost on a cluster where no namespace keeps data forever.
+`--judge-all` once more with the step judging every topic (no topic left out by `retention.may_owe`),
+the step's cost when every topic may owe. The sandbox's regular namespaces keep data forever; with
+`--regular-retention default` (no policy: Pulsar's default 0/0 applies) or `--regular-retention MIN,MB`
+they trim, as on most clusters, and whichever of their topics `may_owe` lets through are judged.
 """
 
 from __future__ import annotations
@@ -208,6 +210,15 @@ def retention_bench(spark: Any, work: Path, cluster: Any, run_id: str, captured_
     print(f"load average at the end: {os.getloadavg()}")
 
 
+def regular_retention_arg(text: str) -> tuple[int, int] | None:
+    if text == "forever":
+        return (-1, -1)
+    if text == "default":
+        return None
+    minutes, size_mb = (int(x) for x in text.split(","))
+    return (minutes, size_mb)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--topics", type=int, default=100_000)
@@ -219,11 +230,16 @@ def main() -> None:
     parser.add_argument("--both-orders", action="store_true", help="with --retention: also retention first")
     parser.add_argument("--judge-all", action="store_true",
                         help="with --retention: also a run that skips no topic before the shuffle")
+    parser.add_argument("--regular-retention", default="forever",
+                        help="the regular namespaces' retention: forever (-1/-1, the sandbox's), default (not set: "
+                             "the broker's 0/0), or MINUTES,MB")
     args = parser.parse_args()
+    regular_retention = regular_retention_arg(args.regular_retention)
 
     work = Path(tempfile.mkdtemp(prefix="bench-reconcile-"))
     t = time.monotonic()
-    cluster = build_cluster(SandboxSpec(seed=args.seed, topics=args.topics, max_rollovers=args.max_rollovers))
+    cluster = build_cluster(SandboxSpec(seed=args.seed, topics=args.topics, max_rollovers=args.max_rollovers,
+                                        regular_retention=regular_retention))
     print(f"model: {len(cluster.ledgers):,} ledgers, {len(cluster.managed_ledgers):,} managed ledgers "
           f"({time.monotonic() - t:.0f}s)", flush=True)
     spark = get_spark("bench-reconcile")

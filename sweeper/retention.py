@@ -325,27 +325,73 @@ def is_system_topic(namespace: str, local_name: str) -> bool:
     return local_name.startswith("__") or namespace == "pulsar/system" or namespace.startswith("pulsar/")
 
 
+@dataclass(frozen=True, slots=True)
+class TopicSummary:
+    """What `may_owe` needs of one managed ledger. Each field is an aggregate of one snapshot table (the ledger list,
+    or the cursors), so the step can compute it for every topic without bringing a topic's rows together."""
+
+    ledger_count: int
+    first: Ledger | None  # the lowest-id ledger; None: not established (the list is not in id order, say)
+    current_ledger_id: int  # the highest listed id
+    total_size: int  # every listed ledger's size, a missing size counted 0 (as `trimmable` counts it)
+    slowest: Position | None  # the lowest mark-delete of all durable cursors; None: no cursor
+    slowest_compaction: Position | None  # the lowest of the `__compaction` cursors' (TTL never moves them)
+    oldest_seen_ms: int | None  # the least recent max(znode mtime, lastActive) of the cursors
+
+
+def summarize(ledgers: Sequence[Ledger], cursors: Sequence[Cursor]) -> TopicSummary:
+    """`TopicSummary` of a topic's facts, as the step computes it from the tables."""
+    first = min(ledgers, key=lambda x: x.ledger_id, default=None)
+    compaction = [c.mark_delete for c in cursors if c.name == COMPACTION_CURSOR]
+    return TopicSummary(len(ledgers), first, max((x.ledger_id for x in ledgers), default=-1),
+                        sum(x.size for x in ledgers), min((c.mark_delete for c in cursors), default=None),
+                        min(compaction, default=None),
+                        min((max(c.zk_mtime_ms, c.last_active_ms) for c in cursors), default=None))
+
+
 def idle_seen_cutoff_ms(now_ms: int, report_idle_ms: int) -> int:
     """No cursor whose znode write or `lastActive` is later than this can be idle in `assess_topic`: its last
     possible acknowledgement (`last_possible_ack_ms`) is at least both."""
     return now_ms - report_idle_ms
 
 
-def can_owe(policy: Policy | None, quarantined: bool, cursors_seen_ms: Iterable[int], now_ms: int,
-            report_idle_ms: int) -> bool:
+def may_owe(policy: Policy | None, quarantined: bool, summary: TopicSummary, now_ms: int, report_idle_ms: int) -> bool:
     """Whether `assess_topic` may report anything for a topic: False only when it certainly finds nothing.
 
-    Under a policy that never trims (retention -1/-1) `trimmable` is empty whatever the positions (Pulsar
-    4.0.8 `ManagedLedgerImpl.hasLedgerRetentionExpired` and `isLedgerRetentionOverSizeQuota` are both false
-    for a negative limit, so `internalTrimLedgers` deletes nothing), so such a topic owes only through an idle
-    cursor; a topic whose policy or metadata cannot be established is always
-    reported (`unknown`). Lets the step skip, before any shuffle, the topics of keep-forever namespaces with
-    no cursor old enough to be idle. `cursors_seen_ms`: each cursor's max(znode mtime, lastActive).
+    Lets the step judge only the topics that may owe, whatever their namespaces' policies, from per-topic
+    aggregates. A topic whose policy or metadata cannot be established is always reported (`unknown`), and so
+    is one with a cursor old enough to be idle. Otherwise it owes only if `trimmable` is not empty, and
+    `internalTrimLedgers` (Pulsar 4.0.8 `ManagedLedgerImpl`) walks the ledgers in id order and stops at the first
+    one it keeps: so the lowest-id ledger decides. It goes only when it is before the slowest cursor's bound
+    (`trim_bound`), is not the current ledger, and is past retention (`hasLedgerRetentionExpired`: time since
+    its close timestamp; `isLedgerRetentionOverSizeQuota`: what remains without it is still at least the size
+    quota; a negative limit never trims). TTL (`PersistentMessageExpiryMonitor`) may move every cursor but the
+    compaction cursor forward, so under a TTL only those bound the walk here.
     """
-    if policy is None or quarantined or not policy.never_trims:
+    if policy is None or quarantined:
         return True
-    cutoff = idle_seen_cutoff_ms(now_ms, report_idle_ms)
-    return any(seen <= cutoff for seen in cursors_seen_ms)
+    if summary.oldest_seen_ms is not None and summary.oldest_seen_ms <= idle_seen_cutoff_ms(now_ms, report_idle_ms):
+        return True
+    first = summary.first
+    if summary.ledger_count < 2 or policy.never_trims:
+        return False
+    if first is None:
+        return True
+    if first.ledger_id >= summary.current_ledger_id:
+        return False
+    if policy.ttl_seconds > 0 and summary.slowest != summary.slowest_compaction:
+        # A cursor TTL may move: the bound is at most one past the compaction cursor's ledger.
+        before_bound = summary.slowest_compaction is None or first.ledger_id <= summary.slowest_compaction.ledger_id
+    else:
+        slowest = summary.slowest
+        before_bound = (slowest is None or first.ledger_id < slowest.ledger_id
+                        or (first.ledger_id == slowest.ledger_id and first.entries == slowest.entry_id + 1))
+    if not before_bound:
+        return False
+    quota = policy.retention_size_mb * MEGABYTE
+    over_quota = policy.retention_size_mb >= 0 and summary.total_size - first.size >= quota
+    expired = policy.retention_ms >= 0 and now_ms - first.closed_ms > policy.retention_ms
+    return over_quota or expired
 
 
 def last_possible_ack_ms(cursor: Cursor, broker: BrokerSettings) -> int:

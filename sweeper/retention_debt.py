@@ -1,10 +1,11 @@
 """The retention-debt step (after reconcile): expired ledgers nobody trims, and what idle cursors pin.
 
 Each managed ledger's ledger list, cursors and znode times are brought together and `sweeper.retention`'s
-pure rules applied to each topic. Topics that cannot owe anything (`retention.can_owe`: keep-forever
-namespaces, no cursor old enough to be idle) are left out first, decided on the driver from the run's
-`managed_ledgers` and `ml_cursors`. When what remains is small it is judged on the driver, read straight
-from the tables (`TableStore.read_arrow`); otherwise Spark shuffles it by managed ledger and each task
+pure rules applied to each topic. Topics that cannot owe anything are left out first: `retention.may_owe`
+decides from per-topic aggregates (each ledger list's count, lowest and highest id, total size and first
+entry, grouped by the table engine; each topic's slowest and oldest cursor), whatever the namespace's policy.
+When what remains is small it is judged on the driver, read straight from the tables
+(`TableStore.read_arrow`); otherwise Spark semi-joins the names, shuffles by managed ledger and each task
 judges its topics. The facts that are per namespace (policies, bundle ownership) and the few ledgers the
 driver needs are small reads too; whether a namespace's topic-level policies may exist is settled on the
 driver once the rows are back. One run's snapshot in; `retention_debt` (a row per topic that owes
@@ -16,7 +17,7 @@ load topics, which is the repair (`sweeper.retention_repair`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -24,7 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, IntegerType, LongType, StringType, StructField, StructType
 
@@ -45,15 +46,16 @@ from sweeper.retention import (
     Reason,
     TopicFacts,
     TopicStatus,
+    TopicSummary,
     assess_topic,
     bundle_owned,
-    can_owe,
     change_events_may_hold_policies,
     cursor_status,
     effective_policy,
     idle_seen_cutoff_ms,
     is_system_topic,
     last_possible_ack_ms,
+    may_owe,
     topic_status,
 )
 from sweeper.safety import Scope
@@ -93,8 +95,8 @@ class RetentionSettings:
     delete_after_ms: int = 0  # [retention] cursor_idle_days; 0: subscriptions are never deleted
     scope: Scope = field(default_factory=Scope)
     topic_policies: str = "system_topic"
-    # Skip, before the shuffle, topics `can_owe` rules out (keep-forever namespaces, no cursor old enough to be
-    # idle). Off only to check that skipping changes nothing, and in benchmarks.
+    # Skip, before any per-topic pass, the topics `may_owe` rules out. Off only to check that skipping changes
+    # nothing, and in benchmarks.
     skip_topics_that_cannot_owe: bool = True
     # Judge the selected topics on the driver when their ledger-list entries and cursors are at most this many
     # (some hundreds of MB of Python objects at worst); more go through a Spark shuffle.
@@ -154,106 +156,127 @@ def _union(frames: dict[str, DataFrame]) -> DataFrame:
     return mls.unionByName(cursors).unionByName(ledgers)
 
 
-# Beyond this many topics to judge in keep-forever namespaces, the Spark pass judges every topic rather than
-# carry their names in its plan (the skipping is only a saving).
-MAX_NAMES_IN_PLAN = 100_000
-
-
-def _keep_forever_namespaces(ctx: _Context) -> frozenset[str]:
-    """Namespaces whose topics `can_owe` rules out unless a cursor may be idle or their metadata is quarantined."""
-    report_idle_ms = ctx.settings.report_idle_ms
-    return frozenset(ns for ns, (policy, _, _) in ctx.policies.items()
-                     if not can_owe(policy, False, (), ctx.now_ms, report_idle_ms))
-
-
-def _in_namespaces(namespaces: Iterable[str]) -> Column:
-    # The key the tasks look policies up by (f"{tenant}/{namespace}"); a row without one is never in.
-    return (F.col("tenant").isNotNull() & F.col("namespace").isNotNull()
-            & F.concat_ws("/", "tenant", "namespace").isin(sorted(namespaces)))
-
-
 @dataclass(frozen=True)
 class _Topics:
-    """The run's managed ledgers and cursors as the driver needs them, read once, kept as Arrow."""
+    """The run's managed ledgers, cursors and per-topic ledger-list facts as the driver needs them, read once."""
 
     managed_ledgers: pa.Table  # managed_ledger, tenant, namespace, topic, ledger_count
-    cursors: pa.Table  # managed_ledger, cursors_ledger_id, seen_ms: max(znode mtime, lastActive), as `Cursor` has it
+    cursors: pa.Table  # managed_ledger, cursor, cursors_ledger_id, mark-delete, zk_mtime_ms, last_active_ms
+    lists: pa.Table  # managed_ledger, ledger_id_min, ledger_id_max, ledger_id_count, size_sum: per ledger list
+    firsts: pa.Table  # managed_ledger, ledger_id, entries, size, timestamp_ms: each list's first entry
     captured_at: datetime | None  # the snapshot's capture time
 
 
 def _read_topics(store: TableStore, run_id: str) -> _Topics:
+    """What `retention.may_owe` needs of every topic, without a topic's rows brought together: the ledger lists
+    only as aggregates (grouped by the table engine) and their first entries, the cursors as they are."""
     mls = _run_table(store, "managed_ledgers", run_id,
                      ["managed_ledger", "tenant", "namespace", "topic", "ledger_count", "captured_at"])
     cursors = _run_table(store, "ml_cursors", run_id,
-                         ["managed_ledger", "cursors_ledger_id", "zk_mtime_ms", "last_active_ms"])
-    seen = pc.max_element_wise(pc.fill_null(cursors["zk_mtime_ms"], 0), pc.fill_null(cursors["last_active_ms"], 0))
-    return _Topics(mls.drop_columns(["captured_at"]),
-                   pa.table({"managed_ledger": cursors["managed_ledger"],
-                             "cursors_ledger_id": cursors["cursors_ledger_id"], "seen_ms": seen}),
-                   pc.max(mls["captured_at"]).as_py())
+                         ["managed_ledger", "cursor", "cursors_ledger_id", "mark_delete_ledger_id",
+                          "mark_delete_entry_id", "zk_mtime_ms", "last_active_ms"])
+    if store.exists("ml_ledgers"):
+        lists = store.aggregate_arrow("ml_ledgers", ["managed_ledger"], [
+            ("ledger_id", "min"), ("ledger_id", "max"), ("ledger_id", "count"), ("size", "sum")], {"run_id": run_id})
+    else:
+        lists = pa.table({"managed_ledger": pa.array([], pa.string())})
+    firsts = _run_table(store, "ml_ledgers", run_id, ["managed_ledger", "ledger_id", "entries", "size", "timestamp_ms"],
+                        {"position": 0})
+    return _Topics(mls.drop_columns(["captured_at"]), cursors, lists, firsts, pc.max(mls["captured_at"]).as_py())
+
+
+def _summaries(topics: _Topics) -> dict[str, TopicSummary]:
+    """`retention.summarize` of every topic with a ledger list or a cursor, from the tables' aggregates; values
+    coalesced as `_topic_rows` coalesces them, so `may_owe` sees what `assess_topic` will."""
+    firsts: dict[str, Ledger | None] = {}
+    f = topics.firsts
+    for managed_ledger, ledger_id, entries, size, closed in zip(
+            *(f[c].to_pylist() for c in ("managed_ledger", "ledger_id", "entries", "size", "timestamp_ms")),
+            strict=True):
+        # Two first entries for one list: not a list Pulsar wrote, so not summarized (judged in full).
+        firsts[managed_ledger] = None if managed_ledger in firsts else Ledger(ledger_id, entries or 0, size or 0,
+                                                                              closed or 0)
+    cursors: dict[str, tuple[Position | None, Position | None, int | None]] = {}
+    c = topics.cursors
+    for managed_ledger, name, ledger_id, entry_id, mtime, last_active in zip(
+            *(c[x].to_pylist() for x in ("managed_ledger", "cursor", "mark_delete_ledger_id", "mark_delete_entry_id",
+                                         "zk_mtime_ms", "last_active_ms")), strict=True):
+        position = Position(ledger_id if ledger_id is not None else -1, entry_id if entry_id is not None else -1)
+        seen = max(mtime or 0, last_active or 0)
+        slowest, compaction, oldest = cursors.get(managed_ledger, (None, None, None))
+        if name == COMPACTION_CURSOR and (compaction is None or position < compaction):
+            compaction = position
+        cursors[managed_ledger] = (position if slowest is None or position < slowest else slowest, compaction,
+                                   seen if oldest is None or seen < oldest else oldest)
+    out: dict[str, TopicSummary] = {}
+    lists = topics.lists
+    columns = ("managed_ledger", "ledger_id_min", "ledger_id_max", "ledger_id_count", "size_sum")
+    listed = zip(*(lists[x].to_pylist() for x in columns), strict=True) if lists.num_rows else iter(())
+    for managed_ledger, lowest, highest, count, total in listed:
+        first = firsts.get(managed_ledger)
+        if first is not None and first.ledger_id != lowest:
+            first = None  # a list not in id order: `trimmable` sorts it, the first entry does not decide
+        slowest, compaction, oldest = cursors.pop(managed_ledger, (None, None, None))
+        out[managed_ledger] = TopicSummary(count, first, highest, total or 0, slowest, compaction, oldest)
+    for managed_ledger, (slowest, compaction, oldest) in cursors.items():
+        out[managed_ledger] = TopicSummary(0, None, -1, 0, slowest, compaction, oldest)
+    return out
 
 
 @dataclass(frozen=True)
 class _Selection:
-    """The topics the per-topic pass judges (`retention.can_owe`) and what that costs."""
+    """The topics the per-topic pass judges (`retention.may_owe`) and what that costs."""
 
     assess: list[str] | None  # managed ledgers to judge; None: every one
-    keep_forever: frozenset[str]  # namespaces whose topics are judged only when listed in `owing`
-    owing: list[str]  # the judged managed ledgers of those namespaces
     rows: int  # ledger-list entries and cursors of the judged topics
     cursor_ledgers: frozenset[int]  # cursor ledgers of the cursors that may be idle (their bytes are reported)
 
 
 def _select(topics: _Topics, ctx: _Context) -> _Selection:
-    """`can_owe` for each topic of a keep-forever namespace, from its oldest cursor (it owes through a cursor
-    only if some cursor is old enough, so the oldest decides). Topics of the other namespaces are all judged:
-    `can_owe` is true for them whatever their cursors or quarantine, as it is for their namespace's policy."""
+    """`may_owe` for each topic under its namespace's policy, from its summary. A managed ledger the summaries
+    do not cover (no list entry, no cursor) has nothing to trim or be idle; it is judged all the same when its
+    metadata is quarantined or its policy unknown, as `may_owe` would have it."""
     cursors = topics.cursors
     cutoff = idle_seen_cutoff_ms(ctx.now_ms, ctx.settings.report_idle_ms)
-    cursor_ledgers = frozenset(x for x in cursors.filter(pc.less_equal(cursors["seen_ms"], cutoff))[
+    seen = pc.max_element_wise(pc.fill_null(cursors["zk_mtime_ms"], 0), pc.fill_null(cursors["last_active_ms"], 0))
+    cursor_ledgers = frozenset(x for x in cursors.filter(pc.less_equal(seen, cutoff))[
         "cursors_ledger_id"].to_pylist() if x is not None and x >= 0)
-    per_topic = cursors.group_by("managed_ledger").aggregate([("seen_ms", "min"), ("seen_ms", "count")])
-    mls = topics.managed_ledgers.join(per_topic, "managed_ledger", join_type="left outer")
-    keep_forever = _keep_forever_namespaces(ctx)
-    # The key `_topic_rows` looks policies up by (f"{tenant}/{namespace}"): a null part is never a namespace's.
-    ns_key = pc.binary_join_element_wise(mls["tenant"], mls["namespace"], "/")
-    in_keep_forever = pc.fill_null(pc.is_in(ns_key, pa.array(sorted(keep_forever), pa.string())), False)
-    if ctx.settings.skip_topics_that_cannot_owe and keep_forever:
-        kf = mls.filter(in_keep_forever)
-        owing_mask = [can_owe(ctx.policies[key][0], managed_ledger in ctx.quarantined,
-                              () if oldest is None else (oldest,), ctx.now_ms, ctx.settings.report_idle_ms)
-                      for managed_ledger, key, oldest in zip(kf["managed_ledger"].to_pylist(),
-                                                             pc.binary_join_element_wise(kf["tenant"], kf["namespace"],
-                                                                                         "/").to_pylist(),
-                                                             kf["seen_ms_min"].to_pylist(), strict=True)]
-        owing = kf.filter(pa.array(owing_mask, pa.bool_()))
-        judged = pa.concat_tables([mls.filter(pc.invert(in_keep_forever)), owing])
-        assess: list[str] | None = judged["managed_ledger"].to_pylist()
-        owing_names = owing["managed_ledger"].to_pylist()
-    else:
-        judged, assess, owing_names = mls, None, mls.filter(in_keep_forever)["managed_ledger"].to_pylist()
-    rows = (pc.sum(pc.fill_null(judged["ledger_count"], 0)).as_py() or 0) + (
-        pc.sum(pc.fill_null(judged["seen_ms_count"], 0)).as_py() or 0)
-    if assess is not None and len(assess) == mls.num_rows:
+    mls = topics.managed_ledgers
+    names = mls["managed_ledger"].to_pylist()
+    if not ctx.settings.skip_topics_that_cannot_owe:
         assess = None
-    return _Selection(assess, keep_forever, owing_names, rows, cursor_ledgers)
+    else:
+        summaries = _summaries(topics)
+        empty = TopicSummary(0, None, -1, 0, None, None, None)
+        missing = (None, Reason.POLICY_MISSING, "")
+        assess = [managed_ledger for managed_ledger, key in zip(
+            names, pc.binary_join_element_wise(mls["tenant"], mls["namespace"], "/").to_pylist(), strict=True)
+            if may_owe(ctx.policies.get(key, missing)[0], managed_ledger in ctx.quarantined,
+                       summaries.get(managed_ledger, empty), ctx.now_ms, ctx.settings.report_idle_ms)]
+    judged = set(names if assess is None else assess)
+    ledger_counts = pc.fill_null(mls["ledger_count"], 0).to_pylist()
+    rows = sum(n for name, n in zip(names, ledger_counts, strict=True) if name in judged)
+    rows += sum(1 for name in cursors["managed_ledger"].to_pylist() if name in judged)
+    if assess is not None and len(assess) == len(names):
+        assess = None
+    return _Selection(assess, rows, cursor_ledgers)
 
 
-def _worth_assessing(frames: dict[str, DataFrame], selection: _Selection) -> dict[str, DataFrame]:
-    """The Spark pass's three inputs without the topics `_select` left out, filtered before the shuffle: by
-    namespace (every topic of a namespace that may trim is judged) plus the few names that may owe in the
-    keep-forever ones, so the plan carries names only for those."""
-    if selection.assess is None or len(selection.owing) > MAX_NAMES_IN_PLAN:
+def _worth_assessing(spark: SparkSession, frames: dict[str, DataFrame], selection: _Selection
+                     ) -> dict[str, DataFrame]:
+    """The Spark pass's three inputs without the topics `_select` left out, filtered before the shuffle by a
+    semi-join with the judged names (broadcast: a name per judged topic, however many)."""
+    if selection.assess is None:
         return frames
-    keep = ~_in_namespaces(selection.keep_forever) | F.col("managed_ledger").isin(selection.owing)
-    return {**frames, **{name: frames[name].where(keep) for name in ("managed_ledgers", "ml_cursors", "ml_ledgers")}}
+    judged = F.broadcast(spark.createDataFrame([(name,) for name in selection.assess], "managed_ledger string"))
+    return {**frames, **{name: frames[name].join(judged, "managed_ledger", "left_semi")
+                         for name in ("managed_ledgers", "ml_cursors", "ml_ledgers")}}
 
 
-def _assess_partition(batches: Iterator[pa.RecordBatch], ctx: _Context) -> Iterator[pa.RecordBatch]:
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    schema = to_arrow_schema(RETENTION_DEBT, timezone="UTC")
-    out: list[dict[str, Any]] = []
+def _judge(batches: Iterator[pa.RecordBatch], ctx: _Context) -> Iterator[dict[str, Any]]:
+    """The debt rows of the managed ledgers in `batches` (`UNION` rows, sorted by managed ledger, kind, `a`),
+    every column of `retention_debt` present (None where a kind of row has none)."""
+    blank = dict.fromkeys(RETENTION_DEBT.fieldNames())
     group: list[tuple[Any, ...]] = []
     key = None
     for batch in batches:
@@ -261,14 +284,24 @@ def _assess_partition(batches: Iterator[pa.RecordBatch], ctx: _Context) -> Itera
         for row in zip(*columns, strict=True):
             if row[0] != key:
                 if group:
-                    out.extend(_topic_rows(group, ctx))
+                    yield from ({**blank, **r} for r in _topic_rows(group, ctx))
                 key, group = row[0], []
             group.append(row)
+    if group:
+        yield from ({**blank, **r} for r in _topic_rows(group, ctx))
+
+
+def _assess_partition(batches: Iterator[pa.RecordBatch], ctx: _Context) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body of the Spark pass: `_judge` in the tasks, rows back as Arrow."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    schema = to_arrow_schema(RETENTION_DEBT, timezone="UTC")
+    out: list[dict[str, Any]] = []
+    for row in _judge(batches, ctx):
+        out.append(row)
         if len(out) >= 5000:
             yield pa.RecordBatch.from_pylist(out, schema=schema)
             out = []
-    if group:
-        out.extend(_topic_rows(group, ctx))
     if out:
         yield pa.RecordBatch.from_pylist(out, schema=schema)
 
@@ -557,12 +590,11 @@ def _refuse_unless_ready(store: TableStore, run_id: str) -> None:
 def _assess(spark: SparkSession, store: TableStore, run_id: str, selection: _Selection,
             ctx: _Context) -> list[dict[str, Any]]:
     """The per-topic pass: on the driver when the selected topics are few, else one Spark shuffle by managed
-    ledger with the pure rules in the tasks. Both feed `_assess_partition` the same rows in the same order."""
-    if selection.rows <= ctx.settings.driver_assess_max_rows and (
-            selection.assess is None or len(selection.assess) <= MAX_NAMES_IN_PLAN):
+    ledger with the pure rules in the tasks. Both feed `_judge` the same rows in the same order."""
+    if selection.rows <= ctx.settings.driver_assess_max_rows:
         batches = _union_arrow(store, run_id, selection.assess).to_batches()
-        return [r for batch in _assess_partition(iter(batches), ctx) for r in batch.to_pylist()]
-    frames = _worth_assessing(snapshot_frames(store, run_id), selection)
+        return list(_judge(iter(batches), ctx))
+    frames = _worth_assessing(spark, snapshot_frames(store, run_id), selection)
     parallelism = spark.sparkContext.defaultParallelism
     union = _union(frames).repartition(
         max(2, 2 * parallelism), "managed_ledger").sortWithinPartitions("managed_ledger", "kind", "a")

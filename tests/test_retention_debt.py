@@ -272,20 +272,24 @@ def test_admin_mode_asks_the_broker_only_about_owned_topics_whose_policies_may_b
     assert len(cluster.retention) > len(in_ns)
 
 
+@pytest.mark.parametrize("regular_retention", [(-1, -1), (60 * 24 * 60, 20)], ids=["forever", "60d-20MiB"])
 def test_skipping_topics_that_cannot_owe_changes_no_row(
-        zk: KazooClient, zk_target: ZkTarget, zk_clock: ServerClock, spark: SparkSession, tmp_path: Path) -> None:
-    """The step leaves out keep-forever topics without a possibly idle cursor and judges the rest on the driver
-    when they are few; on the same snapshot, judging every topic, or judging in Spark tasks (with and without
-    the namespace filter before the shuffle), gives exactly the same rows (the idle-forever scenario among them)."""
-    _, store, run_id = _snapshot(zk, zk_target, spark, tmp_path, SandboxSpec(seed=31, topics=120))
+        regular_retention: tuple[int, int], zk: KazooClient, zk_target: ZkTarget, zk_clock: ServerClock,
+        spark: SparkSession, tmp_path: Path) -> None:
+    """The step judges only the topics `may_owe` lets through, on the driver when they are few; on the same
+    snapshot, judging every topic, or judging in Spark tasks after the semi-join on names, gives exactly the same
+    rows. Under keep-forever regular namespaces few topics may owe; under a finite retention (60 days, 20 MiB)
+    many of their topics owe through the time or the size rule and many are held by a cursor on their first
+    ledger, so both sides of every rule are crossed."""
+    spec = SandboxSpec(seed=31, topics=120, regular_retention=regular_retention)
+    _, store, run_id = _snapshot(zk, zk_target, spark, tmp_path, spec)
     variants = {"everything in Spark": {"skip_topics_that_cannot_owe": False, "driver_assess_max_rows": 0},
                 "skipping in Spark": {"driver_assess_max_rows": 0}}
     stores = {}
     for i, name in enumerate(variants):
         shutil.copytree(tmp_path / "tables", tmp_path / f"tables-{i}")
         stores[name] = open_table_store(str(tmp_path / f"tables-{i}"), spark, engine="delta-rs")
-    assert run_retention_debt(spark, store, run_id, RetentionSettings(delete_after_ms=30 * DAY_MS)).counts[
-        "topics_judged"] < 30  # the driver judged only the few that may owe
+    counts = run_retention_debt(spark, store, run_id, RetentionSettings(delete_after_ms=30 * DAY_MS)).counts
     for name, overrides in variants.items():
         run_retention_debt(spark, stores[name], run_id, RetentionSettings(delete_after_ms=30 * DAY_MS, **overrides))
 
@@ -297,5 +301,13 @@ def test_skipping_topics_that_cannot_owe_changes_no_row(
     skipped = rows(store)
     for name in variants:
         assert rows(stores[name]) == skipped, name
+    regular = [r for r in skipped if r["namespace"].startswith("ns-")]
+    if regular_retention == (-1, -1):
+        assert counts["topics_judged"] < 30 and not regular  # only a few scenario topics may owe
+    else:
+        owing = {r["reason"] for r in regular}
+        assert len(regular) >= 20 and owing <= {"expired_not_trimmed", "expired_awaiting_broker_trim"}, owing
+        assert len(regular) <= counts["topics_judged"] < 120, counts  # a cursor on the first ledger holds the rest
+        return
     forever = [r for r in skipped if r["managed_ledger"].startswith(f"{FOREVER_NS}/")]
     assert {(r["kind"], r["cursor"]) for r in forever} == {("topic", None), ("cursor", "stale-sub")}

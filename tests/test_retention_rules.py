@@ -27,13 +27,14 @@ from sweeper.retention import (
     Trim,
     assess_topic,
     bundle_owned,
-    can_owe,
     change_events_may_hold_policies,
     cursor_status,
     effective_policy,
     last_possible_ack_ms,
+    may_owe,
     parse_bundle_range,
     parse_namespace_policies,
+    summarize,
     topic_status,
     trim_bound,
     trimmable,
@@ -316,40 +317,63 @@ def test_bundle_ranges_and_the_topic_hash() -> None:
 # --- what the step may skip before its shuffle ------------------------------------------------------
 
 def _random_facts(rng: random.Random, policy: Policy | None) -> TopicFacts:
-    closed = sorted((rng.uniform(0, 120) for _ in range(rng.randrange(0, 6))), reverse=True)
-    listed = ledgers(*closed, size=rng.randrange(1, 3 * MEGABYTE)) if closed or rng.random() < 0.5 else ()
+    """Topics near every edge `may_owe` decides on: ledgers closed around the retention time, sizes around the
+    quota, cursors on a ledger's last entry or past the list, TTL and compaction cursors, idle and busy cursors."""
+    count = rng.randrange(0, 7)
+    listed = []
+    for i in range(count):
+        entries = rng.choice([0, 1, 10, 10, 500])
+        closed = 0 if i == count - 1 or rng.random() < 0.05 else int(NOW - rng.uniform(0, 120) * DAY_MS)
+        size = rng.choice([0, 1000, MEGABYTE // 2, MEGABYTE, 3 * MEGABYTE])
+        listed.append(Ledger(10 + 2 * i, entries if i < count - 1 else 0, size if i < count - 1 else 0, closed))
     cursors = []
     for i in range(rng.randrange(0, 4)):
-        at = rng.choice(listed).ledger_id if listed else 1
-        seen = int(NOW - rng.uniform(0, 30) * DAY_MS)
-        cursors.append(Cursor(rng.choice([f"sub-{i}", COMPACTION_CURSOR]) if i == 0 else f"sub-{i}",
-                              Position(at, rng.randrange(-1, 10)), rng.choice([-1, 99]), seen,
+        if listed and rng.random() < 0.85:
+            on = rng.choice(listed)
+            at = Position(on.ledger_id, rng.choice([-1, 0, on.entries - 2, on.entries - 1, on.entries]))
+        else:
+            at = Position(rng.choice([-1, 5, 11, 99]), rng.randrange(-1, 3))
+        seen = int(NOW - rng.choice([rng.uniform(0, 6.9), rng.uniform(0, 30)]) * DAY_MS)
+        cursors.append(Cursor(rng.choice([f"sub-{i}", COMPACTION_CURSOR]), at, rng.choice([-1, 99]), seen,
                               rng.choice([0, seen - rng.randrange(0, DAY_MS)])))
-    return TopicFacts(listed, tuple(cursors), int(NOW - rng.uniform(0, 30) * DAY_MS), policy,
+    return TopicFacts(tuple(listed), tuple(cursors), int(NOW - rng.uniform(0, 30) * DAY_MS), policy,
                       None if policy else Reason.POLICY_MISSING)
 
 
-def test_a_topic_can_owe_nothing_only_when_the_step_would_report_nothing() -> None:
-    """`can_owe` lets the step drop topics before its shuffle: wherever it says no, `assess_topic` must find
-    no debt and no idle cursor; and it must say no for keep-forever topics with only recent cursors."""
+def test_a_topic_may_owe_nothing_only_when_the_step_would_report_nothing() -> None:
+    """`may_owe` lets the step judge only some topics: wherever it says no, `assess_topic` must find no debt and
+    no idle cursor, under every kind of policy; and it must say no often, or it saves nothing."""
     rng = random.Random(5)
-    policies = [KEEP_FOREVER, Policy(-1, -1, ttl_seconds=3600), Policy(60, -1), Policy(-1, 1), Policy(0, 0, 60), None]
+    policies = [KEEP_FOREVER, Policy(-1, -1, ttl_seconds=3600), Policy(60 * 24 * 30, -1), Policy(-1, 1),
+                Policy(0, 0), Policy(0, 0, 60), Policy(60 * 24 * 7, 2, 86_400 * 20), Policy(0, -1, 86_400 * 40), None]
     skipped = reported = 0
-    for _ in range(4000):
+    for _ in range(20_000):
         policy = rng.choice(policies)
         facts = _random_facts(rng, policy)
         debt = assess_topic(facts, BROKER, NOW, 7 * DAY_MS)
         owes = debt.status is not TopicStatus.NONE or bool(debt.cursors)
-        seen = [max(c.zk_mtime_ms, c.last_active_ms) for c in facts.cursors]
-        if not can_owe(policy, False, seen, NOW, 7 * DAY_MS):
+        if not may_owe(policy, False, summarize(facts.ledgers, facts.cursors), NOW, 7 * DAY_MS):
             skipped += 1
             assert not owes, facts
         reported += owes
-    assert skipped > 300 and reported > 300  # both sides exercised
-    # A keep-forever topic is skipped only without a cursor old enough to be idle; quarantined never is.
-    facts = TopicFacts(ledgers(90, 60), (Cursor("stale", Position(1, -1), -1, NOW - 60 * DAY_MS),), NOW, KEEP_FOREVER)
-    assert can_owe(KEEP_FOREVER, False, [NOW - 60 * DAY_MS], NOW, 7 * DAY_MS)
-    assert assess_topic(facts, BROKER, NOW, 7 * DAY_MS).cursors
-    assert not can_owe(KEEP_FOREVER, False, [NOW - DAY_MS], NOW, 7 * DAY_MS)
-    assert can_owe(KEEP_FOREVER, True, [], NOW, 7 * DAY_MS)
-    assert can_owe(Policy(-1, 0), False, [], NOW, 7 * DAY_MS)  # a size quota of 0 trims everything consumed
+    assert skipped > 5000 and reported > 5000  # both sides exercised
+    # A topic is judged only with a cursor old enough to be idle or a ledger that trimming would take first.
+    stale = Cursor("stale", Position(1, -1), -1, NOW - 60 * DAY_MS)
+    assert may_owe(KEEP_FOREVER, False, summarize(ledgers(90, 60), [stale]), NOW, 7 * DAY_MS)
+    assert assess_topic(TopicFacts(ledgers(90, 60), (stale,), NOW, KEEP_FOREVER), BROKER, NOW, 7 * DAY_MS).cursors
+    busy = Cursor("busy", Position(1, 3), -1, NOW - DAY_MS)
+    assert not may_owe(KEEP_FOREVER, False, summarize(ledgers(90, 60), [busy]), NOW, 7 * DAY_MS)
+    assert may_owe(KEEP_FOREVER, True, summarize((), ()), NOW, 7 * DAY_MS)  # quarantined: reported unknown
+    assert may_owe(None, False, summarize((), ()), NOW, 7 * DAY_MS)
+    # A size quota of 0 trims everything consumed: the busy cursor on ledger 1 pins it, one on its last entry not.
+    assert not may_owe(Policy(-1, 0), False, summarize(ledgers(90, 60), [busy]), NOW, 7 * DAY_MS)
+    done = Cursor("done", Position(1, 9), -1, NOW - DAY_MS)
+    assert may_owe(Policy(-1, 0), False, summarize(ledgers(90, 60), [done]), NOW, 7 * DAY_MS)
+    # A week's retention: the oldest ledger decides (closed 90 days ago: expired; 3 days ago: the walk stops there).
+    assert may_owe(Policy(7 * 24 * 60, -1), False, summarize(ledgers(90, 3), []), NOW, 7 * DAY_MS)
+    assert not may_owe(Policy(7 * 24 * 60, -1), False, summarize(ledgers(3, 90), []), NOW, 7 * DAY_MS)
+    # TTL can move the busy cursor past expired ledgers: judged, unless the compaction cursor holds ledger 1.
+    ttl = Policy(0, -1, 86_400)
+    assert may_owe(ttl, False, summarize(ledgers(90, 60), [busy]), NOW, 7 * DAY_MS)
+    compaction = Cursor(COMPACTION_CURSOR, Position(0, 0), -1, NOW - DAY_MS)
+    assert not may_owe(ttl, False, summarize(ledgers(90, 60), [busy, compaction]), NOW, 7 * DAY_MS)

@@ -72,6 +72,9 @@ class SandboxSpec:
     offload_region: str = "us-east-1"
     offload_endpoint: str = ""
     cluster_name: str = "sandbox"  # the brokers' clusterName: offloaded objects carry it as pulsarClusterName
+    # Retention (minutes, MiB) of the regular namespaces; None: not set, the broker's default applies. Keeping
+    # everything (-1, -1), none of their topics owes anything, so the retention ground truth is the scenarios'.
+    regular_retention: tuple[int, int] | None = (-1, -1)
 
     def __post_init__(self) -> None:
         if self.topics < 1:
@@ -634,7 +637,7 @@ class _Builder:
                                        [ml for ml, _ in doomed])
         stale = sorted(i for i, owner in self.stale_pointers.items() if owner not in doomed_names)
         regular = [f"tenant-{t}/ns-{n}" for t in range(spec.tenants) for n in range(spec.namespaces_per_tenant)]
-        policies = namespace_policies(spec.cluster_name, regular)
+        policies = namespace_policies(spec.cluster_name, regular, spec.regular_retention)
         # Last, from its own random stream: the ground truth above stays as it was.
         retention = add_retention_scenarios(self)
         return SandboxCluster(spec, self.ledgers, self.managed_ledgers, self.schemas, self.missing, objects, stale,

@@ -4,8 +4,9 @@ cursors, a bad policy, a missing one, a namespace whose topic-level policies can
 Every scenario's answer is known by construction (which ledgers Pulsar would trim, which cursors are
 idle and what each pins), written down when the scenario is built, so the sweeper's rules are
 checked against it rather than against themselves. The regular namespaces keep data forever
-(retention -1/-1): none of their topics owes anything. Built after everything else from its own
-random stream, so the rest of the model's ground truth is unchanged.
+(retention -1/-1) unless the spec says otherwise: then none of their topics owes anything. Built
+after everything else from its own random stream, so the rest of the model's ground truth is
+unchanged.
 """
 
 from __future__ import annotations
@@ -65,9 +66,13 @@ def policy_json(cluster_name: str, retention: dict[str, int] | None, ttl: int | 
     return json.dumps(doc).encode()
 
 
-def namespace_policies(cluster_name: str, regular: list[str]) -> dict[str, bytes | None]:
-    """Policies JSON per namespace (None: no znode). Regular namespaces keep everything forever."""
-    policies: dict[str, bytes | None] = {ns: policy_json(cluster_name, KEEP_FOREVER) for ns in regular}
+def namespace_policies(cluster_name: str, regular: list[str],
+                       regular_retention: tuple[int, int] | None = (-1, -1)) -> dict[str, bytes | None]:
+    """Policies JSON per namespace (None: no znode). Regular namespaces get `regular_retention` (minutes, MiB):
+    forever by default; None leaves it unset."""
+    retention = None if regular_retention is None else {"retentionTimeInMinutes": regular_retention[0],
+                                                        "retentionSizeInMB": regular_retention[1]}
+    policies: dict[str, bytes | None] = {ns: policy_json(cluster_name, retention) for ns in regular}
     policies[TIME_NS] = policy_json(cluster_name, {"retentionTimeInMinutes": 24 * 60, "retentionSizeInMB": -1})
     policies[SIZE_NS] = policy_json(cluster_name, {"retentionTimeInMinutes": -1, "retentionSizeInMB": 1})
     policies[TTL_NS] = policy_json(cluster_name, {"retentionTimeInMinutes": 0, "retentionSizeInMB": -1},
