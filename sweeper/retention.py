@@ -41,6 +41,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+import numpy as np
+
 MEGABYTE = 1024 * 1024
 MINUTE_MS = 60_000
 DAY_MS = 86_400_000
@@ -349,14 +351,82 @@ def summarize(ledgers: Sequence[Ledger], cursors: Sequence[Cursor]) -> TopicSumm
                         min((max(c.zk_mtime_ms, c.last_active_ms) for c in cursors), default=None))
 
 
+@dataclass(frozen=True)
+class TopicSummaries:
+    """`TopicSummary` of many topics as numpy columns of one length: the step's form, where no topic becomes an
+    object. Absent values are 0; `first_known`, `has_cursor` and `has_compaction` say which are set."""
+
+    ledger_count: np.ndarray
+    first_known: np.ndarray
+    first_ledger_id: np.ndarray
+    first_entries: np.ndarray
+    first_size: np.ndarray
+    first_closed_ms: np.ndarray
+    current_ledger_id: np.ndarray
+    total_size: np.ndarray
+    has_cursor: np.ndarray
+    slowest_ledger_id: np.ndarray
+    slowest_entry_id: np.ndarray
+    has_compaction: np.ndarray
+    compaction_ledger_id: np.ndarray
+    compaction_entry_id: np.ndarray
+    oldest_seen_ms: np.ndarray
+
+    @classmethod
+    def of(cls, summaries: Sequence[TopicSummary]) -> TopicSummaries:
+        def column(values: Iterable[int | bool]) -> np.ndarray:
+            return np.fromiter(values, dtype=np.int64, count=len(summaries))
+
+        def flag(values: Iterable[bool]) -> np.ndarray:
+            return np.fromiter(values, dtype=np.bool_, count=len(summaries))
+
+        no_ledger, no_position = Ledger(0, 0, 0, 0), Position(0, 0)
+        firsts = [s.first or no_ledger for s in summaries]
+        slowest = [s.slowest or no_position for s in summaries]
+        compaction = [s.slowest_compaction or no_position for s in summaries]
+        return cls(column(s.ledger_count for s in summaries), flag(s.first is not None for s in summaries),
+                   column(x.ledger_id for x in firsts), column(x.entries for x in firsts),
+                   column(x.size for x in firsts), column(x.closed_ms for x in firsts),
+                   column(s.current_ledger_id for s in summaries), column(s.total_size for s in summaries),
+                   flag(s.slowest is not None for s in summaries), column(p.ledger_id for p in slowest),
+                   column(p.entry_id for p in slowest), flag(s.slowest_compaction is not None for s in summaries),
+                   column(p.ledger_id for p in compaction), column(p.entry_id for p in compaction),
+                   column(s.oldest_seen_ms or 0 for s in summaries))
+
+
+@dataclass(frozen=True)
+class PolicyColumns:
+    """Policies of many topics as numpy columns (`known` False: the policy cannot be established)."""
+
+    known: np.ndarray
+    retention_ms: np.ndarray  # negative: infinite
+    retention_size_mb: np.ndarray  # negative: infinite
+    ttl_seconds: np.ndarray
+
+    @classmethod
+    def of(cls, policies: Sequence[Policy | None]) -> PolicyColumns:
+        def column(values: Iterable[int]) -> np.ndarray:
+            return np.fromiter(values, dtype=np.int64, count=len(policies))
+
+        return cls(np.fromiter((p is not None for p in policies), dtype=np.bool_, count=len(policies)),
+                   column(p.retention_ms if p else 0 for p in policies),
+                   column(p.retention_size_mb if p else 0 for p in policies),
+                   column(p.ttl_seconds if p else 0 for p in policies))
+
+    def take(self, indices: np.ndarray) -> PolicyColumns:
+        return PolicyColumns(self.known[indices], self.retention_ms[indices], self.retention_size_mb[indices],
+                             self.ttl_seconds[indices])
+
+
 def idle_seen_cutoff_ms(now_ms: int, report_idle_ms: int) -> int:
     """No cursor whose znode write or `lastActive` is later than this can be idle in `assess_topic`: its last
     possible acknowledgement (`last_possible_ack_ms`) is at least both."""
     return now_ms - report_idle_ms
 
 
-def may_owe(policy: Policy | None, quarantined: bool, summary: TopicSummary, now_ms: int, report_idle_ms: int) -> bool:
-    """Whether `assess_topic` may report anything for a topic: False only when it certainly finds nothing.
+def may_owe_each(policies: PolicyColumns, quarantined: np.ndarray, s: TopicSummaries, now_ms: int,
+                 report_idle_ms: int) -> np.ndarray:
+    """For each topic, whether `assess_topic` may report anything: False only when it certainly finds nothing.
 
     Lets the step judge only the topics that may owe, whatever their namespaces' policies, from per-topic
     aggregates. A topic whose policy or metadata cannot be established is always reported (`unknown`), and so
@@ -366,32 +436,34 @@ def may_owe(policy: Policy | None, quarantined: bool, summary: TopicSummary, now
     (`trim_bound`), is not the current ledger, and is past retention (`hasLedgerRetentionExpired`: time since
     its close timestamp; `isLedgerRetentionOverSizeQuota`: what remains without it is still at least the size
     quota; a negative limit never trims). TTL (`PersistentMessageExpiryMonitor`) may move every cursor but the
-    compaction cursor forward, so under a TTL only those bound the walk here.
+    compaction cursor forward, so under a TTL only those bound the walk here. `may_owe` is the same for one.
     """
-    if policy is None or quarantined:
-        return True
-    if summary.oldest_seen_ms is not None and summary.oldest_seen_ms <= idle_seen_cutoff_ms(now_ms, report_idle_ms):
-        return True
-    first = summary.first
-    if summary.ledger_count < 2 or policy.never_trims:
-        return False
-    if first is None:
-        return True
-    if first.ledger_id >= summary.current_ledger_id:
-        return False
-    if policy.ttl_seconds > 0 and summary.slowest != summary.slowest_compaction:
-        # A cursor TTL may move: the bound is at most one past the compaction cursor's ledger.
-        before_bound = summary.slowest_compaction is None or first.ledger_id <= summary.slowest_compaction.ledger_id
-    else:
-        slowest = summary.slowest
-        before_bound = (slowest is None or first.ledger_id < slowest.ledger_id
-                        or (first.ledger_id == slowest.ledger_id and first.entries == slowest.entry_id + 1))
-    if not before_bound:
-        return False
-    quota = policy.retention_size_mb * MEGABYTE
-    over_quota = policy.retention_size_mb >= 0 and summary.total_size - first.size >= quota
-    expired = policy.retention_ms >= 0 and now_ms - first.closed_ms > policy.retention_ms
-    return over_quota or expired
+    p = policies
+    idle = s.has_cursor & (s.oldest_seen_ms <= idle_seen_cutoff_ms(now_ms, report_idle_ms))
+    always = ~p.known | quarantined | idle
+    may_trim = p.known & ((p.retention_ms >= 0) | (p.retention_size_mb >= 0)) & (s.ledger_count >= 2)
+    first_unknown = may_trim & ~s.first_known  # a list not in id order: judged in full
+    first_not_current = may_trim & s.first_known & (s.first_ledger_id < s.current_ledger_id)
+    # The slowest position bounds the walk (`trim_bound`): the first ledger is before it when the slowest is on a
+    # later ledger, or on this one's last entry. With no cursor nothing bounds it but the current ledger.
+    before_slowest = (~s.has_cursor | (s.first_ledger_id < s.slowest_ledger_id)
+                      | ((s.first_ledger_id == s.slowest_ledger_id) & (s.first_entries == s.slowest_entry_id + 1)))
+    # Under a TTL a slowest cursor that is not the compaction cursor may have moved on: only the compaction
+    # cursor bounds the walk then, at most one ledger past its own.
+    slowest_is_compaction = (s.has_compaction & (s.slowest_ledger_id == s.compaction_ledger_id)
+                             & (s.slowest_entry_id == s.compaction_entry_id))
+    ttl_moves = (p.ttl_seconds > 0) & s.has_cursor & ~slowest_is_compaction
+    before_compaction = ~s.has_compaction | (s.first_ledger_id <= s.compaction_ledger_id)
+    before_bound = np.where(ttl_moves, before_compaction, before_slowest)
+    over_quota = (p.retention_size_mb >= 0) & (s.total_size - s.first_size >= p.retention_size_mb * MEGABYTE)
+    expired = (p.retention_ms >= 0) & (now_ms - s.first_closed_ms > p.retention_ms)
+    return always | first_unknown | (first_not_current & before_bound & (over_quota | expired))
+
+
+def may_owe(policy: Policy | None, quarantined: bool, summary: TopicSummary, now_ms: int, report_idle_ms: int) -> bool:
+    """`may_owe_each` for one topic."""
+    return bool(may_owe_each(PolicyColumns.of([policy]), np.array([quarantined]), TopicSummaries.of([summary]),
+                             now_ms, report_idle_ms)[0])
 
 
 def last_possible_ack_ms(cursor: Cursor, broker: BrokerSettings) -> int:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
@@ -42,11 +43,12 @@ from sweeper.retention import (
     Ledger,
     NamespacePolicy,
     Policy,
+    PolicyColumns,
     Position,
     Reason,
     TopicFacts,
     TopicStatus,
-    TopicSummary,
+    TopicSummaries,
     assess_topic,
     bundle_owned,
     change_events_may_hold_policies,
@@ -55,7 +57,7 @@ from sweeper.retention import (
     idle_seen_cutoff_ms,
     is_system_topic,
     last_possible_ack_ms,
-    may_owe,
+    may_owe_each,
     topic_status,
 )
 from sweeper.safety import Scope
@@ -185,47 +187,81 @@ def _read_topics(store: TableStore, run_id: str) -> _Topics:
     return _Topics(mls.drop_columns(["captured_at"]), cursors, lists, firsts, pc.max(mls["captured_at"]).as_py())
 
 
-def _summaries(topics: _Topics) -> dict[str, TopicSummary]:
-    """`retention.summarize` of every topic with a ledger list or a cursor, from the tables' aggregates; values
-    coalesced as `_topic_rows` coalesces them, so `may_owe` sees what `assess_topic` will."""
-    firsts: dict[str, Ledger | None] = {}
-    f = topics.firsts
-    for managed_ledger, ledger_id, entries, size, closed in zip(
-            *(f[c].to_pylist() for c in ("managed_ledger", "ledger_id", "entries", "size", "timestamp_ms")),
-            strict=True):
-        # Two first entries for one list: not a list Pulsar wrote, so not summarized (judged in full).
-        firsts[managed_ledger] = None if managed_ledger in firsts else Ledger(ledger_id, entries or 0, size or 0,
-                                                                              closed or 0)
-    cursors: dict[str, tuple[Position | None, Position | None, int | None]] = {}
-    c = topics.cursors
-    for managed_ledger, name, ledger_id, entry_id, mtime, last_active in zip(
-            *(c[x].to_pylist() for x in ("managed_ledger", "cursor", "mark_delete_ledger_id", "mark_delete_entry_id",
-                                         "zk_mtime_ms", "last_active_ms")), strict=True):
-        position = Position(ledger_id if ledger_id is not None else -1, entry_id if entry_id is not None else -1)
-        seen = max(mtime or 0, last_active or 0)
-        slowest, compaction, oldest = cursors.get(managed_ledger, (None, None, None))
-        if name == COMPACTION_CURSOR and (compaction is None or position < compaction):
-            compaction = position
-        cursors[managed_ledger] = (position if slowest is None or position < slowest else slowest, compaction,
-                                   seen if oldest is None or seen < oldest else oldest)
-    out: dict[str, TopicSummary] = {}
+def _int_column(table: pa.Table, name: str, fill: int) -> np.ndarray:
+    return pc.fill_null(table[name], fill).to_numpy().astype(np.int64, copy=False)
+
+
+def _first_per_topic(rows: np.ndarray, *order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(topic indices, row positions) of each topic's least row by `order` (most significant key first)."""
+    sort = np.lexsort((*reversed(order), rows))
+    first = np.ones(len(sort), dtype=np.bool_)
+    first[1:] = rows[sort][1:] != rows[sort][:-1]
+    return rows[sort][first], sort[first]
+
+
+def _summaries(topics: _Topics) -> TopicSummaries:
+    """`retention.summarize` of every managed ledger of `topics.managed_ledgers`, row for row, computed column-wise
+    from the tables' aggregates; values coalesced as `_topic_rows` coalesces them, so `may_owe_each` sees what
+    `assess_topic` will. Cursors and lists of managed ledgers without a row are left out, as `_topic_rows` does."""
+    names = topics.managed_ledgers["managed_ledger"].combine_chunks()
+    n = len(names)
+
+    def index(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+        at = pc.index_in(table["managed_ledger"], value_set=names)
+        keep = pc.is_valid(at).to_numpy(zero_copy_only=False)
+        return pc.fill_null(at, 0).to_numpy().astype(np.int64)[keep], keep
+
+    def zeros() -> np.ndarray:
+        return np.zeros(n, dtype=np.int64)
+
     lists = topics.lists
-    columns = ("managed_ledger", "ledger_id_min", "ledger_id_max", "ledger_id_count", "size_sum")
-    listed = zip(*(lists[x].to_pylist() for x in columns), strict=True) if lists.num_rows else iter(())
-    for managed_ledger, lowest, highest, count, total in listed:
-        first = firsts.get(managed_ledger)
-        if first is not None and first.ledger_id != lowest:
-            first = None  # a list not in id order: `trimmable` sorts it, the first entry does not decide
-        slowest, compaction, oldest = cursors.pop(managed_ledger, (None, None, None))
-        out[managed_ledger] = TopicSummary(count, first, highest, total or 0, slowest, compaction, oldest)
-    for managed_ledger, (slowest, compaction, oldest) in cursors.items():
-        out[managed_ledger] = TopicSummary(0, None, -1, 0, slowest, compaction, oldest)
-    return out
+    ledger_count, lowest, current, total = zeros(), zeros(), np.full(n, -1, dtype=np.int64), zeros()
+    if lists.num_rows:
+        at, keep = index(lists)
+        ledger_count[at] = _int_column(lists, "ledger_id_count", 0)[keep]
+        lowest[at] = _int_column(lists, "ledger_id_min", 0)[keep]
+        current[at] = _int_column(lists, "ledger_id_max", -1)[keep]
+        total[at] = _int_column(lists, "size_sum", 0)[keep]
+    firsts = topics.firsts
+    first_known = np.zeros(n, dtype=np.bool_)
+    first_id, first_entries, first_size, first_closed = zeros(), zeros(), zeros(), zeros()
+    at, keep = index(firsts)
+    first_known[at] = True
+    first_id[at] = _int_column(firsts, "ledger_id", 0)[keep]
+    first_entries[at] = _int_column(firsts, "entries", 0)[keep]
+    first_size[at] = _int_column(firsts, "size", 0)[keep]
+    first_closed[at] = _int_column(firsts, "timestamp_ms", 0)[keep]
+    # Two first entries for one list, or a first entry that is not the lowest id: not a list as Pulsar writes it
+    # (in id order), so not summarized; `trimmable` sorts it and the topic is judged in full.
+    first_known &= (np.bincount(at, minlength=n) == 1) & (first_id == lowest)
+    cursors = topics.cursors
+    at, keep = index(cursors)
+    has_cursor, has_compaction = np.zeros(n, dtype=np.bool_), np.zeros(n, dtype=np.bool_)
+    slowest_ledger, slowest_entry, compaction_ledger, compaction_entry = zeros(), zeros(), zeros(), zeros()
+    oldest = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    if len(at):
+        ledger = _int_column(cursors, "mark_delete_ledger_id", -1)[keep]
+        entry = _int_column(cursors, "mark_delete_entry_id", -1)[keep]
+        seen = np.maximum(_int_column(cursors, "zk_mtime_ms", 0), _int_column(cursors, "last_active_ms", 0))[keep]
+        has_cursor[at] = True
+        np.minimum.at(oldest, at, seen)
+        topic, row = _first_per_topic(at, ledger, entry)
+        slowest_ledger[topic], slowest_entry[topic] = ledger[row], entry[row]
+        compaction = pc.fill_null(pc.equal(cursors["cursor"], COMPACTION_CURSOR), False).to_numpy(
+            zero_copy_only=False)[keep]
+        if compaction.any():
+            topic, row = _first_per_topic(at[compaction], ledger[compaction], entry[compaction])
+            has_compaction[topic] = True
+            compaction_ledger[topic], compaction_entry[topic] = ledger[compaction][row], entry[compaction][row]
+    oldest[~has_cursor] = 0
+    return TopicSummaries(ledger_count, first_known, first_id, first_entries, first_size, first_closed, current,
+                          total, has_cursor, slowest_ledger, slowest_entry, has_compaction, compaction_ledger,
+                          compaction_entry, oldest)
 
 
 @dataclass(frozen=True)
 class _Selection:
-    """The topics the per-topic pass judges (`retention.may_owe`) and what that costs."""
+    """The topics the per-topic pass judges (`retention.may_owe_each`) and what that costs."""
 
     assess: list[str] | None  # managed ledgers to judge; None: every one
     rows: int  # ledger-list entries and cursors of the judged topics
@@ -233,32 +269,31 @@ class _Selection:
 
 
 def _select(topics: _Topics, ctx: _Context) -> _Selection:
-    """`may_owe` for each topic under its namespace's policy, from its summary. A managed ledger the summaries
-    do not cover (no list entry, no cursor) has nothing to trim or be idle; it is judged all the same when its
-    metadata is quarantined or its policy unknown, as `may_owe` would have it."""
+    """`may_owe_each` for every topic under its namespace's policy (none known: judged, and `unknown`), from the
+    summaries; the cost counted from the lists' lengths and the cursors."""
     cursors = topics.cursors
     cutoff = idle_seen_cutoff_ms(ctx.now_ms, ctx.settings.report_idle_ms)
     seen = pc.max_element_wise(pc.fill_null(cursors["zk_mtime_ms"], 0), pc.fill_null(cursors["last_active_ms"], 0))
     cursor_ledgers = frozenset(x for x in cursors.filter(pc.less_equal(seen, cutoff))[
         "cursors_ledger_id"].to_pylist() if x is not None and x >= 0)
     mls = topics.managed_ledgers
-    names = mls["managed_ledger"].to_pylist()
-    if not ctx.settings.skip_topics_that_cannot_owe:
-        assess = None
+    n = mls.num_rows
+    if ctx.settings.skip_topics_that_cannot_owe:
+        namespaces = sorted(ctx.policies)
+        # The key `_topic_rows` looks policies up by (f"{tenant}/{namespace}"); no policy: the last, unknown, one.
+        keys = pc.binary_join_element_wise(mls["tenant"], mls["namespace"], "/")
+        which = pc.fill_null(pc.index_in(keys, value_set=pa.array(namespaces, pa.string())), len(namespaces))
+        policies = PolicyColumns.of([*(ctx.policies[ns][0] for ns in namespaces), None]).take(which.to_numpy())
+        quarantined = pc.is_in(mls["managed_ledger"], value_set=pa.array(sorted(ctx.quarantined), pa.string()))
+        owing = may_owe_each(policies, pc.fill_null(quarantined, False).to_numpy(zero_copy_only=False),
+                             _summaries(topics), ctx.now_ms, ctx.settings.report_idle_ms)
     else:
-        summaries = _summaries(topics)
-        empty = TopicSummary(0, None, -1, 0, None, None, None)
-        missing = (None, Reason.POLICY_MISSING, "")
-        assess = [managed_ledger for managed_ledger, key in zip(
-            names, pc.binary_join_element_wise(mls["tenant"], mls["namespace"], "/").to_pylist(), strict=True)
-            if may_owe(ctx.policies.get(key, missing)[0], managed_ledger in ctx.quarantined,
-                       summaries.get(managed_ledger, empty), ctx.now_ms, ctx.settings.report_idle_ms)]
-    judged = set(names if assess is None else assess)
-    ledger_counts = pc.fill_null(mls["ledger_count"], 0).to_pylist()
-    rows = sum(n for name, n in zip(names, ledger_counts, strict=True) if name in judged)
-    rows += sum(1 for name in cursors["managed_ledger"].to_pylist() if name in judged)
-    if assess is not None and len(assess) == len(names):
-        assess = None
+        owing = np.ones(n, dtype=np.bool_)
+    judged = pa.array(owing)
+    assess = None if owing.all() else mls["managed_ledger"].filter(judged).to_pylist()
+    judged_names = mls["managed_ledger"].filter(judged).combine_chunks()
+    rows = ((pc.sum(pc.fill_null(mls["ledger_count"].filter(judged), 0)).as_py() or 0)
+            + (pc.sum(pc.is_in(cursors["managed_ledger"], value_set=judged_names)).as_py() or 0))
     return _Selection(assess, rows, cursor_ledgers)
 
 

@@ -311,3 +311,79 @@ def test_skipping_topics_that_cannot_owe_changes_no_row(
         return
     forever = [r for r in skipped if r["managed_ledger"].startswith(f"{FOREVER_NS}/")]
     assert {(r["kind"], r["cursor"]) for r in forever} == {("topic", None), ("cursor", "stale-sub")}
+
+
+def test_the_column_wise_summaries_are_retention_summarize_of_each_topic() -> None:
+    """`_summaries` computes, from the tables' aggregates and without a topic's rows together, exactly what
+    `retention.summarize` makes of the topic's facts: the slowest position by ledger then entry, the compaction
+    cursor's apart, the least recently seen cursor, the first entry only when it is the lowest id, once."""
+    import dataclasses
+    import random
+
+    import numpy as np
+    import pyarrow as pa
+
+    from sweeper.retention import COMPACTION_CURSOR, Cursor, Ledger, Position, TopicSummaries, summarize
+    from sweeper.retention_debt import _summaries, _Topics
+
+    rng = random.Random(3)
+    now = 1_700_000_000_000
+    mls, ledger_rows, cursor_rows, expected = [], [], [], []
+    for t in range(600):
+        name = f"t/ns/persistent/topic-{t}"
+        listed = [Ledger(rng.randrange(0, 40), rng.choice([0, 1, 10]), rng.choice([0, 5, 1000]),
+                         now - rng.randrange(0, 10**9)) for _ in range(rng.randrange(0, 5))]
+        if rng.random() < 0.8:
+            listed.sort(key=lambda x: x.ledger_id)  # as Pulsar lists them; the rest are out of order
+        cursors = [Cursor(rng.choice(["a", "b", COMPACTION_CURSOR]),
+                          Position(rng.randrange(-1, 40), rng.randrange(-1, 3)), -1, now - rng.randrange(0, 10**9),
+                          rng.choice([0, now])) for _ in range(rng.randrange(0, 4))]
+        mls.append({"managed_ledger": name, "tenant": "t", "namespace": "ns", "topic": f"topic-{t}",
+                    "ledger_count": len(listed)})
+        ledger_rows += [{"managed_ledger": name, "position": i, **dataclasses.asdict(x)}
+                        for i, x in enumerate(listed)]
+        cursor_rows += [{"managed_ledger": name, "cursor": c.name, "cursors_ledger_id": -1,
+                         "mark_delete_ledger_id": c.mark_delete.ledger_id,
+                         "mark_delete_entry_id": c.mark_delete.entry_id, "zk_mtime_ms": c.zk_mtime_ms,
+                         "last_active_ms": c.last_active_ms} for c in cursors]
+        summary = summarize(listed, cursors)
+        if listed and (summary.first is None or listed[0].ledger_id != summary.first.ledger_id):
+            summary = dataclasses.replace(summary, first=None)  # not in id order: judged in full
+        expected.append(summary)
+    # Rows of a managed ledger the run has no row for count for nothing; a null mark-delete is -1, as judged.
+    cursor_rows.append({"managed_ledger": "gone", "cursor": "a", "cursors_ledger_id": -1, "mark_delete_ledger_id": 0,
+                        "mark_delete_entry_id": 0, "zk_mtime_ms": 0, "last_active_ms": 0})
+    mls.append({"managed_ledger": "t/ns/persistent/nulls", "tenant": "t", "namespace": "ns", "topic": "nulls",
+                "ledger_count": 0})
+    cursor_rows.append({"managed_ledger": "t/ns/persistent/nulls", "cursor": "a", "cursors_ledger_id": -1,
+                        "mark_delete_ledger_id": None, "mark_delete_entry_id": None, "zk_mtime_ms": 5,
+                        "last_active_ms": None})
+    expected.append(summarize([], [Cursor("a", Position(-1, -1), -1, 5)]))
+    # Two first entries in one list (two snapshot rows for one list): not summarized.
+    twice = [Ledger(3, 10, 100, now), Ledger(3, 10, 100, now), Ledger(4, 0, 0, 0)]
+    mls.append({"managed_ledger": "t/ns/persistent/twice", "tenant": "t", "namespace": "ns", "topic": "twice",
+                "ledger_count": 3})
+    ledger_rows += [{"managed_ledger": "t/ns/persistent/twice", "position": i, **dataclasses.asdict(x)}
+                    for i, x in zip([0, 0, 1], twice, strict=True)]
+    expected.append(dataclasses.replace(summarize(twice, []), first=None))
+    ledgers = pa.Table.from_pylist(ledger_rows).rename_columns({"closed_ms": "timestamp_ms"})
+    lists = ledgers.group_by("managed_ledger").aggregate([("ledger_id", "min"), ("ledger_id", "max"),
+                                                         ("ledger_id", "count"), ("size", "sum")])
+    firsts = ledgers.filter(pa.compute.equal(ledgers["position"], 0))
+    cursors_table = pa.Table.from_pylist(cursor_rows, schema=pa.schema(
+        [("managed_ledger", pa.string()), ("cursor", pa.string()), ("cursors_ledger_id", pa.int64()),
+         ("mark_delete_ledger_id", pa.int64()), ("mark_delete_entry_id", pa.int64()), ("zk_mtime_ms", pa.int64()),
+         ("last_active_ms", pa.int64())]))
+    got = _summaries(_Topics(pa.Table.from_pylist(mls), cursors_table, lists, firsts, None))
+    want = TopicSummaries.of(expected)
+    for field in dataclasses.fields(TopicSummaries):
+        g, w = getattr(got, field.name), getattr(want, field.name)
+        if field.name.startswith("first_") and field.name != "first_known":
+            g, w = g[want.first_known], w[want.first_known]  # unset values are not compared
+        if field.name.startswith("slowest_"):
+            g, w = g[want.has_cursor], w[want.has_cursor]
+        if field.name.startswith("compaction_"):
+            g, w = g[want.has_compaction], w[want.has_compaction]
+        if field.name == "current_ledger_id":
+            g, w = g[want.ledger_count > 0], w[want.ledger_count > 0]
+        assert np.array_equal(g, w), field.name

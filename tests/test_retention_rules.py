@@ -377,3 +377,12 @@ def test_a_topic_may_owe_nothing_only_when_the_step_would_report_nothing() -> No
     assert may_owe(ttl, False, summarize(ledgers(90, 60), [busy]), NOW, 7 * DAY_MS)
     compaction = Cursor(COMPACTION_CURSOR, Position(0, 0), -1, NOW - DAY_MS)
     assert not may_owe(ttl, False, summarize(ledgers(90, 60), [busy, compaction]), NOW, 7 * DAY_MS)
+    # Ledger 0 exists (BookKeeper ids start there): a subscription on (0, 0) is not a compaction cursor, TTL moves it.
+    from_zero = (Ledger(0, 10, 1000, NOW - 90 * DAY_MS), Ledger(1, 10, 1000, NOW - 60 * DAY_MS), Ledger(2, 0, 0, 0))
+    at_zero = Cursor("sub", Position(0, 0), -1, NOW - DAY_MS)
+    assert may_owe(ttl, False, summarize(from_zero, [at_zero]), NOW, 7 * DAY_MS)
+    assert assess_topic(TopicFacts(from_zero, (at_zero,), NOW, ttl), BROKER, NOW, 7 * DAY_MS).trim.ledgers
+    # A list naming its current ledger twice has nothing before it to trim.
+    twice = (Ledger(5, 10, 1000, NOW - 90 * DAY_MS), Ledger(5, 10, 1000, NOW - 90 * DAY_MS))
+    assert not may_owe(Policy(0, 0), False, summarize(twice, []), NOW, 7 * DAY_MS)
+    assert not assess_topic(TopicFacts(twice, (), NOW, Policy(0, 0)), BROKER, NOW, 7 * DAY_MS).trim.ledgers
