@@ -290,11 +290,10 @@ def _select(topics: _Topics, ctx: _Context) -> _Selection:
     else:
         owing = np.ones(n, dtype=np.bool_)
     judged = pa.array(owing)
-    assess = None if owing.all() else mls["managed_ledger"].filter(judged).to_pylist()
-    judged_names = mls["managed_ledger"].filter(judged).combine_chunks()
+    names = mls["managed_ledger"].filter(judged).combine_chunks()
     rows = ((pc.sum(pc.fill_null(mls["ledger_count"].filter(judged), 0)).as_py() or 0)
-            + (pc.sum(pc.is_in(cursors["managed_ledger"], value_set=judged_names)).as_py() or 0))
-    return _Selection(assess, rows, cursor_ledgers)
+            + (pc.sum(pc.is_in(cursors["managed_ledger"], value_set=names)).as_py() or 0))
+    return _Selection(None if owing.all() else names.to_pylist(), rows, cursor_ledgers)
 
 
 def _worth_assessing(spark: SparkSession, frames: dict[str, DataFrame], selection: _Selection
@@ -303,7 +302,7 @@ def _worth_assessing(spark: SparkSession, frames: dict[str, DataFrame], selectio
     semi-join with the judged names (broadcast: a name per judged topic, however many)."""
     if selection.assess is None:
         return frames
-    judged = F.broadcast(spark.createDataFrame([(name,) for name in selection.assess], "managed_ledger string"))
+    judged = F.broadcast(spark.createDataFrame(pa.table({"managed_ledger": pa.array(selection.assess, pa.string())})))
     return {**frames, **{name: frames[name].join(judged, "managed_ledger", "left_semi")
                          for name in ("managed_ledgers", "ml_cursors", "ml_ledgers")}}
 
