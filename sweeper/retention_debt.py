@@ -177,11 +177,12 @@ def _read_topics(store: TableStore, run_id: str) -> _Topics:
     cursors = _run_table(store, "ml_cursors", run_id,
                          ["managed_ledger", "cursor", "cursors_ledger_id", "mark_delete_ledger_id",
                           "mark_delete_entry_id", "zk_mtime_ms", "last_active_ms"])
+    aggregates = [("ledger_id", "min"), ("ledger_id", "max"), ("ledger_id", "count"), ("size", "sum")]
     if store.exists("ml_ledgers"):
-        lists = store.aggregate_arrow("ml_ledgers", ["managed_ledger"], [
-            ("ledger_id", "min"), ("ledger_id", "max"), ("ledger_id", "count"), ("size", "sum")], {"run_id": run_id})
-    else:
-        lists = pa.table({"managed_ledger": pa.array([], pa.string())})
+        lists = store.aggregate_arrow("ml_ledgers", ["managed_ledger"], aggregates, {"run_id": run_id})
+    else:  # a store written before the table existed: no lists
+        lists = pa.table({"managed_ledger": pa.array([], pa.string()),
+                          **{f"{column}_{fn}": pa.array([], pa.int64()) for column, fn in aggregates}})
     firsts = _run_table(store, "ml_ledgers", run_id, ["managed_ledger", "ledger_id", "entries", "size", "timestamp_ms"],
                         {"position": 0})
     return _Topics(mls.drop_columns(["captured_at"]), cursors, lists, firsts, pc.max(mls["captured_at"]).as_py())
@@ -189,6 +190,11 @@ def _read_topics(store: TableStore, run_id: str) -> _Topics:
 
 def _int_column(table: pa.Table, name: str, fill: int) -> np.ndarray:
     return pc.fill_null(table[name], fill).to_numpy().astype(np.int64, copy=False)
+
+
+def _cursor_seen_ms(cursors: pa.Table) -> np.ndarray:
+    """Each cursor's max(znode mtime, lastActive), nulls as 0: what `Cursor` holds and `idle_seen_cutoff_ms` bounds."""
+    return np.maximum(_int_column(cursors, "zk_mtime_ms", 0), _int_column(cursors, "last_active_ms", 0))
 
 
 def _first_per_topic(rows: np.ndarray, *order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -216,12 +222,11 @@ def _summaries(topics: _Topics) -> TopicSummaries:
 
     lists = topics.lists
     ledger_count, lowest, current, total = zeros(), zeros(), np.full(n, -1, dtype=np.int64), zeros()
-    if lists.num_rows:
-        at, keep = index(lists)
-        ledger_count[at] = _int_column(lists, "ledger_id_count", 0)[keep]
-        lowest[at] = _int_column(lists, "ledger_id_min", 0)[keep]
-        current[at] = _int_column(lists, "ledger_id_max", -1)[keep]
-        total[at] = _int_column(lists, "size_sum", 0)[keep]
+    at, keep = index(lists)
+    ledger_count[at] = _int_column(lists, "ledger_id_count", 0)[keep]
+    lowest[at] = _int_column(lists, "ledger_id_min", 0)[keep]
+    current[at] = _int_column(lists, "ledger_id_max", -1)[keep]
+    total[at] = _int_column(lists, "size_sum", 0)[keep]
     firsts = topics.firsts
     first_known = np.zeros(n, dtype=np.bool_)
     first_id, first_entries, first_size, first_closed = zeros(), zeros(), zeros(), zeros()
@@ -242,7 +247,7 @@ def _summaries(topics: _Topics) -> TopicSummaries:
     if len(at):
         ledger = _int_column(cursors, "mark_delete_ledger_id", -1)[keep]
         entry = _int_column(cursors, "mark_delete_entry_id", -1)[keep]
-        seen = np.maximum(_int_column(cursors, "zk_mtime_ms", 0), _int_column(cursors, "last_active_ms", 0))[keep]
+        seen = _cursor_seen_ms(cursors)[keep]
         has_cursor[at] = True
         np.minimum.at(oldest, at, seen)
         topic, row = _first_per_topic(at, ledger, entry)
@@ -273,8 +278,7 @@ def _select(topics: _Topics, ctx: _Context) -> _Selection:
     summaries; the cost counted from the lists' lengths and the cursors."""
     cursors = topics.cursors
     cutoff = idle_seen_cutoff_ms(ctx.now_ms, ctx.settings.report_idle_ms)
-    seen = pc.max_element_wise(pc.fill_null(cursors["zk_mtime_ms"], 0), pc.fill_null(cursors["last_active_ms"], 0))
-    cursor_ledgers = frozenset(x for x in cursors.filter(pc.less_equal(seen, cutoff))[
+    cursor_ledgers = frozenset(x for x in cursors.filter(pa.array(_cursor_seen_ms(cursors) <= cutoff))[
         "cursors_ledger_id"].to_pylist() if x is not None and x >= 0)
     mls = topics.managed_ledgers
     n = mls.num_rows
