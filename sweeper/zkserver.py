@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -170,6 +171,25 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def free_port_block(count: int, host: str = "127.0.0.1", low: int = 20000, high: int = 32000) -> int:
+    """The first of `count` consecutive ports that are all free, for servers that take `port + k`.
+
+    Chosen below Linux's ephemeral range (32768+), where the kernel never places outgoing connections:
+    `free_port() + 1` is often taken by one on a busy machine."""
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(200):
+        base = rng.randrange(low, high - count)
+        with contextlib.ExitStack() as stack:
+            try:
+                for port in range(base, base + count):
+                    sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                    sock.bind((host, port))
+            except OSError:
+                continue
+        return base
+    raise ZooKeeperServerError(f"no {count} consecutive free ports between {low} and {high}")
 
 
 def _java() -> str:

@@ -13,7 +13,7 @@ from sweeper.cli import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, main
 from sweeper.sandbox import sandbox_down
 from sweeper.sandbox.model import SandboxSpec, build_cluster
 from sweeper.sandbox.seed import seed_zookeeper
-from sweeper.zkserver import free_port
+from sweeper.zkserver import free_port, free_port_block
 from tests.conftest import ZkTarget
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_sweep_on_the_sandbox_end_to_end(spark: SparkSession, tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
-    home, tables, port = tmp_path / "sandbox", tmp_path / "tables", free_port()
+    home, tables, port = tmp_path / "sandbox", tmp_path / "tables", free_port_block(4)
     args = ["--config", str(REPO / "conf" / "local.toml"), "--home", str(home), "--port", str(port),
             "--tables", str(tables), "--topics", "40", "--json"]
     try:

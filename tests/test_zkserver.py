@@ -1,7 +1,11 @@
+import socket
 from pathlib import Path
 
+import pytest
+
 from sweeper import zk as zkutil
-from sweeper.zkserver import running_server, start_zookeeper, stop_zookeeper
+from sweeper.sandbox import SandboxError, sandbox_down, sandbox_up
+from sweeper.zkserver import free_port_block, running_server, start_zookeeper, stop_zookeeper
 
 
 def test_restart_keeps_data_and_stop_frees_the_port(tmp_path: Path) -> None:
@@ -20,3 +24,19 @@ def test_restart_keeps_data_and_stop_frees_the_port(tmp_path: Path) -> None:
         zkutil.close(client)
     finally:
         stop_zookeeper(again)
+
+
+def test_the_sandbox_names_a_taken_port_instead_of_a_dead_s3_server(tmp_path: Path) -> None:
+    base = free_port_block(4)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", base + 1))
+        taken.listen()
+        try:
+            with pytest.raises(SandboxError, match=f"S3 port {base + 1} is taken"):
+                sandbox_up(tmp_path, port=base)
+        finally:
+            sandbox_down(tmp_path, wipe=True)
+    for port in range(base, base + 4):  # nothing was left listening
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", port))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,11 +55,25 @@ def sandbox_up(home: str | Path = DEFAULT_HOME, port: int = DEFAULT_PORT) -> Zoo
     zk_home = Path(home) / "zookeeper"
     info = running_server(zk_home) or start_zookeeper(zk_home, port=port)
     if s3_endpoint(home) is None:
+        _require_free(info.port + 1, "S3")
         s3 = start_s3(Path(home) / "s3", port=info.port + 1)
         (Path(home) / "s3" / "server.json").write_text(json.dumps({"endpoint": s3.endpoint, "pid": s3.pid}))
     if running_pulsar(Path(home) / "pulsar") is None:
+        _require_free(info.port + 2, "Pulsar binary protocol")
+        _require_free(info.port + 3, "Pulsar admin REST")
         start_pulsar(Path(home) / "pulsar", info.port + 2, info.port + 3, register_zookeeper=info.connect_string)
     return info
+
+
+def _require_free(port: int, what: str) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As the servers bind: a port whose last server just stopped (connections in TIME_WAIT) is free.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise SandboxError(f"the sandbox's {what} port {port} is taken ({exc.strerror}); the sandbox uses "
+                               f"--port and the three ports after it: pick another --port") from exc
 
 
 def s3_endpoint(home: str | Path = DEFAULT_HOME) -> str | None:
