@@ -16,7 +16,6 @@ from sweeper.testbed import server
 from sweeper.testbed.admin import topic_path
 from sweeper.testbed.orphans import ml_path, schema_path
 from sweeper.testbed.server import (
-    TestbedError,
     TestbedInfo,
     broker_settings,
     hs256_token,
@@ -74,7 +73,7 @@ def test_sweeper_config_for_the_testbed_loads(tmp_path: Path) -> None:
 
 
 def test_missing_distribution_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(TestbedError, match=r"mvn -B -f jvm/pom\.xml package"):
+    with pytest.raises(server.TestbedError, match=r"mvn -B -f jvm/pom\.xml package"):
         server.testbed_up(tmp_path / "home", pulsar_home=tmp_path / "no-pulsar")
 
 
