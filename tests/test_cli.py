@@ -10,7 +10,7 @@ from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
 from sweeper.cli import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, main
-from sweeper.sandbox import sandbox_down
+from sweeper.sandbox import PORT_SPAN, sandbox_down
 from sweeper.sandbox.model import SandboxSpec, build_cluster
 from sweeper.sandbox.seed import seed_zookeeper
 from sweeper.zkserver import free_port, free_port_block
@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_sweep_on_the_sandbox_end_to_end(spark: SparkSession, tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
-    home, tables, port = tmp_path / "sandbox", tmp_path / "tables", free_port_block(4)
+    home, tables, port = tmp_path / "sandbox", tmp_path / "tables", free_port_block(PORT_SPAN)
     args = ["--config", str(REPO / "conf" / "local.toml"), "--home", str(home), "--port", str(port),
             "--tables", str(tables), "--topics", "40", "--json"]
     try:

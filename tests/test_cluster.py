@@ -24,9 +24,9 @@ from deltalake import DeltaTable
 
 from sweeper import zk as zkutil
 from sweeper.layout import LedgerLayout, ledger_path
-from sweeper.sandbox import SandboxSpec, build_cluster, s3_endpoint, sandbox_down
+from sweeper.sandbox import PORT_SPAN, SandboxSpec, build_cluster, s3_endpoint, sandbox_down
 from sweeper.spark_standalone import StandaloneCluster, start_cluster, stop_cluster
-from sweeper.zkserver import free_port
+from sweeper.zkserver import free_port_block
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -72,7 +72,7 @@ def test_sandbox_sweep_on_a_standalone_cluster_with_tables_on_s3(spark_cluster: 
            "SWEEPER_BUILD_DIR": str(tmp_path / "build"), "PYTHONPATH": "", "TMPDIR": str(driver_dir),
            "SPARK_EXTRA_ARGS": "--conf spark.executor.memory=768m --conf spark.driver.memory=1g "
                                "--conf spark.ui.enabled=false --conf spark.executor.cores=1"}
-    port = free_port()
+    port = free_port_block(PORT_SPAN)
     try:
         done = subprocess.run(
             [str(REPO / "spark-submit.sh"), "sweep", "--sandbox", "--config", str(_config(tmp_path)),

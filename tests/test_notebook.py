@@ -9,7 +9,7 @@ from pathlib import Path
 import nbformat
 
 from sweeper.cli import EXIT_OK, main
-from sweeper.sandbox import sandbox_down
+from sweeper.sandbox import PORT_SPAN, sandbox_down
 from sweeper.zkserver import free_port_block
 
 REPO = Path(__file__).resolve().parents[1]
@@ -17,8 +17,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_audit_notebook_executes_and_plots(tmp_path: Path) -> None:
     home = tmp_path / "sandbox"
-    env = {"SWEEPER_SANDBOX_HOME": str(home), "SWEEPER_SANDBOX_PORT": str(free_port_block(4)), "SWEEPER_TOPICS": "40",
-           "PYSPARK_PYTHON": sys.executable}
+    env = {"SWEEPER_SANDBOX_HOME": str(home), "SWEEPER_SANDBOX_PORT": str(free_port_block(PORT_SPAN)),
+           "SWEEPER_TOPICS": "40", "PYSPARK_PYTHON": sys.executable}
     # `sweeper audit` sets the others for the kernel; all are restored afterwards.
     saved = {k: os.environ.get(k) for k in (*env, "SWEEPER_REPO", "SWEEPER_CONFIG", "SWEEPER_TABLES")}
     os.environ.update(env)

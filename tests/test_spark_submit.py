@@ -9,8 +9,8 @@ import sys
 import zipfile
 from pathlib import Path
 
-from sweeper.sandbox import sandbox_down
-from sweeper.zkserver import free_port
+from sweeper.sandbox import PORT_SPAN, sandbox_down
+from sweeper.zkserver import free_port_block
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -58,11 +58,11 @@ def test_spark_submit_runs_a_sandbox_sweep_and_reports_exit_codes(tmp_path: Path
     unknown = subprocess.run([*submit, "no-such-stage"], env=env, capture_output=True, text=True)
     assert unknown.returncode == 2 and "no such stage" in unknown.stderr
 
-    home = tmp_path / "sandbox"
+    home, port = tmp_path / "sandbox", free_port_block(PORT_SPAN)
     try:
         done = subprocess.run(
             [*submit, "sweep", "--sandbox", "--config", str(REPO / "conf" / "local.toml"), "--home", str(home),
-             "--port", str(free_port()), "--tables", str(tmp_path / "tables"), "--topics", "40", "--json",
+             "--port", str(port), "--tables", str(tmp_path / "tables"), "--topics", "40", "--json",
              "--execute"],
             env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from sweeper import zk as zkutil
-from sweeper.sandbox import SandboxError, sandbox_down, sandbox_up
+from sweeper.sandbox import PORT_SPAN, SandboxError, sandbox_down, sandbox_up
 from sweeper.zkserver import free_port_block, running_server, start_zookeeper, stop_zookeeper
 
 
@@ -27,7 +27,7 @@ def test_restart_keeps_data_and_stop_frees_the_port(tmp_path: Path) -> None:
 
 
 def test_the_sandbox_names_a_taken_port_instead_of_a_dead_s3_server(tmp_path: Path) -> None:
-    base = free_port_block(4)
+    base = free_port_block(PORT_SPAN)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         taken.bind(("127.0.0.1", base + 1))
         taken.listen()
@@ -36,7 +36,7 @@ def test_the_sandbox_names_a_taken_port_instead_of_a_dead_s3_server(tmp_path: Pa
                 sandbox_up(tmp_path, port=base)
         finally:
             sandbox_down(tmp_path, wipe=True)
-    for port in range(base, base + 4):  # nothing was left listening
+    for port in range(base, base + PORT_SPAN):  # nothing was left listening
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(("127.0.0.1", port))

@@ -22,8 +22,10 @@ from sweeper.zkserver import ZooKeeperServerInfo, running_server, start_zookeepe
 
 DEFAULT_HOME = Path("var/sandbox")
 DEFAULT_PORT = 21810
+PORT_SPAN = 4  # ZooKeeper on --port, S3 on +1, the Pulsar endpoint on +2 (binary) and +3 (admin REST)
 
 __all__ = [
+    "PORT_SPAN",
     "SandboxCluster",
     "SandboxSpec",
     "SeededSandbox",

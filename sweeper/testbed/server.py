@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from sweeper.s3server import S3ServerInfo, start_s3, stop_s3
-from sweeper.zkserver import free_port
+from sweeper.zkserver import free_port_block
 
 DEFAULT_HOME = Path("var/testbed")
 PULSAR_VERSION = "4.0.8"
@@ -340,10 +340,12 @@ def testbed_up(
     else:
         if previous is not None:
             testbed_down(home, previous)
-        s3 = start_s3(home / "logs", port=free_port())
+        # Below the ephemeral range: the JVM binds them seconds later, while the machine is busy connecting.
+        base = free_port_block(5)
+        s3 = start_s3(home / "logs", port=base + 4)
         info = TestbedInfo(
             home=str(home), pulsar_home=str(pulsar.resolve()), pulsar_version=version, cluster=CLUSTER_NAME,
-            zk_port=free_port(), bk_port=free_port(), broker_port=free_port(), web_port=free_port(),
+            zk_port=base, bk_port=base + 1, broker_port=base + 2, web_port=base + 3,
             s3_endpoint=s3.endpoint, s3_pid=s3.pid, pid=0, offload_bucket=OFFLOAD_BUCKET, started_at=time.time())
     try:
         conf = home / "conf" / "standalone.conf"
