@@ -34,6 +34,7 @@ def test_the_sandbox_names_a_taken_port_instead_of_a_dead_s3_server(tmp_path: Pa
         try:
             with pytest.raises(SandboxError, match=f"S3 port {base + 1} is taken"):
                 sandbox_up(tmp_path, port=base)
+            assert running_server(tmp_path / "zookeeper") is None  # checked before anything started
         finally:
             sandbox_down(tmp_path, wipe=True)
     for port in range(base, base + PORT_SPAN):  # nothing was left listening

@@ -55,14 +55,22 @@ def sandbox_up(home: str | Path = DEFAULT_HOME, port: int = DEFAULT_PORT) -> Zoo
     messages persist under `home/pulsar`.
     """
     zk_home = Path(home) / "zookeeper"
-    info = running_server(zk_home) or start_zookeeper(zk_home, port=port)
-    if s3_endpoint(home) is None:
-        _require_free(info.port + 1, "S3")
+    running = running_server(zk_home)
+    base = running.port if running else port
+    needs_s3, needs_pulsar = s3_endpoint(home) is None, running_pulsar(Path(home) / "pulsar") is None
+    # Every port is checked before anything starts, so a taken one leaves nothing half up.
+    if running is None:
+        _require_free(base, "ZooKeeper")
+    if needs_s3:
+        _require_free(base + 1, "S3")
+    if needs_pulsar:
+        _require_free(base + 2, "Pulsar binary protocol")
+        _require_free(base + 3, "Pulsar admin REST")
+    info = running or start_zookeeper(zk_home, port=port)
+    if needs_s3:
         s3 = start_s3(Path(home) / "s3", port=info.port + 1)
         (Path(home) / "s3" / "server.json").write_text(json.dumps({"endpoint": s3.endpoint, "pid": s3.pid}))
-    if running_pulsar(Path(home) / "pulsar") is None:
-        _require_free(info.port + 2, "Pulsar binary protocol")
-        _require_free(info.port + 3, "Pulsar admin REST")
+    if needs_pulsar:
         start_pulsar(Path(home) / "pulsar", info.port + 2, info.port + 3, register_zookeeper=info.connect_string)
     return info
 
