@@ -177,7 +177,7 @@ def free_port_block(count: int, host: str = "127.0.0.1", low: int = 20000, high:
     """The first of `count` consecutive ports that are all free, for servers that take `port + k`.
 
     Chosen below Linux's ephemeral range (32768+), where the kernel never places outgoing connections:
-    `free_port() + 1` is often taken by one on a busy machine."""
+    on a busy machine one can hold `free_port() + 1`."""
     rng = random.Random(os.getpid() ^ time.monotonic_ns())
     for _ in range(200):
         base = rng.randrange(low, high - count)
