@@ -108,6 +108,11 @@ class SafetyConfig:
     # BookKeeper ledger metadata names no cluster: unless no other Pulsar cluster uses these bookies,
     # ledgers of namespaces this cluster does not know are `unknown` (namespace_unknown), never orphans.
     bookkeeper_dedicated: bool = False
+    # With bookkeeper_dedicated = false: the Pulsar metadata store of every other cluster writing to these bookies,
+    # in [pulsar] zookeeper's spelling ("zk1:2181,zk2:2181/peer-chroot"), reached with the same TLS/SASL settings
+    # as [pulsar]'s store. A ledger is an orphan only when no cluster references it; without this list (or with a
+    # peer unreadable) no ledger is a candidate on a shared BookKeeper.
+    peer_metadata: tuple[str, ...] = ()
     max_clock_skew_seconds: float = 300.0  # this host's clock against ZooKeeper's, checked at snapshot and delete
     clock_probe_path: str = "/ledger-sweeper/clock"  # an ephemeral znode is created here to read ZooKeeper's clock
 
@@ -120,6 +125,10 @@ class GatesConfig:
     require_live_brokers: bool = True  # `--allow-no-brokers` lets a cleanup run proceed with brokers down
     max_metadata_lag_minutes: float = 60.0  # newest data-ledger creation vs newest managed-ledger change
     allow_offload_listing_errors: bool = False  # a bucket (or part of one) that could not be listed stops the run
+    # Ledgers Pulsar references that the BookKeeper snapshot does not hold: a healthy cluster misses a handful (the
+    # missing-ledger report); many mean a wrong ledgers_root or chroot, or another cluster's store given as ours.
+    max_missing_reference_fraction: float = 0.02
+    missing_reference_allowance: int = 10  # this many missing references never refuse a run, whatever the fraction
 
 
 @dataclass(frozen=True)
@@ -194,6 +203,11 @@ class RetentionConfig:
     deny: str = ""  # added to [safety] deny
     actions_per_second: float = 2.0  # admin REST calls per second while repairing
     max_actions_per_run: int = 1000  # repairs beyond this wait for the next run (reported as deferred)
+    plan_max_age_hours: float = 24.0  # `retention --execute` refuses a plan older than this
+    # Added to what Pulsar itself protects (sweeper.protection): never deleted, trimmed or loaded by a repair, and
+    # their cursor ledgers never deleted. Globs on the subscription name, and on tenant/namespace/topic.
+    protected_subscriptions: str = ""
+    protected_topics: str = ""
 
 
 @dataclass(frozen=True)
@@ -238,7 +252,11 @@ class SweeperConfig:
         return from_dict(merged)
 
 
-def _coerce(section: str, key: str, value: Any, expected: type) -> Any:
+def _coerce(section: str, key: str, value: Any, expected: Any) -> Any:
+    if expected == tuple[str, ...]:
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"[{section}] {key} must be a list of strings, got {type(value).__name__} {value!r}")
+        return tuple(value)
     ok = {
         bool: isinstance(value, bool),
         int: isinstance(value, int) and not isinstance(value, bool),
@@ -341,6 +359,16 @@ def validate(config: SweeperConfig) -> None:
         raise ConfigError("[safety] min_age_hours under 24 needs force_min_age = true")
     if not 0 <= config.gates.max_drop_fraction <= 1:
         raise ConfigError("[gates] max_drop_fraction must be in [0, 1]")
+    if not 0 <= config.gates.max_missing_reference_fraction <= 1 or config.gates.missing_reference_allowance < 0:
+        raise ConfigError("[gates] max_missing_reference_fraction must be in [0, 1] and missing_reference_allowance "
+                          ">= 0")
+    for peer in config.safety.peer_metadata:
+        if not peer.strip() or peer.strip() in (config.pulsar_zookeeper, config.bookkeeper.zookeeper):
+            raise ConfigError(f"[safety] peer_metadata entry {peer!r} is empty or names this cluster's own metadata "
+                              "store: list only the other clusters' stores")
+    if config.safety.peer_metadata and config.safety.bookkeeper_dedicated:
+        raise ConfigError("[safety] peer_metadata lists other clusters on these bookies, but bookkeeper_dedicated = "
+                          "true says there are none: set one or the other")
     topic = config.system_topic
     if topic.service_url and not topic.service_url.startswith(("pulsar://", "pulsar+ssl://")):
         raise ConfigError(f"[system_topic] service_url must start with pulsar:// or pulsar+ssl://, got "
@@ -402,6 +430,8 @@ def _validate_retention(r: RetentionConfig) -> None:
         raise ConfigError("[retention] cursor_idle_days must be 0 (never delete subscriptions) or at least 1 "
                           "(under 1 only with force_cursor_idle = true): a cursor idle for less than a day may only "
                           "be between consumers")
+    if r.plan_max_age_hours <= 0:
+        raise ConfigError("[retention] plan_max_age_hours must be positive")
     if r.actions_per_second <= 0 or r.max_actions_per_run < 0:
         raise ConfigError("[retention] actions_per_second must be positive and max_actions_per_run >= 0")
 
