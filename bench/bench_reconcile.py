@@ -175,7 +175,8 @@ def timed_stages(spark: Any, root: Path, run_id: str, cluster_name: str, order: 
         t = time.monotonic()
         if stage == "reconcile":
             result = run_reconcile(spark, store, run_id,
-                                   SafetySettings(breaker=CircuitBreaker(1.0), local_cluster=cluster_name))
+                                   SafetySettings(breaker=CircuitBreaker(1.0), local_cluster=cluster_name,
+                   bookkeeper_dedicated=True))
         else:  # as pipeline.retention_stage builds its settings ([retention] topic_policies = "system_topic")
             settings = RetentionSettings.from_config(config.retention, config.safety)
             if judge_all:
@@ -256,7 +257,8 @@ def main() -> None:
 
     if args.baseline_tree:
         shutil.copytree(work / "tables", work / "tables-pristine")  # both trees reconcile the snapshot as written
-    settings = SafetySettings(breaker=CircuitBreaker(1.0), local_cluster=cluster.spec.cluster_name)
+    settings = SafetySettings(breaker=CircuitBreaker(1.0), local_cluster=cluster.spec.cluster_name,
+                   bookkeeper_dedicated=True)
     with PeakMemory() as memory:
         t = time.monotonic()
         result = run_reconcile(spark, store, run_id, settings)
@@ -283,6 +285,8 @@ store = open_table_store(sys.argv[2], spark, engine="delta-rs")
 kwargs = {"breaker": CircuitBreaker(1.0)}
 if "local_cluster" in inspect.signature(SafetySettings).parameters:
     kwargs["local_cluster"] = sys.argv[3]
+if "bookkeeper_dedicated" in inspect.signature(SafetySettings).parameters:
+    kwargs["bookkeeper_dedicated"] = True
 t = time.monotonic()
 result = run_reconcile(spark, store, "bench", SafetySettings(**kwargs))
 print(json.dumps({"wall": time.monotonic() - t, "candidates": result.counts.get("candidate", 0)}))

@@ -43,6 +43,22 @@ class Reason(StrEnum):
     COMPACTION_POINTER_MAY_LAG = "compaction_pointer_may_lag"
     COMPACTION_UNRECORDED = "compaction_pointer_not_recorded"
     NAMESPACE_UNKNOWN = "namespace_unknown"
+    # Another Pulsar cluster writes to these bookies and not all of them were read: nothing is an orphan.
+    SHARED_BOOKKEEPER_UNVERIFIED = "shared_bookkeeper_unverified"
+    OFFLOADED_COPY_UNVERIFIED = "offloaded_copy_not_verified"  # bookkeeperDeleted, but the S3 copy is not proven
+    OWNED_BY_PEER = "owned_by_peer_cluster"  # its owner exists only in a peer cluster's metadata
+
+
+class Sharing(StrEnum):
+    """Who else writes to this BookKeeper, as far as this run knows ([safety] bookkeeper_dedicated, peer_metadata).
+
+    BookKeeper's ledger metadata names no cluster, and every cluster has `public/default`: an owner name
+    proves nothing until every cluster sharing the bookies has been read.
+    """
+
+    DEDICATED = "dedicated"  # the operator declared that only this cluster writes here
+    PEERS_READ = "peers_read"  # every peer in [safety] peer_metadata was read into this snapshot
+    UNVERIFIED = "unverified"  # shared, and some cluster sharing it is unknown or unread
 
 
 MANAGED_LEDGER = "managed-ledger"
@@ -104,6 +120,9 @@ class LedgerFacts:
     schema_id: str | None = None
     owner_topic: str | None = None  # bucket / compacted ledgers name a topic, not a managed ledger
     listed_as_bookkeeper_deleted: bool = False  # an ML lists it offloaded with bookkeeperDeleted=true
+    # Its offloaded copy is in this cluster's bucket: data and index objects, non-empty, with this cluster's
+    # pulsarClusterName and the listing managed ledger's name in their metadata.
+    offloaded_copy_verified: bool = False
     owner_exists: bool = False  # the managed ledger (or schema locator) is in the snapshot
     owner_quarantined: bool = False  # its managed ledger, a cursor of it, or its schema locator is undecodable
     cursor_exists: bool = False
@@ -112,8 +131,10 @@ class LedgerFacts:
     compaction: CompactionPointer | None = None
     # The owner's tenant/namespace is known to this cluster's metadata (/managed-ledgers or namespace policies).
     namespace_known: bool = True
-    # The operator declared that no other Pulsar cluster writes to this BookKeeper ([safety] bookkeeper_dedicated).
-    bookkeeper_dedicated: bool = False
+    sharing: Sharing = Sharing.UNVERIFIED
+    # With peers read: the owner (managed ledger, schema, topic) / its namespace exists in a peer's metadata.
+    owner_at_peer: bool = False
+    namespace_at_peer: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,12 +150,36 @@ def classify(f: LedgerFacts) -> Classification:
     if f.referenced:
         return Classification(Verdict.IN_USE, Reason.REFERENCED)
     if f.component == MANAGED_LEDGER:
-        return _managed_ledger(f)
-    if f.component == SCHEMA:
-        return _schema(f)
-    if f.component in (BUCKET, COMPACTED):
-        return _topic_owned(f)
-    return Classification(Verdict.UNKNOWN, Reason.UNKNOWN_COMPONENT, f"component={f.component!r}")
+        verdict = _managed_ledger(f)
+    elif f.component == SCHEMA:
+        verdict = _schema(f)
+    elif f.component in (BUCKET, COMPACTED):
+        verdict = _topic_owned(f)
+    else:
+        return Classification(Verdict.UNKNOWN, Reason.UNKNOWN_COMPONENT, f"component={f.component!r}")
+    return shared_bookkeeper_rule(verdict, f)
+
+
+def shared_bookkeeper_rule(verdict: Classification, f: LedgerFacts) -> Classification:
+    """An orphan verdict stands only when every cluster writing to these bookies has been read.
+
+    Unverified sharing turns every orphan into `unknown`, whatever its reason: a peer's live ledger of a
+    topic this cluster also has would otherwise look dropped from our list. With every peer read, the
+    references were the union of all clusters'; a ledger whose owner exists only at a peer is the peer's
+    to collect, never ours.
+    """
+    if verdict.verdict is not Verdict.ORPHAN:
+        return verdict
+    if f.sharing is Sharing.UNVERIFIED:
+        return Classification(Verdict.UNKNOWN, Reason.SHARED_BOOKKEEPER_UNVERIFIED,
+                              f"would be {verdict.reason.value} ({verdict.detail}), but another cluster may write to "
+                              "these bookies: set [safety] bookkeeper_dedicated = true, or list every other cluster "
+                              "in [safety] peer_metadata")
+    if f.sharing is Sharing.PEERS_READ and not f.owner_exists and (
+            f.owner_at_peer or (f.namespace_at_peer and not f.namespace_known)):
+        return Classification(Verdict.OTHER_CLUSTER, Reason.OWNED_BY_PEER,
+                              f"{verdict.detail} here, but its owner is in a peer cluster's metadata")
+    return verdict
 
 
 def _unknown_owner(f: LedgerFacts, what: str) -> Classification | None:
@@ -170,7 +215,7 @@ def _owner_gone(f: LedgerFacts, orphan: Classification) -> Classification:
     know may belong to another Pulsar cluster sharing the bookies; only an operator who declares
     the BookKeeper dedicated lets a deleted namespace's ledgers be orphans.
     """
-    if f.namespace_known or f.bookkeeper_dedicated:
+    if f.namespace_known or f.sharing is not Sharing.UNVERIFIED:
         return orphan
     return Classification(Verdict.UNKNOWN, Reason.NAMESPACE_UNKNOWN,
                           f"{orphan.detail}, and its namespace is unknown to this cluster's metadata (another "
@@ -179,8 +224,15 @@ def _owner_gone(f: LedgerFacts, orphan: Classification) -> Classification:
 
 def _managed_ledger(f: LedgerFacts) -> Classification:
     if f.listed_as_bookkeeper_deleted and f.owner_exists and not f.owner_quarantined:
+        if not f.offloaded_copy_verified:
+            # The BookKeeper copy may be the only one left: an offload whose objects were lost, or a bucket this
+            # run could not list ([offload] enabled = false) proves nothing.
+            return Classification(Verdict.UNKNOWN, Reason.OFFLOADED_COPY_UNVERIFIED,
+                                  f"{f.managed_ledger} lists it offloaded with bookkeeperDeleted=true, but its "
+                                  "offloaded objects were not found complete in this cluster's bucket")
         return Classification(Verdict.ORPHAN, Reason.BOOKKEEPER_DELETED_BUT_PRESENT,
-                              f"{f.managed_ledger} lists it offloaded with bookkeeperDeleted=true")
+                              f"{f.managed_ledger} lists it offloaded with bookkeeperDeleted=true; its offloaded "
+                              "copy is in the bucket")
     if (unknown := _unknown_owner(f, "managed-ledger")) is not None:
         return unknown
     if not f.owner_exists:

@@ -184,6 +184,8 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     print(f"reconcile {run_id}: {result.duration_s:.1f}s (dry run: nothing was deleted)")
     _print_counts("orphans by status:", result.counts)
     _print_counts("candidates by reason:", result.by_reason)
+    if result.counts.get("shared_bookkeeper_unverified"):
+        print(result.sharing)
     if args.json:
         print(json.dumps({"run_id": run_id, "counts": result.counts, "by_reason": result.by_reason}))
     return EXIT_OK

@@ -21,6 +21,7 @@ from sweeper.delete.stage import DeleteRefused, DeleteRunResult, run_delete
 from sweeper.emit import EmitFailed, EmitRefused, EmitResult, run_emit
 from sweeper.gates import GateFailed, run_gates
 from sweeper.metrics import MetricsError, publish, render
+from sweeper.protection import Protection
 from sweeper.reconcile import ReconcileRefused, ReconcileResult, SafetySettings, run_reconcile
 from sweeper.retention_debt import RetentionDebtRefused, RetentionDebtResult, RetentionSettings, run_retention_debt
 from sweeper.safety import HOUR_MS, CircuitBreaker, GracePeriod, Scope
@@ -45,6 +46,11 @@ def safety_settings(config: SweeperConfig) -> SafetySettings:
         scope=Scope(allow=patterns(config.safety.allow), deny=patterns(config.safety.deny)),
         local_cluster=config.pulsar.cluster_name,
         bookkeeper_dedicated=config.safety.bookkeeper_dedicated,
+        peer_metadata=config.safety.peer_metadata,
+        protection=Protection.of(config.retention.protected_subscriptions, config.retention.protected_topics),
+        ledgers_root=config.bookkeeper.ledgers_root,
+        max_missing_reference_fraction=config.gates.max_missing_reference_fraction,
+        missing_reference_allowance=config.gates.missing_reference_allowance,
     )
 
 
@@ -177,7 +183,8 @@ def delete_summary(result: DeleteRunResult) -> str:
     verb = "deleted" if result.execute else "would delete"
     done = c.get("deleted" if result.execute else "would_delete", 0)
     return (f"{done:,} {verb}, {c.get('already_gone', 0):,} already gone, {c.get('in_use', 0):,} in use, "
-            f"{c.get('mismatch', 0):,} mismatch, {c.get('invalid', 0):,} invalid, {c.get('failed', 0):,} failed "
+            f"{c.get('mismatch', 0):,} mismatch, {c.get('invalid', 0):,} invalid, {c.get('refused', 0):,} refused by "
+            f"the rules, {c.get('failed', 0):,} failed "
             f"({c.get('queued_for_retry', 0):,} queued for retry, {c.get('dead_lettered', 0):,} dead-lettered); "
             f"{c.get('deferred_by_cap', 0):,} deferred by max_deletes_per_run")
 
@@ -197,11 +204,11 @@ def export_metrics(config: SweeperConfig, result: SweepResult, log: Any = print)
 
 _SUMMARY_KEYS = {
     "snapshot": ("bk_ledgers", "managed_ledgers", "quarantine", "pending_deletes"),
-    "reconcile": ("candidate", "young", "unknown", "missing", "stale_pointer", "other_cluster"),
+    "reconcile": ("candidate", "young", "unknown", "missing", "stale_pointer", "other_cluster", "protected"),
     "retention_debt": ("topic.candidate", "topic.unknown", "cursor.candidate", "cursor.idle", "bytes.expired_unloaded",
                        "bytes.idle_cursor"),
     "emit": ("published", "already_published"),
-    "delete": ("deleted", "would_delete", "in_use", "failed", "queued_for_retry"),
+    "delete": ("deleted", "would_delete", "in_use", "refused", "failed", "queued_for_retry"),
 }
 
 
@@ -233,10 +240,12 @@ def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: 
     result.stages["reconcile"] = {"seconds": round(rec.duration_s, 1), **rec.counts}
     log(f"[reconcile] {rec.counts.get('candidate', 0):>10,} candidates, {rec.counts.get('unknown', 0):,} unknown, "
         f"{rec.counts.get('young', 0):,} young, {rec.counts.get('missing', 0):,} missing in {rec.duration_s:.1f}s")
-    if rec.counts.get("other_cluster") or rec.counts.get("stale_pointer"):
-        log(f"              {rec.counts.get('other_cluster', 0):,} offloaded objects of other clusters (never "
-            f"touched), {rec.counts.get('stale_pointer', 0):,} compaction pointers ZooKeeper may hold stale "
-            "(not data loss)")
+    if rec.counts.get("other_cluster") or rec.counts.get("stale_pointer") or rec.counts.get("protected"):
+        log(f"              {rec.counts.get('other_cluster', 0):,} of other clusters (never touched), "
+            f"{rec.counts.get('protected', 0):,} protected by Pulsar or [retention] protected_*, "
+            f"{rec.counts.get('stale_pointer', 0):,} compaction pointers ZooKeeper may hold stale (not data loss)")
+    if rec.counts.get("shared_bookkeeper_unverified"):
+        log(f"              {rec.sharing}")
     if not config.gates.require_live_brokers:
         log("              liveness gate waived (--allow-no-brokers): no live broker registration was required")
     for reason, count in sorted(rec.by_reason.items(), key=lambda kv: -kv[1]):

@@ -22,10 +22,17 @@ from sweeper.classify import (
     CompactionPointer,
     LedgerFacts,
     ObjectFacts,
+    Sharing,
     Verdict,
     classify,
     classify_object,
 )
+from sweeper.protection import NONE as NO_EXTRA_PROTECTION
+from sweeper.protection import Protection
+from sweeper.references import PEER_NAMESPACE, PEER_OWNER, PEER_QUARANTINED, PEER_READ, PEER_REFERENCE, PEER_UNREAD
+from sweeper.references import references as references
+from sweeper.references import released_from_bookkeeper as released_from_bookkeeper
+from sweeper.rules import Owner, protection_of
 from sweeper.safety import CircuitBreaker, GracePeriod, Scope, offload_in_flight
 from sweeper.scan.pulsar import (
     COMPACTED,
@@ -44,7 +51,8 @@ OUT_OF_SCOPE = "out_of_scope"
 UNKNOWN = "unknown"
 MISSING = "missing"
 STALE_POINTER = "stale_pointer"  # named only by a compaction pointer ZooKeeper may hold stale: not lost data
-OTHER_CLUSTER = "other_cluster"  # another Pulsar cluster's offloaded object in a shared bucket
+OTHER_CLUSTER = "other_cluster"  # another Pulsar cluster's data: an offloaded object, a peer's ledger
+PROTECTED = "protected"  # Pulsar (or the operator) protects its owner: sweeper.protection
 
 
 class ReconcileRefused(RuntimeError):
@@ -62,6 +70,11 @@ class SafetySettings:
     scope: Scope = field(default_factory=Scope)
     local_cluster: str = ""  # [pulsar] cluster_name: offloaded objects of other clusters are never candidates
     bookkeeper_dedicated: bool = False  # [safety] bookkeeper_dedicated
+    peer_metadata: tuple[str, ...] = ()  # [safety] peer_metadata: every other cluster writing to these bookies
+    protection: Protection = NO_EXTRA_PROTECTION  # [retention] protected_subscriptions / protected_topics
+    ledgers_root: str = "/ledgers"  # named when the missing-reference gate refuses
+    max_missing_reference_fraction: float = 1.0  # [gates]; 1.0: off (the CLI passes the configured value)
+    missing_reference_allowance: int = 10
 
 
 @dataclass
@@ -71,6 +84,7 @@ class ReconcileResult:
     by_reason: dict[str, int]
     duration_s: float
     report: list[dict[str, Any]]
+    sharing: str = ""  # whether every cluster writing to the bookies was read, in one line
 
 
 def snapshot_frames(store: TableStore, run_id: str) -> dict[str, DataFrame]:
@@ -79,68 +93,42 @@ def snapshot_frames(store: TableStore, run_id: str) -> dict[str, DataFrame]:
                    else store.spark.createDataFrame([], schema)) for name, schema in SNAPSHOT_TABLES.items()}
 
 
-def released_from_bookkeeper() -> Any:
-    """An `ml_ledgers` entry whose BookKeeper copy Pulsar no longer reads: offloaded, complete, and
-    `bookkeeperDeleted`. Pulsar reads from tiered storage only once the offload is complete
-    (ManagedLedgerImpl.getLedgerHandle checks `offloadContext.complete`), so `bookkeeperDeleted` alone
-    releases nothing."""
-    return (F.coalesce(F.col("offload_bookkeeper_deleted"), F.lit(False))
-            & F.coalesce(F.col("offload_complete"), F.lit(False)))
+def verified_offloads(frames: dict[str, DataFrame], local_cluster: str) -> DataFrame:
+    """(ledger_id, _copy_verified): ledgers a managed ledger lists as released from BookKeeper whose offloaded copy
+    this snapshot saw whole: the data and the index object (`<uuid>-ledger-<id>[-index]`, written by Pulsar's
+    BlobStoreManagedLedgerOffloader), each carrying this cluster's pulsarClusterName and the listing managed ledger's
+    name, both non-empty. (The data object's size is not compared with the listed ledger size: the offloader's
+    block format adds headers and the listed size is what the broker counted, so only emptiness is certain.)"""
+    released = (frames["ml_ledgers"].where(released_from_bookkeeper())
+                .select("ledger_id", F.col("offload_uuid").alias("uuid"), F.col("managed_ledger").alias("_rel_ml")))
+    objects = frames["offload_objects"].select("uuid", "ledger_id", "role", "size", "managed_ledger", "cluster_name",
+                                               "metadata_read")
+    good = (F.coalesce(F.col("metadata_read"), F.lit(False)) & (F.col("cluster_name") == F.lit(local_cluster))
+            & (F.col("managed_ledger") == F.col("_rel_ml")) & (F.col("size") > 0))
+    return (released.join(objects, ["uuid", "ledger_id"], "left")
+            .groupBy("ledger_id", "uuid")
+            .agg(F.countDistinct(F.when(good, F.col("role"))).alias("_roles"))
+            .groupBy("ledger_id").agg(F.min(F.col("_roles") == 2).alias("_copy_verified")))
 
 
-def references(frames: dict[str, DataFrame]) -> DataFrame:
-    """(ledger_id, ref_kind, owner, referrer): every live reference in the snapshot."""
-    ml = frames["ml_ledgers"]
-    live_ml = ml.where(~released_from_bookkeeper())
-    parts = [
-        live_ml.select(
-            "ledger_id",
-            F.lit("managed_ledger").alias("ref_kind"),
-            F.col("managed_ledger").alias("owner"),
-            F.col("managed_ledger").alias("referrer"),
-        ),
-        frames["ml_cursors"]
-        .where(F.col("cursors_ledger_id") >= 0)
-        .select(
-            F.col("cursors_ledger_id").alias("ledger_id"),
-            F.lit("cursor").alias("ref_kind"),
-            F.col("managed_ledger").alias("owner"),
-            F.concat_ws("/", "managed_ledger", "cursor_znode").alias("referrer"),
-        ),
-        frames["cursor_ledger_refs"]
-        .where(F.col("ledger_id").isNotNull())
-        .select(
-            "ledger_id",
-            F.col("kind").alias("ref_kind"),
-            F.col("managed_ledger").alias("owner"),
-            F.concat_ws(" ", "managed_ledger", "cursor", "ref_key").alias("referrer"),
-        ),
-        frames["schema_ledgers"].select(
-            "ledger_id",
-            F.lit("schema").alias("ref_kind"),
-            F.col("schema_id").alias("owner"),
-            F.col("schema_id").alias("referrer"),
-        ),
-    ]
-    out = parts[0]
-    for part in parts[1:]:
-        out = out.unionByName(part)
-    return out
-
-
-def _facts_frame(frames: dict[str, DataFrame], refs: DataFrame) -> DataFrame:
-    """Unreferenced Pulsar ledgers with the facts `classify` needs, one row each."""
+def _facts_frame(frames: dict[str, DataFrame], refs: DataFrame, local_cluster: str = "") -> DataFrame:
+    """Unreferenced Pulsar ledgers with the facts `classify` needs, one row each. `refs` holds every cluster's
+    references (ours and the peers'); an owner a peer could not decode counts as quarantined."""
     bk = frames["bk_ledgers"].where(F.col("is_pulsar"))
     unreferenced = bk.join(refs.select("ledger_id").distinct(), "ledger_id", "left_anti")
     mls = frames["managed_ledgers"]
     ml_names = mls.select(F.col("managed_ledger").alias("_ml"), F.lit(True).alias("_ml_exists"))
+    peers = frames["peer_references"]
     quarantined = (
         frames["quarantine"]
         .where(F.col("owner").isNotNull())
         .select(F.col("owner").alias("_q_owner"))
+        .unionByName(peers.where(F.col("kind") == PEER_QUARANTINED).select(F.col("owner").alias("_q_owner")))
         .distinct()
         .withColumn("_quarantined", F.lit(True))
     )
+    peer_owners = (peers.where(F.col("kind") == PEER_OWNER).select(F.col("owner").alias("_p_owner")).distinct()
+                   .withColumn("_owner_at_peer", F.lit(True)))
     cursors = frames["ml_cursors"].select(
         F.col("managed_ledger").alias("_c_ml"), F.col("cursor_znode").alias("_c"), F.lit(True).alias("_cursor_exists")
     )
@@ -176,7 +164,9 @@ def _facts_frame(frames: dict[str, DataFrame], refs: DataFrame) -> DataFrame:
         .join(schemas, F.col("schema_id") == F.col("_schema"), "left")
         .join(compaction, F.col("owner_ml") == F.col("_cp_ml"), "left")
         .join(bk_deleted, "ledger_id", "left")
+        .join(verified_offloads(frames, local_cluster), "ledger_id", "left")
         .join(quarantined, F.coalesce(F.col("owner_ml"), F.col("schema_id")) == F.col("_q_owner"), "left")
+        .join(peer_owners, F.coalesce(F.col("owner_ml"), F.col("schema_id")) == F.col("_p_owner"), "left")
     )
     return facts.select(
         "ledger_id",
@@ -199,6 +189,8 @@ def _facts_frame(frames: dict[str, DataFrame], refs: DataFrame) -> DataFrame:
         F.col("_cp_ledger").alias("compaction_ledger"),
         F.coalesce(F.col("_bk_deleted"), F.lit(False)).alias("bk_deleted"),
         F.coalesce(F.col("_quarantined"), F.lit(False)).alias("owner_quarantined"),
+        F.coalesce(F.col("_owner_at_peer"), F.lit(False)).alias("owner_at_peer"),
+        F.coalesce(F.col("_copy_verified"), F.lit(False)).alias("copy_verified"),
     )
 
 
@@ -229,14 +221,17 @@ def owner_scope(managed_ledger: str | None, schema_id: str | None, topic: str | 
 
 
 def plan_status(verdict: Verdict, created_ms: int | None, now_ms: int, tenant: str | None, namespace: str | None,
-                settings: SafetySettings) -> str:
-    """Whether an orphan or unknown verdict may be acted on: only `candidate` ever is."""
+                settings: SafetySettings, protected: bool = False) -> str:
+    """Whether an orphan or unknown verdict may be acted on: only `candidate` ever is. The delete stage asks
+    the same question of every record it is given (sweeper.delete.rules), whatever planned it."""
     if verdict is Verdict.UNKNOWN:
         return UNKNOWN
     if verdict is Verdict.OTHER_CLUSTER:
         return OTHER_CLUSTER
     if verdict is not Verdict.ORPHAN:
         raise ValueError(f"no plan for verdict {verdict!r}")
+    if protected:
+        return PROTECTED
     if not settings.grace.is_old_enough(created_ms, now_ms):
         return YOUNG
     if not settings.scope.permits(tenant, namespace):
@@ -244,9 +239,28 @@ def plan_status(verdict: Verdict, created_ms: int | None, now_ms: int, tenant: s
     return CANDIDATE
 
 
+def sharing_state(settings: SafetySettings, peers: list[dict[str, Any]]) -> tuple[Sharing, str]:
+    """Who else writes to these bookies as far as this run's snapshot knows, and a line saying why."""
+    if settings.bookkeeper_dedicated:
+        return Sharing.DEDICATED, "[safety] bookkeeper_dedicated = true"
+    if not settings.peer_metadata:
+        return Sharing.UNVERIFIED, ("shared BookKeeper unverified: no ledger is a candidate. Set [safety] "
+                                    "bookkeeper_dedicated = true if only this cluster writes to these bookies, else "
+                                    "list every other cluster's metadata store in [safety] peer_metadata")
+    read = {p["cluster"] for p in peers if p["kind"] == PEER_READ}
+    unread = {p["cluster"]: p["referrer"] for p in peers if p["kind"] == PEER_UNREAD}
+    missing = [peer for peer in settings.peer_metadata if peer not in read]
+    if missing:
+        why = "; ".join(f"{peer}: {unread.get(peer, 'not in this snapshot')}" for peer in missing)
+        return Sharing.UNVERIFIED, ("shared BookKeeper unverified, no ledger is a candidate: peer metadata unread "
+                                    f"({why})")
+    return Sharing.PEERS_READ, f"references of {len(read)} peer cluster(s) read: {', '.join(sorted(read))}"
+
+
 def _classify_partition(
     batches: Iterator[pa.RecordBatch], run_id: str, now_ms: int, settings: SafetySettings,
-    known_namespaces: frozenset[str] = frozenset(),
+    known_namespaces: frozenset[str] = frozenset(), sharing: Sharing = Sharing.UNVERIFIED,
+    peer_namespaces: frozenset[str] = frozenset(),
 ) -> Iterator[pa.RecordBatch]:
     from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -268,16 +282,24 @@ def _classify_partition(
                 schema_id=r["schema_id"],
                 owner_topic=r["owner_topic"],
                 listed_as_bookkeeper_deleted=r["bk_deleted"],
+                offloaded_copy_verified=r["copy_verified"],
                 owner_exists=owner_exists,
                 owner_quarantined=r["owner_quarantined"],
                 cursor_exists=r["cursor_exists"],
                 ledger_id=r["ledger_id"],
                 compaction=compaction_pointer(r["compaction_kind"], r["compaction_ledger"]),
                 namespace_known=f"{tenant}/{namespace}" in known_namespaces,
-                bookkeeper_dedicated=settings.bookkeeper_dedicated,
+                sharing=sharing,
+                owner_at_peer=r["owner_at_peer"],
+                namespace_at_peer=f"{tenant}/{namespace}" in peer_namespaces,
             )
             verdict = classify(facts)
-            status = plan_status(verdict.verdict, r["created_ms"], now_ms, tenant, namespace, settings)
+            # Protection keeps a live topic's (or subscription's) state; a deleted topic's ledgers protect nothing.
+            protected = protection_of(Owner(tenant, namespace, topic, r["cursor"]),
+                                      settings.protection) if owner_exists else None
+            status = plan_status(verdict.verdict, r["created_ms"], now_ms, tenant, namespace, settings,
+                                 protected is not None)
+            detail = f"{verdict.detail}; {protected}" if status == PROTECTED else verdict.detail
             out.append(
                 {
                     "run_id": run_id,
@@ -287,7 +309,7 @@ def _classify_partition(
                     "status": status,
                     "verdict": verdict.verdict.value,
                     "reason": verdict.reason.value,
-                    "detail": verdict.detail,
+                    "detail": detail,
                     "component": component,
                     "tenant": tenant,
                     "namespace": namespace,
@@ -497,17 +519,30 @@ def run_reconcile(
     started = time.monotonic()
     check_snapshot_run(store, run_id)
     frames = snapshot_frames(store, run_id)
-    refs = references(frames).cache()
-    facts = _facts_frame(frames, refs)
+    peers = frames["peer_references"]
+    # Peer status rows and namespaces are few: read on the driver.
+    peer_notes = [r.asDict() for r in peers.where(F.col("kind").isin(PEER_READ, PEER_UNREAD, PEER_NAMESPACE))
+                  .select("cluster", "kind", "owner", "referrer").collect()]
+    sharing, sharing_note = sharing_state(settings, peer_notes)
+    peer_namespaces = frozenset(p["owner"] for p in peer_notes if p["kind"] == PEER_NAMESPACE)
+    local_refs = references(frames).cache()
+    refs = local_refs
+    if sharing is Sharing.PEERS_READ:
+        refs = local_refs.unionByName(peers.where(F.col("kind") == PEER_REFERENCE)
+                                      .select("ledger_id", "ref_kind", "owner", "referrer")).cache()
+    facts = _facts_frame(frames, refs, settings.local_cluster)
     captured = frames["bk_ledgers"].agg(F.max("captured_at")).first()
     if now_ms is None:
         now_ms = int(captured[0].timestamp() * 1000) if captured and captured[0] else int(time.time() * 1000)
     # Namespaces are few (thousands at most): a set on the driver, shipped with the classifier.
     known = frozenset(r["namespace"] for r in frames["namespaces"].select("namespace").distinct().collect())
-    classified = facts.mapInArrow(lambda b: _classify_partition(b, run_id, now_ms, settings, known), ORPHANS)
+    classified = facts.mapInArrow(
+        lambda b: _classify_partition(b, run_id, now_ms, settings, known, sharing, peer_namespaces), ORPHANS)
     objects = _object_facts_frame(frames).mapInArrow(lambda b: _classify_objects(b, run_id, now_ms, settings),
                                                      ORPHANS)
-    orphans = classified.unionByName(objects).unionByName(missing_ledgers(frames, refs, run_id, now_ms)).cache()
+    # Only this cluster's references can be missing from its BookKeeper snapshot (the gate below).
+    orphans = classified.unionByName(objects).unionByName(missing_ledgers(frames, local_refs, run_id,
+                                                                          now_ms)).cache()
     counts: dict[str, int] = {}
     for row in orphans.groupBy("object_type", "status").count().collect():
         counts[row["status"]] = counts.get(row["status"], 0) + int(row["count"])
@@ -519,8 +554,14 @@ def run_reconcile(
     pulsar_ledgers = frames["bk_ledgers"].where(F.col("is_pulsar")).count()
     counts["pulsar_ledgers"] = pulsar_ledgers
     counts["non_pulsar_ledgers"] = frames["bk_ledgers"].where(~F.col("is_pulsar")).count()
+    counts["shared_bookkeeper_unverified"] = int(sharing is Sharing.UNVERIFIED)
+    counts["peer_clusters_read"] = sum(1 for p in peer_notes if p["kind"] == PEER_READ)
+    referenced = local_refs.select("ledger_id").distinct().count()
+    counts["referenced_ledgers"] = referenced
+    # Before anything may be a candidate: Pulsar's references must be in this BookKeeper snapshot.
+    tripped = missing_reference_problem(counts.get(f"{MISSING}.missing_ledger", 0), referenced, settings)
     # The breaker weighs ledgers against ledgers, and offloaded objects (count and bytes) against objects.
-    tripped = settings.breaker.tripped(counts.get(f"{CANDIDATE}.ledger", 0), pulsar_ledgers)
+    tripped = tripped or settings.breaker.tripped(counts.get(f"{CANDIDATE}.ledger", 0), pulsar_ledgers)
     if not tripped:
         objects_total = frames["offload_objects"].agg(F.count("*"), F.sum(F.coalesce("size", F.lit(0)))).first()
         candidate_objects = orphans.where((F.col("object_type") == "offload_object")
@@ -531,6 +572,7 @@ def run_reconcile(
                                                    int(candidate_objects[1] or 0), int(objects_total[1] or 0))
     if tripped:
         refs.unpersist()
+        local_refs.unpersist()
         orphans.unpersist()
         raise ReconcileRefused(tripped, [tripped])
     store.append("orphans", orphans, ORPHANS, commit_metadata={"run_id": run_id, "stage": "reconcile"})
@@ -544,5 +586,24 @@ def run_reconcile(
                  commit_metadata={"run_id": run_id, "stage": "reconcile"})
     states.unpersist()
     refs.unpersist()
+    local_refs.unpersist()
     orphans.unpersist()
-    return ReconcileResult(run_id, counts, by_reason, time.monotonic() - started, report_rows)
+    return ReconcileResult(run_id, counts, by_reason, time.monotonic() - started, report_rows, sharing_note)
+
+
+def missing_reference_problem(missing: int, referenced: int, settings: SafetySettings) -> str | None:
+    """Why the run must stop because the BookKeeper snapshot lacks what Pulsar references, or None.
+
+    A healthy cluster misses a handful (the missing-ledger report). Many mean the snapshot read another
+    BookKeeper than this Pulsar writes to: a wrong ledgers_root or chroot, or another cluster's metadata
+    given as ours. Its ledgers would then all look unreferenced.
+    """
+    if missing <= settings.missing_reference_allowance or referenced <= 0:
+        return None
+    fraction = missing / referenced
+    if fraction <= settings.max_missing_reference_fraction:
+        return None
+    return (f"{missing:,} of the {referenced:,} ledgers Pulsar references ({fraction:.1%}) are not under "
+            f"BookKeeper's {settings.ledgers_root}, above [gates] max_missing_reference_fraction "
+            f"{settings.max_missing_reference_fraction:.1%}: check [bookkeeper] ledgers_root and the chroot in "
+            "[bookkeeper] zookeeper, and that [pulsar] names this cluster's metadata")

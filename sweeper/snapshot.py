@@ -8,6 +8,7 @@ table at once. Each table then gets one Delta commit for the run.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -28,6 +29,7 @@ from sweeper.config import SweeperConfig
 from sweeper.liveness import ClockReading, clock_problem, live_brokers, probe_clock
 from sweeper.offload import S3Target, list_offload_objects, listing_units, s3_client
 from sweeper.ratelimit import TokenBucket
+from sweeper.references import PEER_NAMESPACE, PEER_READ, PEER_UNREAD, peer_rows
 from sweeper.retention import parse_namespace_policies
 from sweeper.scan import bookkeeper as bk_scan
 from sweeper.scan import pulsar as pulsar_scan
@@ -36,7 +38,7 @@ from sweeper.scan.ownership import scan_bundle_owners
 from sweeper.scan.pending_deletes import read_partition
 from sweeper.spark import task_error
 from sweeper.system_topic import AdminClient, BrokerSettings, SystemTopicError, broker_partitions
-from sweeper.table_schemas import RUNS, SNAPSHOT_TABLES
+from sweeper.table_schemas import PEER_REFERENCES, RUNS, SNAPSHOT_TABLES
 from sweeper.tables import TableStore
 from sweeper.zk import (
     ChildrenRead,
@@ -254,6 +256,16 @@ def _shard(payload: str) -> tuple[str, int, int]:
 
 
 @dataclass
+class PeerPlan:
+    """One peer cluster's metadata store ([safety] peer_metadata): its scan units, or why it cannot be read."""
+
+    cluster: str
+    tasks: list[tuple[str, str]] = field(default_factory=list)
+    namespaces: list[str] = field(default_factory=list)
+    problem: str | None = None
+
+
+@dataclass
 class SnapshotPlan:
     tasks: list[tuple[str, str]]
     ledgers: bk_scan.LedgerScanPlan
@@ -264,6 +276,7 @@ class SnapshotPlan:
     policy_rows: list[dict[str, Any]] = field(default_factory=list)
     owner_rows: list[dict[str, Any]] = field(default_factory=list)
     owners_problem: str | None = None
+    peers: list[PeerPlan] = field(default_factory=list)
 
 
 def plan_tasks(config: SweeperConfig) -> SnapshotPlan:
@@ -301,15 +314,42 @@ def plan_tasks(config: SweeperConfig) -> SnapshotPlan:
             zkutil.close(store_client)
     for namespace in policies:
         pulsar_plan.namespaces.setdefault(namespace, set()).add("policies")
-    tasks = [(TASK_BK, unit) for unit in ledger_plan.units]
-    # Directories and their sizes only: each task lists its shard of a directory itself.
-    tasks += [(TASK_ML, _shard_payload(*s))
-              for s in pulsar_scan.shards(pulsar_plan.managed_ledger_domains, config.scan.chunk)]
-    tasks += [(TASK_SCHEMA, _shard_payload(*s))
-              for s in pulsar_scan.shards(pulsar_plan.schema_namespaces, config.scan.chunk)]
+    tasks = [(TASK_BK, unit) for unit in ledger_plan.units] + _pulsar_tasks(pulsar_plan, config.scan.chunk)
     return SnapshotPlan(tasks, ledger_plan, pulsar_plan, brokers, clock,
                         [namespace_policy_row(ns, data, version) for ns, (data, version) in sorted(contents.items())],
-                        owner_rows, owners_problem)
+                        owner_rows, owners_problem, [plan_peer(config, peer) for peer in config.safety.peer_metadata])
+
+
+def _pulsar_tasks(plan: pulsar_scan.PulsarScanPlan, chunk: int) -> list[tuple[str, str]]:
+    # Directories and their sizes only: each task lists its shard of a directory itself.
+    return ([(TASK_ML, _shard_payload(*s)) for s in pulsar_scan.shards(plan.managed_ledger_domains, chunk)]
+            + [(TASK_SCHEMA, _shard_payload(*s)) for s in pulsar_scan.shards(plan.schema_namespaces, chunk)])
+
+
+def plan_peer(config: SweeperConfig, cluster: str) -> PeerPlan:
+    """A peer's scan, planned like ours (same roots, [pulsar]'s TLS/SASL settings), or why it cannot be trusted.
+
+    A peer store without a live broker may be a stale copy (a cluster moved elsewhere, a backup): its
+    references would be incomplete, so it counts as unread, the way our own liveness gate refuses such a store.
+    """
+    try:
+        client = zkutil.connect(cluster, timeout=config.bookkeeper.session_timeout_s, security=pulsar_security(config))
+    except Exception as exc:
+        return PeerPlan(cluster, problem=f"cannot connect: {type(exc).__name__}: {exc}")
+    try:
+        _require_readable(client, config.pulsar.managed_ledgers_root, config.pulsar.schemas_root)
+        if client.exists(config.pulsar.managed_ledgers_root) is None:
+            return PeerPlan(cluster, problem=f"no {config.pulsar.managed_ledgers_root} there: not a Pulsar metadata "
+                                             "store (check the chroot)")
+        plan = pulsar_scan.plan_pulsar(client, config.pulsar.managed_ledgers_root, config.pulsar.schemas_root)
+        if not live_brokers(client, config.pulsar.brokers_path):
+            return PeerPlan(cluster, problem=f"no live broker registered under {config.pulsar.brokers_path}: a stale "
+                                             "copy cannot vouch for what the peer references")
+        return PeerPlan(cluster, _pulsar_tasks(plan, config.scan.chunk), sorted(plan.namespaces))
+    except Exception as exc:
+        return PeerPlan(cluster, problem=f"{type(exc).__name__}: {exc}")
+    finally:
+        zkutil.close(client)
 
 
 def namespace_policy_row(namespace: str, data: bytes, version: int) -> dict[str, Any]:
@@ -464,6 +504,56 @@ def pending_deletes_dataframe(spark: SparkSession, config: SweeperConfig, partit
     return spark.createDataFrame(rdd, PACKED_SCHEMA)
 
 
+PEER_TABLES = ("managed_ledgers", "ml_ledgers", "ml_cursors", "cursor_ledger_refs", "schema_ledgers", "quarantine")
+
+
+def snapshot_peers(spark: SparkSession, config: SweeperConfig, store: TableStore, target: ScanTarget,
+                   peers: list[PeerPlan], commit_metadata: dict[str, str]) -> dict[str, int]:
+    """Each peer's references, owners and namespaces into `peer_references`, scanned by the same tasks as ours.
+
+    A peer that cannot be read (or whose scan fails) is recorded as `peer_unread` with why: reconcile then
+    treats the BookKeeper as unverified, so nothing is a candidate, and the run still completes.
+    """
+    frames: list[DataFrame] = []
+    notes: list[dict[str, Any]] = []
+    cached: list[DataFrame] = []
+    for peer in peers:
+        problem = peer.problem
+        if problem is None:
+            packed = scan_dataframe(spark, config, dataclasses.replace(target, pulsar_hosts=peer.cluster),
+                                    peer.tasks).persist(StorageLevel.MEMORY_AND_DISK)
+            cached.append(packed)
+            try:
+                _counts(packed)
+            except Exception as exc:
+                failure = zookeeper_task_error(exc)
+                problem = str(failure) if failure is not None else f"the scan failed: {task_error(exc, ())}"
+        if problem is not None:
+            log.warning("peer metadata %s unread: %s", peer.cluster, problem)
+            notes.append({"cluster": peer.cluster, "kind": PEER_UNREAD, "referrer": problem[:2000]})
+            continue
+        frames.append(peer_rows({t: table_frame(packed, t) for t in PEER_TABLES}, peer.cluster))
+        notes.append({"cluster": peer.cluster, "kind": PEER_READ})
+        notes += [{"cluster": peer.cluster, "kind": PEER_NAMESPACE, "owner": ns} for ns in peer.namespaces]
+    columns = ("cluster", "kind", "ledger_id", "ref_kind", "owner", "referrer")
+    rows = spark.createDataFrame([tuple(n.get(c) for c in columns) for n in notes],
+                                 "cluster string, kind string, ledger_id long, ref_kind string, owner string, "
+                                 "referrer string")
+    for frame in frames:
+        rows = rows.unionByName(frame)
+    rows = rows.select(F.lit(target.run_id).alias("run_id"),
+                       F.lit(target.captured_at).cast("timestamp").alias("captured_at"), *columns)
+    try:
+        commit = store.append("peer_references", rows, PEER_REFERENCES, commit_metadata=commit_metadata)
+    finally:
+        for frame in cached:
+            frame.unpersist()
+    written = getattr(commit, "rows", None)
+    return {"peer_references": int(written) if written is not None else rows.count(),
+            "peers_read": sum(1 for n in notes if n["kind"] == PEER_READ),
+            "peers_unread": sum(1 for n in notes if n["kind"] == PEER_UNREAD)}
+
+
 def record_run(store: TableStore, run_id: str, stage: str, status: str, started: datetime,
                counts: dict[str, int], config: SweeperConfig, message: str = "") -> None:
     finished = datetime.now(UTC)
@@ -589,6 +679,9 @@ def run_snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore,
         if lost:
             raise SnapshotIncomplete("the snapshot's tables do not hold what the scan read (table: read, "
                                      f"committed): {lost}; do not reconcile run {run_id}")
+        if plan.peers:
+            peer_counts = snapshot_peers(spark, config, store, target, plan.peers, commit_metadata)
+            counts.update(peer_counts)
         for table in SNAPSHOT_TABLES:
             counts.setdefault(table, 0)
         counts["scan_units"] = len(tasks)

@@ -219,7 +219,8 @@ ORPHANS = _schema(
     ("captured_at", TS, False),
     ("object_type", S, False),  # ledger | offload_object | missing_ledger
     ("ledger_id", L),
-    # candidate | young | out_of_scope | unknown | missing | stale_pointer | other_cluster: only candidates act
+    # candidate | young | out_of_scope | unknown | missing | stale_pointer | other_cluster | protected: only
+    # candidates act
     ("status", S, False),
     ("verdict", S, False),  # orphan | unknown | missing (sweeper.classify)
     ("reason", S, False),
@@ -304,7 +305,21 @@ SNAPSHOT_TABLES: dict[str, StructType] = {
     "bundle_owners": BUNDLE_OWNERS,
 }
 ZK_SNAPSHOT_TABLES = dict(SNAPSHOT_TABLES)
-SNAPSHOT_TABLES = {**SNAPSHOT_TABLES, "offload_objects": OFFLOAD_OBJECTS, "pending_deletes": PENDING_DELETES}
+
+# What the snapshot read from each peer cluster's metadata ([safety] peer_metadata): the clusters sharing these
+# bookies. `kind` (sweeper.references): peer_read | peer_unread (why in `referrer`) | reference | owner | namespace |
+# quarantined_owner. Reconcile takes the union of every cluster's references.
+PEER_REFERENCES = _schema(
+    *RUN_COLUMNS,
+    ("cluster", S, False),  # the peer's metadata connect string, as configured
+    ("kind", S, False),
+    ("ledger_id", L),
+    ("ref_kind", S),
+    ("owner", S),
+    ("referrer", S),
+)
+SNAPSHOT_TABLES = {**SNAPSHOT_TABLES, "offload_objects": OFFLOAD_OBJECTS, "pending_deletes": PENDING_DELETES,
+                   "peer_references": PEER_REFERENCES}
 
 # What the emit stage published, one row per record, committed once per stage run.
 EMITTED = _schema(

@@ -17,7 +17,7 @@ from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
 from sweeper import zk as zkutil
-from sweeper.config import PulsarMetadataConfig, SweeperConfig
+from sweeper.config import PulsarMetadataConfig, SafetyConfig, SweeperConfig
 from sweeper.zkserver import FAKETIME_LIB, ServerClock, ZooKeeperServerInfo, start_zookeeper, stop_zookeeper
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,7 +26,9 @@ SHARED_FIXTURES = REPO.parent / "shared" / "fixtures"
 _chroots = itertools.count(1)
 
 # Defaults plus the sandbox's cluster name ([pulsar] cluster_name is required while offload is on).
-BASE_CONFIG = SweeperConfig(pulsar=PulsarMetadataConfig(cluster_name="sandbox"))
+# One cluster on its own bookies, as the sandbox declares it; the shared-BookKeeper tests say otherwise.
+BASE_CONFIG = SweeperConfig(pulsar=PulsarMetadataConfig(cluster_name="sandbox"),
+                            safety=SafetyConfig(bookkeeper_dedicated=True))
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ from sweeper.classify import (
     CompactionRef,
     LedgerFacts,
     Reason,
+    Sharing,
     Verdict,
     classify,
     compaction_reference,
@@ -17,7 +18,9 @@ ML = "t/ns/persistent/orders"
 
 
 def verdict(**facts: object) -> Classification:
-    return classify(LedgerFacts(**{"is_pulsar": True, "referenced": False, **facts}))  # type: ignore[arg-type]
+    """A dedicated BookKeeper unless the facts say otherwise: the reasons are what these tests are about."""
+    return classify(LedgerFacts(**{"is_pulsar": True, "referenced": False,  # type: ignore[arg-type]
+                                   "sharing": Sharing.DEDICATED, **facts}))
 
 
 def test_only_pulsar_ledgers_are_ever_orphans() -> None:
@@ -40,7 +43,8 @@ def test_any_reference_means_in_use_whatever_the_owner_says() -> None:
         ({"component": "managed-ledger", "managed_ledger": ML, "owner_exists": True, "cursor": "s",
           "cursor_exists": True}, Reason.CURSOR_LEDGER_REPLACED),
         ({"component": "managed-ledger", "managed_ledger": ML, "owner_exists": True,
-          "listed_as_bookkeeper_deleted": True}, Reason.BOOKKEEPER_DELETED_BUT_PRESENT),
+          "listed_as_bookkeeper_deleted": True, "offloaded_copy_verified": True},
+         Reason.BOOKKEEPER_DELETED_BUT_PRESENT),
         ({"component": "schema", "schema_id": "t/ns/x"}, Reason.SCHEMA_DELETED),
         ({"component": "schema", "schema_id": "t/ns/x", "owner_exists": True}, Reason.SCHEMA_VERSION_DELETED),
         ({"component": "delayed-index-bucket", "owner_topic": "persistent://t/ns/x"}, Reason.TOPIC_DELETED),
@@ -57,8 +61,7 @@ def test_any_reference_means_in_use_whatever_the_owner_says() -> None:
         ({"component": "compacted-ledger", "owner_topic": "persistent://t/ns/x", "owner_exists": True,
           "ledger_id": 30, "compaction": None}, Reason.COMPACTED_LEDGER_LEAKED),
         # a deleted namespace's ledgers are orphans when the operator declares BookKeeper dedicated
-        ({"component": "managed-ledger", "managed_ledger": ML, "namespace_known": False,
-          "bookkeeper_dedicated": True}, Reason.TOPIC_DELETED),
+        ({"component": "managed-ledger", "managed_ledger": ML, "namespace_known": False}, Reason.TOPIC_DELETED),
     ],
 )
 def test_orphan_reasons(facts: dict[str, object], expected: Reason) -> None:
@@ -91,10 +94,12 @@ def test_orphan_reasons(facts: dict[str, object], expected: Reason) -> None:
          Reason.COMPACTION_UNRECORDED),
         ({"component": "delayed-index-bucket"}, Reason.NO_OWNER),
         # Issue 11 (3): an owner gone in a namespace this cluster does not know may be another cluster's.
-        ({"component": "managed-ledger", "managed_ledger": ML, "namespace_known": False}, Reason.NAMESPACE_UNKNOWN),
-        ({"component": "schema", "schema_id": "t/ns/x", "namespace_known": False}, Reason.NAMESPACE_UNKNOWN),
-        ({"component": "delayed-index-bucket", "owner_topic": "persistent://t/ns/x", "namespace_known": False},
+        ({"component": "managed-ledger", "managed_ledger": ML, "namespace_known": False,
+          "sharing": Sharing.UNVERIFIED}, Reason.NAMESPACE_UNKNOWN),
+        ({"component": "schema", "schema_id": "t/ns/x", "namespace_known": False, "sharing": Sharing.UNVERIFIED},
          Reason.NAMESPACE_UNKNOWN),
+        ({"component": "delayed-index-bucket", "owner_topic": "persistent://t/ns/x", "namespace_known": False,
+          "sharing": Sharing.UNVERIFIED}, Reason.NAMESPACE_UNKNOWN),
         # Issue 11 (9): owner names Pulsar cannot have written are unknown, never a crash or a guess.
         ({"component": "managed-ledger", "managed_ledger": "weird-name"}, Reason.OWNER_NAME_INVALID),
         ({"component": "managed-ledger", "managed_ledger": "t/ns/persistent/bad%zz"}, Reason.OWNER_NAME_INVALID),
@@ -151,3 +156,50 @@ def test_an_object_is_ours_only_when_its_own_metadata_says_so(facts: dict[str, o
 ])
 def test_compaction_reference(ledger: int, pointer: CompactionPointer, expected: CompactionRef) -> None:
     assert compaction_reference(ledger, pointer)[0] is expected
+
+
+# Issue 26 (3): on a BookKeeper other clusters may write to, an owner name proves nothing.
+SHARED_CASES = [
+    {"component": "managed-ledger", "managed_ledger": ML},
+    {"component": "managed-ledger", "managed_ledger": ML, "owner_exists": True},
+    {"component": "managed-ledger", "managed_ledger": ML, "owner_exists": True, "cursor": "s"},
+    {"component": "managed-ledger", "managed_ledger": ML, "owner_exists": True, "cursor": "s", "cursor_exists": True},
+    {"component": "managed-ledger", "managed_ledger": ML, "owner_exists": True, "listed_as_bookkeeper_deleted": True,
+     "offloaded_copy_verified": True},
+    {"component": "schema", "schema_id": "t/ns/x", "owner_exists": True},
+    {"component": "schema", "schema_id": "t/ns/x"},
+    {"component": "delayed-index-bucket", "owner_topic": "persistent://t/ns/x", "owner_exists": True},
+    {"component": "compacted-ledger", "owner_topic": "persistent://t/ns/x", "owner_exists": True, "ledger_id": 1},
+]
+
+
+@pytest.mark.parametrize("facts", SHARED_CASES)
+def test_unverified_shared_bookkeeper_makes_every_orphan_unknown(facts: dict[str, object]) -> None:
+    assert verdict(**facts).verdict is Verdict.ORPHAN  # the same facts on a dedicated BookKeeper
+    shared = verdict(**{**facts, "sharing": Sharing.UNVERIFIED})
+    assert (shared.verdict, shared.reason) == (Verdict.UNKNOWN, Reason.SHARED_BOOKKEEPER_UNVERIFIED)
+    assert "peer_metadata" in shared.detail and "bookkeeper_dedicated" in shared.detail
+
+
+@pytest.mark.parametrize(("facts", "expected"), [
+    # the owner exists only at a peer: the peer's ledger, its own to collect
+    ({"owner_at_peer": True}, (Verdict.OTHER_CLUSTER, Reason.OWNED_BY_PEER)),
+    ({"namespace_known": False, "namespace_at_peer": True}, (Verdict.OTHER_CLUSTER, Reason.OWNED_BY_PEER)),
+    # the owner exists here (a peer may have the same name): nobody references it, every cluster was read
+    ({"owner_exists": True, "owner_at_peer": True}, (Verdict.ORPHAN, Reason.DROPPED_FROM_LIST)),
+    # a namespace no cluster knows any more: nobody anywhere references it
+    ({"namespace_known": False}, (Verdict.ORPHAN, Reason.TOPIC_DELETED)),
+])
+def test_with_every_peer_read_a_peers_ledger_is_never_ours(facts: dict[str, object],
+                                                           expected: tuple[Verdict, Reason]) -> None:
+    result = verdict(component="managed-ledger", managed_ledger=ML, sharing=Sharing.PEERS_READ, **facts)
+    assert (result.verdict, result.reason) == expected
+
+
+def test_bookkeeper_copy_of_an_offloaded_ledger_is_kept_until_the_offloaded_copy_is_seen() -> None:
+    # Issue 26 (7): with offload disabled, or the objects lost, the BookKeeper copy may be the only one.
+    facts = {"component": "managed-ledger", "managed_ledger": ML, "owner_exists": True,
+             "listed_as_bookkeeper_deleted": True}
+    unseen = verdict(**facts)
+    assert (unseen.verdict, unseen.reason) == (Verdict.UNKNOWN, Reason.OFFLOADED_COPY_UNVERIFIED)
+    assert verdict(**facts, offloaded_copy_verified=True).verdict is Verdict.ORPHAN

@@ -94,7 +94,7 @@ def _reconciled(zk: KazooClient, target: ZkTarget, spark: SparkSession, tmp_path
                                   system_topic=broker.config(read_in_snapshot=False))
     store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
     run_id = run_snapshot(spark, cfg, store).run_id
-    run_reconcile(spark, store, run_id, SafetySettings(breaker=CircuitBreaker(1.0)))
+    run_reconcile(spark, store, run_id, SafetySettings(breaker=CircuitBreaker(1.0), bookkeeper_dedicated=True))
     record_run(store, run_id, "reconcile", "succeeded", datetime.now(UTC), {}, cfg)
     return cfg, store, run_id
 

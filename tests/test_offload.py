@@ -81,7 +81,7 @@ def test_offloaded_objects_snapshot_and_reconcile(
     assert objects[some.key]["cluster_name"] == "sandbox" and objects[some.key]["metadata_read"]
 
     # Now: the orphan objects were written seconds ago, so they are inside the grace period.
-    permissive = SafetySettings(breaker=CircuitBreaker(1.0), local_cluster="sandbox")
+    permissive = SafetySettings(breaker=CircuitBreaker(1.0), local_cluster="sandbox", bookkeeper_dedicated=True)
     run_reconcile(spark, store, run_id, permissive)
     rows = [r.asDict() for r in store.read("orphans").where(f"run_id = '{run_id}'").collect()]
     listed = {r["s3_key"]: r for r in rows if r["object_type"] == "offload_object"}

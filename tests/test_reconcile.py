@@ -22,13 +22,14 @@ from sweeper.reconcile import (
     run_reconcile,
 )
 from sweeper.safety import CircuitBreaker, GracePeriod, Scope
-from sweeper.sandbox.model import SandboxCluster, SandboxSpec, Status, build_cluster
+from sweeper.sandbox.model import OrphanKind, SandboxCluster, SandboxSpec, Status, build_cluster
 from sweeper.sandbox.seed import seed_zookeeper
 from sweeper.snapshot import run_snapshot
 from sweeper.tables import TableStore, open_table_store
 from tests.conftest import BASE_CONFIG, ZkTarget
 
-PERMISSIVE = SafetySettings(breaker=CircuitBreaker(1.0))
+PERMISSIVE = SafetySettings(breaker=CircuitBreaker(1.0),
+                   bookkeeper_dedicated=True)
 
 
 def _snapshot(zk: KazooClient, target: ZkTarget, spark: SparkSession, tmp_path: Path,
@@ -64,14 +65,19 @@ def test_every_injected_orphan_found_and_nothing_in_use_listed(
     ledgers = {lid: row for (kind, lid), row in found.items() if kind == "ledger"}
 
     truth = cluster.ledgers
-    expected_candidates = {i: x.orphan_kind.value for i, x in truth.items() if x.status is Status.ORPHAN}
+    # Offload is off here: no bucket listed, so no BookKeeper copy of an offloaded ledger may go (issue 26, 7).
+    kept = {i for i, x in truth.items() if x.orphan_kind is OrphanKind.BOOKKEEPER_DELETED_BUT_PRESENT}
+    expected_candidates = {i: x.orphan_kind.value for i, x in truth.items()
+                           if x.status is Status.ORPHAN and i not in kept}
     got_candidates = {i: r["reason"] for i, r in ledgers.items() if r["status"] == CANDIDATE}
     assert got_candidates == expected_candidates  # recall and precision, and the reason for each
+    assert {ledgers[i]["reason"] for i in kept if i in ledgers} <= {"offloaded_copy_not_verified"}
 
+    kept = {i for i in kept if truth[i].status in (Status.ORPHAN, Status.YOUNG_ORPHAN)}
     assert {i for i, r in ledgers.items() if r["status"] == YOUNG} == {
-        i for i, x in truth.items() if x.status is Status.YOUNG_ORPHAN}
+        i for i, x in truth.items() if x.status is Status.YOUNG_ORPHAN} - kept
     assert {i for i, r in ledgers.items() if r["status"] == UNKNOWN} == {
-        i for i, x in truth.items() if x.status is Status.UNKNOWN}
+        i for i, x in truth.items() if x.status is Status.UNKNOWN} | kept
     in_use = {i for i, x in truth.items() if x.status in (Status.IN_USE, Status.NON_PULSAR)}
     assert not in_use & set(ledgers), "a ledger in use (or not Pulsar's) was listed"
     missing = {lid for (kind, lid), row in found.items() if kind == "missing_ledger" and row["status"] == MISSING}
@@ -91,7 +97,8 @@ def test_circuit_breaker_stops_the_run_and_writes_nothing(
 ) -> None:
     _, store, run_id = _snapshot(zk, zk_target, spark, tmp_path, SandboxSpec(seed=3, topics=20))
     with pytest.raises(ReconcileRefused, match="circuit breaker"):
-        run_reconcile(spark, store, run_id, SafetySettings(breaker=CircuitBreaker(0.01)))
+        run_reconcile(spark, store, run_id, SafetySettings(breaker=CircuitBreaker(0.01),
+                   bookkeeper_dedicated=True))
     assert not store.exists("orphans")
 
 
@@ -100,7 +107,8 @@ def test_grace_period_holds_back_every_candidate(
 ) -> None:
     _, store, run_id = _snapshot(zk, zk_target, spark, tmp_path, SandboxSpec(seed=11, topics=30))
     # A grace period longer than any orphan's age: nothing may be a candidate.
-    settings = SafetySettings(grace=GracePeriod.of(10_000 * 86_400_000), breaker=CircuitBreaker(1.0))
+    settings = SafetySettings(grace=GracePeriod.of(10_000 * 86_400_000), breaker=CircuitBreaker(1.0),
+                   bookkeeper_dedicated=True)
     run_reconcile(spark, store, run_id, settings)
     rows = [r for r in _orphans(store, run_id).values() if r["object_type"] == "ledger"]
     assert rows and {r["status"] for r in rows} == {YOUNG, UNKNOWN}
@@ -110,10 +118,12 @@ def test_scope_deny_list_holds_back_a_tenant(
     zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path
 ) -> None:
     _, store, run_id = _snapshot(zk, zk_target, spark, tmp_path, SandboxSpec(seed=11, topics=30))
-    run_reconcile(spark, store, run_id, SafetySettings(breaker=CircuitBreaker(1.0), scope=Scope(deny=("tenant-1",))))
+    deny = Scope(deny=("tenant-1", "sandbox-peer-tenant"))
+    run_reconcile(spark, store, run_id, SafetySettings(breaker=CircuitBreaker(1.0), scope=deny,
+                                                       bookkeeper_dedicated=True))
     rows = [r for r in _orphans(store, run_id).values() if r["object_type"] == "ledger"]
     assert {r["tenant"] for r in rows if r["status"] == CANDIDATE} == {"tenant-0"}
-    assert {r["tenant"] for r in rows if r["status"] == OUT_OF_SCOPE} == {"tenant-1"}
+    assert {r["tenant"] for r in rows if r["status"] == OUT_OF_SCOPE} == {"tenant-1", "sandbox-peer-tenant"}
 
 
 def test_reconcile_twice_for_one_run_is_refused(
@@ -164,10 +174,18 @@ def test_a_deleted_namespaces_ledgers_are_orphans_only_on_a_dedicated_bookkeeper
     foreign = {i for i, x in cluster.ledgers.items()
                if x.custom.get("pulsar/managed-ledger", b"").startswith(b"sandbox-peer-tenant/")}
     assert len(foreign) == 1
-    run_reconcile(spark, store, run_id, PERMISSIVE)
-    row = _orphans(store, run_id)[("ledger", *foreign)]
+    shared = SafetySettings(breaker=CircuitBreaker(1.0))  # bookkeeper_dedicated = false, no peer_metadata
+    result = run_reconcile(spark, store, run_id, shared)
+    rows = _orphans(store, run_id)
+    row = rows[("ledger", *foreign)]
     assert (row["status"], row["reason"]) == (UNKNOWN, "namespace_unknown")
+    # Issue 26 (3): nothing at all is a candidate on a shared BookKeeper whose other clusters were not read.
+    ledgers = [r for (kind, _), r in rows.items() if kind == "ledger"]
+    assert result.counts.get("candidate.ledger", 0) == 0 and result.counts["shared_bookkeeper_unverified"] == 1
+    assert sum(r["reason"] == "shared_bookkeeper_unverified" for r in ledgers) > 10
+    assert "peer_metadata" in result.sharing
     _, _, again = _snapshot(zk, zk_target, spark, tmp_path, SandboxSpec(seed=2, topics=10), reseed=False)
-    run_reconcile(spark, store, again, SafetySettings(breaker=CircuitBreaker(1.0), bookkeeper_dedicated=True))
+    run_reconcile(spark, store, again, SafetySettings(breaker=CircuitBreaker(1.0),
+                   bookkeeper_dedicated=True))
     row = _orphans(store, again)[("ledger", *foreign)]
     assert (row["status"], row["reason"]) == (CANDIDATE, "topic_deleted")

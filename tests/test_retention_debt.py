@@ -47,7 +47,7 @@ def test_retention_debt_is_the_sandboxs_ground_truth(
         seed: int, topics: int, zk: KazooClient, zk_target: ZkTarget, zk_clock: ServerClock, spark: SparkSession,
         tmp_path: Path) -> None:
     cluster, store, run_id = _snapshot(zk, zk_target, spark, tmp_path, SandboxSpec(seed=seed, topics=topics))
-    run_reconcile(spark, store, run_id, SafetySettings(breaker=CircuitBreaker(1.0)))
+    run_reconcile(spark, store, run_id, SafetySettings(breaker=CircuitBreaker(1.0), bookkeeper_dedicated=True))
     settings = RetentionSettings(delete_after_ms=30 * DAY_MS)
     result = run_retention_debt(spark, store, run_id, settings)
     found, cursors = _debt(store, run_id)

@@ -241,7 +241,8 @@ def test_a_table_committed_short_of_the_scan_fails_the_run(
     [run] = _rows(store, "runs")
     assert run["status"] == "failed" and "ml_cursors" in run["message"]
     with pytest.raises(ReconcileRefused):
-        run_reconcile(spark, store, run["run_id"], SafetySettings(breaker=CircuitBreaker(1.0)))
+        run_reconcile(spark, store, run["run_id"], SafetySettings(breaker=CircuitBreaker(1.0),
+                   bookkeeper_dedicated=True))
 
 
 def test_a_root_without_layout_is_refused(zk: KazooClient, zk_target: ZkTarget, spark: SparkSession,

@@ -67,6 +67,11 @@ class ReferrerState:
     references: tuple[str, ...] = ()  # one human line per reference still held
     unverifiable: str | None = None  # why the referrer could not be read or understood
     versions: tuple[tuple[str, int], ...] = field(default=())  # (path, version) of every referrer znode read
+    owner_exists: bool = True  # the managed ledger (or schema locator) is still there
+    protected: str | None = None  # the record's own cursor, as read just now, is protected (replicated)
+    # Offloaded copies the managed ledger says replace this BookKeeper ledger (bookkeeperDeleted, complete):
+    # (bucket, region, endpoint, keys, managed ledger). They must exist before the BookKeeper copy goes.
+    offloaded: tuple[tuple[str, str, str, tuple[str, ...], str], ...] = ()
 
 
 def managed_ledger_name(topic_name: str | None) -> str | None:

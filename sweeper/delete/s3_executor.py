@@ -21,9 +21,10 @@ from sweeper.codecs import pulsar as codec
 from sweeper.codecs.errors import MetadataDecodeError
 from sweeper.delete import decide
 from sweeper.delete.decide import LiveObject, ReferrerState, managed_ledger_name
-from sweeper.delete.results import DELETED, FAILED, WOULD_DELETE, DeleteResult, result_for
+from sweeper.delete.results import DELETED, FAILED, REFUSED, WOULD_DELETE, DeleteResult, result_for
 from sweeper.delete.retry import is_transient, is_transient_code
 from sweeper.offload import object_metadata
+from sweeper.rules import ActingRules, Owner, refusal
 
 MAX_KEYS_PER_REQUEST = 1000  # S3's DeleteObjects limit
 _MISSING_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
@@ -60,6 +61,7 @@ class ObjectDeleter:
         local_cluster: str = "",
         min_age_ms: int = 7 * 24 * 3_600_000,
         now_ms: int | None = None,
+        rules: ActingRules | None = None,
     ) -> None:
         if not 1 <= max_keys_per_request <= MAX_KEYS_PER_REQUEST:
             raise ValueError(f"max_keys_per_request must be in 1..{MAX_KEYS_PER_REQUEST}")
@@ -76,6 +78,8 @@ class ObjectDeleter:
         self.local_cluster = local_cluster
         self.min_age_ms = min_age_ms
         self.now_ms = now_ms
+        # Today's scope and protection (sweeper.rules); objects name their cluster, so sharing is not asked.
+        self.rules = rules
 
     def process(self, records: Sequence[Mapping[str, Any]]) -> list[DeleteResult]:
         """One result per record, in input order; never raises for an S3 or ZooKeeper error."""
@@ -111,6 +115,11 @@ class ObjectDeleter:
                                         self.min_age_ms)
         if not decision.delete:
             return result_for(record, decision.outcome, decision.detail)
+        if self.rules is not None:
+            owner = Owner.of_record(record.get("topicName"), None, None)
+            found = refusal(owner, self.rules, owner_exists=referrer.owner_exists, bookkeeper=False)
+            if found is not None:
+                return result_for(record, REFUSED, f"{found[0]}: {found[1]}")
         if not self.execute:
             return result_for(record, WOULD_DELETE, decision.detail, s3_keys=present)
         pending.append(_Pending(index, record, bucket, present, started))
@@ -136,7 +145,7 @@ class ObjectDeleter:
             if state.unverifiable:
                 return state
             refs.extend(state.references)
-        return ReferrerState(tuple(refs))
+        return ReferrerState(tuple(refs), owner_exists=offloads.get(zkutil.join(self.ml_root, ml_name)) is not None)
 
     def _listing(self, ml_name: str, record: Mapping[str, Any], offloads: dict[str, Any]) -> ReferrerState:
         """Whether one managed ledger lists the record's offloaded copy."""

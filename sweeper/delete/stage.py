@@ -12,6 +12,7 @@ Dry run unless `execute`; with `execute`, a ZooKeeper run lock keeps a second de
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import random
 import time
@@ -21,12 +22,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from botocore.exceptions import ClientError
 from kazoo.exceptions import NoAuthError
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from sweeper import pending_delete
 from sweeper import zk as zkutil
+from sweeper.classify import Sharing
 from sweeper.codecs.bookkeeper import decode_ledger_metadata
 from sweeper.config import SweeperConfig
 from sweeper.delete import permissions
@@ -36,17 +39,19 @@ from sweeper.delete.records import SOURCE_EMITTED, SOURCE_JSON, SOURCE_RETRY, Pe
 from sweeper.delete.results import DELETED, FAILED, INVALID, WOULD_DELETE, DeleteResult, result_for
 from sweeper.delete.retry import RetryPolicy, run_with_retries
 from sweeper.delete.s3_executor import ObjectDeleter
-from sweeper.delete.zk_executor import LedgerDeleter
+from sweeper.delete.zk_executor import LedgerDeleter, OffloadCheck
 from sweeper.layout import LedgerLayout, ledger_path
-from sweeper.liveness import clock_problem
+from sweeper.liveness import clock_problem, live_brokers
 from sweeper.names import managed_ledger_for_topic, topic_for_managed_ledger
-from sweeper.offload import S3Target, s3_client
-from sweeper.safety import HOUR_MS, GracePeriod
+from sweeper.offload import S3Target, object_metadata, s3_client
+from sweeper.protection import Protection
+from sweeper.rules import ActingRules
+from sweeper.safety import HOUR_MS, GracePeriod, Scope
 from sweeper.scan.bookkeeper import read_layout, split_custom_metadata
 from sweeper.table_schemas import DEAD_LETTER, DELETE_RESULTS, RETRY_QUEUE
 from sweeper.tables import TableStore
 from sweeper.zk import ZooKeeperPermissionError
-from sweeper.zksecurity import ZkSecurity, bookkeeper_security
+from sweeper.zksecurity import ZkSecurity, bookkeeper_security, pulsar_security
 from sweeper.zkwire import WireReader
 
 QUEUED, RESOLVED, DEAD_LETTERED = "queued", "resolved", "dead_lettered"
@@ -79,6 +84,10 @@ class DeleteTarget:
     shadows: tuple[tuple[str, tuple[str, ...]], ...] = ()  # source managed ledger -> its shadow topics' ones
     local_cluster: str = ""  # [pulsar] cluster_name: an object must carry it to be deleted
     zk_security: ZkSecurity | None = None  # TLS / SASL / digest for [bookkeeper]'s ensemble
+    rules: ActingRules = field(default_factory=ActingRules)  # today's rules, re-applied to every record
+    peers: tuple[str, ...] = ()  # [safety] peer_metadata: re-read before each ledger delete
+    peer_security: ZkSecurity | None = None  # [pulsar]'s access settings, which reach the peers too
+    offload_enabled: bool = False  # [offload] enabled: offloaded copies can be checked before a BookKeeper delete
 
 
 @dataclass
@@ -267,6 +276,7 @@ def delete_partition(items: Iterator[list[PendingRecord]], target: DeleteTarget)
     rng = random.Random(hash(items[0].record_key))
     client = zkutil.connect(target.zk_hosts, timeout=target.session_timeout_s, security=target.zk_security)
     reader: WireReader | None = None
+    peer_clients: list[Any] = []
     try:
         ledgers = [(i, r) for i, r in decoded if r["ledgerType"] == "LEDGER"]
         if ledgers:
@@ -276,11 +286,23 @@ def delete_partition(items: Iterator[list[PendingRecord]], target: DeleteTarget)
                                     security=target.zk_security)
         objects = [(i, r) for i, r in decoded if r["ledgerType"] != "LEDGER"]
         if ledgers:
+            rules, peers = target.rules, []
+            try:
+                for name in target.peers:
+                    peer_client = zkutil.connect(name, timeout=target.session_timeout_s, security=target.peer_security)
+                    peer_clients.append(peer_client)
+                    peers.append((name, LedgerDeleter(
+                        peer_client, ledgers_root=target.ledgers_root, layout=LedgerLayout(target.layout),
+                        managed_ledgers_root=target.ml_root, schemas_root=target.schemas_root,
+                        min_age_ms=target.min_age_ms, now_ms=target.now_ms, op_timeout_s=target.op_timeout_s)))
+            except Exception:  # a peer we cannot read now: nothing it may reference is deleted
+                rules = dataclasses.replace(rules, sharing=Sharing.UNVERIFIED)
             deleter = LedgerDeleter(
                 client, ledgers_root=target.ledgers_root, layout=LedgerLayout(target.layout),
                 managed_ledgers_root=target.ml_root, schemas_root=target.schemas_root, min_age_ms=target.min_age_ms,
                 now_ms=target.now_ms, execute=target.execute, batch_size=target.batch_size,
-                op_timeout_s=target.op_timeout_s, reader=reader, shadows=dict(target.shadows))
+                op_timeout_s=target.op_timeout_s, reader=reader, shadows=dict(target.shadows), rules=rules,
+                peers=peers, offload_check=offload_checker(target))
             finished += _run_records(deleter.process, ledgers, target, rng)
         by_bucket: dict[str, list[tuple[PendingRecord, dict[str, Any]]]] = {}
         for item, record in objects:
@@ -293,11 +315,13 @@ def delete_partition(items: Iterator[list[PendingRecord]], target: DeleteTarget)
             objects_deleter = ObjectDeleter(s3, client, managed_ledgers_root=target.ml_root, allowed_buckets=allowed,
                                             execute=target.execute, op_timeout_s=target.op_timeout_s,
                                             shadows=dict(target.shadows), local_cluster=target.local_cluster,
-                                            min_age_ms=target.min_age_ms, now_ms=target.now_ms)
+                                            min_age_ms=target.min_age_ms, now_ms=target.now_ms, rules=target.rules)
             finished += _run_records(objects_deleter.process, pairs, target, rng)
     finally:
         if reader is not None:
             reader.close()
+        for peer_client in peer_clients:
+            zkutil.close(peer_client)
         zkutil.close(client)
     for item, result in finished:
         # The payload travels back only where the retry queue will need it.
@@ -425,6 +449,16 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
             if skew:
                 # Every grace-period decision compares this host's clock with ledger times: refuse.
                 raise DeleteRefused(skew)
+            if config.gates.require_live_brokers:
+                # The liveness gate reconcile's snapshot passed, again now: a record from a stale copy of the
+                # metadata (a cluster moved elsewhere) would be checked against references nobody updates.
+                pulsar = client if config.pulsar_zookeeper == config.bookkeeper.zookeeper else None
+                brokers = _live_brokers(config, pulsar)
+                guards["live_brokers"] = brokers
+                if not brokers:
+                    raise DeleteRefused(f"no live broker registered under {config.pulsar.brokers_path}: this metadata "
+                                        "may be a stale copy; pass --allow-no-brokers for a cleanup with the brokers "
+                                        "stopped")
         grace = GracePeriod.of(int(config.safety.min_age_hours * HOUR_MS), force=config.safety.force_min_age)
         target = DeleteTarget(
             zk_hosts=config.bookkeeper.zookeeper, session_timeout_s=config.bookkeeper.session_timeout_s,
@@ -436,7 +470,9 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
             policy=RetryPolicy(max_attempts=d.max_attempts, in_task_attempts=d.in_task_attempts,
                                retry_after_s=d.retry_after_s),
             endpoint_override=config.offload.endpoint_override, buckets=buckets, shadows=shadows or (),
-            local_cluster=config.pulsar.cluster_name, zk_security=security)
+            local_cluster=config.pulsar.cluster_name, zk_security=security, rules=acting_rules(config),
+            peers=config.safety.peer_metadata, peer_security=pulsar_security(config),
+            offload_enabled=config.offload.enabled)
         rows: list[TaskRow] = []
         if inputs:
             parts = _partitions(spark, config, len(inputs))
@@ -464,6 +500,60 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
     result.guards = guards
     result.duration_s = time.monotonic() - t0
     return result
+
+
+def offload_checker(target: DeleteTarget) -> OffloadCheck | None:
+    """Whether a ledger's offloaded copy is whole in its bucket (both objects, non-empty, this cluster's and the
+    listing managed ledger's by their own metadata), asked right before its BookKeeper copy is deleted."""
+    if not target.offload_enabled:
+        return None
+    clients: dict[tuple[str, str, str], Any] = {}
+
+    def check(bucket: str, region: str, endpoint: str, keys: tuple[str, ...], ml_name: str) -> str | None:
+        if not bucket:
+            return "the offload context names no bucket"
+        where = (bucket, region, endpoint)
+        if where not in clients:
+            clients[where] = s3_client(S3Target(bucket, region, endpoint), target.endpoint_override)
+        for key in keys:
+            try:
+                head = clients[where].head_object(Bucket=bucket, Key=key)
+            except ClientError as exc:
+                return f"s3://{bucket}/{key}: {exc.response.get('Error', {}).get('Code', exc)}"
+            metadata = object_metadata(head)
+            if not target.local_cluster or metadata.get("pulsarclustername") != target.local_cluster:
+                return f"s3://{bucket}/{key} has pulsarClusterName {metadata.get('pulsarclustername')!r}"
+            if metadata.get("managedledgername") != ml_name:
+                return f"s3://{bucket}/{key} has ManagedLedgerName {metadata.get('managedledgername')!r}"
+            if not head.get("ContentLength"):
+                return f"s3://{bucket}/{key} is empty"
+        return None
+
+    return check
+
+
+def acting_rules(config: SweeperConfig) -> ActingRules:
+    """The rules of today's config, as reconcile applies them (sweeper.pipeline.safety_settings)."""
+    def patterns(text: str) -> tuple[str, ...]:
+        return tuple(p.strip() for p in text.split(",") if p.strip())
+
+    sharing = (Sharing.DEDICATED if config.safety.bookkeeper_dedicated
+               else Sharing.PEERS_READ if config.safety.peer_metadata else Sharing.UNVERIFIED)
+    return ActingRules(Scope(allow=patterns(config.safety.allow), deny=patterns(config.safety.deny)),
+                       Protection.of(config.retention.protected_subscriptions, config.retention.protected_topics),
+                       sharing)
+
+
+def _live_brokers(config: SweeperConfig, client: Any) -> int:
+    own = client is None
+    if own:
+        client = zkutil.connect(config.pulsar_zookeeper, timeout=config.bookkeeper.session_timeout_s,
+                                security=pulsar_security(config))
+    try:
+        return len(live_brokers(client, config.pulsar.brokers_path))
+    finally:
+        if own:
+            zkutil.close(client)
 
 
 def _ledger_of(item: PendingRecord) -> int:

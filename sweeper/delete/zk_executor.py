@@ -23,25 +23,29 @@ from kazoo.exceptions import (
     RuntimeInconsistency,
 )
 
+from sweeper import names
 from sweeper import zk as zkutil
 from sweeper.classify import CompactionPointer, CompactionRef, compaction_reference
 from sweeper.codecs import pulsar as codec
 from sweeper.codecs.bookkeeper import decode_ledger_metadata
 from sweeper.codecs.errors import MetadataDecodeError
 from sweeper.delete import decide
-from sweeper.delete.decide import LiveLedger, ReferrerState, managed_ledger_name
+from sweeper.delete.decide import DELETE, LiveLedger, ReferrerState, managed_ledger_name
 from sweeper.delete.results import (
     ALREADY_GONE,
     DELETED,
     FAILED,
     IN_USE,
     INVALID,
+    REFUSED,
     WOULD_DELETE,
     DeleteResult,
     result_for,
 )
 from sweeper.delete.retry import is_transient
 from sweeper.layout import LayoutError, LedgerLayout, is_middle, is_tree_top, ledger_path, tree_depth
+from sweeper.protection import cursor_protection, describe
+from sweeper.rules import OTHER_CLUSTER, PROTECTED, ActingRules, Owner, refusal
 from sweeper.scan.pulsar import BUCKET_PREFIX, COMPACTED_TOPIC_LEDGER, COMPACTION_CURSOR
 from sweeper.zk import ZooKeeperPermissionError
 
@@ -145,6 +149,23 @@ class _Reads:
         return self.children[path]
 
 
+OffloadCheck = Callable[[str, str, str, tuple[str, ...], str], str | None]
+
+
+def _released_copies(info: Any, ledger_id: int, ml_name: str) -> tuple[tuple[str, str, str, tuple[str, ...], str], ...]:
+    """The offloaded copies a ManagedLedgerInfo lists for a ledger it no longer reads from BookKeeper."""
+    out = []
+    for entry in info.ledgerInfo:
+        if entry.ledgerId != ledger_id or not entry.HasField("offloadContext"):
+            continue
+        ctx = entry.offloadContext
+        props = {p.key: p.value for p in ctx.driverMetadata.properties}
+        uuid = codec.offload_uuid(ctx.uidMsb, ctx.uidLsb)
+        keys = (f"{uuid}-ledger-{ledger_id}", f"{uuid}-ledger-{ledger_id}-index")
+        out.append((props.get("bucket", ""), props.get("region", ""), props.get("serviceEndpoint", ""), keys, ml_name))
+    return tuple(out)
+
+
 def _needs_bookkeeper_copy(info: Any, ledger_id: int) -> bool:
     """Whether a ManagedLedgerInfo lists the ledger as still read from BookKeeper.
 
@@ -176,6 +197,9 @@ class LedgerDeleter:
         op_timeout_s: float = 10.0,
         reader: zkutil.ZnodeReader | None = None,
         shadows: Mapping[str, Sequence[str]] | None = None,
+        rules: ActingRules | None = None,
+        peers: Sequence[tuple[str, LedgerDeleter]] = (),
+        offload_check: OffloadCheck | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -199,6 +223,15 @@ class LedgerDeleter:
         self.shadows = {k: tuple(v) for k, v in (shadows or {}).items()}
         # A NoAuth refuses the whole run: once met, nothing more is deleted (the driver stops the run).
         self.refusal: str | None = None
+        # Today's rules (sweeper.rules), re-applied to every record whatever planned it; None only for callers
+        # that test the re-verification alone.
+        self.rules = rules
+        # Every other cluster writing to these bookies ([safety] peer_metadata): (name, a read-only deleter on its
+        # metadata store). Their referrers are read right before the delete; no multi spans two ensembles, but
+        # Pulsar never references an old unreferenced ledger again, so a fresh read closes the snapshot's gap.
+        self.peers = tuple(peers)
+        # (bucket, region, endpoint, keys, managed ledger) -> why the offloaded copy is not whole, or None.
+        self.offload_check = offload_check
 
     # ---- the whole job ---------------------------------------------------------------------
 
@@ -313,10 +346,57 @@ class LedgerDeleter:
             return result_for(record, early.outcome, early.detail, zk_path=path, zk_version=version)
         assert live is not None
         referrer = self.referrer_state(record, reads)
+        refused = self._refused(record, referrer)
+        if refused is not None:
+            return result_for(record, REFUSED, refused, zk_path=path, zk_version=version)
         decision = decide.decide_referrer(referrer)  # check_ledger's rules passed just above
+        if decision.delete and referrer.offloaded:
+            decision = self._offloaded_copy_decision(referrer)
+        if decision.delete and self.peers:
+            decision = self._peer_decision(record, referrer)
         if not decision.delete:
             return result_for(record, decision.outcome, decision.detail, zk_path=path, zk_version=version)
         return Verified(index, record, path, live.zk_version, referrer.versions, decision.detail, started)
+
+    def _refused(self, record: Mapping[str, Any], referrer: ReferrerState) -> str | None:
+        """`<rule>: <why>` when today's rules forbid touching this ledger (sweeper.rules, as reconcile applies them)."""
+        if self.rules is None:
+            return None
+        cursor = record.get("cursorName")
+        owner = Owner.of_record(record.get("topicName"), record.get("schemaId"),
+                                names.decode_local_name(cursor) if isinstance(cursor, str) else None)
+        found = refusal(owner, self.rules, referrer.owner_exists)
+        if found is not None:
+            return f"{found[0]}: {found[1]}"
+        return referrer.protected
+
+    def _offloaded_copy_decision(self, referrer: ReferrerState) -> decide.Decision:
+        """The managed ledger reads this ledger from tiered storage now: its BookKeeper copy may go only once the
+        offloaded objects are seen (an offload whose objects were lost leaves the BookKeeper copy the only one)."""
+        if self.offload_check is None:
+            return decide.Decision(IN_USE, "listed offloaded with bookkeeperDeleted, but this run cannot check the "
+                                           "offloaded copy ([offload] enabled = false): kept")
+        for bucket, region, endpoint, keys, ml_name in referrer.offloaded:
+            problem = self.offload_check(bucket, region, endpoint, keys, ml_name)
+            if problem is not None:
+                return decide.Decision(IN_USE, f"offloaded copy not verified: {problem}: kept")
+        return decide.Decision(DELETE, "offloaded copy verified in its bucket; no referrer needs the BookKeeper copy")
+
+    def _peer_decision(self, record: Mapping[str, Any], ours: ReferrerState) -> decide.Decision:
+        """Each peer cluster's referrers of this ledger, read now: any reference keeps it; a ledger whose owner
+        exists only at a peer is the peer's to collect."""
+        for name, peer in self.peers:
+            state = peer.referrer_state(record, _Reads(peer))
+            if state.unverifiable:
+                return decide.Decision(IN_USE, f"peer cluster {name}: referrer cannot be verified: "
+                                               f"{state.unverifiable}")
+            if state.references:
+                return decide.Decision(IN_USE, f"still referenced by peer cluster {name}: "
+                                               + "; ".join(state.references))
+            if state.owner_exists and not ours.owner_exists:
+                return decide.Decision(REFUSED, f"{OTHER_CLUSTER}: its owner exists in peer cluster {name}'s "
+                                                "metadata, not in ours: the peer's to collect")
+        return decide.Decision(DELETE, "no referrer holds it, in this cluster or any peer")
 
     # ---- referrers -------------------------------------------------------------------------
 
@@ -338,9 +418,10 @@ class LedgerDeleter:
         got = reads.get(ml_path)
         if got is None:
             # Topic deleted: nothing of it references the ledger (its shadows were checked above).
-            return ReferrerState(tuple(refs), None, tuple(versions))
+            return ReferrerState(tuple(refs), None, tuple(versions), owner_exists=False)
         data, stat = got
         versions.append((ml_path, stat.version))
+        offloaded: tuple[tuple[str, str, str, tuple[str, ...], str], ...] = ()
         if component == "MANAGED_LEDGER":
             try:
                 info = codec.decode_managed_ledger_info(data)
@@ -349,7 +430,10 @@ class LedgerDeleter:
                                      versions=tuple(versions))
             if _needs_bookkeeper_copy(info, ledger_id):
                 refs.append(f"listed in managed ledger {ml_name}")
+            else:
+                offloaded = _released_copies(info, ledger_id, ml_name)
         cursors = reads.get_children(ml_path) or []
+        protected: str | None = None
         if component == "COMPACTED_LEDGER":
             cursors = [c for c in cursors if c == COMPACTION_CURSOR]
         for cursor in cursors:
@@ -366,7 +450,11 @@ class LedgerDeleter:
             problem = self._cursor_refs(component, ledger_id, cursor, cinfo, refs)
             if problem:
                 return ReferrerState(tuple(refs), problem, tuple(versions))
-        return ReferrerState(tuple(refs), None, tuple(versions))
+            if component == "MANAGED_CURSOR" and cursor == record.get("cursorName"):
+                found = cursor_protection(names.decode_local_name(cursor), {p.name: p.value for p in cinfo.properties})
+                if found is not None:
+                    protected = f"{PROTECTED}: {found.value}: {describe(found)}"
+        return ReferrerState(tuple(refs), None, tuple(versions), protected=protected, offloaded=offloaded)
 
     def _shadow_refs(self, ml_name: str, ledger_id: int, reads: _Reads, refs: list[str],
                      versions: list[tuple[str, int]]) -> str | None:
@@ -421,7 +509,7 @@ class LedgerDeleter:
         path = zkutil.join(self.schemas_root, schema_id)
         got = reads.get(path)
         if got is None:
-            return ReferrerState()
+            return ReferrerState(owner_exists=False)
         data, stat = got
         versions = ((path, stat.version),)
         try:

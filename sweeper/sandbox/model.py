@@ -599,10 +599,12 @@ class _Builder:
         for _ in range(spec.non_pulsar_ledgers):
             custom = {} if rng.random() < 0.5 else {"application": b"bk-bench", "owner": b"ops"}
             self.add_ledger(self.new_id(False), custom, self.old_age(), Status.NON_PULSAR)
-        # A ledger of a namespace this cluster does not know (another Pulsar cluster sharing the bookies):
-        # its topic is not here, but nothing says it was ever ours, so it stays unknown.
+        # A ledger of a namespace this cluster does not know. The sandbox declares its bookies dedicated
+        # (conf/local.toml), so it is a deleted namespace's orphan; with bookkeeper_dedicated = false it would be
+        # `unknown` (namespace_unknown, shared_bookkeeper_unverified): tests/test_reconcile.py checks both.
         foreign_ml = f"{spec.cluster_name}-peer-tenant/ns-0/persistent/elsewhere"
-        self.add_ledger(self.new_id(False), ml_custom(foreign_ml), self.old_age(), Status.UNKNOWN)
+        self.add_ledger(self.new_id(False), ml_custom(foreign_ml), self.old_age(), Status.ORPHAN,
+                        OrphanKind.TOPIC_DELETED)
         for u in range(spec.unknown_ledgers):
             partial: dict[str, bytes] = {"application": b"pulsar"}
             if u % 3 == 1:

@@ -220,6 +220,7 @@ engine = "delta-rs"
 min_age_hours = 168.0
 force_min_age = false
 max_orphan_fraction = 0.5
+bookkeeper_dedicated = true   # one cluster on its own bookie
 
 [offload]
 enabled = true
