@@ -60,7 +60,8 @@ def protection_of(owner: Owner, extra: Protection) -> str | None:
     return f"{PROTECTED}: {found.value}: {describe(found)}" if found is not None else None
 
 
-def refusal(owner: Owner, rules: ActingRules, owner_exists: bool, bookkeeper: bool = True) -> tuple[str, str] | None:
+def refusal(owner: Owner, rules: ActingRules, owner_exists: bool = True,
+            bookkeeper: bool = True) -> tuple[str, str] | None:
     """(rule, detail) when the owner's ledger (or offloaded copy) must not be touched; None when these rules allow
     it. `bookkeeper`: the target is a BookKeeper ledger, whose metadata names no cluster. `owner_exists`: the topic
     (or schema) is still in the metadata; protection keeps a live topic's state, and a deleted topic has none."""

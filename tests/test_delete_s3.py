@@ -224,3 +224,26 @@ def test_an_offload_record_deletes_only_objects_that_name_this_cluster_and_its_m
     anonymous = objects_deleter(s3, zk, managed_ledgers_root=ML_ROOT, allowed_buckets={a}, execute=True,
                                 local_cluster="")
     assert [r.outcome for r in anonymous.process([with_bucket(orec(U2, 10), a)])] == [MISMATCH]
+
+
+def test_a_bookkeeper_copy_goes_only_with_its_offloaded_copy(world: tuple[Any, str, str],
+                                                              s3_server: S3ServerInfo) -> None:
+    # Issue 26 (7): the delete HEADs both objects of the copy that replaces the BookKeeper ledger.
+    from sweeper.delete.stage import DeleteTarget, offload_checker
+
+    s3, a, _ = world
+    target = DeleteTarget(
+        zk_hosts="", session_timeout_s=1.0, ledgers_root="/ledgers", layout="hierarchical", ml_root=ML_ROOT,
+        schemas_root="/schemas", min_age_ms=0, now_ms=None, execute=True, batch_size=1, deletes_per_second=1.0,
+        op_timeout_s=1.0, multi_read=1, policy=RetryPolicy(), endpoint_override=s3_server.endpoint, buckets=(),
+        local_cluster=CLUSTER, offload_enabled=True)
+    check = offload_checker(target)
+    assert check is not None
+    assert check(a, "", "", tuple(keys(U1_TEXT, 10)), ML) is None  # both objects, ours, this managed ledger
+    assert "NoSuchKey" in (check(a, "", "", tuple(keys(U3, 11)), ML) or "") or "404" in (
+        check(a, "", "", tuple(keys(U3, 11)), ML) or "")  # the index object is missing
+    assert "ManagedLedgerName" in (check(a, "", "", tuple(keys(U1_TEXT, 10)), "t/ns/persistent/other") or "")
+    s3.put_object(Bucket=a, Key=keys(U2, 12)[0], Body=b"x", Metadata={**PULSAR_METADATA, "pulsarClusterName": "west"})
+    s3.put_object(Bucket=a, Key=keys(U2, 12)[1], Body=b"x", Metadata=PULSAR_METADATA)
+    assert "pulsarClusterName" in (check(a, "", "", tuple(keys(U2, 12)), ML) or "")
+    assert offload_checker(DeleteTarget(**{**target.__dict__, "offload_enabled": False})) is None

@@ -168,8 +168,14 @@ def dump(zk: KazooClient, path: str = "/") -> dict[str, tuple[bytes, int, int, i
     return out
 
 
+def copy_present(bucket: str, region: str, endpoint: str, keys: tuple[str, ...], ml: str) -> str | None:
+    """An offloaded copy found whole (the check itself runs against S3 in test_delete_s3)."""
+    return None
+
+
 def deleter(zk: KazooClient, execute: bool = True, **kw: Any) -> LedgerDeleter:
     kw.setdefault("now_ms", NOW)
+    kw.setdefault("offload_check", copy_present)
     return LedgerDeleter(zk, ledgers_root=ROOT, layout=LAYOUT, managed_ledgers_root=ML_ROOT, schemas_root=SCHEMAS,
                          min_age_ms=MIN_AGE, execute=execute, **kw)
 
@@ -209,7 +215,7 @@ def test_orphans_of_every_component_deleted_with_empty_parents_and_nothing_else(
 def test_dry_run_is_the_default_and_writes_nothing(cluster: KazooClient) -> None:
     before = dump(cluster)
     quiet = LedgerDeleter(cluster, ledgers_root=ROOT, layout=LAYOUT, managed_ledgers_root=ML_ROOT,
-                          schemas_root=SCHEMAS, min_age_ms=MIN_AGE, now_ms=lambda: NOW)
+                          schemas_root=SCHEMAS, min_age_ms=MIN_AGE, now_ms=lambda: NOW, offload_check=copy_present)
     results = quiet.process(orphan_records())
     assert outcomes(results) == [WOULD_DELETE] * 6
     assert dump(cluster) == before
@@ -515,3 +521,40 @@ def test_topic_names_with_spaces_colons_and_percents_resolve_to_their_managed_le
     # Read at the wrong path, the live topic looked deleted: its compacted and bucket ledgers were deleted.
     assert outcomes(results) == [IN_USE] * 3 + [DELETED] * 3, [r.detail for r in results]
     assert all(cluster.exists(ledger_path(ROOT, i, LAYOUT)) is not None for i in (50, 53, 55))
+
+
+def test_a_released_bookkeeper_copy_goes_only_once_its_offloaded_copy_is_seen(cluster: KazooClient) -> None:
+    # Issue 26 (7): ledger 16 is listed offloaded, complete, bookkeeperDeleted; its BookKeeper copy is garbage only
+    # if the offloaded objects really exist.
+    unchecked = deleter(cluster, offload_check=None).process([record(16)])
+    assert outcomes(unchecked) == [IN_USE] and "cannot check the offloaded copy" in unchecked[0].detail
+    lost = deleter(cluster, offload_check=lambda *args: "s3://b/k: NoSuchKey").process([record(16)])
+    assert outcomes(lost) == [IN_USE] and "NoSuchKey" in lost[0].detail
+    assert cluster.exists(ledger_path(ROOT, 16, LAYOUT)) is not None
+    asked: list[tuple[Any, ...]] = []
+    done = deleter(cluster, offload_check=lambda *args: asked.append(args)).process([record(16)])
+    assert outcomes(done) == [DELETED]
+    uuid = codec.offload_uuid(UUID_MSB, UUID_LSB)
+    assert asked and asked[0][3] == (f"{uuid}-ledger-16", f"{uuid}-ledger-16-index") and asked[0][4] == ML
+
+
+def test_the_delete_refuses_a_replicated_subscriptions_cursor_ledger_and_a_protected_name(
+        cluster: KazooClient) -> None:
+    # Issue 26 (1, 4): the record's cursor, read right now, carries pulsar.replicated.subscription = 1.
+    from sweeper.classify import Sharing
+    from sweeper.delete.results import REFUSED
+    from sweeper.rules import ActingRules
+
+    rules = ActingRules(sharing=Sharing.DEDICATED)
+    ml = f"{ML_ROOT}/{ML}"
+    cluster.set(f"{ml}/sub1", cursor_bytes(12, longs={"pulsar.replicated.subscription": 1}))
+    results = deleter(cluster, rules=rules).process([record(ORPHAN_CURSOR, "MANAGED_CURSOR", cursor="sub1")])
+    assert outcomes(results) == [REFUSED] and "replicated_subscription" in results[0].detail
+    put_ledger(cluster, 45, ml_custom("__pending_ack_state"), ctime=CREATED)
+    cluster.create(f"{ml}/__pending_ack_state", cursor_bytes(-1))
+    # (Its znode is new, so the grace period would keep it too: judged as if far later.)
+    later = deleter(cluster, rules=rules, now_ms=int(time.time() * 1000) + 8 * DAY_MS)
+    results = later.process([record(45, "MANAGED_CURSOR", cursor="__pending_ack_state")])
+    assert outcomes(results) == [REFUSED] and "transaction_pending_ack_cursor" in results[0].detail
+    assert cluster.exists(ledger_path(ROOT, ORPHAN_CURSOR, LAYOUT)) is not None
+    assert cluster.exists(ledger_path(ROOT, 45, LAYOUT)) is not None
