@@ -32,6 +32,7 @@ from sweeper.retention_repair import (
 from sweeper.sandbox.model import SandboxSpec, build_cluster
 from sweeper.sandbox.seed import seed_zookeeper
 from sweeper.snapshot import run_snapshot
+from sweeper.system_topic import RedirectRefused, broker_web_origins, redirect_target
 from sweeper.tables import open_table_store
 from sweeper.zkserver import ServerClock
 from tests.conftest import BASE_CONFIG, ZkTarget
@@ -135,3 +136,16 @@ def test_subscription_deletion_needs_a_day_at_least_and_never_a_config_switch() 
     with pytest.raises(ConfigError, match="--execute"):
         BASE_CONFIG.replace(retention={"execute": True})
     assert BASE_CONFIG.retention.cursor_idle_days == 0  # off unless set
+
+
+def test_redirect_targets_compare_scheme_host_and_port() -> None:
+    allowed = frozenset({("http", "broker-1", 8080), ("https", "broker-1", 8443)})
+    assert redirect_target("http://lb:80/a", "http://BROKER-1:8080/b", allowed, "GET") == "http://BROKER-1:8080/b"
+    assert redirect_target("https://broker-1:8443/a", "/b?x=1", allowed, "GET") == "https://broker-1:8443/b?x=1"
+    for refused in ("http://broker-1:8081/b", "https://broker-1:8080/b", "http://broker-1/b", "ftp://broker-1:8080/",
+                    "http://peer:8080/b"):
+        with pytest.raises(RedirectRefused, match="redirect_outside_cluster"):
+            redirect_target("http://lb/a", refused, allowed, "DELETE")
+    assert broker_web_origins(b'{"webServiceUrl": "http://b:8080", "webServiceUrlTls": "https://b:8443"}') == {
+        ("http", "b", 8080), ("https", "b", 8443)}
+    assert broker_web_origins(b"not json") == set() and broker_web_origins(b'{"webServiceUrl": null}') == set()
