@@ -210,6 +210,19 @@ def subscription_activity(stats: dict[str, Any], subscription: str, since_ms: in
     return None
 
 
+def cluster_admin(config: SweeperConfig) -> BrokerAdmin:
+    """A BrokerAdmin that may follow redirects to this cluster's brokers as registered now, for a stage that
+    holds no ZooKeeper client of its own (retention_debt's topic-policy lookups)."""
+    admin = BrokerAdmin(config.system_topic)
+    client = zkutil.connect(config.pulsar_zookeeper, timeout=config.bookkeeper.session_timeout_s,
+                            security=pulsar_security(config))
+    try:
+        admin.allow_brokers(registered_web_origins(client, config.pulsar.brokers_path))
+    finally:
+        zkutil.close(client)
+    return admin
+
+
 class _Pacer:
     def __init__(self, per_second: float, sleep: Callable[[float], None] = time.sleep) -> None:
         self.interval, self.sleep, self.next_at = 1.0 / per_second, sleep, 0.0

@@ -20,7 +20,7 @@ from sweeper.codecs import pulsar as codec
 from sweeper.config import ConfigError
 from sweeper.names import encode_local_name
 from sweeper.protection import REPLICATED_SUBSCRIPTION_PROPERTY
-from sweeper.retention_debt import RetentionSettings, run_retention_debt
+from sweeper.retention_debt import SET, UNREAD, RetentionSettings, run_retention_debt
 from sweeper.retention_repair import (
     DEFERRED,
     DELETE_SUBSCRIPTION,
@@ -34,7 +34,9 @@ from sweeper.retention_repair import (
     WOULD_LOAD,
     BrokerAdmin,
     RetentionRepairRefused,
+    TopicPolicyLookup,
     _Pacer,
+    cluster_admin,
     plan_actions,
     plan_age_refusal,
     replication_refusal,
@@ -461,3 +463,21 @@ def test_every_action_is_on_disk_before_the_next_call_to_the_broker(
     rows = sorted((r["topic_name"], r["action"], r["outcome"]) for r in store.read("retention_actions").collect())
     assert rows[:2] == [("persistent://t/ns/a", DELETE_SUBSCRIPTION, DELETED), ("persistent://t/ns/a", LOAD_TOPIC,
                                                                                   TRIMMED)]
+
+
+def test_topic_policy_lookups_follow_redirects_to_this_clusters_brokers_only(
+        zk: KazooClient, zk_target: ZkTarget, servers: list[_AdminServer]) -> None:
+    owner = _serve(servers, lambda method, path: (200, {}, b'{"retentionTimeInMinutes": 60}'))
+    peer = _serve(servers, lambda method, path: (200, {}, b"{}"))
+    ours = _serve(servers, lambda method, path: (307, {"Location": (peer.url if "/far" in path else owner.url) + path},
+                                                 b""))
+    _register_broker(zk, ours.url)
+    _register_broker(zk, owner.url)
+    cfg = BASE_CONFIG.replace(bookkeeper={"zookeeper": zk_target.hosts}, system_topic={"admin_url": ours.url})
+    lookup = TopicPolicyLookup(cluster_admin(cfg), 1000.0)
+
+    far = lookup("persistent://t/global/far")
+    near = lookup("persistent://t/ns/near")
+
+    assert far[0] == UNREAD and far[1].startswith("redirect_outside_cluster:") and peer.requests == []
+    assert near[0] == SET and len(owner.requests) == 1  # asked, after the refused redirect of another topic
