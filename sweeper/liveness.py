@@ -16,6 +16,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError, NoNodeError
 
 from sweeper import zk as zkutil
+from sweeper.system_topic import Origin, broker_web_origins
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,21 @@ def live_brokers(client: KazooClient, path: str) -> list[str]:
             live.append(child)
     return sorted(live)
 
+
+
+def registered_web_origins(client: KazooClient, path: str) -> frozenset[Origin]:
+    """The admin endpoints (`webServiceUrl` / `webServiceUrlTls`) of the brokers registered live under `path`:
+    the only hosts an admin redirect may lead to (sweeper.system_topic.redirect_target). A registration that
+    cannot be read or decoded adds nobody."""
+    try:
+        children = client.get_children(path)
+    except NoNodeError:
+        return frozenset()
+    found: set[Origin] = set()
+    for read in zkutil.get_many(client, (zkutil.join(path, c) for c in children)):
+        if read.error is None and read.stat is not None and read.stat.ephemeralOwner:
+            found |= broker_web_origins(read.data or b"")
+    return frozenset(found)
 
 @dataclass(frozen=True)
 class Liveness:

@@ -106,9 +106,10 @@ def retention_stage(spark: SparkSession, config: SweeperConfig, store: TableStor
         settings = RetentionSettings.from_config(config.retention, config.safety)
         lookup = None
         if config.retention.topic_policies == "admin":
-            from sweeper.retention_repair import BrokerAdmin, TopicPolicyLookup
+            from sweeper.retention_repair import TopicPolicyLookup, cluster_admin
 
-            lookup = TopicPolicyLookup(BrokerAdmin(config.system_topic), config.retention.actions_per_second)
+            # The owner of a topic is often another broker of this cluster: its redirects are followed, others not.
+            lookup = TopicPolicyLookup(cluster_admin(config), config.retention.actions_per_second)
         result = run_retention_debt(spark, store, run_id, settings, topic_policy_lookup=lookup)
     except (RetentionDebtRefused, SystemTopicError) as exc:
         record_run(store, run_id, "retention_debt", "refused", started, {}, config, str(exc))

@@ -15,7 +15,13 @@ Metadata is never written. Before each action the planned znode is read again (r
 ledger or cursor written since the plan (a load, a rollover, an acknowledgement) became active and is
 skipped; a subscription is also checked against the broker's live stats (connected consumers, recent
 acknowledgements or reads) right before it is deleted. Calls are paced (`actions_per_second`), capped
-per run (`max_actions_per_run`), and every outcome lands in `retention_actions`.
+per run (`max_actions_per_run`), and every outcome lands in `retention_actions` as it happens.
+
+A plan is a request, not a verdict (DESIGN.md invariants 14-17): `--execute` refuses a plan older than
+`[retention] plan_max_age_hours`, and each action is judged again under today's config and metadata (scope,
+the namespace's replication clusters, protection, the cursor's mark-delete position) before anything is
+called. Admin calls, and the redirects they receive, stay with this cluster's registered brokers
+(sweeper.system_topic.redirect_target).
 """
 
 from __future__ import annotations
@@ -23,9 +29,7 @@ from __future__ import annotations
 import json
 import re
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -39,17 +43,27 @@ from sweeper import zk as zkutil
 from sweeper.codecs import pulsar as codec
 from sweeper.codecs.errors import MetadataDecodeError
 from sweeper.config import SweeperConfig
+from sweeper.liveness import registered_web_origins
+from sweeper.protection import Protection, cursor_protection, describe, managed_ledger_protection
 from sweeper.retention import DAY_MS
-from sweeper.retention_debt import NOT_SET, SET, UNREAD
-from sweeper.system_topic import AdminClient, SystemTopicError
+from sweeper.retention_debt import NOT_SET, SET, UNREAD, RetentionSettings
+from sweeper.safety import Scope
+from sweeper.system_topic import AdminClient, RedirectRefused, SystemTopicError
 from sweeper.table_schemas import RETENTION_ACTIONS
 from sweeper.tables import TableStore
+from sweeper.zksecurity import pulsar_security
 
 LOAD_TOPIC, DELETE_SUBSCRIPTION = "load_topic", "delete_subscription"
 WOULD_LOAD, WOULD_DELETE = "would_load", "would_delete"
 TRIMMED, LOADED, DELETED = "trimmed", "loaded", "deleted"
 SKIPPED_ACTIVE, SKIPPED_GONE, DEFERRED, FAILED = "skipped_active", "skipped_gone", "deferred", "failed"
 NOT_NEEDED = "not_needed"
+# A rule of today's config or metadata says no; the detail starts with the rule's name (out_of_scope,
+# not_replicated_here, protected, plan_mismatch, cursor_moved, redirect_outside_cluster).
+SKIPPED = "skipped"
+# Rows are written in batches this size at most; with --execute also after every action that called the
+# broker, so a killed repair leaves a row for every call it made.
+FLUSH_ROWS = 500
 
 
 class RetentionRepairRefused(RuntimeError):
@@ -67,6 +81,7 @@ class PlannedAction:
     planned_bytes: int = 0
     zk_version: int | None = None  # of the managed-ledger (load) or cursor (delete) znode when planned
     check_version: bool = True  # false for the trim right after deleting a subscription (we loaded the topic)
+    mark_delete: tuple[int, int] | None = None  # the cursor's mark-delete position when planned
 
 
 @dataclass
@@ -78,6 +93,12 @@ class RepairResult:
     counts: dict[str, int] = field(default_factory=dict)
     duration_s: float = 0.0
     stopped: str | None = None  # why the run stopped early (the broker unreachable or refusing us)
+    pending: list[dict[str, Any]] = field(default_factory=list)  # rows not yet written to retention_actions
+
+
+def _mark_delete(row: dict[str, Any]) -> tuple[int, int] | None:
+    ledger, entry = row.get("mark_delete_ledger_id"), row.get("mark_delete_entry_id")
+    return None if ledger is None or entry is None else (int(ledger), int(entry))
 
 
 def plan_actions(rows: Iterable[dict[str, Any]]) -> list[PlannedAction]:
@@ -97,7 +118,8 @@ def plan_actions(rows: Iterable[dict[str, Any]]) -> list[PlannedAction]:
         actions = []
         for c in sorted(subs.get(ml, []), key=lambda r: r["cursor"]):
             actions.append(PlannedAction(DELETE_SUBSCRIPTION, c["tenant"], c["namespace"], c["topic_name"], ml,
-                                         c["cursor"], c["reclaimable_bytes"] or 0, c["zk_version"]))
+                                         c["cursor"], c["reclaimable_bytes"] or 0, c["zk_version"],
+                                         mark_delete=_mark_delete(c)))
         topic = topics.get(ml)
         if topic is not None:
             actions.append(PlannedAction(LOAD_TOPIC, topic["tenant"], topic["namespace"], topic["topic_name"], ml,
@@ -124,29 +146,9 @@ class BrokerAdmin(AdminClient):
         version = "v2/" if "/" not in parts.namespace else ""  # old cluster-scoped names: the v1 API
         return f"{self.base}/admin/{version}persistent/{parts.tenant}/{parts.namespace}/{local}{suffix}"
 
-    def call(self, method: str, url: str, hops: int = 3) -> tuple[int, bytes]:
-        """One admin call; a 307/308 to the broker that owns the topic is followed for every method (urllib
-        follows it only for GET)."""
-        for _ in range(hops):
-            request = urllib.request.Request(url, data=b"" if method in ("POST", "PUT") else None, method=method)
-            request.add_header("Accept", "application/json")
-            if self.token is not None:
-                request.add_header("Authorization", f"Bearer {self.token.value}")
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout, context=self.context) as response:
-                    return response.status, response.read()
-            except urllib.error.HTTPError as exc:
-                location = exc.headers.get("Location") if exc.code in (307, 308) else None
-                if location:
-                    url = urllib.parse.urljoin(url, location)
-                    continue
-                if exc.code in (401, 403):
-                    raise SystemTopicError(f"admin API at {self.base} refused our credentials (HTTP {exc.code}): "
-                                           "check [system_topic] auth_token_file / auth_token_env") from exc
-                return exc.code, exc.read()
-            except (urllib.error.URLError, OSError) as exc:
-                raise SystemTopicError(f"admin API at {self.base} unreachable: {getattr(exc, 'reason', exc)}") from exc
-        raise SystemTopicError(f"admin API: more than {hops} redirects for {method} {url}")
+    def call(self, method: str, url: str) -> tuple[int, bytes]:
+        """One admin call through the base client, whose redirect rule keeps it (and our token) in this cluster."""
+        return self._call(method, url, b"" if method in ("POST", "PUT") else None)
 
     def topic_policy(self, topic_name: str) -> tuple[str, str]:
         """Whether the topic sets its own retention or TTL, locally or globally (the raw topic-level values,
@@ -208,6 +210,19 @@ def subscription_activity(stats: dict[str, Any], subscription: str, since_ms: in
     return None
 
 
+def cluster_admin(config: SweeperConfig) -> BrokerAdmin:
+    """A BrokerAdmin that may follow redirects to this cluster's brokers as registered now, for a stage that
+    holds no ZooKeeper client of its own (retention_debt's topic-policy lookups)."""
+    admin = BrokerAdmin(config.system_topic)
+    client = zkutil.connect(config.pulsar_zookeeper, timeout=config.bookkeeper.session_timeout_s,
+                            security=pulsar_security(config))
+    try:
+        admin.allow_brokers(registered_web_origins(client, config.pulsar.brokers_path))
+    finally:
+        zkutil.close(client)
+    return admin
+
+
 class _Pacer:
     def __init__(self, per_second: float, sleep: Callable[[float], None] = time.sleep) -> None:
         self.interval, self.sleep, self.next_at = 1.0 / per_second, sleep, 0.0
@@ -233,6 +248,8 @@ class TopicPolicyLookup:
         self.pacer.wait()
         try:
             return self.admin.topic_policy(topic_name)
+        except RedirectRefused as exc:
+            return UNREAD, str(exc)  # this topic's namespace is served elsewhere: the others may still be asked
         except SystemTopicError as exc:
             self.failure = str(exc)
             return UNREAD, self.failure
@@ -246,11 +263,169 @@ def latest_plan_run(store: TableStore) -> str | None:
     return rows[0]["run_id"] if rows else None
 
 
+# ---- the rules a planned action must pass again under today's config: pure, over plain values ----------
+
+
+@dataclass(frozen=True)
+class TodaysRules:
+    """What the repair re-applies to every action, from the config it runs with (not the plan's)."""
+
+    scope: Scope
+    protection: Protection
+    cluster_name: str
+
+    @classmethod
+    def from_config(cls, config: SweeperConfig) -> TodaysRules:
+        # The plan's own scope function, so the repair cannot drift from what retention_debt would decide today.
+        scope = RetentionSettings.from_config(config.retention, config.safety).scope
+        return cls(scope, Protection.of(config.retention.protected_subscriptions, config.retention.protected_topics),
+                   config.pulsar.cluster_name.strip())
+
+
+def plan_age_refusal(plan_run_id: str, planned_at_s: float | None, now_s: float, max_age_hours: float) -> str | None:
+    """Why a plan is too old to act on, or None. Its facts (idle, unloaded, in scope) were true when read; the
+    older they are the less they say, and the operator's config may have changed since."""
+    if planned_at_s is None:
+        return (f"plan {plan_run_id}: neither a runs row nor retention_debt rows say when it was made, so its age "
+                "cannot be checked: plan again (`sweeper sweep`)")
+    age_h = (now_s - planned_at_s) / 3600
+    if age_h > max_age_hours:
+        return (f"plan {plan_run_id} is {age_h:.1f} h old, above [retention] plan_max_age_hours = {max_age_hours:g}: "
+                "its facts are stale; plan again (`sweeper sweep`) and repair from the new plan")
+    return None
+
+
+def _protected(reason: Any, what: str) -> str:
+    return f"protected: {reason.value} {what}, {describe(reason)}"
+
+
+def plan_refusal(action: PlannedAction, rules: TodaysRules) -> str | None:
+    """What today's rules say of an action from its names alone, or None when they let it through.
+
+    The call goes to the plan's topic name and the re-checks read its managed ledger: both must name the same
+    topic, or a plan (from anywhere) could have one checked and the other acted on."""
+    parts = names.parse_managed_ledger(action.managed_ledger)
+    if parts is None or parts.topic_name != action.topic_name:
+        return (f"plan_mismatch: the plan's topic {action.topic_name!r} is not its managed ledger "
+                f"{action.managed_ledger!r}")
+    if not rules.scope.permits(parts.tenant, parts.namespace):
+        return (f"out_of_scope: {parts.tenant}/{parts.namespace} is outside today's [retention] / [safety] "
+                "allow and deny")
+    # By name only here: the cursor's properties are read (cursor_refusal) and the broker asked (stats_refusal)
+    # further on, with the same rule functions.
+    reason = managed_ledger_protection(action.managed_ledger, action.cursor, None, rules.protection)
+    if reason is not None:
+        what = f"subscription {action.cursor!r} of {action.topic_name}" if action.cursor else action.topic_name
+        return _protected(reason, what)
+    return None
+
+
+def replication_refusal(namespace: str, clusters: list[str] | None, cluster_name: str, problem: str = "") -> str | None:
+    """Whether this cluster serves a namespace, from its policies' `replication_clusters`
+    (org.apache.pulsar.common.policies.data.Policies; empty: local to the cluster that holds it). A namespace
+    replicated only elsewhere belongs to its clusters' brokers, and its admin calls would be redirected there."""
+    if clusters is None:
+        return f"not_replicated_here: {namespace}: {problem or 'no namespace policies'}; cannot tell that it is ours"
+    if not clusters:
+        return None
+    if not cluster_name:
+        return (f"not_replicated_here: {namespace} is replicated to {sorted(clusters)} and [pulsar] cluster_name is "
+                "not set: cannot tell whether this cluster is one of them")
+    if cluster_name in clusters:
+        return None
+    return (f"not_replicated_here: {namespace}'s replication_clusters {sorted(clusters)} leave out this cluster "
+            f"({cluster_name!r})")
+
+
+def cursor_refusal(action: PlannedAction, long_properties: dict[str, int], mark_delete: tuple[int, int],
+                   rules: TodaysRules) -> str | None:
+    """Today's cursor znode against the plan: protected (a replicated subscription shows only in its properties),
+    or no longer at the mark-delete position the plan judged idle."""
+    reason = cursor_protection(action.cursor, long_properties, rules.protection)
+    if reason is not None:
+        return _protected(reason, f"subscription {action.cursor!r}")
+    if action.mark_delete is None:
+        return "cursor_moved: the plan records no mark-delete position, so the cursor cannot be shown unmoved"
+    if mark_delete != action.mark_delete:
+        return (f"cursor_moved: mark-delete {mark_delete[0]}:{mark_delete[1]}, planned at "
+                f"{action.mark_delete[0]}:{action.mark_delete[1]}")
+    return None
+
+
+def stats_refusal(stats: dict[str, Any], subscription: str, rules: TodaysRules) -> str | None:
+    """The broker's own word right before a delete: `isReplicated` in its subscription stats
+    (`SubscriptionStatsImpl.isReplicated`, from `PersistentSubscription.isReplicated()`)."""
+    sub = (stats.get("subscriptions") or {}).get(subscription) or {}
+    reason = cursor_protection(subscription, None, rules.protection, replicated=bool(sub.get("isReplicated")))
+    return _protected(reason, f"subscription {subscription!r} (broker stats)") if reason is not None else None
+
+
+# ---- I/O: ZooKeeper reads, the table, the loop ----------------------------------------------------------
+
+
+class NamespacePolicies:
+    """Each namespace's `replication_clusters`, read once per run from the configuration store's
+    <policies_root>/<tenant>/<namespace> (the Policies JSON Pulsar keeps there)."""
+
+    def __init__(self, client: Any, root: str) -> None:
+        self.client, self.root = client, root
+        self.cache: dict[str, tuple[list[str] | None, str]] = {}
+
+    def replication_clusters(self, namespace: str) -> tuple[list[str] | None, str]:
+        if namespace not in self.cache:
+            path = zkutil.join(self.root, namespace)
+            found = _read(self.client, path)
+            if found is None:
+                self.cache[namespace] = None, f"no namespace policies at {path}"
+            else:
+                try:
+                    clusters = json.loads(found[0] or b"{}").get("replication_clusters") or []
+                    if not isinstance(clusters, list) or not all(isinstance(c, str) for c in clusters):
+                        raise ValueError(f"replication_clusters is {clusters!r}")
+                    self.cache[namespace] = clusters, ""
+                except (ValueError, AttributeError) as exc:
+                    self.cache[namespace] = None, f"its policies at {path} cannot be read ({exc})"
+        return self.cache[namespace]
+
+    def refusal(self, action: PlannedAction, cluster_name: str) -> str | None:
+        parts = names.parse_managed_ledger(action.managed_ledger)
+        if parts is None:
+            return None  # plan_refusal has already said why
+        namespace = f"{parts.tenant}/{parts.namespace}"
+        clusters, problem = self.replication_clusters(namespace)
+        return replication_refusal(namespace, clusters, cluster_name, problem)
+
+
+def _planned_at(store: TableStore, plan_run_id: str) -> float | None:
+    """When the plan's facts were read (epoch seconds): the earliest of its runs rows' start (the snapshot the
+    plan came from) and its retention_debt rows' captured_at. Cast in Spark, so no time zone is involved."""
+    found = []
+    for table, column in (("runs", "started_at"), ("retention_debt", "captured_at")):
+        if store.exists(table):
+            value = (store.read(table).where(F.col("run_id") == plan_run_id)
+                     .agg(F.min(F.col(column).cast("double")).alias("t")).collect()[0]["t"])
+            if value is not None:
+                found.append(float(value))
+    return min(found) if found else None
+
+
+def _flush(store: TableStore, result: RepairResult) -> None:
+    if result.pending:
+        store.append_rows("retention_actions", result.pending, RETENTION_ACTIONS,
+                          commit_metadata={"run_id": result.run_id, "stage": "retention_repair"})
+        result.pending = []
+
+
 def run_repair(config: SweeperConfig, store: TableStore, plan_run_id: str, run_id: str, execute: bool = False,
                admin: BrokerAdmin | None = None, zk_client: Any = None) -> RepairResult:
     started = time.monotonic()
     if not store.exists("retention_debt"):
         raise RetentionRepairRefused(f"no retention_debt table in {config.tables.root}: run `sweeper sweep` first")
+    if execute:
+        refusal = plan_age_refusal(plan_run_id, _planned_at(store, plan_run_id), time.time(),
+                                   config.retention.plan_max_age_hours)
+        if refusal:
+            raise RetentionRepairRefused(refusal)
     rows = [r.asDict() for r in store.read("retention_debt").where(F.col("run_id") == plan_run_id).collect()]
     plan = plan_actions(rows)
     if execute and admin is None:
@@ -259,44 +434,62 @@ def run_repair(config: SweeperConfig, store: TableStore, plan_run_id: str, run_i
                                          "broker's admin REST API")
         admin = BrokerAdmin(config.system_topic)
     result = RepairResult(run_id, plan_run_id, execute)
+    rules = TodaysRules.from_config(config)
+    access = pulsar_security(config)
+    timeout = config.bookkeeper.session_timeout_s
     own_client = zk_client is None
-    client = zk_client or zkutil.connect(config.pulsar_zookeeper, timeout=config.bookkeeper.session_timeout_s)
+    client = zk_client or zkutil.connect(config.pulsar_zookeeper, timeout=timeout, security=access)
+    store_client = (zkutil.connect(config.pulsar.configuration_store, timeout=timeout, security=access)
+                    if config.pulsar.configuration_store and plan else client)
+    policies = NamespacePolicies(store_client, config.pulsar.policies_root)
     pacer = _Pacer(config.retention.actions_per_second)
     idle_cutoff_ms = int(time.time() * 1000) - int(config.retention.cursor_idle_days * DAY_MS)
     deleted_on: set[str] = set()
     try:
+        if admin is not None:
+            # Once per run: the brokers registered now are the hosts a redirect may lead to.
+            admin.allow_brokers(registered_web_origins(client, config.pulsar.brokers_path))
         for index, action in enumerate(plan):
             if result.stopped or index >= config.retention.max_actions_per_run:
                 cap = config.retention.max_actions_per_run
                 why = result.stopped or f"beyond [retention] max_actions_per_run = {cap}: next run"
                 _record(result, action, DEFERRED, why)
-                continue
-            try:
-                _act(action, result, client, admin, pacer, config, idle_cutoff_ms, deleted_on)
-            except SystemTopicError as exc:
-                result.stopped = f"stopped: {exc}"
-                _record(result, action, FAILED, str(exc))
+            else:
+                try:
+                    _act(action, result, client, admin, pacer, config, idle_cutoff_ms, deleted_on, rules, policies)
+                except RedirectRefused as exc:
+                    _record(result, action, SKIPPED, str(exc))
+                except SystemTopicError as exc:
+                    result.stopped = f"stopped: {exc}"
+                    _record(result, action, FAILED, str(exc))
+                if execute:
+                    # Before the next call to the broker: this action's row, whatever it did, is on disk.
+                    _flush(store, result)
+            if len(result.pending) >= FLUSH_ROWS:
+                _flush(store, result)
     finally:
+        if store_client is not client:
+            zkutil.close(store_client)
         if own_client:
             zkutil.close(client)
+        _flush(store, result)
     for row in result.rows:
         result.counts[row["outcome"]] = result.counts.get(row["outcome"], 0) + 1
     result.duration_s = time.monotonic() - started
-    if result.rows:
-        store.append_rows("retention_actions", result.rows, RETENTION_ACTIONS,
-                          commit_metadata={"run_id": run_id, "stage": "retention_repair"})
     return result
 
 
 def _record(result: RepairResult, action: PlannedAction, outcome: str, detail: str, http_status: int | None = None,
             before: int | None = None, after: int | None = None) -> None:
-    result.rows.append({
+    row = {
         "run_id": result.run_id, "plan_run_id": result.plan_run_id, "finished_at": datetime.now(UTC),
         "action": action.action, "tenant": action.tenant, "namespace": action.namespace,
         "topic_name": action.topic_name, "managed_ledger": action.managed_ledger, "cursor": action.cursor,
         "outcome": outcome, "detail": detail[:2000], "http_status": http_status, "planned_bytes": action.planned_bytes,
         "bytes_before": before, "bytes_after": after, "dry_run": not result.execute,
-    })
+    }
+    result.rows.append(row)
+    result.pending.append(row)
 
 
 def _read(client: Any, path: str) -> tuple[bytes, Any] | None:
@@ -323,13 +516,28 @@ def _reason(body: bytes) -> str:
 
 
 def _act(action: PlannedAction, result: RepairResult, client: Any, admin: BrokerAdmin | None, pacer: _Pacer,
-         config: SweeperConfig, idle_cutoff_ms: int, deleted_on: set[str]) -> None:
+         config: SweeperConfig, idle_cutoff_ms: int, deleted_on: set[str], rules: TodaysRules,
+         policies: NamespacePolicies) -> None:
+    refusal = plan_refusal(action, rules) or policies.refusal(action, rules.cluster_name)
+    if refusal:
+        _record(result, action, SKIPPED, refusal)
+        return
     ml_path = zkutil.join(config.pulsar.managed_ledgers_root, action.managed_ledger)
     if action.action == DELETE_SUBSCRIPTION:
         assert action.cursor is not None
         found = _read(client, zkutil.join(ml_path, names.encode_local_name(action.cursor)))
         if found is None:
             _record(result, action, SKIPPED_GONE, "the cursor's znode is gone")
+            return
+        try:
+            info = codec.decode_managed_cursor_info(found[0])
+        except MetadataDecodeError as exc:
+            _record(result, action, SKIPPED, f"unreadable: the cursor's znode cannot be decoded ({exc})")
+            return
+        refusal = cursor_refusal(action, {p.name: p.value for p in info.properties},
+                                 (info.markDeleteLedgerId, info.markDeleteEntryId), rules)
+        if refusal:
+            _record(result, action, SKIPPED, refusal)
             return
         if found[1].version != action.zk_version:
             _record(result, action, SKIPPED_ACTIVE, f"the cursor's znode was written since the plan (version "
@@ -344,7 +552,12 @@ def _act(action: PlannedAction, result: RepairResult, client: Any, admin: Broker
         if status != 200:
             _record(result, action, FAILED, f"reading the topic's stats answered HTTP {status}: {body[:200]!r}", status)
             return
-        activity = subscription_activity(json.loads(body or b"{}"), action.cursor, idle_cutoff_ms)
+        stats = json.loads(body or b"{}")
+        refusal = stats_refusal(stats, action.cursor, rules)
+        if refusal:
+            _record(result, action, SKIPPED, refusal, status)
+            return
+        activity = subscription_activity(stats, action.cursor, idle_cutoff_ms)
         if activity == "gone":
             _record(result, action, SKIPPED_GONE, "the broker has no such subscription", status)
             return

@@ -111,8 +111,81 @@ def partition_for(message_key: str, partitions: int) -> int:
     return (java_string_hash(message_key) & 0x7FFFFFFF) % partitions
 
 
+Origin = tuple[str, str, int]  # scheme, lower-cased host, port: what a redirect may be compared by
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+class RedirectRefused(SystemTopicError):
+    """A redirect to a host that is not a broker of this cluster: not followed, and our token not sent there."""
+
+    def __init__(self, target: str, method: str, url: str) -> None:
+        self.target = target
+        super().__init__(f"redirect_outside_cluster: {target} is not a broker registered in this cluster's "
+                         f"metadata; {method} {url} was not sent there")
+
+
+def origin_of(url: str) -> Origin | None:
+    """scheme://host:port of an http(s) URL, with the default port filled in; None for anything else."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS or not parts.hostname:
+        return None
+    return scheme, parts.hostname.lower(), port if port is not None else _DEFAULT_PORTS[scheme]
+
+
+def show_origin(origin: Origin | None, fallback: str) -> str:
+    return f"{origin[0]}://{origin[1]}:{origin[2]}" if origin else repr(fallback[:200])
+
+
+def broker_web_origins(data: bytes) -> set[Origin]:
+    """The admin endpoints one broker registration names: `webServiceUrl` / `webServiceUrlTls` in the JSON
+    each broker writes under /loadbalance/brokers, `LocalBrokerData` (modular load manager,
+    org.apache.pulsar.policies.data.loadbalancer) or `BrokerLookupData` (extensible load manager,
+    `BrokerRegistryImpl.LOOKUP_DATA_PATH`). Undecodable data names nobody: an unreadable broker is never trusted."""
+    try:
+        doc = json.loads(data or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        return set()
+    if not isinstance(doc, dict):
+        return set()
+    found = set()
+    for key in ("webServiceUrl", "webServiceUrlTls"):
+        value = doc.get(key)
+        origin = origin_of(value) if isinstance(value, str) else None
+        if origin is not None:
+            found.add(origin)
+    return found
+
+
+def redirect_target(url: str, location: str, allowed: frozenset[Origin], method: str) -> str:
+    """Where a 307/308 from `url` may take us: the absolute URL when its scheme, host and port are one of this
+    cluster's brokers, else RedirectRefused. The only place a redirect is judged (invariant 14): a broker
+    redirects a request for a global namespace owned elsewhere to the owning cluster, and our token must not
+    follow it there."""
+    target = urllib.parse.urljoin(url, location)
+    origin = origin_of(target)
+    if origin is None or origin not in allowed:
+        raise RedirectRefused(show_origin(origin, target), method, urllib.parse.urlsplit(url).path)
+    return target
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    # urllib would follow a GET's redirect to any host with every header, Authorization included: every
+    # redirect comes back to AdminClient._call instead, which judges it with redirect_target.
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> None:
+        return None
+
+
 class AdminClient:
-    """The two admin REST calls we need: read and create a partitioned topic's metadata."""
+    """The admin REST calls: read and create a partitioned topic's metadata; the repair's calls (BrokerAdmin).
+
+    A redirect is followed only to `admin_url` itself or to a broker `allow_brokers` was given (read once per
+    run from this cluster's /loadbalance/brokers), whatever the call.
+    """
 
     def __init__(self, cfg: SystemTopicConfig) -> None:
         if not cfg.admin_url:
@@ -128,6 +201,13 @@ class AdminClient:
                 self.context.verify_mode = ssl.CERT_NONE
             if cfg.tls_cert_file:
                 self.context.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file or None)
+        self._opener = urllib.request.build_opener(_NoRedirects(), urllib.request.HTTPSHandler(context=self.context))
+        base = origin_of(self.base)
+        self.allowed: frozenset[Origin] = frozenset({base} if base else ())
+
+    def allow_brokers(self, origins: set[Origin] | frozenset[Origin]) -> None:
+        """This cluster's registered brokers, which redirects may lead to besides `admin_url`."""
+        self.allowed = self.allowed | frozenset(origins)
 
     def _url(self, topic: str) -> str:
         if not topic.startswith("persistent://"):
@@ -135,24 +215,32 @@ class AdminClient:
         path = "/".join(urllib.parse.quote(p, safe="") for p in topic.removeprefix("persistent://").split("/"))
         return f"{self.base}/admin/v2/persistent/{path}/partitions"
 
-    def _call(self, method: str, url: str, body: bytes | None = None) -> tuple[int, bytes]:
-        request = urllib.request.Request(url, data=body, method=method)
-        request.add_header("Accept", "application/json")
-        if body is not None:
-            request.add_header("Content-Type", "application/json")
-        if self.token is not None:
-            request.add_header("Authorization", f"Bearer {self.token.value}")
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout, context=self.context) as response:
-                return response.status, response.read()
-        except urllib.error.HTTPError as exc:
-            if exc.code in (401, 403):
-                raise SystemTopicError(f"admin API at {self.base} refused our credentials (HTTP {exc.code}): "
-                                       "check [system_topic] auth_token_file / auth_token_env") from exc
-            return exc.code, exc.read()
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise SystemTopicError(f"admin API at {self.base} unreachable: {reason}") from exc
+    def _call(self, method: str, url: str, body: bytes | None = None, hops: int = 3) -> tuple[int, bytes]:
+        """One admin call; a 307/308 (a broker sending us to the one that owns the topic) is followed for every
+        method, through redirect_target, so a refused target receives no request at all."""
+        for _ in range(hops):
+            request = urllib.request.Request(url, data=body, method=method)
+            request.add_header("Accept", "application/json")
+            if body:
+                request.add_header("Content-Type", "application/json")
+            if self.token is not None:
+                request.add_header("Authorization", f"Bearer {self.token.value}")
+            try:
+                with self._opener.open(request, timeout=self.timeout) as response:
+                    return response.status, response.read()
+            except urllib.error.HTTPError as exc:
+                location = exc.headers.get("Location") if exc.code in (307, 308) else None
+                if location:
+                    url = redirect_target(url, location, self.allowed, method)
+                    continue
+                if exc.code in (401, 403):
+                    raise SystemTopicError(f"admin API at {self.base} refused our credentials (HTTP {exc.code}): "
+                                           "check [system_topic] auth_token_file / auth_token_env") from exc
+                return exc.code, exc.read()
+            except (urllib.error.URLError, OSError) as exc:
+                reason = getattr(exc, "reason", exc)
+                raise SystemTopicError(f"admin API at {self.base} unreachable: {reason}") from exc
+        raise SystemTopicError(f"admin API: more than {hops} redirects for {method} {url}")
 
     def partitions(self, topic: str) -> int:
         """Partition count; 0 for a topic that is missing or not partitioned."""

@@ -479,6 +479,7 @@ RETENTION_ACTIONS = _schema(
     ("managed_ledger", S),
     ("cursor", S),
     # would_load | trimmed | loaded | would_delete | deleted | skipped_active | skipped_gone | deferred | failed
+    # | not_needed | skipped (a rule of today's config or metadata said no: the detail starts with its name)
     ("outcome", S, False),
     ("detail", S),
     ("http_status", INT),
