@@ -85,7 +85,10 @@ class S3FaultProxy:
                 for name, value in reply_headers:
                     if name.lower() not in ("content-length", "transfer-encoding", "connection"):
                         self.send_header(name, value)
-                self.send_header("Content-Length", str(len(reply)))
+                # A HEAD answer has no body but tells the object's size, as S3's does.
+                upstream_length = next((v for n, v in reply_headers if n.lower() == "content-length"), None)
+                self.send_header("Content-Length", upstream_length if self.command == "HEAD" and upstream_length
+                                 else str(len(reply)))
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(reply)
