@@ -53,8 +53,15 @@ class ActingRules:
 
 
 def protection_of(owner: Owner, extra: Protection) -> str | None:
-    """Why Pulsar (or the operator) protects this owner, as `protected: <reason>: <why>`; None when nothing does.
-    Only a cursor's name is known here: a live cursor's properties (replicated) are checked where it is read."""
+    """Why Pulsar (or the operator) protects this cursor ledger's cursor, as `protected: <reason>: <why>`; None
+    when nothing does, and for ledgers that are no cursor's.
+
+    Protection is about subscription state: a protected cursor (or any cursor of a protected topic, such as a
+    pending-ack store's) keeps its cursor ledgers. A data ledger a topic dropped from its list is garbage
+    whoever owns the topic: Pulsar trims system topics like any other. Only a cursor's name is known here; a
+    live cursor's properties (replicated) are checked where the delete reads it."""
+    if owner.cursor is None:
+        return None
     found = topic_protection(owner.tenant, owner.namespace, owner.topic, extra) or cursor_protection(
         owner.cursor, None, extra)
     return f"{PROTECTED}: {found.value}: {describe(found)}" if found is not None else None

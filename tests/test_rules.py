@@ -76,9 +76,13 @@ def test_scope_and_protection_are_todays() -> None:
     denied = ActingRules(scope=Scope(deny=("t/ns",)), sharing=Sharing.DEDICATED)
     found = refusal(Owner.of_record(None, "t/ns/orders", None), denied)
     assert found is not None and found[0] == OUT_OF_SCOPE and "t/ns" in found[1]
-    pending_ack = Owner.of_record("persistent://t/ns/orders-sub__transaction_pending_ack", None, None)
+    pending_ack = Owner.of_record("persistent://t/ns/orders-sub__transaction_pending_ack", None,
+                                  "__pending_ack_state")
     found = refusal(pending_ack, DEDICATED)
     assert found is not None and found[0] == PROTECTED and "transaction_pending_ack_store" in found[1]
+    # A data ledger the topic dropped from its list is garbage whoever owns the topic: only cursors are protected.
+    dropped = Owner.of_record("persistent://t/ns/orders-sub__transaction_pending_ack", None, None)
+    assert refusal(dropped, DEDICATED) is None
     replicated_cursor = Owner.of_record("persistent://t/ns/orders", None, "__pending_ack_state")
     assert refusal(replicated_cursor, DEDICATED)[0] == PROTECTED  # type: ignore[index]
     # A deleted topic keeps no state to protect: its ledgers are judged by the other rules.

@@ -118,7 +118,9 @@ def test_candidates_are_exactly_the_induced_orphans(reconciled: Reconciled) -> N
     candidates = reconciled.candidates("ledger")
     leaks = reconciled.pulsar_leaks()
     COST["pulsar_leaked_ledgers"] = len(leaks)
-    assert set(candidates) == reconciled.expected_ledgers()
+    expected = reconciled.expected_ledgers()
+    assert set(candidates) == expected, {r["ledger_id"]: (r["status"], r["reason"], r["managed_ledger"], r["cursor"])
+                                         for r in reconciled.rows if r["ledger_id"] in set(candidates) ^ expected}
     assert {ledger: reason for ledger, reason in candidates.items() if ledger not in leaks} == manifest.orphan_ledgers()
     assert reconciled.candidates("offload_object") == manifest.orphan_objects()
 
