@@ -242,7 +242,7 @@ def test_admin_mode_asks_the_broker_only_about_owned_topics_whose_policies_may_b
     """[retention] topic_policies = "admin": in the namespace whose __change_events holds events, a topic in an
     owned bundle is judged under its namespace's policy once the broker says it has none of its own; namespaces
     whose __change_events holds no event are never asked about (the unowned case: the finalize test above)."""
-    from sweeper.retention_debt import NOT_SET, RULED_OUT
+    from sweeper.retention_debt import NOT_SET, NOT_USED, RULED_OUT
     from sweeper.sandbox.retention_scenarios import TOPIC_POLICY_NS
 
     tenant, ns = TOPIC_POLICY_NS.split("/")
@@ -259,6 +259,11 @@ def test_admin_mode_asks_the_broker_only_about_owned_topics_whose_policies_may_b
     found, cursors = _debt(store, run_id)
     in_ns = {ml: row for ml, row in found.items() if ml.startswith(f"{TOPIC_POLICY_NS}/")}
     assert in_ns and asked and result.counts["topic_policy_calls"] == len(asked)
+    # Its __change_events is Pulsar's own: protected, never acted on, so never asked about.
+    protected = {ml for ml, row in in_ns.items() if row["status"] == "protected"}
+    assert [found[ml]["topic"] for ml in protected] == ["__change_events"]
+    assert all(found[ml]["topic_policy"] == NOT_USED for ml in protected)
+    in_ns = {ml: row for ml, row in in_ns.items() if ml not in protected}
     assert {row["topic_name"] for row in in_ns.values()} == set(asked)
     for row in in_ns.values():
         assert row["bundle_owned"] is True and row["topic_policy"] == NOT_SET, row["detail"]
@@ -268,7 +273,7 @@ def test_admin_mode_asks_the_broker_only_about_owned_topics_whose_policies_may_b
     assert (found[user_topic]["status"], cursors[(user_topic, "old-sub")]["status"]) == ("none", "idle")
     assert cursors[(user_topic, "old-sub")]["reclaimable_bytes"] == found[user_topic]["idle_pinned_bytes"] > 0
     assert all(row["topic_policy"] == RULED_OUT for ml, row in found.items() if ml not in in_ns
-               and row["status"] != "unknown")
+               and row["status"] not in ("unknown", "protected"))
     assert len(cluster.retention) > len(in_ns)
 
 
