@@ -129,7 +129,9 @@ def retention_summary(result: RetentionDebtResult, log: Any = print, top: int = 
         f"bytes past retention (`sweeper retention --execute` loads them); {idle:,} idle cursors pin "
         f"{c.get('bytes.idle_cursor', 0):,} bytes ({c.get('cursor.candidate', 0):,} subscriptions past [retention] "
         f"cursor_idle_days); {c.get('topic.unknown', 0):,} topics unknown; {c.get('bytes.awaiting_broker', 0):,} "
-        f"bytes await a loaded broker's trim; in {result.duration_s:.1f}s")
+        f"bytes await a loaded broker's trim; {c.get('topic.protected', 0):,} topics and "
+        f"{c.get('cursor.protected', 0):,} idle cursors protected (never acted on); "
+        f"in {result.duration_s:.1f}s")
     rows = [r for r in result.report if r["total_bytes"]]
     if rows:
         log("reclaimable bytes by cause (orphans | expired, unloaded | idle cursors):")

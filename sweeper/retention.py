@@ -43,11 +43,14 @@ from enum import StrEnum
 
 import numpy as np
 
+from sweeper import protection
+from sweeper.protection import NONE, Protection
+
 MEGABYTE = 1024 * 1024
 MINUTE_MS = 60_000
 DAY_MS = 86_400_000
-COMPACTION_CURSOR = "__compaction"
-CHANGE_EVENTS = "__change_events"  # each namespace's topic-policy system topic (SystemTopicNames)
+COMPACTION_CURSOR = protection.COMPACTION_CURSOR
+CHANGE_EVENTS = protection.CHANGE_EVENTS  # each namespace's topic-policy system topic (SystemTopicNames)
 
 
 class TopicStatus(StrEnum):
@@ -56,12 +59,13 @@ class TopicStatus(StrEnum):
     NONE = "none"  # nothing past retention
     OUT_OF_SCOPE = "out_of_scope"  # debt, but outside the repair allow-list
     UNKNOWN = "unknown"  # the policy (or the metadata) cannot be established: never acted on
+    PROTECTED = "protected"  # Pulsar's own topic or one the operator protects (`topic_protection`): never acted on
 
 
 class CursorStatus(StrEnum):
     CANDIDATE = "candidate"  # idle past [retention] cursor_idle_days, in scope: delete the subscription
     IDLE = "idle"  # idle past report_idle_days: reported, not deleted (deletion off or under its threshold)
-    PROTECTED = "protected"  # a system cursor (compaction, replication, deduplication): never deleted
+    PROTECTED = "protected"  # `cursor_protection` (or its topic's) names a reason: never deleted
     OUT_OF_SCOPE = "out_of_scope"
     UNKNOWN = "unknown"
 
@@ -77,7 +81,8 @@ class Reason(StrEnum):
     TOPIC_POLICY_SET = "topic_policy_set"
     METADATA_QUARANTINED = "metadata_quarantined"
     IDLE_CURSOR = "idle_cursor"
-    SYSTEM_CURSOR = "system_cursor"
+    # A `__` topic or a `pulsar/*` namespace's that `sweeper.protection` does not name: Pulsar's all the same.
+    # Protected rows otherwise carry a `sweeper.protection.Protected` value as their reason.
     SYSTEM_TOPIC = "system_topic"
 
 
@@ -108,6 +113,8 @@ class Cursor:
     zk_mtime_ms: int  # when the znode was last written
     last_active_ms: int = 0  # `lastActive` as of that write (0: not recorded)
     cursor_ledger_bytes: int | None = None  # the cursor ledger's length in BookKeeper, when known
+    # `properties` holds `pulsar.replicated.subscription` = 1: a geo-replicated subscription (PersistentSubscription)
+    replicated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,14 +324,32 @@ def trimmable(ledgers: Sequence[Ledger], positions: Iterable[Position], policy: 
 # --- idle cursors and unloaded topics ------------------------------------------------------------
 
 
-def is_system_cursor(name: str) -> bool:
-    """Cursors Pulsar itself owns: compaction, replicators (`pulsar.repl.*`), deduplication (`pulsar.dedup`)."""
-    return name == COMPACTION_CURSOR or name.startswith("pulsar.")
+def cursor_protection(cursor: Cursor, extra: Protection = NONE) -> str | None:
+    """Why this cursor is never deleted (a `sweeper.protection.Protected` value), or None: `sweeper.protection`'s
+    rule on the cursor's name and its replicated-subscription property."""
+    found = protection.cursor_protection(cursor.name, None, extra, replicated=cursor.replicated)
+    return found.value if found is not None else None
+
+
+def topic_protection(namespace: str, local_name: str, extra: Protection = NONE) -> str | None:
+    """Why nothing here acts on this topic (`namespace` is `tenant/namespace`), or None.
+
+    `sweeper.protection` names what Pulsar protects and what the operator adds; retention keeps off two wider
+    families too (reason `system_topic`): any `__` topic (`SystemTopicNames` adds to them between releases) and
+    every `pulsar/*` namespace (the broker's own: functions, the transaction coordinator, heartbeats).
+    """
+    tenant, _, ns = namespace.partition("/")
+    found = protection.topic_protection(tenant, ns, local_name, extra)
+    if found is not None:
+        return found.value
+    if local_name.startswith("__") or namespace.startswith("pulsar/"):
+        return Reason.SYSTEM_TOPIC.value
+    return None
 
 
 def is_system_topic(namespace: str, local_name: str) -> bool:
-    """System topics (`__change_events`, transaction buffers, ...) and the `pulsar/system` namespace."""
-    return local_name.startswith("__") or namespace == "pulsar/system" or namespace.startswith("pulsar/")
+    """Pulsar's own topic (`topic_protection` without the operator's globs): the `system_topic` column."""
+    return topic_protection(namespace, local_name) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -483,7 +508,7 @@ class CursorDebt:
     name: str
     idle_ms: int  # at least this long without a persisted acknowledgement
     position_may_lag: bool  # ZooKeeper's mark-delete is a lower bound (active cursor ledger)
-    system: bool
+    protected: str | None  # `cursor_protection`'s reason; None: the cursor's own rules do not protect it
     pinned: Trim  # what it alone keeps from being trimmed (an upper bound when position_may_lag)
     cursor: Cursor
 
@@ -500,6 +525,7 @@ class TopicFacts:
     unknown_detail: str = ""
     bundle_owned: bool | None = None  # the topic's bundle has a live owner; None: ownership not readable
     system_topic: bool = False
+    protection: Protection = NONE  # the operator's globs, for `cursor_protection`
 
 
 @dataclass(frozen=True, slots=True)
@@ -573,8 +599,8 @@ def assess_topic(facts: TopicFacts, broker: BrokerSettings, now_ms: int, report_
     policy = facts.policy
     if policy is None or facts.unknown_reason is not None:
         reason = facts.unknown_reason or Reason.POLICY_MISSING
-        cursors = tuple(CursorDebt(c.name, idle_ms, c.cursor_ledger >= 0, is_system_cursor(c.name), Trim((), ()), c)
-                        for c, idle_ms in idle)
+        cursors = tuple(CursorDebt(c.name, idle_ms, c.cursor_ledger >= 0, cursor_protection(c, facts.protection),
+                                   Trim((), ()), c) for c, idle_ms in idle)
         return TopicDebt(TopicStatus.UNKNOWN, reason, facts.unknown_detail or reason.value, cursors=cursors)
     if not facts.ledgers:
         return TopicDebt(TopicStatus.NONE, Reason.NO_DEBT, "no ledgers")
@@ -588,7 +614,7 @@ def assess_topic(facts: TopicFacts, broker: BrokerSettings, now_ms: int, report_
         idle_pinned = _minus(together, trim)
         for c, idle_ms in idle:
             alone = trimmable(facts.ledgers, _positions(facts, policy, now_ms, frozenset([c.name])), policy, now_ms)
-            debts.append(CursorDebt(c.name, idle_ms, c.cursor_ledger >= 0, is_system_cursor(c.name),
+            debts.append(CursorDebt(c.name, idle_ms, c.cursor_ledger >= 0, cursor_protection(c, facts.protection),
                                     _minus(alone, trim), c))
     if not trim.ledgers:
         return TopicDebt(TopicStatus.NONE, Reason.NO_DEBT, "nothing past retention", trim, None, None, idle_pinned,
@@ -620,21 +646,25 @@ def _minus(more: Trim, base: Trim) -> Trim:
 # --- what may be acted on -----------------------------------------------------------------------
 
 
-def topic_status(debt: TopicDebt, in_scope: bool, system_topic: bool = False) -> TopicStatus:
-    """Only `candidate` is ever loaded, and only with --execute."""
-    if debt.status is TopicStatus.CANDIDATE and (not in_scope or system_topic):
+def topic_status(debt: TopicDebt, in_scope: bool, protected: str | None = None) -> TopicStatus:
+    """Only `candidate` is ever loaded, and only with --execute. A protected topic (`topic_protection`'s reason)
+    is `protected` whatever it owes: even a policy we cannot read does not make it one to look at again."""
+    if protected is not None:
+        return TopicStatus.PROTECTED
+    if debt.status is TopicStatus.CANDIDATE and not in_scope:
         return TopicStatus.OUT_OF_SCOPE
     return debt.status
 
 
 def cursor_status(cursor: CursorDebt, topic: TopicStatus, delete_after_ms: int, in_scope: bool,
-                  system_topic: bool = False) -> CursorStatus:
+                  topic_protected: str | None = None) -> CursorStatus:
     """Only `candidate` subscriptions are ever deleted: idle past [retention] cursor_idle_days (0: never),
-    not a system cursor or topic, in scope, and on a topic whose policy is known."""
+    not protected (by its own rule or its topic's), in scope, and on a topic whose policy is known. Protection
+    comes first: it does not depend on the policy, and an unknown topic's replicated subscription is still one."""
+    if cursor.protected is not None or topic_protected is not None:
+        return CursorStatus.PROTECTED
     if topic is TopicStatus.UNKNOWN:
         return CursorStatus.UNKNOWN
-    if cursor.system or system_topic:
-        return CursorStatus.PROTECTED
     if delete_after_ms <= 0 or cursor.idle_ms < delete_after_ms:
         return CursorStatus.IDLE
     if not in_scope:

@@ -31,6 +31,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, IntegerType, LongType, StringType, StructField, StructType
 
 from sweeper.config import RetentionConfig, SafetyConfig
+from sweeper.protection import NONE, REPLICATED_SUBSCRIPTION_PROPERTY, Protected, Protection, describe
 from sweeper.reconcile import snapshot_frames
 from sweeper.retention import (
     CHANGE_EVENTS,
@@ -58,6 +59,7 @@ from sweeper.retention import (
     is_system_topic,
     last_possible_ack_ms,
     may_owe_each,
+    topic_protection,
     topic_status,
 )
 from sweeper.safety import Scope
@@ -71,8 +73,8 @@ _ML, _CURSOR, _LEDGER = 0, 1, 2
 
 # One frame for the three inputs, so one shuffle brings a managed ledger's rows together. The generic
 # long columns mean, by kind: managed ledger (a=znode mtime, b=znode version); cursor (a=cursorsLedgerId,
-# b/c=mark-delete ledger/entry, d=znode mtime, e=lastActive, f=znode version); ledger (a=ledger id,
-# b=entries, c=size, d=close timestamp, g=offloaded).
+# b/c=mark-delete ledger/entry, d=znode mtime, e=lastActive, f=znode version, h=replicated subscription);
+# ledger (a=ledger id, b=entries, c=size, d=close timestamp, g=offloaded).
 UNION = StructType([
     StructField("managed_ledger", StringType(), False),
     StructField("kind", IntegerType(), False),
@@ -83,6 +85,7 @@ UNION = StructType([
     StructField("shadow", BooleanType()),
     *(StructField(c, LongType()) for c in "abcdef"),
     StructField("g", BooleanType()),
+    StructField("h", BooleanType()),
 ])
 
 
@@ -103,6 +106,7 @@ class RetentionSettings:
     # Judge the selected topics on the driver when their ledger-list entries and cursors are at most this many
     # (some hundreds of MB of Python objects at worst); more go through a Spark shuffle.
     driver_assess_max_rows: int = 500_000
+    protection: Protection = NONE  # [retention] protected_subscriptions / protected_topics
 
     @classmethod
     def from_config(cls, r: RetentionConfig, safety: SafetyConfig) -> RetentionSettings:
@@ -113,7 +117,8 @@ class RetentionSettings:
                                 r.check_interval_seconds * 1000, r.expiry_check_minutes * MINUTE_MS,
                                 r.cursor_rollover_seconds * 1000)
         scope = Scope(allow=patterns(r.allow) or patterns(safety.allow), deny=patterns(safety.deny) + patterns(r.deny))
-        return cls(broker, int(r.report_idle_days * DAY_MS), int(r.cursor_idle_days * DAY_MS), scope, r.topic_policies)
+        return cls(broker, int(r.report_idle_days * DAY_MS), int(r.cursor_idle_days * DAY_MS), scope, r.topic_policies,
+                   protection=Protection.of(r.protected_subscriptions, r.protected_topics))
 
 
 @dataclass(frozen=True)
@@ -144,7 +149,7 @@ def _union(frames: dict[str, DataFrame]) -> DataFrame:
         spec = {"managed_ledger": F.col("managed_ledger"), "kind": F.lit(kind), "name": F.lit(None).cast(StringType()),
                 "tenant": F.lit(None).cast(StringType()), "namespace": F.lit(None).cast(StringType()),
                 "topic_name": F.lit(None).cast(StringType()), "shadow": F.lit(None).cast(BooleanType()),
-                **nulls, "g": F.lit(None).cast(BooleanType()), **cols}
+                **nulls, "g": F.lit(None).cast(BooleanType()), "h": F.lit(None).cast(BooleanType()), **cols}
         return df.select(*[spec[f.name].cast(f.dataType).alias(f.name) for f in UNION.fields])
 
     mls = shaped(frames["managed_ledgers"], _ML, name=F.col("topic"), tenant=F.col("tenant"),
@@ -152,10 +157,21 @@ def _union(frames: dict[str, DataFrame]) -> DataFrame:
                  shadow=F.col("shadow_source").isNotNull(), a=F.col("zk_mtime_ms"), b=F.col("zk_version"))
     cursors = shaped(frames["ml_cursors"], _CURSOR, name=F.col("cursor"), a=F.col("cursors_ledger_id"),
                      b=F.col("mark_delete_ledger_id"), c=F.col("mark_delete_entry_id"), d=F.col("zk_mtime_ms"),
-                     e=F.col("last_active_ms"), f=F.col("zk_version"))
+                     e=F.col("last_active_ms"), f=F.col("zk_version"), h=_replicated(F.col("long_properties")))
     ledgers = shaped(frames["ml_ledgers"], _LEDGER, a=F.col("ledger_id"), b=F.col("entries"), c=F.col("size"),
                      d=F.col("timestamp_ms"), g=F.col("offloaded"))
     return mls.unionByName(cursors).unionByName(ledgers)
+
+
+def _replicated(long_properties: Any) -> Any:
+    """A cursor's replicated-subscription flag from its `long_properties` map (no entry: not replicated)."""
+    return F.coalesce(F.try_element_at(long_properties, F.lit(REPLICATED_SUBSCRIPTION_PROPERTY)) == 1, F.lit(False))
+
+
+def _replicated_arrow(long_properties: pa.ChunkedArray) -> pa.ChunkedArray:
+    """`_replicated` over an Arrow map column, for the driver's pass."""
+    value = pc.map_lookup(long_properties, pa.scalar(REPLICATED_SUBSCRIPTION_PROPERTY), "first")
+    return pc.fill_null(pc.equal(value, 1), False)
 
 
 @dataclass(frozen=True)
@@ -358,7 +374,8 @@ def _topic_rows(group: list[tuple[Any, ...]], ctx: _Context) -> list[dict[str, A
         if row[1] == _CURSOR:
             cursors.append((Cursor(row[2], Position(row[8] if row[8] is not None else -1,
                                                     row[9] if row[9] is not None else -1),
-                                   row[7] if row[7] is not None else -1, row[10] or 0, row[11] or 0), row[12]))
+                                   row[7] if row[7] is not None else -1, row[10] or 0, row[11] or 0,
+                                   replicated=bool(row[14])), row[12]))
         elif row[1] == _LEDGER:
             ledgers.append(Ledger(row[7], row[8] or 0, row[9] or 0, row[10] or 0, bool(row[13])))
     ns_key = f"{tenant}/{namespace}"
@@ -367,14 +384,16 @@ def _topic_rows(group: list[tuple[Any, ...]], ctx: _Context) -> list[dict[str, A
     topic_policy = NOT_USED if ctx.settings.topic_policies == "none" else RULED_OUT
     if managed_ledger in ctx.quarantined:
         policy, reason, detail = None, Reason.METADATA_QUARANTINED, "its metadata (or a cursor's) could not be decoded"
-    system = is_system_topic(ns_key, local or "")
-    owned = bundle_owned(topic_name, ctx.owned.get(ns_key, ())) if ctx.ownership_readable else None
-    facts = TopicFacts(tuple(ledgers), tuple(c for c, _ in cursors), ml_mtime, policy, reason, detail, owned, system)
     settings = ctx.settings
+    system = is_system_topic(ns_key, local or "")
+    protected = topic_protection(ns_key, local or "", settings.protection)
+    owned = bundle_owned(topic_name, ctx.owned.get(ns_key, ())) if ctx.ownership_readable else None
+    facts = TopicFacts(tuple(ledgers), tuple(c for c, _ in cursors), ml_mtime, policy, reason, detail, owned, system,
+                       settings.protection)
     debt = assess_topic(facts, settings.broker, ctx.now_ms, settings.report_idle_ms)
     in_scope = settings.scope.permits(tenant, namespace)
-    status = topic_status(debt, in_scope, system)
-    if status is TopicStatus.NONE and not debt.cursors:
+    status = topic_status(debt, in_scope, protected)
+    if debt.status is TopicStatus.NONE and not debt.cursors:
         return []
     captured_at = datetime.fromtimestamp(ctx.now_ms / 1000, UTC)
     base = {"run_id": ctx.run_id, "captured_at": captured_at, "tenant": tenant, "namespace": namespace,
@@ -383,12 +402,17 @@ def _topic_rows(group: list[tuple[Any, ...]], ctx: _Context) -> list[dict[str, A
             "retention_minutes": policy.retention_minutes if policy else None,
             "retention_size_mb": policy.retention_size_mb if policy else None,
             "ttl_seconds": policy.ttl_seconds if policy else None, "system_topic": system,
-            "topic_policy": topic_policy}
+            # A protected row is never acted on, so whether a topic-level policy overrides the namespace's is
+            # not asked (`mark_topic_policies_unchecked` leaves it alone): no broker call for Pulsar's own topics.
+            "topic_policy": NOT_USED if protected else topic_policy}
     detail = debt.detail
-    if debt.cursors and status is TopicStatus.NONE:
+    if debt.cursors and debt.status is TopicStatus.NONE:
         detail = (f"nothing past retention nobody trims; {len(debt.cursors)} idle cursor(s) pin "
                   f"{debt.idle_pinned.bytes:,} bytes")
-    rows = [{**base, "kind": TOPIC, "status": status.value, "reason": debt.reason.value, "detail": detail,
+    if protected is not None:
+        detail = f"protected, never loaded nor trimmed by the repair: {_describe(protected)}; {detail}"
+    rows = [{**base, "kind": TOPIC, "status": status.value, "reason": protected or debt.reason.value,
+             "detail": detail,
              "ledgers": len(ledgers), "total_bytes": sum(x.size for x in ledgers),
              "reclaimable_ledgers": len(debt.trim.ledgers), "reclaimable_bytes": debt.trim.bytes,
              "reclaimable_offloaded_bytes": sum(x.size for x in debt.trim.ledgers if x.offloaded),
@@ -398,15 +422,17 @@ def _topic_rows(group: list[tuple[Any, ...]], ctx: _Context) -> list[dict[str, A
              "zk_mtime_ms": ml_mtime, "zk_version": ml_version}]
     versions = {c.name: version for c, version in cursors}
     for c in debt.cursors:
-        cstatus = cursor_status(c, status, settings.delete_after_ms, in_scope, system)
+        cstatus = cursor_status(c, debt.status, settings.delete_after_ms, in_scope, protected)
+        why_protected = c.protected or protected
         lag = " (ZooKeeper's position may lag an active cursor ledger: it may pin less)" if c.position_may_lag else ""
         why = {CursorStatus.CANDIDATE: "idle past [retention] cursor_idle_days: its subscription would be deleted",
                CursorStatus.IDLE: "idle: reported only (subscription deletion is off or not yet due)",
-               CursorStatus.PROTECTED: "a system cursor (or topic): never deleted",
+               CursorStatus.PROTECTED: f"protected, never deleted: {_describe(why_protected or '')}",
                CursorStatus.OUT_OF_SCOPE: "idle, outside the repair allow-list",
                CursorStatus.UNKNOWN: f"idle, on a topic that cannot be judged ({debt.reason.value})"}[cstatus]
         rows.append({**base, "kind": CURSOR, "cursor": c.name, "status": cstatus.value,
-                     "reason": (Reason.SYSTEM_CURSOR if c.system or system else Reason.IDLE_CURSOR).value,
+                     "topic_policy": NOT_USED if why_protected else base["topic_policy"],
+                     "reason": why_protected or Reason.IDLE_CURSOR.value,
                      "detail": f"{why}; pins {c.pinned.bytes:,} bytes alone{lag}",
                      "reclaimable_ledgers": len(c.pinned.ledgers), "reclaimable_bytes": c.pinned.bytes,
                      "reclaimable_offloaded_bytes": sum(x.size for x in c.pinned.ledgers if x.offloaded),
@@ -417,6 +443,14 @@ def _topic_rows(group: list[tuple[Any, ...]], ctx: _Context) -> list[dict[str, A
                      "mark_delete_entry_id": c.cursor.mark_delete.entry_id, "cursor_ledger_id": c.cursor.cursor_ledger,
                      "bundle_owned": owned, "zk_mtime_ms": c.cursor.zk_mtime_ms, "zk_version": versions.get(c.name)})
     return rows
+
+
+def _describe(reason: str | None) -> str:
+    """A protection reason in words (`sweeper.protection.describe`, or retention's wider `system_topic`)."""
+    try:
+        return describe(Protected(reason))
+    except ValueError:
+        return "a system topic (a `__` name, or a `pulsar/*` namespace)"
 
 
 def finalize_topic_policies(rows: list[dict[str, Any]], lookup: Callable[[str], tuple[str, str]] | None) -> int:
@@ -460,6 +494,8 @@ def mark_topic_policies_unchecked(rows: list[dict[str, Any]], namespaces: frozen
     """Rows judged under their namespace's policy in a namespace whose `__change_events` may hold topic-level
     policies: `finalize_topic_policies` decides them. Rows without a policy (unknown) stay as they are."""
     for r in rows:
+        if r["status"] == CursorStatus.PROTECTED.value:
+            continue  # never acted on: what overrides its policy changes nothing, and asking would be a call
         if (r["topic_policy"] == RULED_OUT and r["policy_source"] is not None
                 and f"{r['tenant']}/{r['namespace']}" in namespaces):
             r["topic_policy"] = UNCHECKED
@@ -657,6 +693,8 @@ def _union_arrow(store: TableStore, run_id: str, managed_ledgers: list[str] | No
                 arrays.append(pa.nulls(read.num_rows, f.type).fill_null(kind))
             elif f.name == "shadow" and "shadow" in sources:
                 arrays.append(pc.is_valid(read[sources["shadow"]]))
+            elif f.name == "h" and "h" in sources:
+                arrays.append(_replicated_arrow(read[sources["h"]]))
             elif f.name in sources:
                 arrays.append(read[sources[f.name]].cast(f.type))
             else:
@@ -667,7 +705,7 @@ def _union_arrow(store: TableStore, run_id: str, managed_ledgers: list[str] | No
         shaped("managed_ledgers", _ML, name="topic", tenant="tenant", namespace="namespace", topic_name="topic_name",
                shadow="shadow_source", a="zk_mtime_ms", b="zk_version"),
         shaped("ml_cursors", _CURSOR, name="cursor", a="cursors_ledger_id", b="mark_delete_ledger_id",
-               c="mark_delete_entry_id", d="zk_mtime_ms", e="last_active_ms", f="zk_version"),
+               c="mark_delete_entry_id", d="zk_mtime_ms", e="last_active_ms", f="zk_version", h="long_properties"),
         shaped("ml_ledgers", _LEDGER, a="ledger_id", b="entries", c="size", d="timestamp_ms", g="offloaded"),
     ])
     return union.sort_by([(column, "ascending", "at_start") for column in ("managed_ledger", "kind", "a")])

@@ -408,10 +408,11 @@ RETENTION_DEBT = _schema(
     ("run_id", S, False),
     ("captured_at", TS, False),
     ("kind", S, False),  # topic | cursor
-    # topic: candidate | awaiting_broker | none | out_of_scope | unknown
+    # topic: candidate | awaiting_broker | none | out_of_scope | protected | unknown
     # cursor: candidate | idle | protected | out_of_scope | unknown. Only candidates are ever repaired.
     ("status", S, False),
-    ("reason", S, False),  # sweeper.retention.Reason
+    # sweeper.retention.Reason; a protected row: why (a sweeper.protection.Protected value, or system_topic)
+    ("reason", S, False),
     ("detail", S),
     ("tenant", S),
     ("namespace", S),
@@ -422,7 +423,8 @@ RETENTION_DEBT = _schema(
     ("system_topic", B),
     ("policy_source", S),  # namespace | namespace+broker_default_retention | ... (null: unknown)
     # topic-level policies: ruled_out (its namespace's __change_events holds no event) | not_set (the broker
-    # says so) | set (not evaluated: unknown) | unread (unknown) | not_used ([retention] topic_policies = none)
+    # says so) | set (not evaluated: unknown) | unread (unknown) | not_used ([retention] topic_policies = none,
+    # or a protected row: never acted on, so not checked)
     ("topic_policy", S),
     ("retention_minutes", INT),
     ("retention_size_mb", L),

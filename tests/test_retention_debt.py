@@ -3,6 +3,7 @@ the right ledgers and bytes, idle cursors with what each alone pins, bad or miss
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 from typing import Any
@@ -242,7 +243,7 @@ def test_admin_mode_asks_the_broker_only_about_owned_topics_whose_policies_may_b
     """[retention] topic_policies = "admin": in the namespace whose __change_events holds events, a topic in an
     owned bundle is judged under its namespace's policy once the broker says it has none of its own; namespaces
     whose __change_events holds no event are never asked about (the unowned case: the finalize test above)."""
-    from sweeper.retention_debt import NOT_SET, RULED_OUT
+    from sweeper.retention_debt import NOT_SET, NOT_USED, RULED_OUT
     from sweeper.sandbox.retention_scenarios import TOPIC_POLICY_NS
 
     tenant, ns = TOPIC_POLICY_NS.split("/")
@@ -259,6 +260,11 @@ def test_admin_mode_asks_the_broker_only_about_owned_topics_whose_policies_may_b
     found, cursors = _debt(store, run_id)
     in_ns = {ml: row for ml, row in found.items() if ml.startswith(f"{TOPIC_POLICY_NS}/")}
     assert in_ns and asked and result.counts["topic_policy_calls"] == len(asked)
+    # Its __change_events is Pulsar's own: protected, never acted on, so never asked about.
+    protected = {ml for ml, row in in_ns.items() if row["status"] == "protected"}
+    assert [found[ml]["topic"] for ml in protected] == ["__change_events"]
+    assert all(found[ml]["topic_policy"] == NOT_USED for ml in protected)
+    in_ns = {ml: row for ml, row in in_ns.items() if ml not in protected}
     assert {row["topic_name"] for row in in_ns.values()} == set(asked)
     for row in in_ns.values():
         assert row["bundle_owned"] is True and row["topic_policy"] == NOT_SET, row["detail"]
@@ -268,7 +274,7 @@ def test_admin_mode_asks_the_broker_only_about_owned_topics_whose_policies_may_b
     assert (found[user_topic]["status"], cursors[(user_topic, "old-sub")]["status"]) == ("none", "idle")
     assert cursors[(user_topic, "old-sub")]["reclaimable_bytes"] == found[user_topic]["idle_pinned_bytes"] > 0
     assert all(row["topic_policy"] == RULED_OUT for ml, row in found.items() if ml not in in_ns
-               and row["status"] != "unknown")
+               and row["status"] not in ("unknown", "protected"))
     assert len(cluster.retention) > len(in_ns)
 
 
@@ -387,3 +393,71 @@ def test_the_column_wise_summaries_are_retention_summarize_of_each_topic() -> No
         if field.name == "current_ledger_id":
             g, w = g[want.ledger_count > 0], w[want.ledger_count > 0]
         assert np.array_equal(g, w), field.name
+
+
+@pytest.mark.parametrize("driver_assess_max_rows", [500_000, 0], ids=["driver", "spark"])
+def test_what_pulsar_protects_is_protected_with_its_reason_never_a_candidate(
+        driver_assess_max_rows: int, zk: KazooClient, zk_target: ZkTarget, zk_clock: ServerClock,
+        spark: SparkSession, tmp_path: Path) -> None:
+    """Issue 26, item 1: with subscription deletion on (30 days) every 60-day idle subscription would be a
+    candidate. A replicated subscription (its cursor's `pulsar.replicated.subscription` = 1, as
+    PersistentSubscription writes it), the pending-ack stores of both spellings
+    (`<topic>-<sub>__transaction_pending_ack` / `__pending_ack_state`, `<topic>-<sub>-transaction-pendingack` /
+    `pendingack`) and what the operator protects
+    ([retention] protected_subscriptions / protected_topics, through RetentionSettings.from_config) are `protected`
+    with their reason; the ordinary idle subscription next to them is still a candidate. Both per-topic passes
+    (the driver's Arrow and Spark's shuffle) carry the replicated flag."""
+    from sweeper.sandbox.model import Cursor, ManagedLedger, MlLedger
+
+    cluster = build_cluster(SandboxSpec(seed=5, topics=10))
+    base = next(ml for ml in cluster.managed_ledgers if ml.topic == "idle-forever-0")
+    stale = next(c for c in base.cursors if c.name == "stale-sub")
+
+    def idle_cursor(name: str, long_properties: dict[str, int] | None = None) -> Cursor:
+        return Cursor(name, -1, stale.mark_delete, dict(long_properties or {}), zk_mtime_ms=stale.zk_mtime_ms,
+                      last_active_ms=stale.last_active_ms)
+
+    base.cursors += [idle_cursor("geo-sub", {"pulsar.replicated.subscription": 1}),
+                     idle_cursor("not-geo", {"pulsar.replicated.subscription": 0}), idle_cursor("audit-keep")]
+    next_id = max(x.ledger_id for ml in cluster.managed_ledgers for x in ml.ledgers) + 1000
+    added: dict[str, str] = {}  # local name -> its cursor
+
+    def copy_of(local: str, cursor: str) -> None:
+        ledgers = [MlLedger(next_id + len(added) * 100 + i, x.entries, x.size, x.timestamp_ms)
+                   for i, x in enumerate(base.ledgers)]
+        cluster.managed_ledgers.append(ManagedLedger(base.tenant, base.namespace, local, ledgers, [idle_cursor(cursor)],
+                                                     {}, "NONE", zk_mtime_ms=base.zk_mtime_ms))
+        added[local] = cursor
+
+    copy_of("idle-forever-0-stale-sub__transaction_pending_ack", "__pending_ack_state")
+    copy_of("idle-forever-0-stale-sub-transaction-pendingack", "pendingack")
+    copy_of("ledger-audit", "reader")
+    seed_zookeeper(zk, cluster)
+    cfg = BASE_CONFIG.replace(bookkeeper={"zookeeper": zk_target.hosts}, offload={"enabled": False},
+                              tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"},
+                              retention={"cursor_idle_days": 30, "protected_subscriptions": "audit-*",
+                                         "protected_topics": f"{base.tenant}/{base.namespace}/ledger-*"})
+    store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
+    run_id = run_snapshot(spark, cfg, store).run_id
+    settings = dataclasses.replace(RetentionSettings.from_config(cfg.retention, cfg.safety),
+                                   driver_assess_max_rows=driver_assess_max_rows)
+    result = run_retention_debt(spark, store, run_id, settings)
+    found, cursors = _debt(store, run_id)
+
+    def status(local: str, cursor: str | None = None) -> tuple[str, str]:
+        ml = f"{base.tenant}/{base.namespace}/persistent/{local}"
+        row = found[ml] if cursor is None else cursors[(ml, cursor)]
+        return row["status"], row["reason"]
+
+    assert status(base.topic, "stale-sub") == ("candidate", "idle_cursor")  # deletion is on: the control
+    assert status(base.topic, "not-geo") == ("candidate", "idle_cursor")  # the property set, but not to 1
+    assert status(base.topic, "geo-sub") == ("protected", "replicated_subscription")
+    assert status(base.topic, "audit-keep") == ("protected", "operator_protected_subscription")
+    for local, reason in (("idle-forever-0-stale-sub__transaction_pending_ack", "transaction_pending_ack_store"),
+                          ("idle-forever-0-stale-sub-transaction-pendingack", "transaction_pending_ack_store"),
+                          ("ledger-audit", "operator_protected_topic")):
+        assert status(local) == ("protected", reason), found[f"{base.tenant}/{base.namespace}/persistent/{local}"]
+        cursor_reason = "transaction_pending_ack_cursor" if "pending" in local else reason
+        assert status(local, added[local]) == ("protected", cursor_reason)
+    assert all(row["status"] != "candidate" for row in found.values() if row["system_topic"])
+    assert result.counts["topic.protected"] >= 3

@@ -8,6 +8,7 @@ import zlib
 
 import pytest
 
+from sweeper.protection import Protection
 from sweeper.retention import (
     COMPACTION_CURSOR,
     DAY_MS,
@@ -30,11 +31,13 @@ from sweeper.retention import (
     change_events_may_hold_policies,
     cursor_status,
     effective_policy,
+    is_system_topic,
     last_possible_ack_ms,
     may_owe,
     parse_bundle_range,
     parse_namespace_policies,
     summarize,
+    topic_protection,
     topic_status,
     trim_bound,
     trimmable,
@@ -228,11 +231,65 @@ def test_system_cursors_are_protected() -> None:
     statuses = {c.name: cursor_status(c, debt.status, DAY_MS, True) for c in debt.cursors}
     assert statuses == {COMPACTION_CURSOR: CursorStatus.PROTECTED, "pulsar.repl.west": CursorStatus.PROTECTED,
                         "pulsar.dedup": CursorStatus.PROTECTED, "orders-sub": CursorStatus.CANDIDATE}
+    assert {c.name: c.protected for c in debt.cursors} == {
+        COMPACTION_CURSOR: "compaction_cursor", "pulsar.repl.west": "pulsar_system_cursor",
+        "pulsar.dedup": "pulsar_system_cursor", "orders-sub": None}
 
 
-def cursor_debt(name: str = "sub", idle_days: float = 40, system: bool = False) -> CursorDebt:
+def test_replicated_subscriptions_and_pending_ack_cursors_are_never_candidates() -> None:
+    """Issue 26: a replicated subscription (its cursor's `pulsar.replicated.subscription` = 1), the pending-ack
+    cursors of both spellings, and what the operator protects are `protected` with their reason, however idle."""
+    list_ = ledgers(20, 19)
+    old = NOW - 90 * DAY_MS
+    cursors = (Cursor("geo-sub", Position(1, -1), -1, old, replicated=True),
+               Cursor("__pending_ack_state", Position(1, -1), -1, old), Cursor("pendingack", Position(1, -1), -1, old),
+               Cursor("audit-keep", Position(1, -1), -1, old), Cursor("orders-sub", Position(1, -1), -1, old))
+    extra = Protection.of(subscriptions="audit-*")
+    facts = TopicFacts(list_, cursors, old, Policy(0, 0), protection=extra)
+    debt = assess_topic(facts, BROKER, NOW, 7 * DAY_MS)
+    assert {c.name: (cursor_status(c, debt.status, DAY_MS, True), c.protected) for c in debt.cursors} == {
+        "geo-sub": (CursorStatus.PROTECTED, "replicated_subscription"),
+        "__pending_ack_state": (CursorStatus.PROTECTED, "transaction_pending_ack_cursor"),
+        "pendingack": (CursorStatus.PROTECTED, "transaction_pending_ack_cursor"),
+        "audit-keep": (CursorStatus.PROTECTED, "operator_protected_subscription"),
+        "orders-sub": (CursorStatus.CANDIDATE, None)}
+
+
+@pytest.mark.parametrize(("namespace", "local", "reason"), [
+    ("public/default", "orders-geo-sub__transaction_pending_ack", "transaction_pending_ack_store"),
+    ("public/default", "orders-partition-3-sub__transaction_pending_ack", "transaction_pending_ack_store"),
+    ("public/default", "orders-sub-transaction-pendingack", "transaction_pending_ack_store"),
+    ("public/default", "__transaction_buffer_snapshot", "transaction_buffer_snapshot"),
+    ("public/default", "__transaction_buffer_snapshot_segments-partition-1", "transaction_buffer_snapshot"),
+    ("public/default", "__change_events-partition-0", "topic_policy_events"),
+    ("pulsar/system", "transaction_coordinator_assign-partition-0", "transaction_coordinator"),
+    ("pulsar/system", "__transaction_log_0", "transaction_coordinator"),
+    ("pulsar/functions", "assignments", "system_topic"),
+    ("public/default", "__some_future_system_topic", "system_topic"),
+])
+def test_pulsars_transaction_and_policy_topics_are_protected_never_loaded(namespace: str, local: str,
+                                                                           reason: str) -> None:
+    debt = assess_topic(TopicFacts(ledgers(20, 19), (), NOW - 10 * DAY_MS, Policy(0, 0)), BROKER, NOW, 7 * DAY_MS)
+    assert debt.status is TopicStatus.CANDIDATE  # it owes: only protection keeps it from the repair
+    assert is_system_topic(namespace, local)
+    assert topic_protection(namespace, local) == reason
+    assert topic_status(debt, True, topic_protection(namespace, local)) is TopicStatus.PROTECTED
+    assert cursor_status(cursor_debt(), debt.status, DAY_MS, True,
+                         topic_protection(namespace, local)) is CursorStatus.PROTECTED
+
+
+def test_operator_protected_topics_and_ordinary_names() -> None:
+    extra = Protection.of(topics="public/default/ledger-*")
+    assert topic_protection("public/default", "ledger-audit", extra) == "operator_protected_topic"
+    assert topic_protection("public/default", "ledger-audit") is None  # not without the glob
+    assert not is_system_topic("public/default", "ledger-audit")  # the operator's, not Pulsar's
+    for local in ("orders", "orders-sub-transaction", "my__transaction_pending_ack_notes", "_x"):
+        assert topic_protection("public/default", local, extra) is None, local
+
+
+def cursor_debt(name: str = "sub", idle_days: float = 40, protected: str | None = None) -> CursorDebt:
     cursor = Cursor(name, Position(1, -1), -1, NOW)
-    return CursorDebt(name, int(idle_days * DAY_MS), False, system, Trim((), ()), cursor)
+    return CursorDebt(name, int(idle_days * DAY_MS), False, protected, Trim((), ()), cursor)
 
 
 def test_only_idle_user_subscriptions_past_the_deletion_threshold_in_scope_are_candidates() -> None:
@@ -241,9 +298,14 @@ def test_only_idle_user_subscriptions_past_the_deletion_threshold_in_scope_are_c
     assert cursor_status(cursor_debt(), TopicStatus.NONE, 0, True) is CursorStatus.IDLE  # deletion off
     assert cursor_status(cursor_debt(idle_days=20), TopicStatus.NONE, thirty, True) is CursorStatus.IDLE
     assert cursor_status(cursor_debt(), TopicStatus.NONE, thirty, False) is CursorStatus.OUT_OF_SCOPE
-    assert cursor_status(cursor_debt(system=True), TopicStatus.NONE, thirty, True) is CursorStatus.PROTECTED
-    assert cursor_status(cursor_debt(), TopicStatus.NONE, thirty, True, system_topic=True) is CursorStatus.PROTECTED
+    assert cursor_status(cursor_debt(protected="compaction_cursor"), TopicStatus.NONE, thirty,
+                         True) is CursorStatus.PROTECTED
+    assert cursor_status(cursor_debt(), TopicStatus.NONE, thirty, True,
+                         topic_protected="system_topic") is CursorStatus.PROTECTED
     assert cursor_status(cursor_debt(), TopicStatus.UNKNOWN, thirty, True) is CursorStatus.UNKNOWN
+    # Protection does not depend on the policy: a protected cursor on a topic that cannot be judged stays protected.
+    assert cursor_status(cursor_debt(protected="replicated_subscription"), TopicStatus.UNKNOWN, thirty,
+                         True) is CursorStatus.PROTECTED
 
 
 # --- unloaded topics ------------------------------------------------------------------------------------
@@ -298,7 +360,8 @@ def test_repairs_stay_inside_the_allow_list_and_off_system_topics() -> None:
     debt = assess_topic(TopicFacts(list_, (), NOW - 10 * DAY_MS, Policy(0, 0)), BROKER, NOW, 7 * DAY_MS)
     assert topic_status(debt, True) is TopicStatus.CANDIDATE
     assert topic_status(debt, False) is TopicStatus.OUT_OF_SCOPE
-    assert topic_status(debt, True, system_topic=True) is TopicStatus.OUT_OF_SCOPE
+    assert topic_status(debt, True, protected="system_topic") is TopicStatus.PROTECTED
+    assert topic_status(debt, False, protected="transaction_pending_ack_store") is TopicStatus.PROTECTED
 
 
 # --- bundles --------------------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ class RetentionExpectation:
 
     managed_ledger: str
     scenario: str
-    status: str  # candidate | awaiting_broker | none | unknown
+    status: str  # candidate | awaiting_broker | none | protected | unknown
     reason: str
     trimmable: list[int] = field(default_factory=list)
     trimmable_bytes: int = 0
@@ -244,10 +244,10 @@ class _Scenarios:
                                                      entries - 1, entries * 200, tuple(self.b.bookies[:3]), 3,
                                                      Status.IN_USE, referrers=[f"ml:{ml.name}"])
             self.b.managed_ledgers.append(ml)
-            if events:  # every topic of that namespace is unknown, its system topic included
-                self.expect(ml, "change_events_with_events", "unknown", "topic_policy_may_exist")
-            else:  # past its 1-day retention and unloaded, but a system topic: reported, never repaired
-                self.expect(ml, "change_events_empty", "out_of_scope", "expired_not_trimmed", trimmed=1)
+            # Past its 1-day retention and unloaded, but Pulsar's own (SystemTopicNames): protected, reported with
+            # what it owes, never repaired; and, never acted on, not made unknown by the events it holds.
+            scenario = "change_events_with_events" if events else "change_events_empty"
+            self.expect(ml, scenario, "protected", "topic_policy_events", trimmed=1)
 
 
 def add_retention_scenarios(builder: _Builder) -> list[RetentionExpectation]:

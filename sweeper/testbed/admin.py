@@ -81,6 +81,16 @@ class Admin:
     def stats(self, topic: str) -> dict[str, Any]:
         return dict(self.call("GET", f"/admin/v2/{topic_path(topic)}/stats"))
 
+    def pending_ack_internal_stats(self, topic: str, subscription: str) -> dict[str, Any]:
+        """The stats-internal of a subscription's transaction pending-ack store (its managed ledger and cursor).
+
+        The store's own topic (`<topic>-<sub>__transaction_pending_ack`) has no `internalStats` of its own: the
+        broker refuses to load a transaction system topic through the admin API (HTTP 409), so this asks the
+        transactions endpoint, which reports the store as the subscription's topic opened it."""
+        _, rest = topic.split("://", 1)
+        return dict(self.call("GET", f"/admin/v3/transactions/pendingAckInternalStats/{rest}/"
+                                     f"{urllib.parse.quote(subscription, safe='')}"))
+
     def create_subscription(self, topic: str, subscription: str, earliest: bool = True) -> None:
         position = {"ledgerId": 0, "entryId": 0, "partitionIndex": -1} if earliest else None
         self.call("PUT", f"/admin/v2/{topic_path(topic)}/subscription/{urllib.parse.quote(subscription, safe='')}",

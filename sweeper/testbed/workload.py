@@ -205,17 +205,21 @@ def transactional_produce(info: TestbedInfo, name: str, messages: int, per_txn: 
     raise RuntimeError(f"pulsar-perf produce -txn committed nothing in {attempts} runs: " + " | ".join(failures))
 
 
-def _perf_produce_transactions(info: TestbedInfo, name: str, messages: int, per_txn: int) -> tuple[int, str]:
+def _pulsar_perf(info: TestbedInfo, *args: str) -> subprocess.CompletedProcess[str]:
+    """Pulsar's perf tool (`produce` or `consume`) against the testbed, as the superuser, in a small JVM."""
     perf = Path(info.pulsar_home) / "bin" / "pulsar-perf"
     token_file = Path(info.home) / "tokens" / f"{SUPERUSER}.jwt"
-    command = [str(perf), "produce", "-u", info.service_url, "-au", info.admin_url,
+    command = [str(perf), args[0], "-u", info.service_url,
                "--auth-plugin", "org.apache.pulsar.client.impl.auth.AuthenticationToken",
-               "--auth-params", f"file://{token_file.resolve()}",
-               "-txn", "-nmt", str(per_txn), "-m", str(messages), "-r", "200", "-s", "64", "-time", "60",
-               "-db", name]
+               "--auth-params", f"file://{token_file.resolve()}", *args[1:]]
     env = {"PULSAR_MEM": "-Xms64m -Xmx256m", "PULSAR_GC": "-XX:+UseSerialGC", "PULSAR_GC_LOG": "-Xlog:disable",
            "PULSAR_LOG_DIR": str(Path(info.home) / "logs"), "PATH": "/usr/bin:/bin"}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=180, env=env, check=False)
+    return subprocess.run(command, capture_output=True, text=True, timeout=180, env=env, check=False)
+
+
+def _perf_produce_transactions(info: TestbedInfo, name: str, messages: int, per_txn: int) -> tuple[int, str]:
+    done = _pulsar_perf(info, "produce", "-au", info.admin_url, "-txn", "-nmt", str(per_txn), "-m", str(messages),
+                        "-r", "200", "-s", "64", "-time", "60", "-db", name)
     output = done.stdout + done.stderr
     committed = re.search(r"Transaction : (\d+) transaction end successfully", output)
     # The perf tool stops on its message count with later transactions still open (they time out and are
@@ -223,6 +227,23 @@ def _perf_produce_transactions(info: TestbedInfo, name: str, messages: int, per_
     if done.returncode != 0 or committed is None:
         return 0, f"exit {done.returncode}: {output}"
     return int(committed.group(1)), output
+
+
+def transactional_acknowledge(info: TestbedInfo, name: str, subscription: str, messages: int,
+                              timeout_s: int = 900) -> str:
+    """`messages` acknowledged from the earliest position inside one transaction left open (it times out after
+    `timeout_s` and the coordinator aborts it), by Pulsar's perf consumer (the Python client has no transactions).
+
+    The first transactional acknowledgement makes the broker create the subscription's pending-ack store
+    (MLPendingAckStoreProvider: `<topic>-<sub>__transaction_pending_ack`, cursor `__pending_ack_state`) and append
+    the acknowledgements to it; while the transaction is open they are all that hold them. The tool's summary
+    of its transactions is not always printed, so the caller checks for the store itself; returns the output."""
+    done = _pulsar_perf(info, "consume", "-txn", "-nmt", str(messages + 1), "-m", str(messages), "-ss", subscription,
+                        "-sp", "Earliest", "-time", "60", "-tto", str(timeout_s), "-i", "0", name)
+    output = done.stdout + done.stderr
+    if done.returncode != 0:
+        raise RuntimeError(f"pulsar-perf consume -txn failed (exit {done.returncode}): {_first_error(output)}")
+    return output
 
 
 def _first_error(output: str) -> str:

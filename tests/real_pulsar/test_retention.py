@@ -25,6 +25,16 @@ topics in owned bundles), then `sweeper retention --execute`'s repair:
   consumer); the ledgers only `idle` pinned are trimmed;
 - `vetoed/idle` is skipped: the broker's stats show its consumer;
 - `own-policy` is `unknown` (topic_policy_set): never acted on.
+- `protected` (issue 26): subscription `geo` made with replicated subscription state (the broker writes the
+  cursor property `pulsar.replicated.subscription` = 1, PersistentSubscription.getBaseCursorProperties, which the
+  unload's cursor close persists to ZooKeeper) and `txn-sub`, which acknowledged in a transaction left open
+  (pulsar-perf consume -txn: the broker creates `protected-txn-sub__transaction_pending_ack` with its cursor
+  `__pending_ack_state`). Every subscription is opted in (cursor_idle_days of 30 s), yet `geo` and the
+  pending-ack store and its cursor are `protected` with their reasons, nothing is planned for them, and after
+  the repair the broker's stats-internal (the topic's, and the store's through the transactions endpoint)
+  still shows both cursors. `txn-sub` itself is an ordinary subscription (the broker would expire it too;
+  unsubscribing it is the broker's way to drop its store): here the operator protects it
+  ([retention] protected_subscriptions = "txn-*"), which is that rule's end-to-end check.
 
 Cost: the set-up and its ~72 s of waiting (after test_sweep: see below), one snapshot, the step and
 the repair.
@@ -49,9 +59,9 @@ from sweeper.pipeline import retention_stage
 from sweeper.retention_repair import DELETED, NOT_NEEDED, SKIPPED_ACTIVE, TRIMMED, run_repair
 from sweeper.snapshot import run_snapshot
 from sweeper.tables import open_table_store
-from sweeper.testbed.admin import Admin, topic_path
+from sweeper.testbed.admin import Admin, AdminError, topic_path
 from sweeper.testbed.orphans import ml_path
-from sweeper.testbed.workload import TENANT, admin_for, client_for, produce, topic
+from sweeper.testbed.workload import TENANT, admin_for, client_for, produce, topic, transactional_acknowledge
 from sweeper.testbed.world import World, zk_for
 from tests.real_pulsar.conftest import COST, GRACE_S
 
@@ -60,6 +70,8 @@ pytestmark = [pytest.mark.real_pulsar, pytest.mark.timeout(900)]
 EXPIRING, SUBS = f"{TENANT}/retention-expiring", f"{TENANT}/retention-subs"
 EXPIRED, WOKEN = topic("expired", EXPIRING), topic("woken", EXPIRING)
 PINNED, VETOED, OWN_POLICY = topic("pinned", SUBS), topic("vetoed", SUBS), topic("own-policy", SUBS)
+PROTECTED = topic("protected", SUBS)
+PENDING_ACK_STORE = f"{PROTECTED}-txn-sub__transaction_pending_ack"  # SystemTopicNames.PENDING_ACK_STORE_SUFFIX
 # A loaded topic is trimmed every check interval: untrimmed for 2 x 5 s + 60 s means nobody runs its retention.
 UNTRIMMED_S = 2 * 5 + 60
 IDLE_S = 30.0  # [retention] cursor_idle_days, as a fraction of a day
@@ -79,7 +91,7 @@ def retention_config(world: World, tables: Path) -> SweeperConfig:
         tables={"root": str(tables), "engine": "delta-rs"},
         safety={"min_age_hours": GRACE_S / 3600, "force_min_age": True, "max_orphan_fraction": 1.0},
         retention={"topic_policies": "admin", "cursor_idle_days": IDLE_S / 86400, "force_cursor_idle": True,
-                   "report_idle_days": IDLE_S / 86400,
+                   "report_idle_days": IDLE_S / 86400, "protected_subscriptions": "txn-*",
                    "allow": f"{EXPIRING},{SUBS}", "actions_per_second": 50.0})
 
 
@@ -100,7 +112,7 @@ def _subscriptions(admin: Admin, name: str) -> set[str]:
     return set(admin.stats(name)["subscriptions"])
 
 
-def _prepare(admin: Admin, client: pulsar.Client) -> tuple[dict[str, dict[int, int]], float]:
+def _prepare(admin: Admin, client: pulsar.Client, world: World) -> tuple[dict[str, dict[int, int]], float]:
     keep = {"retentionTimeInMinutes": -1, "retentionSizeInMB": -1}
     for namespace in (EXPIRING, SUBS):
         admin.call("PUT", f"/admin/v2/namespaces/{namespace}", {"bundles": {"numBundles": 1}}, ok=(200, 204, 409))
@@ -109,8 +121,19 @@ def _prepare(admin: Admin, client: pulsar.Client) -> tuple[dict[str, dict[int, i
         admin.create_topic(name)
         for sub in subscriptions:
             admin.create_subscription(name, sub)
-    for name, count in ((EXPIRED, 45), (WOKEN, 25), (PINNED, 35), (VETOED, 25), (OWN_POLICY, 25)):
+    admin.create_topic(PROTECTED)
+    client.subscribe(PROTECTED, "geo", replicate_subscription_state_enabled=True).close()
+    for name, count in ((EXPIRED, 45), (WOKEN, 25), (PINNED, 35), (VETOED, 25), (OWN_POLICY, 25), (PROTECTED, 12)):
         produce(client, name, count)
+    perf = transactional_acknowledge(world.info, PROTECTED, "txn-sub", 6)  # a few seconds: one small JVM
+    zk = zk_for(world.info)
+    try:  # the broker created the store and its cursor (what the repair must then leave alone)
+        deadline = time.monotonic() + 20
+        while not zk.exists(f"{ml_path(PENDING_ACK_STORE)}/__pending_ack_state"):
+            assert time.monotonic() < deadline, f"no pending-ack store after pulsar-perf consume -txn: {perf[-2000:]}"
+            time.sleep(0.5)
+    finally:
+        zk.stop()
     # `active` acknowledges everything. The unload below closes the cursors, which writes their positions to
     # ZooKeeper (ManagedCursorImpl persistPositionWhenClosing): exact there, no cursor ledger left to lag behind.
     consumer = client.subscribe(PINNED, "active")
@@ -125,8 +148,8 @@ def _prepare(admin: Admin, client: pulsar.Client) -> tuple[dict[str, dict[int, i
         assert time.monotonic() < deadline, "the topic-level retention never showed"
         time.sleep(0.5)
     stats = {name: _ledger_sizes(admin, name) for name in (EXPIRED, PINNED)}
-    for name in (EXPIRED, WOKEN, PINNED, VETOED):
-        admin.unload(name)  # the ledger closes, cursors close: their znodes are written
+    for name in (EXPIRED, WOKEN, PINNED, VETOED, PROTECTED):
+        admin.unload(name)  # the ledger closes, cursors close (the pending-ack store's too): their znodes are written
     unloaded_at = time.time()
     for namespace in (EXPIRING, SUBS):
         admin.namespace_policy(namespace, "retention", {"retentionTimeInMinutes": 0, "retentionSizeInMB": 0})
@@ -145,7 +168,7 @@ def repaired(testbed_world: World, spark: SparkSession, tmp_path_factory: pytest
     store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
     holders: list[Any] = []  # consumers kept connected through the repair
     try:
-        stats, unloaded_at = _prepare(admin, client)
+        stats, unloaded_at = _prepare(admin, client, world)
         # Untrimmed for longer than a loaded topic could be (nothing may touch the topics meanwhile).
         time.sleep(max(0.0, unloaded_at + UNTRIMMED_S + 1.5 - time.time()))
         # `active` is back: its consumer loads `pinned` (a load writes no cursor znode) and stays connected.
@@ -236,3 +259,36 @@ def test_a_topic_level_policy_makes_the_topic_unknown_never_acted_on(repaired: R
     assert (row["status"], row["reason"], row["topic_policy"]) == ("unknown", "topic_policy_set", "set"), row
     assert row["reclaimable_bytes"] == 0 and not row["ledger_ids"]
     assert not [key for key in repaired.actions if key[0] == OWN_POLICY]
+
+
+def test_a_replicated_subscription_and_a_pending_ack_store_survive_the_repair(repaired: Repaired) -> None:
+    """Issue 26, item 1, on the real broker: with every subscription opted in, what Pulsar protects is `protected`
+    with its reason, nothing is planned for it, and the broker still has both cursors after the repair."""
+    debt = repaired.debt
+    geo = debt[(PROTECTED, "geo")]
+    assert (geo["status"], geo["reason"]) == ("protected", "replicated_subscription"), geo["detail"]
+    assert geo["idle_ms"] >= IDLE_S * 1000  # idle enough to be a candidate, were it not protected
+    store, cursor = debt[(PENDING_ACK_STORE, None)], debt[(PENDING_ACK_STORE, "__pending_ack_state")]
+    assert (store["status"], store["reason"], store["system_topic"]) == (
+        "protected", "transaction_pending_ack_store", True), store["detail"]
+    assert (cursor["status"], cursor["reason"]) == ("protected", "transaction_pending_ack_cursor"), cursor["detail"]
+    txn_sub = debt[(PROTECTED, "txn-sub")]
+    assert (txn_sub["status"], txn_sub["reason"]) == ("protected", "operator_protected_subscription")
+    assert not [key for key in repaired.actions if key in (
+        (PROTECTED, "geo"), (PROTECTED, "txn-sub")) or key[0] == PENDING_ACK_STORE]
+    cursors = repaired.admin.internal_stats(PROTECTED)["cursors"]
+    assert {"geo", "txn-sub"} <= set(cursors)
+    assert cursors["geo"]["properties"].get("pulsar.replicated.subscription") == 1
+    assert repaired.admin.stats(PROTECTED)["subscriptions"]["geo"]["isReplicated"] is True
+    # Reading the stats loaded the topic; its subscription's pending-ack handle replays the store asynchronously
+    # and the broker answers 503 until it has.
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            pending = repaired.admin.pending_ack_internal_stats(PROTECTED, "txn-sub")["pendingAckLogStats"]
+            break
+        except AdminError as exc:
+            assert exc.status == 503 and time.monotonic() < deadline, exc
+            time.sleep(1.0)
+    assert "/" + pending["managedLedgerName"] == ml_path(PENDING_ACK_STORE).removeprefix("/managed-ledgers")
+    assert "__pending_ack_state" in pending["managedLedgerInternalStats"]["cursors"]
