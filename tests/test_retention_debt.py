@@ -22,6 +22,7 @@ from sweeper.sandbox.seed import seed_zookeeper
 from sweeper.snapshot import run_snapshot
 from sweeper.tables import TableStore, open_table_store
 from sweeper.zkserver import ServerClock
+from tests.admin_server import AdminServer
 from tests.conftest import BASE_CONFIG, ZkTarget
 
 
@@ -167,44 +168,24 @@ def test_a_topic_level_policy_not_ruled_out_makes_the_topic_unknown_unless_the_b
     assert [r["status"] for r in rows] == ["unknown", "unknown", "unknown", "candidate"]
 
 
-class _TopicPolicyBroker:
-    """A loopback HTTP server answering the admin v2 topic-policy GETs as Pulsar does (204: none set; 200 with
-    the value; 405 with topic-level policies disabled), redirecting the first request of a path once (307, as a
-    broker that does not own the topic)."""
+class _TopicPolicyBroker(AdminServer):
+    """Answers the admin v2 topic-policy GETs as Pulsar does (204: none set; 200 with the value; 405 with
+    topic-level policies disabled), redirecting the first request of a path once (307, as a broker that does
+    not own the topic)."""
 
     def __init__(self, answers: dict[str, tuple[int, bytes]]) -> None:
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        self.answers = answers
+        super().__init__(self._answer)
 
-        self.answers, self.seen, broker = answers, [], self
+    @property
+    def seen(self) -> list[str]:
+        return [path for _, path, _ in self.requests]
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-            def do_GET(self) -> None:
-                broker.seen.append(self.path)
-                if not self.path.startswith("/owner"):
-                    self.send_response(307)
-                    self.send_header("Location", f"/owner{self.path}")
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                key = self.path.removeprefix("/owner/admin/v2/persistent/")
-                status, body = broker.answers.get(key, (204, b""))
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def _answer(self, method: str, path: str) -> tuple[int, dict[str, str], bytes]:
+        if not path.startswith("/owner"):
+            return 307, {"Location": f"/owner{path}"}, b""
+        status, body = self.answers.get(path.removeprefix("/owner/admin/v2/persistent/"), (204, b""))
+        return status, {}, body
 
 
 def test_the_broker_is_asked_for_local_and_global_topic_policies_of_the_partitioned_topic() -> None:

@@ -5,10 +5,8 @@ never calls one). What the broker does with `--execute` is tested on the real Pu
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +48,7 @@ from sweeper.system_topic import AdminClient, RedirectRefused, broker_web_origin
 from sweeper.table_schemas import RETENTION_DEBT
 from sweeper.tables import open_table_store
 from sweeper.zkserver import ServerClock
+from tests.admin_server import AdminServer, Answer
 from tests.conftest import BASE_CONFIG, ZkTarget
 
 
@@ -158,41 +157,6 @@ def test_subscription_deletion_needs_a_day_at_least_and_never_a_config_switch() 
 TOKEN = "secret-token-26"
 
 
-class _AdminServer:
-    """A loopback HTTP server standing in for one broker's admin API: records every request it receives (method,
-    path, Authorization) and answers with `answer(method, path)`."""
-
-    def __init__(self, answer: Callable[[str, str], tuple[int, dict[str, str], bytes]]) -> None:
-        server_self, self.requests = self, []
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-            def _handle(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                if length:
-                    self.rfile.read(length)
-                server_self.requests.append((self.command, self.path, self.headers.get("Authorization")))
-                status, headers, body = answer(self.command, self.path)
-                self.send_response(status)
-                for key, value in {**headers, "Content-Length": str(len(body))}.items():
-                    self.send_header(key, value)
-                self.end_headers()
-                self.wfile.write(body)
-
-            do_GET = do_POST = do_PUT = do_DELETE = _handle
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def _redirecting_to(target: str) -> Callable[[str, str], tuple[int, dict[str, str], bytes]]:
     return lambda method, path: (307, {"Location": f"{target}{path}"}, b"")
 
@@ -210,18 +174,17 @@ def _broker_answers(stats: dict[str, Any] | None = None) -> Callable[[str, str],
 
 
 @pytest.fixture
-def servers() -> Iterator[list[_AdminServer]]:
-    started: list[_AdminServer] = []
+def servers() -> Iterator[list[AdminServer]]:
+    started: list[AdminServer] = []
     yield started
     for server in started:
         server.close()
 
 
-Answer = Callable[[str, str], tuple[int, dict[str, str], bytes]]
 
 
-def _serve(servers: list[_AdminServer], answer: Answer) -> _AdminServer:
-    server = _AdminServer(answer)
+def _serve(servers: list[AdminServer], answer: Answer) -> AdminServer:
+    server = AdminServer(answer)
     servers.append(server)
     return server
 
@@ -286,7 +249,7 @@ def _outcomes(rows: list[dict[str, Any]]) -> dict[tuple[str, str | None], tuple[
 
 
 def test_a_redirect_outside_the_cluster_is_refused_and_its_host_receives_nothing(
-        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, servers: list[_AdminServer],
+        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, servers: list[AdminServer],
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SWEEPER_TEST_TOKEN", TOKEN)
     peer = _serve(servers, _broker_answers())  # another cluster's broker, owner of a global namespace
@@ -312,7 +275,7 @@ def test_a_redirect_outside_the_cluster_is_refused_and_its_host_receives_nothing
 
 
 def test_a_redirect_to_a_broker_of_this_cluster_is_followed(
-        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, servers: list[_AdminServer],
+        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, servers: list[AdminServer],
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SWEEPER_TEST_TOKEN", TOKEN)
     owner = _serve(servers, _broker_answers())
@@ -413,7 +376,7 @@ def test_todays_rules_refuse_what_a_plan_names(
 
 
 def test_the_brokers_isreplicated_vetoes_a_delete(
-        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, servers: list[_AdminServer],
+        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, servers: list[AdminServer],
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SWEEPER_TEST_TOKEN", TOKEN)
     broker = _serve(servers, _broker_answers({"idle-sub": {"consumers": [], "isReplicated": True}}))
@@ -433,7 +396,7 @@ class _Killed(BaseException):
 
 
 def test_every_action_is_on_disk_before_the_next_call_to_the_broker(
-        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, servers: list[_AdminServer],
+        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, servers: list[AdminServer],
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SWEEPER_TEST_TOKEN", TOKEN)
     broker = _serve(servers, _broker_answers())
@@ -466,7 +429,7 @@ def test_every_action_is_on_disk_before_the_next_call_to_the_broker(
 
 
 def test_topic_policy_lookups_follow_redirects_to_this_clusters_brokers_only(
-        zk: KazooClient, zk_target: ZkTarget, servers: list[_AdminServer]) -> None:
+        zk: KazooClient, zk_target: ZkTarget, servers: list[AdminServer]) -> None:
     owner = _serve(servers, lambda method, path: (200, {}, b'{"retentionTimeInMinutes": 60}'))
     peer = _serve(servers, lambda method, path: (200, {}, b"{}"))
     ours = _serve(servers, lambda method, path: (307, {"Location": (peer.url if "/far" in path else owner.url) + path},
