@@ -247,3 +247,22 @@ def test_a_bookkeeper_copy_goes_only_with_its_offloaded_copy(world: tuple[Any, s
     s3.put_object(Bucket=a, Key=keys(U2, 12)[1], Body=b"x", Metadata=PULSAR_METADATA)
     assert "pulsarClusterName" in (check(a, "", "", tuple(keys(U2, 12)), ML) or "")
     assert offload_checker(DeleteTarget(**{**target.__dict__, "offload_enabled": False})) is None
+
+
+def test_an_offload_record_of_a_namespace_denied_today_or_a_protected_topic_is_refused(
+        zk: KazooClient, world: tuple[Any, str, str]) -> None:
+    # Issue 26 (4): a record is a request; the object deleter applies today's scope and protection (sweeper.rules).
+    from sweeper.classify import Sharing
+    from sweeper.delete.results import REFUSED
+    from sweeper.rules import ActingRules
+    from sweeper.safety import Scope
+
+    s3, a, _ = world
+    denied = ActingRules(scope=Scope(deny=("t/ns",)), sharing=Sharing.DEDICATED)
+    results = objects_deleter(s3, zk, managed_ledgers_root=ML_ROOT, allowed_buckets={a}, execute=True,
+                              rules=denied).process([with_bucket(orec(U2, 10), a)])
+    assert [r.outcome for r in results] == [REFUSED] and results[0].detail.startswith("out_of_scope")
+    assert set(keys(U2, 10)) <= set(listing(s3, a))
+    # Offloaded objects name their cluster: an unverified shared BookKeeper is not their rule.
+    allowed = objects_deleter(s3, zk, managed_ledgers_root=ML_ROOT, allowed_buckets={a}, rules=ActingRules())
+    assert [r.outcome for r in allowed.process([with_bucket(orec(U2, 10), a)])] == [WOULD_DELETE]
