@@ -189,3 +189,34 @@ def test_a_deleted_namespaces_ledgers_are_orphans_only_on_a_dedicated_bookkeeper
                    bookkeeper_dedicated=True))
     row = _orphans(store, again)[("ledger", *foreign)]
     assert (row["status"], row["reason"]) == (CANDIDATE, "topic_deleted")
+
+
+def test_cursor_ledgers_of_protected_cursors_on_a_live_topic_are_protected(
+    zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, zk_clock: Any
+) -> None:
+    # Issue 26 (1): an unreferenced cursor ledger of a cursor Pulsar (or the operator) protects is never a
+    # candidate while its topic lives; the same leftover of an ordinary subscription is.
+    from sweeper.layout import ledger_path
+    from sweeper.protection import Protection
+    from tests.test_delete_zk import CREATED, ledger_bytes
+
+    spec = SandboxSpec(seed=11, topics=30)
+    cluster = build_cluster(spec)
+    seed_zookeeper(zk, cluster)
+    live = cluster.managed_ledgers[0].name
+    cursors = {900_001: "__pending_ack_state", 900_002: "audit-7", 900_003: "plain-sub"}
+    with zk_clock.at(CREATED):
+        for ledger_id, cursor in cursors.items():
+            custom = {"application": "pulsar", "component": "managed-ledger", "pulsar/managed-ledger": live,
+                      "pulsar/cursor": cursor}
+            zk.create(ledger_path(spec.ledgers_root, ledger_id, spec.layout), ledger_bytes(custom), makepath=True)
+    _, store, run_id = _snapshot(zk, zk_target, spark, tmp_path, spec, reseed=False)
+    settings = SafetySettings(breaker=CircuitBreaker(1.0), bookkeeper_dedicated=True,
+                              protection=Protection.of(subscriptions="audit-*"))
+    run_reconcile(spark, store, run_id, settings)
+    rows = _orphans(store, run_id)
+    assert (rows[("ledger", 900_001)]["status"], rows[("ledger", 900_001)]["reason"]) == ("protected", "cursor_deleted")
+    assert "transaction_pending_ack_cursor" in rows[("ledger", 900_001)]["detail"]
+    assert "operator_protected_subscription" in rows[("ledger", 900_002)]["detail"]
+    assert rows[("ledger", 900_002)]["status"] == "protected"
+    assert (rows[("ledger", 900_003)]["status"], rows[("ledger", 900_003)]["reason"]) == (CANDIDATE, "cursor_deleted")

@@ -78,7 +78,8 @@ class ObjectDeleter:
         self.local_cluster = local_cluster
         self.min_age_ms = min_age_ms
         self.now_ms = now_ms
-        # Today's scope and protection (sweeper.rules); objects name their cluster, so sharing is not asked.
+        # Today's scope and protection (sweeper.rules); objects name their cluster (pulsarClusterName, written by
+        # BlobStoreManagedLedgerOffloader from LedgerOffloader.METADATA_PULSAR_CLUSTER_NAME), so sharing is not asked.
         self.rules = rules
 
     def process(self, records: Sequence[Mapping[str, Any]]) -> list[DeleteResult]:
