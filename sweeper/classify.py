@@ -226,9 +226,9 @@ def _managed_ledger(f: LedgerFacts) -> Classification:
     if f.listed_as_bookkeeper_deleted and f.owner_exists and not f.owner_quarantined:
         if not f.offloaded_copy_verified:
             # The BookKeeper copy may be the only one left: an offload whose objects were lost, or a bucket this
-            # run could not list ([offload] enabled = false) proves nothing. Pulsar marks bookkeeperDeleted once
-            # it has deleted (or tried to delete) the BookKeeper copy after a complete offload
-            # (ManagedLedgerImpl.cleanupOffloaded); the copy it then reads is BlobStoreManagedLedgerOffloader's
+            # run could not list ([offload] enabled = false) proves nothing. Pulsar sets bookkeeperDeleted when its
+            # trim deletes the BookKeeper copy of a complete offload (ManagedLedgerImpl.internalTrimLedgers,
+            # offloadedLedgersToDelete / isOffloadedNeedsDelete); the copy it then reads is BlobStoreManagedLedgerOffloader's
             # `<uuid>-ledger-<id>` and `-index` objects, which reconcile.verified_offloads looks for.
             return Classification(Verdict.UNKNOWN, Reason.OFFLOADED_COPY_UNVERIFIED,
                                   f"{f.managed_ledger} lists it offloaded with bookkeeperDeleted=true, but its "
