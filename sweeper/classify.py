@@ -228,8 +228,9 @@ def _managed_ledger(f: LedgerFacts) -> Classification:
             # The BookKeeper copy may be the only one left: an offload whose objects were lost, or a bucket this
             # run could not list ([offload] enabled = false) proves nothing. Pulsar sets bookkeeperDeleted when its
             # trim deletes the BookKeeper copy of a complete offload (ManagedLedgerImpl.internalTrimLedgers,
-            # offloadedLedgersToDelete / isOffloadedNeedsDelete); the copy it then reads is BlobStoreManagedLedgerOffloader's
-            # `<uuid>-ledger-<id>` and `-index` objects, which reconcile.verified_offloads looks for.
+            # offloadedLedgersToDelete / isOffloadedNeedsDelete); the copy it then reads is
+            # BlobStoreManagedLedgerOffloader's `<uuid>-ledger-<id>` and `-index` objects, which
+            # reconcile.verified_offloads looks for.
             return Classification(Verdict.UNKNOWN, Reason.OFFLOADED_COPY_UNVERIFIED,
                                   f"{f.managed_ledger} lists it offloaded with bookkeeperDeleted=true, but its "
                                   "offloaded objects were not found complete in this cluster's bucket")
