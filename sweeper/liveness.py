@@ -73,7 +73,6 @@ def live_brokers(client: KazooClient, path: str) -> list[str]:
     return sorted(live)
 
 
-
 def registered_web_origins(client: KazooClient, path: str) -> frozenset[Origin]:
     """The admin endpoints (`webServiceUrl` / `webServiceUrlTls`) of the brokers registered live under `path`:
     the only hosts an admin redirect may lead to (sweeper.system_topic.redirect_target). A registration that
@@ -87,6 +86,7 @@ def registered_web_origins(client: KazooClient, path: str) -> frozenset[Origin]:
         if read.error is None and read.stat is not None and read.stat.ephemeralOwner:
             found |= broker_web_origins(read.data or b"")
     return frozenset(found)
+
 
 @dataclass(frozen=True)
 class Liveness:

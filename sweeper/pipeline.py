@@ -37,13 +37,10 @@ class StageRefused(RuntimeError):
 
 
 def safety_settings(config: SweeperConfig) -> SafetySettings:
-    def patterns(text: str) -> tuple[str, ...]:
-        return tuple(p.strip() for p in text.split(",") if p.strip())
-
     return SafetySettings(
         grace=GracePeriod.of(int(config.safety.min_age_hours * HOUR_MS), force=config.safety.force_min_age),
         breaker=CircuitBreaker(config.safety.max_orphan_fraction),
-        scope=Scope(allow=patterns(config.safety.allow), deny=patterns(config.safety.deny)),
+        scope=Scope.of(config.safety.allow, config.safety.deny),
         local_cluster=config.pulsar.cluster_name,
         bookkeeper_dedicated=config.safety.bookkeeper_dedicated,
         peer_metadata=config.safety.peer_metadata,

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from sweeper import names
+from sweeper.safety import globs
 
 REPLICATED_SUBSCRIPTION_PROPERTY = "pulsar.replicated.subscription"
 PENDING_ACK_SUFFIX = "__transaction_pending_ack"
@@ -73,9 +74,6 @@ class Protection:
 
     @classmethod
     def of(cls, subscriptions: str = "", topics: str = "") -> Protection:
-        def globs(text: str) -> tuple[str, ...]:
-            return tuple(p.strip() for p in text.split(",") if p.strip())
-
         return cls(globs(subscriptions), globs(topics))
 
 

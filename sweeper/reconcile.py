@@ -32,7 +32,7 @@ from sweeper.protection import Protection
 from sweeper.references import PEER_NAMESPACE, PEER_OWNER, PEER_QUARANTINED, PEER_READ, PEER_REFERENCE, PEER_UNREAD
 from sweeper.references import references as references
 from sweeper.references import released_from_bookkeeper as released_from_bookkeeper
-from sweeper.rules import Owner, protection_of
+from sweeper.rules import Owner, owner_scope, protection_of
 from sweeper.safety import CircuitBreaker, GracePeriod, Scope, offload_in_flight
 from sweeper.scan.pulsar import (
     COMPACTED,
@@ -201,23 +201,6 @@ def compaction_pointer(kind: str | None, zk_ledger: int | None) -> CompactionPoi
     if kind not in (COMPACTED, COMPACTED_LAGGING, COMPACTED_UNREADABLE, COMPACTED_UNRECORDED):
         raise ValueError(f"unknown compaction reference kind {kind!r}")
     return CompactionPointer(zk_ledger, cursor_ledger_active=kind in (COMPACTED_LAGGING, COMPACTED_UNREADABLE))
-
-
-def owner_scope(managed_ledger: str | None, schema_id: str | None, topic: str | None) -> tuple[str | None, ...]:
-    """(tenant, namespace, topic) of a ledger's owner, from whichever name it has; Nones when none parses."""
-    if managed_ledger:
-        parts = names.parse_managed_ledger(managed_ledger)
-        if parts is not None:
-            return parts.tenant, parts.namespace, parts.local
-    if schema_id:
-        pieces = schema_id.split("/")
-        if len(pieces) in (3, 4) and all(pieces):
-            return pieces[0], "/".join(pieces[1:-1]), pieces[-1]
-    if topic:
-        parsed = names.parse_topic(topic)
-        if parsed is not None:
-            return parsed.tenant, parsed.namespace, parsed.local
-    return None, None, None
 
 
 def plan_status(verdict: Verdict, created_ms: int | None, now_ms: int, tenant: str | None, namespace: str | None,

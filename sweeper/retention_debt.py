@@ -62,7 +62,7 @@ from sweeper.retention import (
     topic_protection,
     topic_status,
 )
-from sweeper.safety import Scope
+from sweeper.safety import Scope, globs
 from sweeper.table_schemas import ALL_TABLES, RECLAIMABLE_REPORT, RETENTION_DEBT
 from sweeper.tables import TableStore
 
@@ -110,13 +110,10 @@ class RetentionSettings:
 
     @classmethod
     def from_config(cls, r: RetentionConfig, safety: SafetyConfig) -> RetentionSettings:
-        def patterns(text: str) -> tuple[str, ...]:
-            return tuple(p.strip() for p in text.split(",") if p.strip())
-
         broker = BrokerSettings(r.default_retention_minutes, r.default_retention_size_mb, r.default_ttl_seconds,
                                 r.check_interval_seconds * 1000, r.expiry_check_minutes * MINUTE_MS,
                                 r.cursor_rollover_seconds * 1000)
-        scope = Scope(allow=patterns(r.allow) or patterns(safety.allow), deny=patterns(safety.deny) + patterns(r.deny))
+        scope = Scope(allow=globs(r.allow) or globs(safety.allow), deny=globs(safety.deny) + globs(r.deny))
         return cls(broker, int(r.report_idle_days * DAY_MS), int(r.cursor_idle_days * DAY_MS), scope, r.topic_policies,
                    protection=Protection.of(r.protected_subscriptions, r.protected_topics))
 

@@ -20,6 +20,23 @@ OUT_OF_SCOPE = "out_of_scope"
 OTHER_CLUSTER = "other_cluster"
 
 
+def owner_scope(managed_ledger: str | None, schema_id: str | None, topic: str | None) -> tuple[str | None, ...]:
+    """(tenant, namespace, topic) of a ledger's owner, from whichever name it has; Nones when none parses."""
+    if managed_ledger:
+        parts = names.parse_managed_ledger(managed_ledger)
+        if parts is not None:
+            return parts.tenant, parts.namespace, parts.local
+    if schema_id:
+        pieces = schema_id.split("/")
+        if len(pieces) in (3, 4) and all(pieces):
+            return pieces[0], "/".join(pieces[1:-1]), pieces[-1]
+    if topic:
+        parsed = names.parse_topic(topic)
+        if parsed is not None:
+            return parsed.tenant, parsed.namespace, parsed.local
+    return None, None, None
+
+
 @dataclass(frozen=True)
 class Owner:
     """Whose ledger it is, by Pulsar's names: (tenant, namespace, decoded local topic name, cursor)."""
@@ -31,15 +48,9 @@ class Owner:
 
     @classmethod
     def of_record(cls, topic_name: str | None, schema_id: str | None, cursor: str | None) -> Owner:
-        if topic_name:
-            parts = names.parse_topic(topic_name)
-            if parts is not None:
-                return cls(parts.tenant, parts.namespace, parts.local, cursor)
-        if schema_id:
-            pieces = schema_id.split("/")
-            if len(pieces) in (3, 4) and all(pieces):
-                return cls(pieces[0], "/".join(pieces[1:-1]), pieces[-1], cursor)
-        return cls(None, None, None, cursor)
+        """A pending-delete record's owner: its topic, else its schema id (reconcile names them the same way)."""
+        tenant, namespace, topic = owner_scope(None, schema_id, topic_name)
+        return cls(tenant, namespace, topic, cursor)
 
 
 @dataclass(frozen=True)

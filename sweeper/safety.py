@@ -100,6 +100,11 @@ class CircuitBreaker:
         return None
 
 
+def globs(text: str) -> tuple[str, ...]:
+    """A config option's comma-separated glob list: `"team-a, team-b/ns-*"` -> ("team-a", "team-b/ns-*")."""
+    return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
 @dataclass(frozen=True)
 class Scope:
     """Tenant/namespace allow and deny lists (glob patterns, `tenant` or `tenant/namespace`).
@@ -109,6 +114,11 @@ class Scope:
 
     allow: tuple[str, ...] = ()
     deny: tuple[str, ...] = field(default=())
+
+    @classmethod
+    def of(cls, allow: str, deny: str) -> Scope:
+        """From [safety] allow / deny as written in the config."""
+        return cls(globs(allow), globs(deny))
 
     def permits(self, tenant: str | None, namespace: str | None) -> bool:
         if tenant is None:

@@ -33,6 +33,7 @@ from sweeper.classify import Sharing
 from sweeper.codecs.bookkeeper import decode_ledger_metadata
 from sweeper.config import SweeperConfig
 from sweeper.delete import permissions
+from sweeper.delete.decide import LiveObject, object_mismatch
 from sweeper.delete.drain import TopicDrain
 from sweeper.delete.lock import DeleteRunLock
 from sweeper.delete.records import SOURCE_EMITTED, SOURCE_JSON, SOURCE_RETRY, PendingRecord
@@ -515,31 +516,27 @@ def offload_checker(target: DeleteTarget) -> OffloadCheck | None:
         where = (bucket, region, endpoint)
         if where not in clients:
             clients[where] = s3_client(S3Target(bucket, region, endpoint), target.endpoint_override)
+        live = []
         for key in keys:
             try:
                 head = clients[where].head_object(Bucket=bucket, Key=key)
             except ClientError as exc:
                 return f"s3://{bucket}/{key}: {exc.response.get('Error', {}).get('Code', exc)}"
-            metadata = object_metadata(head)
-            if not target.local_cluster or metadata.get("pulsarclustername") != target.local_cluster:
-                return f"s3://{bucket}/{key} has pulsarClusterName {metadata.get('pulsarclustername')!r}"
-            if metadata.get("managedledgername") != ml_name:
-                return f"s3://{bucket}/{key} has ManagedLedgerName {metadata.get('managedledgername')!r}"
             if not head.get("ContentLength"):
                 return f"s3://{bucket}/{key} is empty"
-        return None
+            live.append(LiveObject(key, 0, object_metadata(head)))
+        # The rule an offload record's objects must pass (this cluster's, this managed ledger's); age is not asked.
+        wrong = object_mismatch({"topicName": topic_for_managed_ledger(ml_name)}, live, target.local_cluster, 0, 0)
+        return f"s3://{bucket}/{wrong.detail}" if wrong is not None else None
 
     return check
 
 
 def acting_rules(config: SweeperConfig) -> ActingRules:
     """The rules of today's config, as reconcile applies them (sweeper.pipeline.safety_settings)."""
-    def patterns(text: str) -> tuple[str, ...]:
-        return tuple(p.strip() for p in text.split(",") if p.strip())
-
     sharing = (Sharing.DEDICATED if config.safety.bookkeeper_dedicated
                else Sharing.PEERS_READ if config.safety.peer_metadata else Sharing.UNVERIFIED)
-    return ActingRules(Scope(allow=patterns(config.safety.allow), deny=patterns(config.safety.deny)),
+    return ActingRules(Scope.of(config.safety.allow, config.safety.deny),
                        Protection.of(config.retention.protected_subscriptions, config.retention.protected_topics),
                        sharing)
 
