@@ -278,19 +278,22 @@ def compact_behind_a_stale_pointer(client: pulsar.Client, admin: Admin, name: st
     admin.compact(name)
 
 
-def read_all(client: pulsar.Client, name: str, compacted: bool = False, timeout_ms: int = 3000,
+def read_all(client: pulsar.Client, name: str, compacted: bool = False, timeout_ms: int = 60_000,
              limit: int = 100_000) -> list[tuple[str, bytes]]:
-    """Every message a reader from the earliest position gets: (message id, payload), in order."""
+    """Every message a reader from the earliest position gets: (message id, payload), in order.
+
+    The broker says a message is there before each read, so a read that then times out is a failure, never
+    the end of the topic: the first read of an offloaded ledger opens its S3 object and can take seconds on a
+    busy machine, and a baseline cut short there once made a topic look empty before the sweep."""
     reader = client.create_reader(name, pulsar.MessageId.earliest, is_read_compacted=compacted)
     out: list[tuple[str, bytes]] = []
     try:
-        while len(out) < limit:
-            if not reader.has_message_available():
-                break
+        while len(out) < limit and reader.has_message_available():
             try:
                 message = reader.read_next(timeout_ms)
-            except pulsar.Timeout:
-                break
+            except pulsar.Timeout as timeout:
+                raise RuntimeError(f"{name}: the broker has a message after {len(out)} read but none came in "
+                                   f"{timeout_ms} ms") from timeout
             out.append((str(message.message_id()), message.data()))
     finally:
         reader.close()
