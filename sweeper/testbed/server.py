@@ -372,20 +372,20 @@ def testbed_up(
         if not info.storage_pid:
             # ZooKeeper and the bookie in one JVM (`--no-broker`), the broker in another (`--only-broker`):
             # a broker can then be killed while the metadata store and the bookie live on, as in production.
-            storage = _spawn([*standalone, "--no-broker"], {**env, "PULSAR_MEM": storage_heap},
+            storage = spawn_logged([*standalone, "--no-broker"], {**env, "PULSAR_MEM": storage_heap},
                              info.storage_log_file, home)
             info = TestbedInfo(**{**asdict(info), "storage_pid": storage.pid})
             _state_file(home).write_text(json.dumps(asdict(info), indent=2))
             while not _storage_ready(info):
-                _check(storage, info, info.storage_log_file, deadline, timeout, "ZooKeeper and the bookie")
+                check_starting(storage, info, info.storage_log_file, deadline, timeout, "ZooKeeper and the bookie")
                 time.sleep(0.5)
             _create_bucket(info)
-        broker = _spawn([*standalone, "--only-broker"], {**env, "PULSAR_MEM": heap}, info.log_file, home)
+        broker = spawn_logged([*standalone, "--only-broker"], {**env, "PULSAR_MEM": heap}, info.log_file, home)
         info = TestbedInfo(**{**asdict(info), "pid": broker.pid})
         _state_file(home).write_text(json.dumps(asdict(info), indent=2))
         token = info.superuser_token()
         while not _ready(info, token):
-            _check(broker, info, info.log_file, deadline, timeout, "the Pulsar broker")
+            check_starting(broker, info, info.log_file, deadline, timeout, "the Pulsar broker")
             time.sleep(1.0)
     except BaseException:
         testbed_down(home, info)
@@ -394,7 +394,7 @@ def testbed_up(
     return info
 
 
-def _spawn(command: list[str], env: dict[str, str], log_file: Path, cwd: Path) -> subprocess.Popen[bytes]:
+def spawn_logged(command: list[str], env: dict[str, str], log_file: Path, cwd: Path) -> subprocess.Popen[bytes]:
     log = open(log_file, "ab")  # noqa: SIM115 - handed to the child process
     try:
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
@@ -403,7 +403,7 @@ def _spawn(command: list[str], env: dict[str, str], log_file: Path, cwd: Path) -
         log.close()
 
 
-def _check(proc: subprocess.Popen[bytes], info: TestbedInfo, log_file: Path, deadline: float, timeout: float,
+def check_starting(proc: subprocess.Popen[bytes], info: TestbedInfo, log_file: Path, deadline: float, timeout: float,
            what: str) -> None:
     if proc.poll() is not None:
         raise TestbedError(f"{what} exited with {proc.returncode} before serving; log {log_file}:\n"
@@ -450,7 +450,7 @@ def _create_bucket(info: TestbedInfo) -> None:
     client.create_bucket(Bucket=info.offload_bucket)
 
 
-def _stop_process_group(pid: int, timeout: float) -> None:
+def stop_process_group(pid: int, timeout: float) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
@@ -479,10 +479,10 @@ def testbed_down(home: str | Path = DEFAULT_HOME, info: TestbedInfo | None = Non
     stopped = False
     if info is not None:
         if info.pid and _alive(info.pid):
-            _stop_process_group(info.pid, timeout)
+            stop_process_group(info.pid, timeout)
             stopped = True
         if info.storage_pid and _alive(info.storage_pid):
-            _stop_process_group(info.storage_pid, timeout)
+            stop_process_group(info.storage_pid, timeout)
             stopped = True
         if info.s3_pid and _alive(info.s3_pid):
             stop_s3(S3ServerInfo(info.s3_endpoint, info.s3_pid))

@@ -104,7 +104,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Real-Pulsar tests run last, and their testbed starts now, in the background."""
     # Stable: the order within each group is kept. Retention's topics go after the orphan sweep: Pulsar 4.0.8
     # leaks schema ledgers on their first registrations, orphans the sweep's manifest does not know.
-    items.sort(key=lambda i: (_needs_testbed(i), "test_retention.py" in i.nodeid))
+    # The peer cluster's tests go last of all: its ledgers on the shared bookie would be orphans to the others.
+    items.sort(key=lambda i: (_needs_testbed(i), "test_retention.py" in i.nodeid,
+                              "test_shared_bookkeeper.py" in i.nodeid))
     if (not config.option.collectonly and any(_needs_testbed(i) for i in items)
             and _testbed_unavailable() is None):
         _TESTBED.start()
