@@ -12,6 +12,12 @@ With `--baseline-tree DIR` (a checkout of an older commit, e.g. `git worktree ad
 that tree's reconcile runs on a copy of the same tables in a fresh process, and so does this tree's,
 alternately: the ratio of the two is what this shared machine's load cannot blur.
 
+With `--peer` a second cluster of the same size shares the bookies (issue 26): its model (the next seed, tenants
+renamed `peer-tenant-*`, ledger ids shifted by 2^44 so the two never collide) adds its ledgers to this cluster's
+`bk_ledgers` table and its references, owners and namespaces to `peer_references` through the snapshot's own
+`references.peer_rows`, and `[safety] peer_metadata` names it. Reconcile without the peer (a dedicated
+BookKeeper, as before) and with it run alternately in fresh processes, with the baseline tree's if one is given.
+
 With `--retention` the tables the retention-debt step reads beyond reconcile's are written too
 (namespace policies through the scan's `namespace_policy_row`, bundle ownership), and after a small
 warm-up run in the same Spark session the real `run_reconcile` and then `run_retention_debt` run on
@@ -52,6 +58,7 @@ from sweeper.codecs.bookkeeper import decode_ledger_metadata
 from sweeper.codecs.pulsar import decode_schema_locator
 from sweeper.config import SweeperConfig
 from sweeper.layout import ledger_path
+from sweeper.offload import CLUSTER_NAME_KEY, MANAGED_LEDGER_NAME_KEY, parse_offload_key
 from sweeper.reconcile import SafetySettings, run_reconcile
 from sweeper.retention_debt import RetentionSettings, run_retention_debt
 from sweeper.safety import CircuitBreaker
@@ -61,6 +68,7 @@ from sweeper.sandbox.seed import (
     cursor_info_bytes,
     ledger_znode_data,
     managed_ledger_info_bytes,
+    offload_object_metadata,
     schema_locator_bytes,
 )
 from sweeper.scan import bookkeeper as bk_scan
@@ -130,11 +138,28 @@ def snapshot_rows(cluster: Any, run_id: str, captured_at: datetime) -> dict[str,
         if policies is not None:
             rows.append(namespace_policy_row(ns, policies, 0))
     rows += bundle_owner_rows(cluster.namespaces)
+    rows += offload_object_rows(cluster, now)
     for row in rows:
         table = row.pop("record_type")
         row["run_id"], row["captured_at"] = run_id, captured_at
         tables[table].append(row)
     return tables
+
+
+def offload_object_rows(cluster: Any, now_ms: int) -> list[dict[str, Any]]:
+    """What the snapshot's S3 listing (offload.list_offload_objects) makes of the objects the sandbox uploads,
+    without uploading them: reconcile verifies an offloaded copy against these before it lets a BookKeeper
+    copy go, so without them every released ledger would be `offloaded_copy_not_verified`."""
+    rows = []
+    for obj in cluster.offload_objects:
+        parsed = parse_offload_key(obj.key)
+        metadata = {k.lower(): v for k, v in offload_object_metadata(obj).items()}
+        rows.append({"record_type": "offload_objects", "bucket": obj.bucket, "key": obj.key, "uuid": parsed.uuid,
+                     "ledger_id": parsed.ledger_id, "role": parsed.role, "size": 16,
+                     "last_modified_ms": now_ms - LEDGER_EPOCH_DAYS * 86_400_000, "metadata_role": metadata.get("role"),
+                     "managed_ledger": metadata.get(MANAGED_LEDGER_NAME_KEY),
+                     "cluster_name": metadata.get(CLUSTER_NAME_KEY), "metadata_read": True})
+    return rows
 
 
 def bundle_owner_rows(namespaces: list[str], bundles: int = 4) -> list[dict[str, Any]]:
@@ -153,15 +178,75 @@ def bundle_owner_rows(namespaces: list[str], bundles: int = 4) -> list[dict[str,
 
 
 def write_snapshot(spark: Any, root: Path, cluster: Any, run_id: str, captured_at: datetime) -> dict[str, int]:
+    return write_tables(spark, root, snapshot_rows(cluster, run_id, captured_at), run_id, captured_at)
+
+
+def write_tables(spark: Any, root: Path, tables: dict[str, list[dict[str, Any]]], run_id: str,
+                 captured_at: datetime) -> dict[str, int]:
     store = open_table_store(str(root), spark, engine="delta-rs")
     counts = {}
-    for table, rows in snapshot_rows(cluster, run_id, captured_at).items():
+    for table, rows in tables.items():
         schema = SNAPSHOT_TABLES[table]
         arrow = pa.Table.from_pylist(rows, schema=to_arrow_schema(schema, timezone="UTC"))
         store.append(table, spark.createDataFrame(arrow, schema=schema).repartition(8), schema)
         counts[table] = len(rows)
     record_run(store, run_id, "snapshot", "succeeded", captured_at, counts, SweeperConfig())
     return counts
+
+
+PEER = "peer"  # the peer's name in [safety] peer_metadata and in its peer_references rows
+PEER_LEDGER_OFFSET = 1 << 44  # above every id the model draws (its long ids start at 2^31)
+_LEDGER_ID_COLUMNS = ("ledger_id", "cursors_ledger_id", "mark_delete_ledger_id")
+
+
+def as_peer(tables: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """A model's snapshot rows as another cluster's: its own tenants and ledger ids (the model always names
+    its tenants tenant-N and draws ids from the same ranges)."""
+    def rename(value: Any) -> Any:
+        if isinstance(value, str):
+            return value.replace("tenant-", "peer-tenant-")
+        if isinstance(value, list):
+            return [rename(v) for v in value]
+        return value
+    out: dict[str, list[dict[str, Any]]] = {}
+    for table, rows in tables.items():
+        renamed = []
+        for row in rows:
+            row = {key: rename(value) for key, value in row.items()}
+            for column in _LEDGER_ID_COLUMNS:
+                if isinstance(row.get(column), int) and row[column] >= 0:
+                    row[column] += PEER_LEDGER_OFFSET
+            renamed.append(row)
+        out[table] = renamed
+    return out
+
+
+def add_peer(spark: Any, work: Path, tables_root: Path, peer_tables: dict[str, list[dict[str, Any]]],
+             run_id: str, captured_at: datetime) -> dict[str, int]:
+    """The peer's ledgers join this cluster's `bk_ledgers` (the bookies are shared) and its snapshot, scanned as
+    snapshot_peers stores it, fills `peer_references`."""
+    from sweeper.references import PEER_NAMESPACE, PEER_READ, peer_rows
+    from sweeper.snapshot import PEER_TABLES
+    from sweeper.table_schemas import PEER_REFERENCES
+
+    peer_root = work / "peer-snapshot"
+    write_tables(spark, peer_root, peer_tables, run_id, captured_at)
+    peer_store = open_table_store(str(peer_root), spark, engine="delta-rs")
+    store = open_table_store(str(tables_root), spark, engine="delta-rs")
+    store.append("bk_ledgers", peer_store.read("bk_ledgers"), SNAPSHOT_TABLES["bk_ledgers"])
+    columns = ("cluster", "kind", "ledger_id", "ref_kind", "owner", "referrer")
+    notes = [(PEER, PEER_READ, None, None, None, None)]
+    notes += [(PEER, PEER_NAMESPACE, None, None, row["namespace"], None) for row in peer_tables["namespaces"]]
+    rows = spark.createDataFrame(notes, "cluster string, kind string, ledger_id long, ref_kind string, "
+                                        "owner string, referrer string")
+    rows = rows.unionByName(peer_rows({t: peer_store.read(t) for t in PEER_TABLES}, PEER))
+    from pyspark.sql import functions as F
+    rows = rows.select(F.lit(run_id).alias("run_id"), F.lit(captured_at).cast("timestamp").alias("captured_at"),
+                       *columns)
+    store.append("peer_references", rows, PEER_REFERENCES)
+    shutil.rmtree(peer_root, ignore_errors=True)
+    return {"peer_ledgers": len(peer_tables["bk_ledgers"]),
+            "peer_references": store.read("peer_references").count()}
 
 
 def timed_stages(spark: Any, root: Path, run_id: str, cluster_name: str, order: tuple[str, ...],
@@ -227,6 +312,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--baseline-tree", default="", help="an older checkout to compare with, same tables")
     parser.add_argument("--rounds", type=int, default=2, help="alternating runs per tree with --baseline-tree")
+    parser.add_argument("--peer", action="store_true",
+                        help="also reconcile with a peer cluster of the same size on the same bookies")
     parser.add_argument("--retention", action="store_true", help="time retention debt against reconcile")
     parser.add_argument("--both-orders", action="store_true", help="with --retention: also retention first")
     parser.add_argument("--judge-all", action="store_true",
@@ -245,6 +332,7 @@ def main() -> None:
           f"({time.monotonic() - t:.0f}s)", flush=True)
     spark = get_spark("bench-reconcile")
     run_id, captured_at = "bench", datetime.fromtimestamp(cluster.spec.now_ms / 1000, UTC)
+    cluster_name = cluster.spec.cluster_name
     t = time.monotonic()
     counts = write_snapshot(spark, work / "tables", cluster, run_id, captured_at)
     print(f"snapshot tables written: {counts} ({time.monotonic() - t:.0f}s)", flush=True)
@@ -253,12 +341,32 @@ def main() -> None:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
         return
-    store = open_table_store(str(work / "tables"), spark, engine="delta-rs")
+    if args.baseline_tree or args.peer:
+        variants = [("current", Path(__file__).resolve().parents[1], work / "tables", False)]
+        if args.baseline_tree:
+            variants.append(("baseline", Path(args.baseline_tree).resolve(), work / "tables", False))
+        if args.peer:
+            t = time.monotonic()
+            peer_model = build_cluster(SandboxSpec(seed=args.seed + 1, topics=args.topics,
+                                                   max_rollovers=args.max_rollovers, cluster_name=PEER,
+                                                   regular_retention=regular_retention))
+            peer_tables = as_peer(snapshot_rows(peer_model, run_id, captured_at))
+            del peer_model
+            shutil.copytree(work / "tables", work / "tables-peer")
+            added = add_peer(spark, work, work / "tables-peer", peer_tables, run_id, captured_at)
+            del peer_tables
+            print(f"peer added: {added} ({time.monotonic() - t:.0f}s)", flush=True)
+            variants.append(("current+peer", variants[0][1], work / "tables-peer", True))
+        spark.stop()
+        expected = sum(1 for x in cluster.ledgers.values() if x.status.value == "orphan")
+        del cluster
+        compare(variants, cluster_name, args.rounds, expected)
+        shutil.rmtree(work, ignore_errors=True)
+        return
 
-    if args.baseline_tree:
-        shutil.copytree(work / "tables", work / "tables-pristine")  # both trees reconcile the snapshot as written
+    store = open_table_store(str(work / "tables"), spark, engine="delta-rs")
     settings = SafetySettings(breaker=CircuitBreaker(1.0), local_cluster=cluster.spec.cluster_name,
-                   bookkeeper_dedicated=True)
+                              bookkeeper_dedicated=True)
     with PeakMemory() as memory:
         t = time.monotonic()
         result = run_reconcile(spark, store, run_id, settings)
@@ -268,8 +376,7 @@ def main() -> None:
     expected = sum(1 for x in cluster.ledgers.values() if x.status.value == "orphan")
     print(f"  candidates {result.counts.get('candidate', 0):,} (ground truth {expected:,})")
     spark.stop()
-    if args.baseline_tree:
-        compare(work / "tables-pristine", Path(args.baseline_tree).resolve(), cluster.spec.cluster_name, args.rounds)
+    shutil.rmtree(work, ignore_errors=True)
 
 
 # Runs one tree's reconcile on a table root; prints its wall time and candidate count as JSON.
@@ -285,24 +392,29 @@ store = open_table_store(sys.argv[2], spark, engine="delta-rs")
 kwargs = {"breaker": CircuitBreaker(1.0)}
 if "local_cluster" in inspect.signature(SafetySettings).parameters:
     kwargs["local_cluster"] = sys.argv[3]
-if "bookkeeper_dedicated" in inspect.signature(SafetySettings).parameters:
+if sys.argv[4]:  # the peers sharing the bookies, as [safety] peer_metadata names them
+    kwargs["bookkeeper_dedicated"] = False
+    kwargs["peer_metadata"] = tuple(sys.argv[4].split(","))
+elif "bookkeeper_dedicated" in inspect.signature(SafetySettings).parameters:
     kwargs["bookkeeper_dedicated"] = True
 t = time.monotonic()
 result = run_reconcile(spark, store, "bench", SafetySettings(**kwargs))
-print(json.dumps({"wall": time.monotonic() - t, "candidates": result.counts.get("candidate", 0)}))
+print(json.dumps({"wall": time.monotonic() - t, "counts": result.counts}))
 spark.stop()
 """
 
 
-def compare(tables: Path, baseline: Path, cluster_name: str, rounds: int) -> None:
-    here = Path(__file__).resolve().parents[1]
-    walls: dict[str, list[float]] = {"current": [], "baseline": []}
+def compare(variants: list[tuple[str, Path, Path, bool]], cluster_name: str, rounds: int, expected: int) -> None:
+    """Each variant (label, source tree, tables, with the peer) reconciles a fresh copy of its tables in a fresh
+    process, round after round, alternating: the ratios are what this shared machine's load cannot blur."""
+    walls: dict[str, list[float]] = {label: [] for label, *_ in variants}
     for round_ in range(rounds):
-        for label, tree in (("current", here), ("baseline", baseline)):
-            copy = tables.parent / f"tables-{label}-{round_}"
+        for label, tree, tables, with_peer in variants:
+            copy = tables.parent / f"run-{label}-{round_}"
             shutil.copytree(tables, copy)
             env = {**os.environ, "PYTHONPATH": str(tree)}
-            proc = subprocess.Popen([sys.executable, "-c", _RECONCILE_IN_TREE, str(tree), str(copy), cluster_name],
+            proc = subprocess.Popen([sys.executable, "-c", _RECONCILE_IN_TREE, str(tree), str(copy), cluster_name,
+                                     PEER if with_peer else ""],
                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
                                     cwd=tree)
             with PeakMemory(psutil.Process(proc.pid)) as memory:
@@ -311,11 +423,16 @@ def compare(tables: Path, baseline: Path, cluster_name: str, rounds: int) -> Non
                 raise SystemExit(f"{label} reconcile failed in {tree}")
             got = json.loads(out.strip().splitlines()[-1])
             walls[label].append(got["wall"])
-            print(f"{label} ({tree}): {got['wall']:.1f}s wall, {got['candidates']:,} candidates, "
-                  f"peak RSS {memory.peak / 2**30:.2f} GiB", flush=True)
+            counts = got["counts"]
+            print(f"{label} ({tree}): {got['wall']:.1f}s wall, {counts.get('candidate', 0):,} candidates "
+                  f"(ground truth of this cluster {expected:,}), peak RSS {memory.peak / 2**30:.2f} GiB; "
+                  f"{counts}", flush=True)
             shutil.rmtree(copy, ignore_errors=True)
-    current, old = min(walls["current"]), min(walls["baseline"])
-    print(f"current / baseline (best of {rounds}): {current:.1f}s / {old:.1f}s = {current / old:.2f}x")
+    first = variants[0][0]
+    best = {label: min(w) for label, w in walls.items()}
+    for label, wall in best.items():
+        print(f"{label} / {first} (best of {rounds}): {wall:.1f}s / {best[first]:.1f}s = {wall / best[first]:.2f}x")
+    print(f"load average at the end: {os.getloadavg()}")
 
 
 if __name__ == "__main__":
