@@ -339,6 +339,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     """Run the stages in order with one run id, stopping at the first refusal."""
     from sweeper.pipeline import sweep
 
+    if args.execute and args.until not in (None, "delete"):
+        # Refused before anything starts: doing more than the user named (deleting) is never the resolution.
+        print(f"usage error: --execute deletes, but --until {args.until} stops before the delete: drop --execute "
+              f"to stop after {args.until}, or drop --until to delete", file=sys.stderr)
+        return EXIT_USAGE
     if args.sandbox:
         from sweeper.sandbox import SandboxError, s3_endpoint, sandbox_up
         from sweeper.sandbox.pulsar import running_pulsar
@@ -358,7 +363,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         _sandbox_table_bucket(args)
     cfg = _load_config(args)
     spark, store = _session(cfg)
-    until = "delete" if args.execute else args.until
+    until = args.until or ("delete" if args.execute else "reconcile")
     result = sweep(spark, cfg, store, until=until, run_id=args.run_id, execute=args.execute)
     if args.json:
         print(json.dumps({"run_id": result.run_id, "stages": result.stages}))
@@ -460,10 +465,11 @@ def build_parser() -> argparse.ArgumentParser:
     sandbox_options(sweep)
     common(sweep)
     sweep.add_argument("--sandbox", action="store_true", help="start and seed the embedded sandbox first")
-    sweep.add_argument("--until", default="reconcile", choices=["snapshot", "reconcile", "emit", "delete"],
+    sweep.add_argument("--until", default=None, choices=["snapshot", "reconcile", "emit", "delete"],
                        help="last stage to run (default: reconcile, a dry run; emit marks ledgers for deletion; "
                             "delete without --execute only reports)")
-    sweep.add_argument("--execute", action="store_true", help="run every stage and really delete")
+    sweep.add_argument("--execute", action="store_true",
+                       help="run every stage and really delete (with --until, only --until delete)")
     sweep.add_argument("--allow-no-brokers", action="store_true",
                        help="pass the liveness gate with no broker registered (a cleanup with brokers stopped)")
     sweep.set_defaults(func=cmd_sweep)

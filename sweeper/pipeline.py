@@ -226,6 +226,8 @@ def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: 
     """Stages in order up to `until`. Emitting marks ledgers for deletion, so it only runs when asked."""
     if until not in STAGES:
         raise ValueError(f"unknown stage {until!r}; stages: {', '.join(STAGES)}")
+    if execute and until != "delete":
+        raise ValueError(f"execute=True deletes, but until={until!r} stops before the delete")
     t0 = time.monotonic()
     snap: SnapshotResult = run_snapshot(spark, config, store, run_id=run_id)
     result = SweepResult(snap.run_id)
@@ -279,6 +281,12 @@ def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: 
     export_metrics(config, result, log)
     for line in summary_table(result):
         log(line)
-    done = "dry run: nothing was deleted" if not (until == "delete" and execute) else "deletes executed"
+    if until == "delete" and execute:
+        done = "deletes executed"
+    elif "emit" in result.stages:
+        done = (f"{result.stages['emit'].get('published', 0):,} marks published to {config.system_topic.topic}; "
+                "nothing was deleted: `sweeper delete --execute` drains them")
+    else:
+        done = "dry run: nothing was deleted"
     log(f"run {snap.run_id} done in {time.monotonic() - t0:.1f}s ({done})")
     return result

@@ -66,6 +66,26 @@ def test_sweep_on_the_sandbox_end_to_end(spark: SparkSession, tmp_path: Path,
         sandbox_down(home, wipe=True)
 
 
+@pytest.mark.parametrize("until", ["snapshot", "reconcile", "emit"])
+def test_execute_with_an_earlier_until_is_refused_before_anything_runs(
+        until: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--execute` deletes; `--until` before delete names less. Issue 22: this once ran every stage and deleted."""
+    home, tables = tmp_path / "sandbox", tmp_path / "tables"
+    code = main(["sweep", "--sandbox", "--home", str(home), "--port", str(free_port_block(PORT_SPAN)),
+                 "--tables", str(tables), "--config", str(REPO / "conf" / "local.toml"), "--until", until, "--execute"])
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE
+    assert len(err.strip().splitlines()) == 1 and f"--until {until}" in err and "drop --execute" in err
+    assert not home.exists() and not tables.exists(), "nothing may start"
+
+
+def test_sweep_refuses_execute_with_an_earlier_until_in_the_api_too() -> None:
+    from sweeper.pipeline import sweep
+
+    with pytest.raises(ValueError, match="stops before the delete"):
+        sweep(None, None, None, until="emit", execute=True)  # type: ignore[arg-type]
+
+
 def test_bad_config_and_unreachable_server_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[safety]\nmax_orphan_fraction = 5\n")
