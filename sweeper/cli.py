@@ -480,6 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from sweeper.errors import UsageError
     from sweeper.layout import LayoutError
     from sweeper.pipeline import StageRefused
     from sweeper.snapshot import ClockSkewRefused
@@ -492,6 +493,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DeltaSparkUnavailableError, TableStorageUnavailableError) as exc:
         # A missing jar is a setup problem: its message names the jar and how to get it.
         print(f"configuration error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except UsageError as exc:
+        print(f"usage error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (WrongRootError, ZooKeeperUnavailableError, ZooKeeperPermissionError, LayoutError, StageRefused,
             SystemTopicError, ClockSkewRefused) as exc:

@@ -26,6 +26,7 @@ from pyspark.storagelevel import StorageLevel
 
 from sweeper import zk as zkutil
 from sweeper.config import SweeperConfig
+from sweeper.errors import RunIdTaken
 from sweeper.liveness import ClockReading, clock_problem, live_brokers, probe_clock
 from sweeper.offload import S3Target, list_offload_objects, listing_units, s3_client
 from sweeper.ratelimit import TokenBucket
@@ -575,8 +576,29 @@ def record_run(store: TableStore, run_id: str, stage: str, status: str, started:
     )
 
 
+def run_id_holder(store: TableStore, run_id: str) -> str | None:
+    """What already uses `run_id` in the tables (a `runs` row of any stage, or rows of any snapshot table, as
+    a snapshot killed before its `runs` row leaves), or None when it is free."""
+    if store.exists("runs"):
+        rows = store.read_arrow("runs", where={"run_id": run_id}, columns=["stage", "status"]).to_pylist()
+        if rows:
+            last = rows[-1]
+            return f"its {last['stage']} stage is recorded ({last['status']})"
+    for table in SNAPSHOT_TABLES:
+        if store.exists(table) and store.read_arrow(table, where={"run_id": run_id}, columns=["run_id"]).num_rows:
+            return f"the {table} table has its rows (a snapshot that did not finish)"
+    return None
+
+
 def run_snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore,
                  run_id: str | None = None) -> SnapshotResult:
+    if run_id is not None:
+        # A scheduler retrying a job with the same id would otherwise append a second copy of the snapshot under
+        # it (issue 27): refused before anything is written.
+        holder = run_id_holder(store, run_id)
+        if holder is not None:
+            raise RunIdTaken(f"run id {run_id} is taken: {holder}. Leave out --run-id for a new run, or give one "
+                             "not used before; later stages of that run take it with --run-id")
     run_id = run_id or new_run_id()
     started = datetime.now(UTC)
     t0 = time.monotonic()

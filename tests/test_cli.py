@@ -111,3 +111,40 @@ def test_no_live_broker_refuses_the_run_unless_the_operator_says_brokers_are_dow
     assert "no live broker is registered under /loadbalance/brokers" in err
     assert main(["sweep", "--config", str(cfg), "--allow-no-brokers"]) == EXIT_OK
     assert "--allow-no-brokers" in capsys.readouterr().err
+
+
+def test_a_run_id_used_twice_is_refused_before_anything_is_written(
+        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # Issue 27: a scheduler retrying a job with the same id once appended a second copy of the snapshot.
+    from sweeper.table_schemas import SNAPSHOT_TABLES
+    from sweeper.tables import open_table_store
+
+    seed_zookeeper(zk, build_cluster(SandboxSpec(seed=4, topics=10)))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[bookkeeper]\nzookeeper = "{zk_target.hosts}"\n[tables]\nroot = "{tmp_path / "t"}"\n'
+                   '[offload]\nenabled = false\n[safety]\nmax_orphan_fraction = 1.0\n'
+                   '[gates]\nrequire_live_brokers = false\n')
+    assert main(["sweep", "--config", str(cfg), "--run-id", "nightly-1"]) == EXIT_OK
+    store = open_table_store(str(tmp_path / "t"), spark, engine="delta-rs")
+
+    def rows_of_the_run() -> dict[str, int]:
+        return {t: store.read_arrow(t, where={"run_id": "nightly-1"}).num_rows
+                for t in (*SNAPSHOT_TABLES, "runs", "orphans") if store.exists(t)}
+
+    before = rows_of_the_run()
+    capsys.readouterr()
+    for command in (["sweep"], ["snapshot"], ["sweep", "--until", "snapshot"]):
+        assert main([*command, "--config", str(cfg), "--run-id", "nightly-1"]) == EXIT_USAGE
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "run id nightly-1 is taken" in err and "--run-id" in err, err
+    assert rows_of_the_run() == before
+
+    # A snapshot killed before its runs row: its rows alone hold the id.
+    assert main(["snapshot", "--config", str(cfg), "--run-id", "nightly-2"]) == EXIT_OK
+    capsys.readouterr()
+    from deltalake import DeltaTable
+
+    DeltaTable(store.path("runs")).delete("run_id = 'nightly-2'")
+    assert main(["snapshot", "--config", str(cfg), "--run-id", "nightly-2"]) == EXIT_USAGE
+    assert "did not finish" in capsys.readouterr().err
