@@ -24,6 +24,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from sweeper.lifecycle import pid_alive
+
 ZOOKEEPER_JAR = Path(os.environ.get("SWEEPER_ZOOKEEPER_JAR", "/usr/share/java/zookeeper.jar"))
 SERVER_MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
 JAVA_LIB = ZOOKEEPER_JAR.parent
@@ -368,9 +370,7 @@ def running_server(data_dir: str | os.PathLike[str]) -> ZooKeeperServerInfo | No
     if not marker.exists():
         return None
     info = ZooKeeperServerInfo(**json.loads(marker.read_text()))
-    try:
-        os.kill(info.pid, 0)
-    except ProcessLookupError:
+    if not pid_alive(info.pid):
         return None
     if info.clock is not None:
         _clocks[info.port] = info.clock

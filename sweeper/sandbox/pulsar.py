@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sweeper.lifecycle import pid_alive
+
 
 class PulsarSandboxError(RuntimeError):
     pass
@@ -61,11 +63,7 @@ def running_pulsar(home: str | Path) -> PulsarSandboxInfo | None:
     if not marker.exists():
         return None
     info = PulsarSandboxInfo(**json.loads(marker.read_text()))
-    try:
-        os.kill(info.pid, 0)
-    except ProcessLookupError:
-        return None
-    return info
+    return info if pid_alive(info.pid) else None
 
 
 def stop_pulsar(info: PulsarSandboxInfo, home: str | Path | None = None) -> None:

@@ -24,6 +24,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from sweeper.lifecycle import pid_alive
 from sweeper.s3server import S3ServerInfo, start_s3, stop_s3
 from sweeper.zkserver import free_port_block
 
@@ -250,11 +251,7 @@ def _state_file(home: Path) -> Path:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+    return pid_alive(pid)
 
 
 def running_testbed(home: str | Path = DEFAULT_HOME) -> TestbedInfo | None:
