@@ -62,8 +62,42 @@ def test_sweep_on_the_sandbox_end_to_end(spark: SparkSession, tmp_path: Path,
         assert summary["stages"]["reconcile"].get("candidate", 0) == 0
         # The marks of the first run are on the topic; this run's snapshot read them back as done.
         assert summary["stages"]["reconcile"]["pending_delete.done"] == orphans
+
+        # Issue 27, safe to repeat. `down` without --wipe, then the README command: S3 kept its objects in memory,
+        # so the sandbox is seeded again whole (one line says so) and the run finds the manifest's candidates.
+        def again() -> str:
+            capsys.readouterr()
+            assert main(["sweep", "--sandbox", *args]) == EXIT_OK
+            out = capsys.readouterr().out
+            assert json.loads(out.strip().splitlines()[-1])["stages"]["reconcile"]["candidate.ledger"] == orphans
+            return out
+
+        sandbox_down(home)
+        assert "seeded again from its seed" in again()
+        # The endpoint killed alone: its broker registration outlives it in ZooKeeper, and the new one replaces it.
+        _kill(home / "pulsar" / "server.json")
+        assert "seeded again" not in again()
+        # A reboot: every sandbox process killed, the data directories kept.
+        for part in ("pulsar", "s3", "zookeeper"):
+            _kill(home / part / "server.json")
+        assert "seeded again from its seed" in again()
     finally:
         sandbox_down(home, wipe=True)
+
+
+def _kill(marker: Path) -> None:
+    import os
+    import signal
+    import time
+
+    from sweeper.lifecycle import pid_alive
+
+    pid = json.loads(marker.read_text())["pid"]
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(100):
+        if not pid_alive(pid):  # reaps it: this test process started it
+            return
+        time.sleep(0.1)
 
 
 @pytest.mark.parametrize("until", ["snapshot", "reconcile", "emit"])

@@ -6,13 +6,15 @@ For local runs, demos, tests and benchmarks only; production points at real clus
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from sweeper import zk as zkutil
+from sweeper.lifecycle import pid_alive
 from sweeper.offload import S3Target, s3_client
 from sweeper.s3server import S3ServerInfo, start_s3, stop_s3
 from sweeper.sandbox.model import SandboxCluster, SandboxSpec, build_cluster
@@ -47,25 +49,39 @@ class SeededSandbox:
     manifest_path: Path
 
 
-def sandbox_up(home: str | Path = DEFAULT_HOME, port: int = DEFAULT_PORT) -> ZooKeeperServerInfo:
+def sandbox_up(home: str | Path = DEFAULT_HOME, port: int = DEFAULT_PORT,
+               say: Callable[[str], None] = print) -> ZooKeeperServerInfo:
     """Start the sandbox ZooKeeper and S3 endpoint (idempotent: running ones are kept).
 
     S3 (moto's server) listens on `port + 1`; its state lives in memory, so `down` loses it.
     The Pulsar endpoint listens on `port + 2` (binary protocol) and `port + 3` (admin REST); its
     messages persist under `home/pulsar`.
+
+    A seeded sandbox whose S3 endpoint stopped (`down`, a reboot, a kill) has lost its offloaded objects while
+    ZooKeeper still describes them: never half a world, so it is wiped whole and the next seed makes it again
+    from its seed (the same ground truth), and `say` tells the operator so in one line.
     """
+    home = Path(home)
+    # A part that ran here before and died may hold its port for a while after (connections the kernel is still
+    # closing): then its port gets some time to come free, where a stranger's port is refused at once.
+    ran_before = any((home / part / "server.json").exists() for part in ("zookeeper", "s3", "pulsar"))
+    wait_s = 30.0 if ran_before else 0.0
+    if s3_endpoint(home) is None and (home / "manifest.json").exists():
+        sandbox_down(home, wipe=True)
+        say("sandbox: its S3 endpoint had stopped and kept its objects in memory only, so the whole sandbox "
+            "is seeded again from its seed")
     zk_home = Path(home) / "zookeeper"
     running = running_server(zk_home)
     base = running.port if running else port
     needs_s3, needs_pulsar = s3_endpoint(home) is None, running_pulsar(Path(home) / "pulsar") is None
     # Every port is checked before anything starts, so a taken one leaves nothing half up.
     if running is None:
-        _require_free(base, "ZooKeeper")
+        _require_free(base, "ZooKeeper", wait_s)
     if needs_s3:
-        _require_free(base + 1, "S3")
+        _require_free(base + 1, "S3", wait_s)
     if needs_pulsar:
-        _require_free(base + 2, "Pulsar binary protocol")
-        _require_free(base + 3, "Pulsar admin REST")
+        _require_free(base + 2, "Pulsar binary protocol", wait_s)
+        _require_free(base + 3, "Pulsar admin REST", wait_s)
     info = running or start_zookeeper(zk_home, port=port)
     if needs_s3:
         s3 = start_s3(Path(home) / "s3", port=info.port + 1)
@@ -75,15 +91,20 @@ def sandbox_up(home: str | Path = DEFAULT_HOME, port: int = DEFAULT_PORT) -> Zoo
     return info
 
 
-def _require_free(port: int, what: str) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        # As the servers bind: a port whose last server just stopped (connections in TIME_WAIT) is free.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError as exc:
-            raise SandboxError(f"the sandbox's {what} port {port} is taken ({exc.strerror}); the sandbox uses "
-                               f"--port and the three ports after it: pick another --port") from exc
+def _require_free(port: int, what: str, wait_s: float = 0.0) -> None:
+    deadline = time.monotonic() + wait_s
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            # As the servers bind: a port whose last server just stopped (connections in TIME_WAIT) is free.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+                return
+            except OSError as exc:
+                if time.monotonic() >= deadline:
+                    raise SandboxError(f"the sandbox's {what} port {port} is taken ({exc.strerror}); the sandbox "
+                                       f"uses --port and the three ports after it: pick another --port") from exc
+        time.sleep(0.5)
 
 
 def s3_endpoint(home: str | Path = DEFAULT_HOME) -> str | None:
@@ -91,11 +112,7 @@ def s3_endpoint(home: str | Path = DEFAULT_HOME) -> str | None:
     if not marker.exists():
         return None
     data = json.loads(marker.read_text())
-    try:
-        os.kill(data["pid"], 0)
-    except ProcessLookupError:
-        return None
-    return str(data["endpoint"])
+    return str(data["endpoint"]) if pid_alive(data["pid"]) else None
 
 
 def sandbox_down(home: str | Path = DEFAULT_HOME, wipe: bool = False) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import signal
 import threading
@@ -51,16 +52,42 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _register(hosts: str, service_url: str, web_url: str):  # -> KazooClient
-    """An ephemeral znode under /loadbalance/brokers, alive with this process's session (as a broker's is)."""
+    """An ephemeral znode under /loadbalance/brokers, alive with this process's session (as a broker's is).
+
+    A registration under this name left by an earlier run of the sandbox (ZooKeeper restores sessions from its
+    data directory and restarts their timers, so it outlives a restart) is replaced, as a restarted broker
+    replaces its own (Pulsar's ResourceLockImpl revalidates a lock whose value is its own by deleting the
+    stale node and creating it again). Anything else under the name is not ours: the endpoint stops."""
     import json
+
+    from kazoo.exceptions import NodeExistsError, NoNodeError
 
     from sweeper import zk as zkutil
 
     client = zkutil.connect(hosts)
     name = service_url.split("://", 1)[1]
+    path = f"/loadbalance/brokers/{name}"
     data = json.dumps({"pulsarServiceUrl": service_url, "webServiceUrl": web_url, "sandbox": True}).encode()
-    client.create(f"/loadbalance/brokers/{name}", data, ephemeral=True, makepath=True)
-    return client
+    for _ in range(3):
+        try:
+            client.create(path, data, ephemeral=True, makepath=True)
+            return client
+        except NodeExistsError:
+            try:
+                held, stat = client.get(path)
+                previous = json.loads(held or b"{}")
+            except NoNodeError:
+                continue
+            except ValueError:
+                previous = {}
+            if not (isinstance(previous, dict) and previous.get("sandbox") is True
+                    and previous.get("pulsarServiceUrl") == service_url):
+                client.stop()
+                raise SystemExit(f"{path} is registered by something else than this sandbox: not replaced") from None
+            with contextlib.suppress(NoNodeError):
+                client.delete(path, version=stat.version)
+    client.stop()
+    raise SystemExit(f"could not register {path}: it kept coming back")
 
 
 if __name__ == "__main__":
