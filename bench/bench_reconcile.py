@@ -92,7 +92,11 @@ class PeakMemory:
         me = self.root
         while not self._stop.is_set():
             total = 0
-            for proc in [me, *me.children(recursive=True)]:
+            try:
+                tree = [me, *me.children(recursive=True)]
+            except psutil.Error:  # the root or a child exited while listing
+                tree = [me]
+            for proc in tree:
                 with contextlib.suppress(psutil.Error):  # a worker may exit between listing and reading
                     total += proc.memory_info().rss
             self.peak = max(self.peak, total)
