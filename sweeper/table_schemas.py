@@ -260,7 +260,7 @@ ORPHAN_REPORT = _schema(
 RUNS = _schema(
     ("run_id", S, False),
     ("stage", S, False),
-    ("status", S, False),  # succeeded | failed
+    ("status", S, False),  # succeeded | failed | refused | interrupted
     ("started_at", TS, False),
     ("finished_at", TS, False),
     ("duration_s", DoubleType()),
@@ -359,6 +359,27 @@ DELETE_RESULTS = _schema(
     ("s3_keys", ArrayType(S)),
     ("dry_run", B, False),
     ("source", S, False),  # emitted | retry_queue | from_json
+)
+
+# What each delete attempt is about to do and then did, appended by the Spark tasks themselves in one small
+# commit per chunk (before its compare-and-set deletes, and after), so a driver killed at any instant leaves
+# a record of every ledger it touched. The next delete run folds an interrupted attempt's rows into
+# delete_results (an intent whose znode is gone was deleted by that attempt) and closes it.
+DELETE_JOURNAL = _schema(
+    ("run_id", S, False),
+    ("attempt_id", S, False),  # one `delete` invocation; a run id is resumed by later attempts
+    ("at", TS, False),
+    ("phase", S, False),  # intent | outcome | closed
+    ("record_key", S),
+    ("source", S),
+    ("origin_run_id", S),
+    ("ledger_id", L),
+    ("ledger_type", S),
+    ("zk_path", S),
+    ("outcome", S),
+    ("detail", S),
+    ("zk_version", INT),
+    ("attempt", INT),
 )
 
 # Records still failing after a task's retries: due again at next_attempt_at. Append-only; the
@@ -494,5 +515,6 @@ RETENTION_ACTIONS = _schema(
 ALL_TABLES: dict[str, StructType] = {**SNAPSHOT_TABLES, "orphans": ORPHANS, "orphan_report": ORPHAN_REPORT,
                                      "runs": RUNS, "emitted": EMITTED, "pending_delete_status": PENDING_DELETE_STATUS,
                                      "delete_results": DELETE_RESULTS, "retry_queue": RETRY_QUEUE,
+                                     "delete_journal": DELETE_JOURNAL,
                                      "dead_letter": DEAD_LETTER, "retention_debt": RETENTION_DEBT,
                                      "reclaimable_report": RECLAIMABLE_REPORT, "retention_actions": RETENTION_ACTIONS}

@@ -35,6 +35,7 @@ from sweeper.config import SweeperConfig
 from sweeper.delete import permissions
 from sweeper.delete.decide import LiveObject, object_mismatch
 from sweeper.delete.drain import TopicDrain
+from sweeper.delete.journal import Journal, open_journal, resolve_interrupted
 from sweeper.delete.lock import DeleteRunLock
 from sweeper.delete.records import SOURCE_EMITTED, SOURCE_JSON, SOURCE_RETRY, PendingRecord
 from sweeper.delete.results import DELETED, FAILED, INVALID, WOULD_DELETE, DeleteResult, result_for
@@ -89,6 +90,7 @@ class DeleteTarget:
     peers: tuple[str, ...] = ()  # [safety] peer_metadata: re-read before each ledger delete
     peer_security: ZkSecurity | None = None  # [pulsar]'s access settings, which reach the peers too
     offload_enabled: bool = False  # [offload] enabled: offloaded copies can be checked before a BookKeeper delete
+    journal: Journal | None = None  # with execute: intents and outcomes, committed by the tasks chunk by chunk
 
 
 @dataclass
@@ -252,11 +254,31 @@ def _run_records(fn: Any, pairs: list[tuple[PendingRecord, dict[str, Any]]], tar
                  rng: random.Random) -> list[tuple[PendingRecord, DeleteResult]]:
     out: list[tuple[PendingRecord, DeleteResult]] = []
     for part in _paced(pairs, target.deletes_per_second):
+        if target.journal is not None:
+            target.journal.intents(part)  # on record before any of them can be deleted
         results = run_with_retries(fn, [r for _, r in part], target.policy, rng=rng)
+        done = []
         for (item, _), result in zip(part, results, strict=True):
             result.attempt += item.attempts_before
-            out.append((item, result))
+            done.append((item, result))
+        if target.journal is not None:
+            _failpoint_before_outcomes()
+            target.journal.outcomes(done)
+        out += done
     return out
+
+
+# A test failpoint: seconds to wait between a chunk's deletes and the commit of their outcomes, so a kill test
+# lands in that window (the case the journal's intents exist for) more often than by chance. Unset: no wait.
+FAILPOINT_BEFORE_OUTCOMES_ENV = "SWEEPER_FAILPOINT_BEFORE_OUTCOMES_S"
+
+
+def _failpoint_before_outcomes() -> None:
+    import os
+
+    wait = float(os.environ.get(FAILPOINT_BEFORE_OUTCOMES_ENV) or 0)
+    if wait > 0:
+        time.sleep(wait)
 
 
 TaskRow = tuple[str, str, str | None, bytes | None, DeleteResult]
@@ -396,6 +418,7 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
                             security=security)
     lock: DeleteRunLock | None = None
     drain: TopicDrain | None = None
+    journal: Journal | None = None
     try:
         layout = read_layout(client, config.bookkeeper.ledgers_root)
         if from_topic:
@@ -445,6 +468,15 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
                     d.lock_path.rsplit("/", 1)[0] or "/", "CREATE",
                     f"the run lock {d.lock_path} (create its parent writable by the sweeper, or set [delete] "
                     "lock_path)"))) from exc
+            # Under the lock, an attempt the journal shows unclosed has stopped: its deletes go on record (with its
+            # run id) before this attempt could take them for its own `already_gone`.
+            journal = open_journal(store, run_id, config.bookkeeper.ledgers_root, layout)
+            resolution = resolve_interrupted(store, lambda path: client.exists(path) is not None, journal.attempt_id)
+            if resolution.attempts:
+                counts.update(resolution.counts())
+                guards["interrupted_attempts"] = resolution.attempts
+                inputs = [item for item in inputs if item.record_key not in resolution.settled]
+                counts["records"] = len(inputs)
             skew = clock_problem(lock.clock_skew_ms, config.safety.max_clock_skew_seconds)
             guards["clock_skew_ms"] = lock.clock_skew_ms
             if skew:
@@ -473,7 +505,7 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
             endpoint_override=config.offload.endpoint_override, buckets=buckets, shadows=shadows or (),
             local_cluster=config.pulsar.cluster_name, zk_security=security, rules=acting_rules(config),
             peers=config.safety.peer_metadata, peer_security=pulsar_security(config),
-            offload_enabled=config.offload.enabled)
+            offload_enabled=config.offload.enabled, journal=journal)
         rows: list[TaskRow] = []
         if inputs:
             parts = _partitions(spark, config, len(inputs))
@@ -484,6 +516,8 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
             rows = (spark.sparkContext.parallelize(groups, parts)
                     .mapPartitions(lambda it: delete_partition(it, target)).collect())
         result = _commit(store, run_id, rows, target, execute, now, counts)
+        if journal is not None:
+            journal.close()
         refused = [r.error for r in result.results if r.error and "(ZooKeeper NoAuth)" in r.error]
         if refused:
             # Committed first, so every outcome is on record; then the run stops as refused (exit 3).

@@ -32,6 +32,7 @@ from sweeper.tables.base import (
     TableNotFoundError,
     TableSchemaError,
     TableStore,
+    TaskAppender,
 )
 from sweeper.tables.delta_rs import DeltaRsTableStore
 from sweeper.tables.files import NotNullViolation
@@ -118,6 +119,7 @@ __all__ = [
     "TableSchemaError",
     "TableStorageUnavailableError",
     "TableStore",
+    "TaskAppender",
     "auto_engine",
     "delta_spark_package",
     "open_table_store",

@@ -58,6 +58,25 @@ class TableSchemaError(ValueError):
 
 
 @dataclass(frozen=True)
+class TaskAppender:
+    """Appends rows to one table from any process (a Spark task, its driver), each call one small Delta commit
+    through delta-rs, whatever engine the store uses: for what must be on record before the driver hears of it.
+    Blind appends of concurrent writers do not conflict (delta-rs retries the commit on the next version)."""
+
+    uri: str
+    schema: pa.Schema
+    storage_options: dict[str, str]
+
+    def append(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        if not rows:
+            return
+        from deltalake import write_deltalake
+
+        write_deltalake(self.uri, pa.Table.from_pylist(list(rows), schema=self.schema), mode="append",
+                        storage_options=self.storage_options or None)
+
+
+@dataclass(frozen=True)
 class CommitResult:
     table: str
     version: int  # Delta table version created by this commit (the current one when nothing was committed)
@@ -241,6 +260,19 @@ class TableStore(ABC):
         if not _TABLE_NAME.match(name or ""):
             raise ValueError(f"bad table name {name!r}: letters, digits, '_', '.', '-' only")
         return f"{self.root}/{name}"
+
+    def task_appender(self, name: str, schema: StructType) -> TaskAppender:
+        """A picklable appender for `name` (created here, empty, when it does not exist yet, so concurrent
+        tasks never race to create it)."""
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        appender = TaskAppender(self.path(name), to_arrow_schema(schema, timezone="UTC"), dict(self._storage_options))
+        if not self.exists(name):
+            from deltalake import write_deltalake
+
+            write_deltalake(appender.uri, appender.schema.empty_table(), mode="append",
+                            storage_options=appender.storage_options or None)
+        return appender
 
     # ---- per-engine
 

@@ -1,0 +1,180 @@
+"""Durable outcomes of a delete attempt, so "what did the sweeper delete, and when?" has an answer after a kill.
+
+A delete attempt (one `delete --execute` invocation) used to commit its `delete_results` only at the end, on the
+driver: a run killed halfway left nothing for the ledgers it had already deleted, and the next attempt filed
+them as `already_gone`. Now each Spark task appends to `delete_journal` itself, one small Delta commit per
+chunk of records: the intents before the chunk's compare-and-set deletes, the outcomes after. The driver
+closes the attempt once its results are committed.
+
+The next `--execute` attempt, holding the run lock (so no attempt it finds unclosed is still running), folds
+every unclosed attempt into the tables: its recorded final outcomes become `delete_results` rows of its run,
+an intent without an outcome whose ledger znode is gone becomes `deleted` (that attempt deleted it: records
+are orphans nobody else deletes, and the journal says it was about to), an intent whose ledger is still there
+is left to be re-verified as usual, and the attempt gets a `runs` row `interrupted` with its counts.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from sweeper.delete.records import PendingRecord
+from sweeper.delete.results import DELETED, FAILED, FINAL_OUTCOMES, DeleteResult
+from sweeper.layout import LedgerLayout, ledger_path
+from sweeper.table_schemas import DELETE_JOURNAL, DELETE_RESULTS, RUNS
+from sweeper.tables import TableStore, TaskAppender
+
+JOURNAL_TABLE = "delete_journal"
+INTENT, OUTCOME, CLOSED = "intent", "outcome", "closed"
+
+
+def new_attempt_id(run_id: str) -> str:
+    return f"{run_id}@{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass(frozen=True)
+class Journal:
+    """What a task needs to journal its records (picklable: it travels in the DeleteTarget)."""
+
+    appender: TaskAppender
+    run_id: str
+    attempt_id: str
+    ledgers_root: str
+    layout: str
+
+    def _row(self, phase: str, **values: Any) -> dict[str, Any]:
+        return {"run_id": self.run_id, "attempt_id": self.attempt_id, "at": datetime.now(UTC), "phase": phase,
+                **values}
+
+    def intents(self, pairs: Sequence[tuple[PendingRecord, Mapping[str, Any]]]) -> None:
+        rows = []
+        for item, record in pairs:
+            ledger_id, ledger_type = record.get("ledgerId"), record.get("ledgerType")
+            zk_path = (ledger_path(self.ledgers_root, int(ledger_id), LedgerLayout(self.layout))
+                       if ledger_type == "LEDGER" and isinstance(ledger_id, int) else None)
+            rows.append(self._row(INTENT, record_key=item.record_key, source=item.source,
+                                  origin_run_id=item.origin_run_id, ledger_id=ledger_id, ledger_type=ledger_type,
+                                  zk_path=zk_path))
+        self.appender.append(rows)
+
+    def outcomes(self, done: Sequence[tuple[PendingRecord, DeleteResult]]) -> None:
+        self.appender.append([
+            self._row(OUTCOME, record_key=item.record_key, source=item.source, origin_run_id=item.origin_run_id,
+                      ledger_id=result.ledger_id, ledger_type=result.ledger_type, zk_path=result.zk_path,
+                      outcome=result.outcome, detail=(result.detail or result.error or "")[:2000],
+                      zk_version=result.zk_version, attempt=result.attempt)
+            for item, result in done])
+
+    def close(self, detail: str = "") -> None:
+        self.appender.append([self._row(CLOSED, detail=detail)])
+
+
+def open_journal(store: TableStore, run_id: str, ledgers_root: str, layout: LedgerLayout) -> Journal:
+    return Journal(store.task_appender(JOURNAL_TABLE, DELETE_JOURNAL), run_id, new_attempt_id(run_id), ledgers_root,
+                   layout.value)
+
+
+@dataclass
+class Resolution:
+    """What folding the unclosed attempts found (counts over all of them)."""
+
+    attempts: list[str] = field(default_factory=list)
+    deleted: int = 0  # outcomes `deleted` the attempts had recorded themselves
+    recovered: int = 0  # intents without an outcome whose ledger is gone: deleted by that attempt
+    still_present: int = 0  # intents without an outcome whose ledger is there: re-verified as usual
+    other_outcomes: int = 0
+    settled: set[str] = field(default_factory=set)  # record keys with a final outcome from those attempts
+
+    def counts(self) -> dict[str, int]:
+        return {"interrupted_attempts": len(self.attempts), "interrupted_deleted": self.deleted + self.recovered,
+                "interrupted_recovered": self.recovered, "interrupted_still_present": self.still_present}
+
+
+def unclosed_attempts(store: TableStore) -> list[str]:
+    if not store.exists(JOURNAL_TABLE):
+        return []
+    phases = store.aggregate_arrow(JOURNAL_TABLE, ["attempt_id", "phase"], [("run_id", "count")]).to_pylist()
+    closed = {r["attempt_id"] for r in phases if r["phase"] == CLOSED}
+    return sorted({r["attempt_id"] for r in phases} - closed)
+
+
+def resolve_interrupted(store: TableStore, exists: Any, by_attempt: str) -> Resolution:
+    """Fold every unclosed attempt (see the module doc). `exists(zk_path)` re-reads a ledger znode. Only call
+    this holding the delete run lock: an unclosed attempt is then one that stopped."""
+    found = Resolution()
+    attempts = unclosed_attempts(store)
+    if not attempts:
+        return found
+    rows = store.read_arrow(JOURNAL_TABLE, where={"attempt_id": attempts}).to_pylist()
+    runs = sorted({r["run_id"] for r in rows})
+    final: set[tuple[str, str]] = set()
+    if store.exists("delete_results"):
+        final = {(r["run_id"], r["record_key"])
+                 for r in store.read_arrow("delete_results", where={"run_id": runs, "dry_run": False},
+                                           columns=["run_id", "record_key", "outcome"]).to_pylist()
+                 if r["outcome"] != FAILED}
+    results: list[dict[str, Any]] = []
+    run_rows: list[dict[str, Any]] = []
+    journal_rows: list[dict[str, Any]] = []
+    now = datetime.now(UTC)
+    for attempt in attempts:
+        mine = [r for r in rows if r["attempt_id"] == attempt]
+        run_id = mine[0]["run_id"]
+        outcomes = {r["record_key"]: r for r in mine if r["phase"] == OUTCOME}
+        intents = {r["record_key"]: r for r in mine if r["phase"] == INTENT}
+        before = (found.deleted, found.recovered, found.still_present)
+        for key, row in outcomes.items():
+            if row["outcome"] == DELETED:
+                found.deleted += 1
+            elif row["outcome"] in FINAL_OUTCOMES:
+                found.other_outcomes += 1
+            if row["outcome"] in FINAL_OUTCOMES:
+                found.settled.add(key)
+                if (run_id, key) not in final:
+                    results.append(_result_row(row, row["outcome"], row["detail"] or "", row["at"]))
+        for key, row in intents.items():
+            if key in outcomes:
+                continue
+            if row["zk_path"] and not exists(row["zk_path"]):
+                found.recovered += 1
+                found.settled.add(key)
+                if (run_id, key) not in final:
+                    results.append(_result_row(
+                        row, DELETED, f"deleted by attempt {attempt}, which stopped before recording it: its intent "
+                                      f"is in {JOURNAL_TABLE} and {row['zk_path']} is gone (resolved by {by_attempt})",
+                        row["at"]))
+            else:
+                found.still_present += 1
+        deleted = found.deleted - before[0] + found.recovered - before[1]
+        present = found.still_present - before[2]
+        started = min(r["at"] for r in mine)
+        last = max(r["at"] for r in mine)
+        run_rows.append({"run_id": run_id, "stage": "delete", "status": "interrupted", "started_at": started,
+                         "finished_at": last, "duration_s": (last - started).total_seconds(),
+                         "counts": {"deleted": deleted, "recovered_from_journal": found.recovered - before[1],
+                                    "attempted_still_present": present},
+                         "config_hash": None, "engine": store.engine,
+                         "message": f"attempt {attempt} stopped before it finished: {deleted} deleted, {present} "
+                                    f"attempted and still present (re-verified by {by_attempt})"})
+        journal_rows.append({"run_id": run_id, "attempt_id": attempt, "at": now, "phase": CLOSED,
+                             "detail": f"interrupted; resolved by {by_attempt}"})
+        found.attempts.append(attempt)
+    metadata = {"stage": "delete", "resolved_by": by_attempt}
+    if results:
+        store.append_rows("delete_results", results, DELETE_RESULTS, commit_metadata=metadata)
+    store.append_rows("runs", run_rows, RUNS, commit_metadata=metadata)
+    # Closed last: killed before this, the next attempt folds them again and the `final` check skips duplicates.
+    store.append_rows(JOURNAL_TABLE, journal_rows, DELETE_JOURNAL, commit_metadata=metadata)
+    return found
+
+
+def _result_row(row: Mapping[str, Any], outcome: str, detail: str, at: datetime) -> dict[str, Any]:
+    return {"run_id": row["run_id"], "origin_run_id": row["origin_run_id"], "finished_at": at,
+            "record_key": row["record_key"], "ledger_id": row["ledger_id"], "ledger_type": row["ledger_type"],
+            "component": None, "topic_name": None, "outcome": outcome, "detail": detail[:2000], "error": None,
+            "attempt": row["attempt"] or 1, "duration_ms": None, "zk_path": row["zk_path"],
+            "zk_version": row["zk_version"], "s3_bucket": None, "s3_keys": [], "dry_run": False,
+            "source": row["source"] or "emitted"}

@@ -1,0 +1,65 @@
+"""The delete journal (issue 22): tasks append it themselves, concurrently; the next attempt folds a stopped one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from sweeper.delete.journal import JOURNAL_TABLE, open_journal, resolve_interrupted, unclosed_attempts
+from sweeper.delete.records import PendingRecord
+from sweeper.delete.results import DeleteResult
+from sweeper.layout import LedgerLayout, ledger_path
+from sweeper.table_schemas import DELETE_JOURNAL
+from sweeper.tables import open_table_store
+
+LAYOUT = LedgerLayout.HIERARCHICAL
+
+
+def _item(ledger: int) -> tuple[PendingRecord, dict[str, object]]:
+    return PendingRecord(f"LEDGER/{ledger}/k", "emitted", "run-1", 0, b""), {"ledgerId": ledger, "ledgerType": "LEDGER"}
+
+
+def test_concurrent_tasks_each_commit_their_rows(spark: SparkSession, tmp_path: Path) -> None:
+    store = open_table_store(str(tmp_path / "t"), spark, engine="delta-rs")
+    appender = store.task_appender(JOURNAL_TABLE, DELETE_JOURNAL)
+
+    def task(index: int, rows: object) -> list[int]:
+        from datetime import UTC, datetime
+
+        for n in range(5):  # five small commits per task, four tasks at once
+            appender.append([{"run_id": "r", "attempt_id": f"a{index}", "at": datetime.now(UTC), "phase": "intent",
+                              "record_key": f"{index}/{n}"}])
+        return [index]
+
+    assert sorted(spark.sparkContext.parallelize(range(4), 4).mapPartitionsWithIndex(task).collect()) == [0, 1, 2, 3]
+    keys = [r["record_key"] for r in store.read_arrow(JOURNAL_TABLE).to_pylist()]
+    assert sorted(keys) == sorted(f"{i}/{n}" for i in range(4) for n in range(5))
+
+
+def test_the_next_attempt_folds_a_stopped_one(spark: SparkSession, tmp_path: Path) -> None:
+    store = open_table_store(str(tmp_path / "t"), spark, engine="delta-rs")
+    stopped = open_journal(store, "run-1", "/ledgers", LAYOUT)
+    stopped.intents([_item(1), _item(2), _item(3)])
+    path = {i: ledger_path("/ledgers", i, LAYOUT) for i in (1, 2, 3)}
+    stopped.outcomes([(_item(1)[0], DeleteResult(1, "LEDGER", None, None, "deleted", zk_path=path[1]))])
+    # Killed here: ledger 2's multi went through, ledger 3's did not.
+    finished = open_journal(store, "run-0", "/ledgers", LAYOUT)
+    finished.close()
+    assert unclosed_attempts(store) == [stopped.attempt_id]
+
+    found = resolve_interrupted(store, lambda p: p == path[3], "next")
+    assert (found.deleted, found.recovered, found.still_present) == (1, 1, 1)
+    assert found.settled == {"LEDGER/1/k", "LEDGER/2/k"}
+    rows = {r["ledger_id"]: r for r in store.read_arrow("delete_results").to_pylist()}
+    assert set(rows) == {1, 2} and {r["outcome"] for r in rows.values()} == {"deleted"}
+    assert rows[2]["run_id"] == "run-1" and rows[2]["detail"].startswith(f"deleted by attempt {stopped.attempt_id}")
+    run = store.read_arrow("runs").to_pylist()[0]
+    assert (run["run_id"], run["stage"], run["status"]) == ("run-1", "delete", "interrupted")
+    counts = dict(run["counts"])  # an Arrow map: key-value pairs
+    assert counts["deleted"] == 2 and counts["attempted_still_present"] == 1
+
+    # Folded once: closed now, so a later attempt finds nothing, and nothing is written twice.
+    assert unclosed_attempts(store) == []
+    again = resolve_interrupted(store, lambda p: False, "later")
+    assert not again.attempts and store.read_arrow("delete_results").num_rows == 2
