@@ -21,6 +21,7 @@ from sweeper import config as config_mod
 from sweeper.config import ConfigError, SweeperConfig
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED, EXIT_PARTIAL = 0, 1, 2, 3, 4
+EXIT_INTERRUPTED = 130  # SIGINT or SIGTERM: stopped, what was done is on record
 DEFAULT_CONFIG = "conf/local.toml"
 
 
@@ -476,10 +477,104 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+LOG_FILE_ENV = "SWEEPER_LOG_FILE"
+DEFAULT_LOG_FILE = "var/log/sweeper.log"
+
+
+def _chatter_to_log_file(verbose: bool) -> tuple[Path | None, Any]:
+    """Everything written to file descriptor 2 from now on (the JVM's log4j and its stack traces, Python workers,
+    py4j's complaints, library warnings) goes to the log file; this process's own lines keep the terminal.
+
+    Only when stderr is the process's real descriptor 2 (a terminal, a scheduler's pipe): inside a test's or a
+    notebook's captured stderr nothing is moved. With --verbose nothing is moved either."""
+    import os
+
+    try:
+        real = not verbose and sys.stderr is sys.__stderr__ and sys.stderr.fileno() == 2
+    except (AttributeError, OSError, ValueError):
+        real = False
+    if not real:
+        return None, None
+    path = Path(os.environ.get(LOG_FILE_ENV) or DEFAULT_LOG_FILE).resolve()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError:
+        return None, None  # an unwritable log location must not stop the command
+    terminal_fd = os.dup(2)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    sys.stderr = os.fdopen(terminal_fd, "w", buffering=1)
+    return path, terminal_fd
+
+
+def _restore_stderr(terminal_fd: Any) -> None:
+    import os
+
+    if terminal_fd is None:
+        return
+    sys.stderr.flush()
+    os.dup2(terminal_fd, 2)
+    sys.stderr = sys.__stderr__
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    log_path, terminal_fd = _chatter_to_log_file(args.verbose)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        **({"filename": str(log_path)} if log_path else {}))
+    try:
+        return _main(args, log_path)
+    finally:
+        _restore_stderr(terminal_fd)
+
+
+def _main(args: argparse.Namespace, log_path: Path | None) -> int:
+    import signal
+
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    interrupted = _stop_on_signals()
+    try:
+        code = _run(args)
+    except BaseException as exc:
+        if not interrupted and not isinstance(exc, KeyboardInterrupt):
+            raise
+        logging.getLogger(__name__).warning("interrupted", exc_info=exc)
+        interrupted.append("SIGINT")  # PySpark's own SIGINT handler (SparkContext) raised it, not ours
+        code = EXIT_INTERRUPTED
+    finally:
+        for signum, handler in previous.items():  # main() also runs inside other programs (tests, notebooks)
+            signal.signal(signum, handler)
+    if interrupted:
+        # Whatever the interrupt broke on its way out (a py4j call, a Spark job): one line, exit 130.
+        print(f"interrupted ({interrupted[0]}) during `sweeper {args.command}`: what was done is on record "
+              "(deletes in delete_journal, folded in by the next delete run); run the same command again to "
+              f"continue{f' (details: {log_path})' if log_path else ''}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return code
+
+
+def _stop_on_signals() -> list[str]:
+    """SIGINT and SIGTERM stop the command as Ctrl-C does (KeyboardInterrupt at the next Python instruction);
+    the returned list names the signal once one came."""
+    import signal
+
+    came: list[str] = []
+
+    def stop(signum: int, _frame: Any) -> None:
+        if not came:
+            came.append(signal.Signals(signum).name)
+            for name in ("py4j", "py4j.clientserver", "py4j.java_gateway"):  # its complaints while stopping
+                logging.getLogger(name).setLevel(logging.CRITICAL)
+            raise KeyboardInterrupt
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, stop)
+    return came
+
+
+def _run(args: argparse.Namespace) -> int:
     from sweeper.errors import UsageError
     from sweeper.layout import LayoutError
     from sweeper.pipeline import StageRefused

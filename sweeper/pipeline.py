@@ -19,6 +19,7 @@ from sweeper.config import SweeperConfig
 from sweeper.delete.lock import RunLockHeld
 from sweeper.delete.stage import DeleteRefused, DeleteRunResult, run_delete
 from sweeper.emit import EmitFailed, EmitRefused, EmitResult, run_emit
+from sweeper.errors import one_line
 from sweeper.gates import GateFailed, run_gates
 from sweeper.metrics import MetricsError, publish, render
 from sweeper.protection import Protection
@@ -87,7 +88,7 @@ def reconcile_stage(spark: SparkSession, config: SweeperConfig, store: TableStor
         record_run(store, run_id, "reconcile", "refused", started, {}, config, str(exc))
         raise StageRefused(str(exc)) from exc
     except Exception as exc:
-        record_run(store, run_id, "reconcile", "failed", started, {}, config, f"{type(exc).__name__}: {exc}")
+        record_run(store, run_id, "reconcile", "failed", started, {}, config, one_line(exc))
         raise
     counts = {**result.counts, **{f"reason.{k}": v for k, v in result.by_reason.items()},
               "gate.live_brokers_required": int(check_gates and config.gates.require_live_brokers)}
@@ -112,7 +113,7 @@ def retention_stage(spark: SparkSession, config: SweeperConfig, store: TableStor
         record_run(store, run_id, "retention_debt", "refused", started, {}, config, str(exc))
         raise StageRefused(str(exc)) from exc
     except Exception as exc:
-        record_run(store, run_id, "retention_debt", "failed", started, {}, config, f"{type(exc).__name__}: {exc}")
+        record_run(store, run_id, "retention_debt", "failed", started, {}, config, one_line(exc))
         raise
     record_run(store, run_id, "retention_debt", "succeeded", started, result.counts, config)
     return result
@@ -145,7 +146,7 @@ def emit_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
         record_run(store, run_id, "emit", "refused", started, {}, config, str(exc))
         raise StageRefused(str(exc)) from exc
     except Exception as exc:
-        record_run(store, run_id, "emit", "failed", started, {}, config, f"{type(exc).__name__}: {exc}")
+        record_run(store, run_id, "emit", "failed", started, {}, config, one_line(exc))
         if isinstance(exc, EmitFailed):
             raise StageRefused(f"emit failed, nothing recorded as emitted (a rerun resends only what the broker "
                                f"lacks): {exc}") from exc
@@ -164,7 +165,7 @@ def delete_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, 
         record_run(store, run_id, "delete", "refused", started, {}, config, str(exc))
         raise StageRefused(str(exc)) from exc
     except Exception as exc:
-        record_run(store, run_id, "delete", "failed", started, {}, config, f"{type(exc).__name__}: {exc}")
+        record_run(store, run_id, "delete", "failed", started, {}, config, one_line(exc))
         raise
     status = "partial" if is_partial(result) else "succeeded"
     record_run(store, run_id, "delete", status, started, {**result.counts, "execute": int(execute),

@@ -26,7 +26,7 @@ from pyspark.storagelevel import StorageLevel
 
 from sweeper import zk as zkutil
 from sweeper.config import SweeperConfig
-from sweeper.errors import RunIdTaken
+from sweeper.errors import RunIdTaken, one_line
 from sweeper.liveness import ClockReading, clock_problem, live_brokers, probe_clock
 from sweeper.offload import S3Target, list_offload_objects, listing_units, s3_client
 from sweeper.ratelimit import TokenBucket
@@ -605,7 +605,7 @@ def run_snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore,
     try:
         plan = plan_tasks(config)
     except Exception as exc:
-        record_run(store, run_id, "snapshot", "failed", started, {}, config, f"{type(exc).__name__}: {exc}")
+        record_run(store, run_id, "snapshot", "failed", started, {}, config, one_line(exc))
         raise
     skew = clock_problem(plan.clock.skew_ms, config.safety.max_clock_skew_seconds)
     if skew:
@@ -708,7 +708,7 @@ def run_snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore,
             counts.setdefault(table, 0)
         counts["scan_units"] = len(tasks)
     except Exception as exc:
-        record_run(store, run_id, "snapshot", "failed", started, {}, config, f"{type(exc).__name__}: {exc}")
+        record_run(store, run_id, "snapshot", "failed", started, {}, config, one_line(exc))
         raise
     finally:
         zk_scan.unpersist()

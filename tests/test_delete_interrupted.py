@@ -1,0 +1,163 @@
+"""Issue 22: a `delete --execute` killed at any instant leaves every deletion on record, with the run that made it.
+
+`sweeper delete --execute` runs as a real CLI process at a slow pace against a seeded sandbox (real ZooKeeper,
+Spark, Delta), and is stopped again and again at random points (seeded and printed): with SIGINT sent to its
+process group, as Ctrl-C does, and with SIGKILL to the driver alone. Each next attempt resolves the stopped
+one; a last attempt runs to the end. Then every ledger znode that is gone has exactly one `deleted` outcome
+of the run, nothing an attempt deleted is filed `already_gone`, nothing in use is gone, each stopped attempt
+is `interrupted` in `runs`, and the deleted set is the ground truth. SWEEPER_KILL_POINTS (default 3, to keep
+the suite in its time budget; 5 is the acceptance run) sets how many stops of each kind. Between a chunk's
+deletes and its outcome commit the tasks wait 0.4 s (a failpoint), so stops land there too: ledgers deleted
+whose outcome was never recorded, which only the journal's intents tell.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+from kazoo.client import KazooClient
+from pyspark.sql import SparkSession
+
+from sweeper.config import SweeperConfig
+from sweeper.delete.stage import FAILPOINT_BEFORE_OUTCOMES_ENV
+from sweeper.layout import ledger_path
+from sweeper.sandbox.model import SandboxSpec
+from tests.conftest import ZkTarget
+from tests.test_delete_stage import _planned
+from tests.test_emit import Broker
+
+REPO = Path(__file__).resolve().parents[1]
+KILL_POINTS = int(os.environ.get("SWEEPER_KILL_POINTS", "3"))
+SEED = int(os.environ.get("SWEEPER_KILL_SEED", "2211"))
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    b = Broker(tmp_path / "pulsar").start()
+    yield b
+    b.stop()
+
+
+def _toml(cfg: SweeperConfig) -> str:
+    lines = []
+    for section, values in cfg.to_dict().items():
+        lines.append(f"[{section}]")
+        lines += [f"{key} = {json.dumps(list(value) if isinstance(value, tuple) else value)}"
+                  for key, value in values.items() if value is not None]
+    return "\n".join(lines) + "\n"
+
+
+def _journal_rows(root: Path, attempt_prefix: str = "") -> list[dict[str, Any]]:
+    path = root / "delete_journal"
+    if not (path / "_delta_log").exists():
+        return []
+    rows = DeltaTable(str(path)).to_pyarrow_table(columns=["attempt_id", "phase"]).to_pylist()
+    return [r for r in rows if r["attempt_id"].startswith(attempt_prefix)]
+
+
+def _wait_gone(proc: subprocess.Popen[bytes], zk: KazooClient, lock_path: str, timeout: float = 60.0) -> None:
+    """Nothing of the attempt runs any more (its JVM and Python workers are in its process group) and its run
+    lock, an ephemeral znode, is released or has expired with the killed driver's session."""
+    deadline = time.monotonic() + timeout
+    while _group_alive(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if _group_alive(proc.pid):
+        os.killpg(proc.pid, signal.SIGKILL)
+    while zk.exists(lock_path) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not zk.exists(lock_path), "the run lock outlived its session"
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_delete_killed_at_random_points_leaves_every_deletion_on_record(
+        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
+    spec = SandboxSpec(seed=22, topics=30)
+    cluster, cfg, store, run_id = _planned(zk, zk_target.hosts, spark, tmp_path, broker, spec)
+    cfg = cfg.replace(delete={"deletes_per_second": 1.0, "tasks": 2},
+                      bookkeeper={"session_timeout_s": 4.0})
+    emitted = {r["ledger_id"] for r in store.read_arrow("emitted", where={"run_id": run_id}).to_pylist()
+               if r["ledger_type"] == "LEDGER"}
+    assert len(emitted) >= 20, "enough records for many stops"
+    layout = cluster.spec.layout
+    path_of = {ledger: ledger_path(cfg.bookkeeper.ledgers_root, ledger, layout) for ledger in emitted}
+    in_use = [i for i, x in cluster.ledgers.items() if x.status.value == "in_use"]
+    config_file = tmp_path / "sweeper.toml"
+    config_file.write_text(_toml(cfg))
+    rng = random.Random(SEED)
+    stops = [signal.SIGINT, signal.SIGKILL] * KILL_POINTS
+    rng.shuffle(stops)
+    log = tmp_path / "attempts.log"
+    plan = []
+    for n, how in enumerate([*stops, None]):
+        before = len(_journal_rows(Path(cfg.tables.root)))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sweeper.cli", "delete", "--execute", "--config", str(config_file),
+             "--run-id", run_id],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=open(log, "ab"), start_new_session=True,  # noqa: SIM115
+            env={**os.environ, "SWEEPER_LOG_FILE": str(tmp_path / "sweeper.log"), FAILPOINT_BEFORE_OUTCOMES_ENV: "0.4"})
+        if how is not None:
+            # A random point: after a random number of journal commits of this attempt, plus a random delay; or
+            # a random time, whichever comes first (an attempt with little left may finish before either).
+            commits, delay, latest = rng.randint(0, 4), rng.uniform(0.0, 1.2), rng.uniform(8.0, 25.0)
+            plan.append((n, how.name, commits, round(delay, 2), round(latest, 1)))
+            started = time.monotonic()
+            while proc.poll() is None and time.monotonic() - started < latest:
+                if len(_journal_rows(Path(cfg.tables.root))) - before >= commits * 2 + 1:
+                    time.sleep(delay)
+                    break
+                time.sleep(0.1)
+            if proc.poll() is None:
+                if how is signal.SIGINT:
+                    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole foreground group
+                else:
+                    os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=240)
+        if how is signal.SIGINT and proc.returncode != 0:
+            assert proc.returncode == 130, (n, proc.returncode)
+            text = log.read_text().strip().splitlines()
+            assert text and text[-1].startswith("interrupted"), text[-5:]
+        _wait_gone(proc, zk, cfg.delete.lock_path)
+    print(f"kill plan (seed {SEED}): {plan}")
+    assert proc.returncode == 0, log.read_text()[-3000:]
+    terminal = log.read_text()
+    assert "Traceback" not in terminal and "py4j" not in terminal and "ERROR" not in terminal, terminal[-3000:]
+
+    results = [r for r in store.read_arrow("delete_results", where={"run_id": run_id, "dry_run": False}).to_pylist()
+               if r["ledger_type"] == "LEDGER"]
+    deleted = [r["ledger_id"] for r in results if r["outcome"] == "deleted"]
+    gone = {ledger for ledger, path in path_of.items() if zk.exists(path) is None}
+    assert sorted(deleted) == sorted(set(deleted)), "exactly one `deleted` outcome per ledger"
+    assert set(deleted) == gone == emitted, (sorted(emitted - gone), sorted(gone - set(deleted)))
+    assert not [r for r in results if r["outcome"] == "already_gone"], "another attempt's deletion as its own"
+    assert all(zk.exists(ledger_path(cfg.bookkeeper.ledgers_root, i, layout)) for i in in_use)
+    runs = store.read_arrow("runs", where={"run_id": run_id, "stage": "delete"}).to_pylist()
+    interrupted = [r for r in runs if r["status"] == "interrupted"]
+    journal = _journal_rows(Path(cfg.tables.root))
+    attempts = {r["attempt_id"] for r in journal}
+    closed = {r["attempt_id"] for r in journal if r["phase"] == "closed"}
+    assert attempts == closed, "every attempt closed: by itself or by the next one"
+    # A stop that caught an attempt after it opened its journal and before it closed it is one `interrupted` row,
+    # whose counts the next attempt took from the journal and ZooKeeper.
+    assert 0 < len(interrupted) <= min(len(stops), len(attempts) - 1)
+    assert sum(dict(r["counts"])["deleted"] for r in interrupted) <= len(emitted)
+    recovered = [r for r in results if r["outcome"] == "deleted" and r["detail"].startswith("deleted by attempt ")]
+    print(f"{len(interrupted)} attempts interrupted; {len(recovered)} deletions known only from their intents")
+    assert all(r["message"].startswith("attempt ") and len(r["message"]) < 500 for r in interrupted)
