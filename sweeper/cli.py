@@ -78,6 +78,13 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
         print(f"ZooKeeper sandbox serving on {info.connect_string} (pid {info.pid}, data {info.data_dir}); "
               f"S3 on {s3_endpoint(home)}")
         return EXIT_OK
+    if args.action == "status":
+        from sweeper.sandbox import sandbox_status
+
+        status = sandbox_status(home)
+        for line in status.lines():
+            print(line)
+        return EXIT_OK if status.up else EXIT_REFUSED
     if args.action == "down":
         stopped = sandbox_down(home, wipe=args.wipe)
         print("sandbox stopped" if stopped else "no sandbox was running", "(data wiped)" if args.wipe else "")
@@ -389,7 +396,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--wipe", action="store_true", help="with `down`: delete the sandbox data too")
 
     sandbox = sub.add_parser("sandbox", help="local ZooKeeper with a synthetic Pulsar cluster")
-    sandbox.add_argument("action", choices=["up", "seed", "down"])
+    sandbox.add_argument("action", choices=["up", "seed", "status", "down"],
+                         help="status: what runs (ports, pids, data) and the seed's counts; exit 0 up, 3 down")
     sandbox_options(sandbox)
     common(sandbox)
     sandbox.set_defaults(func=cmd_sandbox)

@@ -81,6 +81,13 @@ def test_sweep_on_the_sandbox_end_to_end(spark: SparkSession, tmp_path: Path,
         for part in ("pulsar", "s3", "zookeeper"):
             _kill(home / part / "server.json")
         assert "seeded again from its seed" in again()
+        # `sandbox status`: what runs and the seed's counts, exit 0 up; after `down`, exit 3 and nothing runs.
+        assert main(["sandbox", "status", "--home", str(home)]) == EXIT_OK
+        out = capsys.readouterr().out
+        assert ": up" in out and f"127.0.0.1:{port}" in out and "seeded: " in out
+        sandbox_down(home)
+        assert main(["sandbox", "status", "--home", str(home)]) == EXIT_REFUSED
+        assert out.count("not running") == 0 and capsys.readouterr().out.count("not running") == 3
     finally:
         sandbox_down(home, wipe=True)
 

@@ -115,6 +115,49 @@ def s3_endpoint(home: str | Path = DEFAULT_HOME) -> str | None:
     return str(data["endpoint"]) if pid_alive(data["pid"]) else None
 
 
+@dataclass(frozen=True)
+class SandboxStatus:
+    home: str
+    parts: dict[str, str | None]  # part -> where it serves (and its pid), or None when it does not run
+    manifest_counts: dict[str, int] | None  # the seed's ground truth, when seeded
+
+    @property
+    def up(self) -> bool:
+        return all(self.parts.values())
+
+    def lines(self) -> list[str]:
+        state = "up" if self.up else "partly up" if any(self.parts.values()) else "down"
+        out = [f"sandbox in {self.home}: {state}"]
+        out += [f"  {part:<10} {where or 'not running'}" for part, where in self.parts.items()]
+        if self.manifest_counts is None:
+            out.append("  not seeded (the README command seeds it)")
+        else:
+            shown = ", ".join(f"{k}={v:,}" for k, v in sorted(self.manifest_counts.items()))
+            out.append(f"  seeded: {shown}")
+        return out
+
+
+def sandbox_status(home: str | Path = DEFAULT_HOME) -> SandboxStatus:
+    home = Path(home)
+    zk = running_server(home / "zookeeper")
+    s3 = s3_endpoint(home)
+    s3_pid = json.loads((home / "s3" / "server.json").read_text())["pid"] if s3 else None
+    pulsar = running_pulsar(home / "pulsar")
+    parts = {
+        "zookeeper": f"{zk.connect_string} (pid {zk.pid}, data {zk.data_dir})" if zk else None,
+        "s3": f"{s3} (pid {s3_pid})" if s3 else None,
+        "pulsar": f"{pulsar.service_url}, admin {pulsar.admin_url} (pid {pulsar.pid})" if pulsar else None,
+    }
+    counts = None
+    manifest = home / "manifest.json"
+    if manifest.exists():
+        try:
+            counts = {k: int(v) for k, v in (json.loads(manifest.read_text()).get("counts") or {}).items()}
+        except (ValueError, TypeError, AttributeError):
+            counts = {}
+    return SandboxStatus(str(home.resolve()), parts, counts)
+
+
 def sandbox_down(home: str | Path = DEFAULT_HOME, wipe: bool = False) -> bool:
     zk_home = Path(home) / "zookeeper"
     existing = running_server(zk_home)
