@@ -111,11 +111,14 @@ def verified_offloads(frames: dict[str, DataFrame], local_cluster: str) -> DataF
             .groupBy("ledger_id").agg(F.min(F.col("_roles") == 2).alias("_copy_verified")))
 
 
-def _facts_frame(frames: dict[str, DataFrame], refs: DataFrame, local_cluster: str = "") -> DataFrame:
+def _facts_frame(frames: dict[str, DataFrame], refs: DataFrame, local_cluster: str = "",
+                 ref_ids: DataFrame | None = None) -> DataFrame:
     """Unreferenced Pulsar ledgers with the facts `classify` needs, one row each. `refs` holds every cluster's
-    references (ours and the peers'); an owner a peer could not decode counts as quarantined."""
+    references (ours and the peers'); an owner a peer could not decode counts as quarantined. `ref_ids`: the
+    distinct ledger ids of `refs`, when the caller has them already."""
     bk = frames["bk_ledgers"].where(F.col("is_pulsar"))
-    unreferenced = bk.join(refs.select("ledger_id").distinct(), "ledger_id", "left_anti")
+    unreferenced = bk.join(ref_ids if ref_ids is not None else refs.select("ledger_id").distinct(), "ledger_id",
+                           "left_anti")
     mls = frames["managed_ledgers"]
     ml_names = mls.select(F.col("managed_ledger").alias("_ml"), F.lit(True).alias("_ml_exists"))
     peers = frames["peer_references"]
@@ -509,11 +512,14 @@ def run_reconcile(
     sharing, sharing_note = sharing_state(settings, peer_notes)
     peer_namespaces = frozenset(p["owner"] for p in peer_notes if p["kind"] == PEER_NAMESPACE)
     local_refs = references(frames).cache()
-    refs = local_refs
+    # This cluster's referenced ledger ids, once: the anti-join below and the missing-reference gate both need them.
+    local_ids = local_refs.select("ledger_id").distinct().cache()
+    refs, ref_ids = local_refs, local_ids
     if sharing is Sharing.PEERS_READ:
         refs = local_refs.unionByName(peers.where(F.col("kind") == PEER_REFERENCE)
                                       .select("ledger_id", "ref_kind", "owner", "referrer")).cache()
-    facts = _facts_frame(frames, refs, settings.local_cluster)
+        ref_ids = None
+    facts = _facts_frame(frames, refs, settings.local_cluster, ref_ids)
     captured = frames["bk_ledgers"].agg(F.max("captured_at")).first()
     if now_ms is None:
         now_ms = int(captured[0].timestamp() * 1000) if captured and captured[0] else int(time.time() * 1000)
@@ -539,7 +545,7 @@ def run_reconcile(
     counts["non_pulsar_ledgers"] = frames["bk_ledgers"].where(~F.col("is_pulsar")).count()
     counts["shared_bookkeeper_unverified"] = int(sharing is Sharing.UNVERIFIED)
     counts["peer_clusters_read"] = sum(1 for p in peer_notes if p["kind"] == PEER_READ)
-    referenced = local_refs.select("ledger_id").distinct().count()
+    referenced = local_ids.count()
     counts["referenced_ledgers"] = referenced
     # Before anything may be a candidate: Pulsar's references must be in this BookKeeper snapshot.
     tripped = missing_reference_problem(counts.get(f"{MISSING}.missing_ledger", 0), referenced, settings)
@@ -556,6 +562,7 @@ def run_reconcile(
     if tripped:
         refs.unpersist()
         local_refs.unpersist()
+        local_ids.unpersist()
         orphans.unpersist()
         raise ReconcileRefused(tripped, [tripped])
     store.append("orphans", orphans, ORPHANS, commit_metadata={"run_id": run_id, "stage": "reconcile"})
@@ -570,6 +577,7 @@ def run_reconcile(
     states.unpersist()
     refs.unpersist()
     local_refs.unpersist()
+    local_ids.unpersist()
     orphans.unpersist()
     return ReconcileResult(run_id, counts, by_reason, time.monotonic() - started, report_rows, sharing_note)
 
