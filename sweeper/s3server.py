@@ -11,9 +11,7 @@ two writers racing for one Delta commit version could both win there; on S3 one 
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -24,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sweeper.lifecycle import stop_process
 from sweeper.zkserver import free_port
 
 
@@ -61,10 +60,7 @@ def start_s3(log_dir: str | os.PathLike[str], port: int | None = None, timeout: 
 
 
 def stop_s3(info: S3ServerInfo) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(info.pid, signal.SIGTERM)
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(info.pid, 0)
+    stop_process(info.pid)
 
 
 def _atomic_conditional_writes() -> None:

@@ -10,11 +10,9 @@ Every port is a free loopback port; everything is stopped by process group, neve
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import time
 import urllib.request
@@ -24,6 +22,7 @@ from pathlib import Path
 
 import pyspark
 
+from sweeper.lifecycle import kill_process, terminate, wait_gone
 from sweeper.zkserver import free_port
 
 SPARK_HOME = str(Path(pyspark.__file__).resolve().parent)
@@ -167,20 +166,8 @@ def stop_cluster(cluster: StandaloneCluster, timeout: float = 20.0) -> None:
     """Stop the workers (and their executors), then the master; by process group, then SIGKILL."""
     daemons = [*cluster.workers, cluster.master]
     for daemon in daemons:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(daemon.pid, signal.SIGTERM)
+        terminate(daemon.pid)
     deadline = time.monotonic() + timeout
     for daemon in daemons:
-        while time.monotonic() < deadline:
-            try:
-                done, _ = os.waitpid(daemon.pid, os.WNOHANG)
-            except ChildProcessError:
-                done = daemon.pid
-            if done:
-                break
-            time.sleep(0.1)
-        else:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(daemon.pid, signal.SIGKILL)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(daemon.pid, 0)
+        if not wait_gone(daemon.pid, max(0.0, deadline - time.monotonic())):
+            kill_process(daemon.pid)

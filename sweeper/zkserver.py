@@ -16,7 +16,6 @@ import json
 import os
 import random
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -24,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sweeper.lifecycle import pid_alive
+from sweeper.lifecycle import pid_alive, stop_process
 
 ZOOKEEPER_JAR = Path(os.environ.get("SWEEPER_ZOOKEEPER_JAR", "/usr/share/java/zookeeper.jar"))
 SERVER_MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"
@@ -335,24 +334,7 @@ def start_zookeeper(
 
 
 def _kill(pid: int, timeout: float = 10.0) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            finished, _ = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            # Not our child (started by another process): poll for existence instead.
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return
-            finished = 0
-        if finished == pid:
-            return
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
+    stop_process(pid, timeout)
 
 
 def stop_zookeeper(info: ZooKeeperServerInfo) -> None:

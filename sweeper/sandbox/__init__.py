@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from sweeper import zk as zkutil
-from sweeper.lifecycle import pid_alive
+from sweeper.lifecycle import pid_alive, wait_ports_free
 from sweeper.offload import S3Target, s3_client
 from sweeper.s3server import S3ServerInfo, start_s3, stop_s3
 from sweeper.sandbox.model import SandboxCluster, SandboxSpec, build_cluster
@@ -29,6 +27,7 @@ PORT_SPAN = 4  # ZooKeeper on --port, S3 on +1, the Pulsar endpoint on +2 (binar
 __all__ = [
     "PORT_SPAN",
     "SandboxCluster",
+    "SandboxDown",
     "SandboxSpec",
     "SeededSandbox",
     "build_cluster",
@@ -92,19 +91,9 @@ def sandbox_up(home: str | Path = DEFAULT_HOME, port: int = DEFAULT_PORT,
 
 
 def _require_free(port: int, what: str, wait_s: float = 0.0) -> None:
-    deadline = time.monotonic() + wait_s
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            # As the servers bind: a port whose last server just stopped (connections in TIME_WAIT) is free.
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind(("127.0.0.1", port))
-                return
-            except OSError as exc:
-                if time.monotonic() >= deadline:
-                    raise SandboxError(f"the sandbox's {what} port {port} is taken ({exc.strerror}); the sandbox "
-                                       f"uses --port and the three ports after it: pick another --port") from exc
-        time.sleep(0.5)
+    if wait_ports_free([port], wait_s):
+        raise SandboxError(f"the sandbox's {what} port {port} is taken; the sandbox uses --port and the three ports "
+                           f"after it: pick another --port")
 
 
 def s3_endpoint(home: str | Path = DEFAULT_HOME) -> str | None:
@@ -158,22 +147,44 @@ def sandbox_status(home: str | Path = DEFAULT_HOME) -> SandboxStatus:
     return SandboxStatus(str(home.resolve()), parts, counts)
 
 
-def sandbox_down(home: str | Path = DEFAULT_HOME, wipe: bool = False) -> bool:
-    zk_home = Path(home) / "zookeeper"
-    existing = running_server(zk_home)
-    if existing is not None:
-        stop_zookeeper(existing)
-    marker = Path(home) / "s3" / "server.json"
+@dataclass(frozen=True)
+class SandboxDown:
+    stopped: list[str]  # the parts that ran and were stopped
+    ports: list[int]  # the ports they served on
+    still_taken: list[int]  # those of them still taken when `down` gave up waiting (empty normally)
+
+
+def sandbox_down(home: str | Path = DEFAULT_HOME, wipe: bool = False, port_wait_s: float = 30.0) -> SandboxDown:
+    """Stop every part that runs, wait until each process has exited and its ports are free, then wipe if asked.
+
+    Returns only then, so `down` followed by `up` (or another program taking the ports) never races the old
+    servers; parts that do not run are skipped, so `down` twice is harmless.
+    """
+    home = Path(home)
+    stopped: list[str] = []
+    ports: list[int] = []
+    zk = running_server(home / "zookeeper")
+    if zk is not None:
+        stop_zookeeper(zk)
+        stopped.append("zookeeper")
+        ports += [zk.port] + ([zk.secure_port] if zk.secure_port is not None else [])
+    marker = home / "s3" / "server.json"
     if marker.exists():
         data = json.loads(marker.read_text())
-        stop_s3(S3ServerInfo(data["endpoint"], data["pid"]))
+        if pid_alive(data["pid"]):
+            stop_s3(S3ServerInfo(data["endpoint"], data["pid"]))
+            stopped.append("s3")
+            ports.append(int(str(data["endpoint"]).rsplit(":", 1)[1].rstrip("/")))
         marker.unlink()
-    pulsar = running_pulsar(Path(home) / "pulsar")
+    pulsar = running_pulsar(home / "pulsar")
     if pulsar is not None:
-        stop_pulsar(pulsar, Path(home) / "pulsar")
-    if wipe and Path(home).exists():
+        stop_pulsar(pulsar, home / "pulsar")
+        stopped.append("pulsar")
+        ports += [int(url.rsplit(":", 1)[1]) for url in (pulsar.service_url, pulsar.admin_url)]
+    still_taken = wait_ports_free(ports, port_wait_s) if ports else []
+    if wipe and home.exists():
         shutil.rmtree(home)
-    return existing is not None
+    return SandboxDown(stopped, sorted(ports), still_taken)
 
 
 def seed_sandbox(hosts: str, spec: SandboxSpec, manifest_path: str | Path, s3: str | None = None) -> SeededSandbox:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -13,7 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sweeper.lifecycle import pid_alive
+from sweeper.lifecycle import pid_alive, stop_process
 
 
 class PulsarSandboxError(RuntimeError):
@@ -67,9 +65,6 @@ def running_pulsar(home: str | Path) -> PulsarSandboxInfo | None:
 
 
 def stop_pulsar(info: PulsarSandboxInfo, home: str | Path | None = None) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(info.pid, signal.SIGTERM)
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(info.pid, 0)
+    stop_process(info.pid)
     if home is not None:
         (Path(home) / "server.json").unlink(missing_ok=True)

@@ -19,12 +19,12 @@ from pathlib import Path
 import requests
 from kazoo.client import KazooClient
 
+from sweeper.lifecycle import stop_process
 from sweeper.testbed.server import (
     TestbedError,
     TestbedInfo,
     check_starting,
     spawn_logged,
-    stop_process_group,
     write_broker_conf,
 )
 from sweeper.zkserver import free_port_block
@@ -148,4 +148,4 @@ def peer_up(info: TestbedInfo, heap: str = "-Xms256m -Xmx512m -XX:MaxDirectMemor
 
 def peer_down(peer: PeerInfo, timeout: float = 30.0) -> None:
     if peer.pid:
-        stop_process_group(peer.pid, timeout)
+        stop_process(peer.pid, timeout)

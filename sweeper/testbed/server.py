@@ -8,14 +8,12 @@ writes, the token secret and tokens, ZooKeeper's and the bookie's data, the logs
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import hmac
 import json
 import os
 import re
 import secrets
-import signal
 import socket
 import subprocess
 import time
@@ -24,7 +22,7 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sweeper.lifecycle import pid_alive
+from sweeper.lifecycle import kill_process, pid_alive, stop_process
 from sweeper.s3server import S3ServerInfo, start_s3, stop_s3
 from sweeper.zkserver import free_port_block
 
@@ -250,17 +248,13 @@ def _state_file(home: Path) -> Path:
     return home / "testbed.json"
 
 
-def _alive(pid: int) -> bool:
-    return pid_alive(pid)
-
-
 def running_testbed(home: str | Path = DEFAULT_HOME) -> TestbedInfo | None:
     """The testbed recorded under `home`, if its broker process is still alive."""
     state = _state_file(Path(home))
     if not state.exists():
         return None
     info = TestbedInfo(**json.loads(state.read_text()))
-    return info if _alive(info.pid) else None
+    return info if pid_alive(info.pid) else None
 
 
 def _admin_get(info: TestbedInfo, path: str, token: str) -> tuple[int, bytes]:
@@ -331,7 +325,7 @@ def testbed_up(
 
     previous = _previous_state(home)
     version = pulsar.name.removeprefix("apache-pulsar-")
-    if previous is not None and _alive(previous.s3_pid) and _alive(previous.storage_pid):
+    if previous is not None and pid_alive(previous.s3_pid) and pid_alive(previous.storage_pid):
         # A broker restart after a crash (kill -9): same ports and data; ZooKeeper, the bookie and
         # S3 kept running.
         info = TestbedInfo(**{**asdict(previous), "pid": 0, "started_at": time.time()})
@@ -447,24 +441,6 @@ def _create_bucket(info: TestbedInfo) -> None:
     client.create_bucket(Bucket=info.offload_bucket)
 
 
-def stop_process_group(pid: int, timeout: float) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            done, _ = os.waitpid(pid, os.WNOHANG)
-            if done == pid:
-                return
-        if not _alive(pid):
-            return
-        time.sleep(0.2)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, 0)
-
-
 def testbed_down(home: str | Path = DEFAULT_HOME, info: TestbedInfo | None = None, wipe: bool = False,
                  timeout: float = 30.0) -> bool:
     """Stop the broker (SIGTERM to its process group, SIGKILL after `timeout`) and moto. True if one ran."""
@@ -475,13 +451,13 @@ def testbed_down(home: str | Path = DEFAULT_HOME, info: TestbedInfo | None = Non
         info = TestbedInfo(**json.loads(state.read_text()))
     stopped = False
     if info is not None:
-        if info.pid and _alive(info.pid):
-            stop_process_group(info.pid, timeout)
+        if info.pid and pid_alive(info.pid):
+            stop_process(info.pid, timeout)
             stopped = True
-        if info.storage_pid and _alive(info.storage_pid):
-            stop_process_group(info.storage_pid, timeout)
+        if info.storage_pid and pid_alive(info.storage_pid):
+            stop_process(info.storage_pid, timeout)
             stopped = True
-        if info.s3_pid and _alive(info.s3_pid):
+        if info.s3_pid and pid_alive(info.s3_pid):
             stop_s3(S3ServerInfo(info.s3_endpoint, info.s3_pid))
     state.unlink(missing_ok=True)
     if wipe:
@@ -507,12 +483,7 @@ def testbed_crash(home: str | Path = DEFAULT_HOME) -> None:
     info = running_testbed(home)
     if info is None:
         raise TestbedError(f"no testbed running under {home}")
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(info.pid, signal.SIGKILL)
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(info.pid, 0)
-    while _alive(info.pid):
-        time.sleep(0.1)
+    kill_process(info.pid)
 
 
 def bookkeeper_ledgers(info: TestbedInfo, timeout: float = 120.0) -> set[int]:
