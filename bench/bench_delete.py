@@ -31,7 +31,7 @@ from sweeper.codecs.bookkeeper import LedgerMetadata, Segment, encode_ledger_met
 from sweeper.config import PulsarMetadataConfig, SweeperConfig
 from sweeper.delete.stage import run_delete
 from sweeper.layout import LedgerLayout, layout_znode, ledger_path
-from sweeper.snapshot import record_run
+from sweeper.runs import record as record_run
 from sweeper.spark import get_spark
 from sweeper.table_schemas import EMITTED, SNAPSHOT_TABLES
 from sweeper.tables import open_table_store

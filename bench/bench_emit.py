@@ -33,8 +33,8 @@ import pulsar
 from sweeper import pending_delete
 from sweeper.config import PulsarMetadataConfig, SweeperConfig
 from sweeper.emit import run_emit
+from sweeper.runs import record as record_run
 from sweeper.sandbox.pulsar import start_pulsar, stop_pulsar
-from sweeper.snapshot import record_run
 from sweeper.spark import get_spark
 from sweeper.table_schemas import ORPHANS
 from sweeper.tables import open_table_store

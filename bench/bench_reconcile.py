@@ -61,6 +61,7 @@ from sweeper.layout import ledger_path
 from sweeper.offload import CLUSTER_NAME_KEY, MANAGED_LEDGER_NAME_KEY, parse_offload_key
 from sweeper.reconcile import SafetySettings, run_reconcile
 from sweeper.retention_debt import RetentionSettings, run_retention_debt
+from sweeper.runs import record as record_run
 from sweeper.safety import CircuitBreaker
 from sweeper.sandbox.model import SandboxSpec, build_cluster
 from sweeper.sandbox.seed import (
@@ -73,7 +74,7 @@ from sweeper.sandbox.seed import (
 )
 from sweeper.scan import bookkeeper as bk_scan
 from sweeper.scan import pulsar as pulsar_scan
-from sweeper.snapshot import namespace_policy_row, record_run
+from sweeper.snapshot import namespace_policy_row
 from sweeper.spark import get_spark
 from sweeper.table_schemas import SNAPSHOT_TABLES
 from sweeper.tables import open_table_store

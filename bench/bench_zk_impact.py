@@ -129,7 +129,8 @@ def renice(pid: int, priority: int) -> None:
 def _target(cfg: SweeperConfig, sessions: int) -> Any:
     from datetime import UTC, datetime
 
-    from sweeper.snapshot import ScanTarget, new_run_id
+    from sweeper.runs import new_run_id
+    from sweeper.snapshot import ScanTarget
 
     return ScanTarget(
         bk_hosts=cfg.bookkeeper.zookeeper, ledgers_root=cfg.bookkeeper.ledgers_root,

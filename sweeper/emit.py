@@ -28,9 +28,9 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from sweeper import pending_delete
+from sweeper import pending_delete, runs
 from sweeper.config import SweeperConfig, SystemTopicConfig
-from sweeper.reconcile import CANDIDATE
+from sweeper.errors import Refused
 from sweeper.spark import task_error
 from sweeper.system_topic import (
     BrokerSettings,
@@ -43,6 +43,7 @@ from sweeper.system_topic import (
 )
 from sweeper.table_schemas import EMITTED
 from sweeper.tables import TableStore
+from sweeper.vocabulary import CANDIDATE
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ REFUSED_OVERSIZE = "refused_oversize"
 SlotRow = tuple[int, int, str | None, str, bytes, str]
 
 
-class EmitRefused(RuntimeError):
+class EmitRefused(Refused):
     """Nothing was emitted on purpose: the run is not reconciled, or the topic is not as configured."""
 
 
@@ -285,10 +286,7 @@ _RECORDS_ARROW = pa.schema([("record_key", pa.string()), ("ledger_id", pa.int64(
 
 
 def check_reconciled(store: TableStore, run_id: str) -> None:
-    if not store.exists("runs") or not store.read("runs").where(
-            (F.col("run_id") == run_id) & (F.col("stage") == "reconcile") & (F.col("status") == "succeeded")
-    ).limit(1).count():
-        raise EmitRefused(f"run {run_id} has no successful reconcile: nothing to emit")
+    runs.require(store, run_id, "reconcile", EmitRefused, f"run {run_id} has no successful reconcile: nothing to emit")
 
 
 def already_emitted(store: TableStore, run_id: str) -> set[str]:

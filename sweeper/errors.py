@@ -1,6 +1,9 @@
-"""Errors an operator acts on, by the exit code the CLI gives them (more move here as stages adopt it, issue 22).
+"""Errors an operator acts on, by the exit code the CLI gives them (issue 22). The CLI maps them in one place.
 
-`UsageError` (exit 2): the command as typed cannot be run; the message names the fix.
+- `UsageError` (exit 2): the command as typed cannot be run (flags, config, input files); the message names the fix.
+- `Refused` (exit 3): the run stopped on purpose before doing harm: a gate, a safety rule, a lock, an unreachable
+  or unreadable store. Each stage's refusal is a subclass, so callers may still catch the narrow one.
+- An interrupt (SIGINT, SIGTERM) is Python's KeyboardInterrupt: exit 130.
 """
 
 from __future__ import annotations
@@ -8,6 +11,10 @@ from __future__ import annotations
 
 class UsageError(Exception):
     """The operator's command or its arguments are wrong; nothing was written."""
+
+
+class Refused(RuntimeError):
+    """The run stopped on purpose, nothing unsafe done; the message says why and what to do."""
 
 
 class RunIdTaken(UsageError):

@@ -15,7 +15,9 @@ from typing import Any
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from sweeper import runs
 from sweeper.config import GatesConfig
+from sweeper.errors import Refused
 from sweeper.liveness import Liveness, liveness_problems
 from sweeper.tables import TableStore
 
@@ -34,7 +36,7 @@ class GateResult:
         return not self.failures
 
 
-class GateFailed(RuntimeError):
+class GateFailed(Refused):
     def __init__(self, result: GateResult) -> None:
         lines = "\n".join(f"  - {failure}" for failure in result.failures)
         super().__init__(f"data-quality gates failed for snapshot {result.run_id}:\n{lines}")
@@ -42,8 +44,7 @@ class GateFailed(RuntimeError):
 
 
 def _runs(store: TableStore) -> list[dict[str, Any]]:
-    rows = store.read("runs").where((F.col("stage") == "snapshot") & (F.col("status") == "succeeded")).collect()
-    return sorted((r.asDict() for r in rows), key=lambda r: r["started_at"])
+    return runs.rows(store, stage="snapshot", status=runs.SUCCEEDED)
 
 
 def _expectations(table: str, count_floor: int) -> list[Any]:

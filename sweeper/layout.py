@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
+from sweeper.errors import Refused
+
 INT_MAX = 2**31 - 1
 LONG_MAX = 2**63 - 1
 
@@ -21,7 +23,7 @@ _HIER_LEAF = re.compile(r"^L\d{4}$")
 _FLAT_LEAF = re.compile(r"^L\d{10}$")
 
 
-class LayoutError(ValueError):
+class LayoutError(Refused, ValueError):
     pass
 
 

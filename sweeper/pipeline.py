@@ -6,34 +6,39 @@ or an operator can see how far a run got and why it stopped.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
+from sweeper import runs
 from sweeper.config import SweeperConfig
 from sweeper.delete.lock import RunLockHeld
 from sweeper.delete.stage import DeleteRefused, DeleteRunResult, run_delete
 from sweeper.emit import EmitFailed, EmitRefused, EmitResult, run_emit
-from sweeper.errors import one_line
+from sweeper.errors import Refused
 from sweeper.gates import GateFailed, run_gates
 from sweeper.metrics import MetricsError, publish, render
 from sweeper.protection import Protection
 from sweeper.reconcile import ReconcileRefused, ReconcileResult, SafetySettings, run_reconcile
 from sweeper.retention_debt import RetentionDebtRefused, RetentionDebtResult, RetentionSettings, run_retention_debt
-from sweeper.safety import HOUR_MS, CircuitBreaker, GracePeriod, Scope
-from sweeper.snapshot import SnapshotResult, record_run, run_snapshot, zk_load
+from sweeper.safety import CircuitBreaker, GracePeriod, Scope
+from sweeper.snapshot import SnapshotResult, run_snapshot, zk_load
 from sweeper.system_topic import SystemTopicError
 from sweeper.tables import TableStore
+from sweeper.vocabulary import HOUR_MS
 
 STAGES = ("snapshot", "reconcile", "emit", "delete")
 
+R = TypeVar("R")
 
-class StageRefused(RuntimeError):
+
+class StageRefused(Refused):
     """A stage stopped on purpose (gate, breaker, bad input): exit code 3, nothing planned."""
 
 
@@ -54,15 +59,11 @@ def safety_settings(config: SweeperConfig) -> SafetySettings:
 
 def latest_run(store: TableStore, stage: str = "snapshot") -> str | None:
     """The newest run whose `stage` succeeded."""
-    if not store.exists("runs"):
-        return None
-    rows = (store.read("runs").where((F.col("stage") == stage) & (F.col("status") == "succeeded"))
-            .orderBy(F.desc("started_at")).limit(1).collect())
-    return rows[0]["run_id"] if rows else None
+    return runs.latest(store, stage)
 
 
 def latest_snapshot_run(store: TableStore) -> str | None:
-    return latest_run(store, "snapshot")
+    return runs.latest(store, "snapshot")
 
 
 @dataclass
@@ -75,32 +76,68 @@ class SweepResult:
     outcomes: list[tuple[str | None, str]] = field(default_factory=list)  # (ledger type, outcome) of deletes
 
 
-def reconcile_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str,
-                    check_gates: bool = True) -> ReconcileResult:
+@dataclass(frozen=True)
+class _Ending:
+    counts: dict[str, int]
+    status: str = runs.SUCCEEDED
+    message: str = ""
+
+
+def _stage(store: TableStore, config: SweeperConfig, run_id: str, stage: str, body: Callable[[], R],
+           ending: Callable[[R], _Ending], refusals: tuple[type[Exception], ...],
+           escalate: Callable[[Exception], Exception | None] = lambda exc: None,
+           record_interrupt: bool = True) -> R:
+    """Run one stage's `body` and record how it ended in `runs`, whatever the end: the one wrapper of every stage.
+
+    A refusal is the stage stopping on purpose (exit 3); any other exception is `failed`, recorded as its first
+    line (the trace goes to the log file) and raised again, unless `escalate` turns it into a refusal. An
+    interrupt (Ctrl-C, SIGTERM) is recorded `interrupted` on its way out; the delete records its own, with the
+    counts its journal knows, so it passes `record_interrupt=False`.
+    """
     started = datetime.now(UTC)
     try:
+        result = body()
+    except refusals as exc:
+        runs.record(store, run_id, stage, runs.REFUSED, started, {}, config, str(exc))
+        raise StageRefused(str(exc)) from exc
+    except KeyboardInterrupt:
+        if record_interrupt:
+            with contextlib.suppress(Exception):  # the interrupt is what the operator must see
+                runs.record(store, run_id, stage, runs.INTERRUPTED, started, {}, config,
+                            f"interrupted during {stage}; re-run the stage (or the sweep) to do it again")
+        raise
+    except Exception as exc:
+        runs.record(store, run_id, stage, runs.FAILED, started, {}, config, exc)
+        refusal = escalate(exc)
+        if refusal is not None:
+            raise StageRefused(str(refusal)) from exc
+        raise
+    end = ending(result)
+    runs.record(store, run_id, stage, end.status, started, end.counts, config, end.message)
+    return result
+
+
+def reconcile_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str,
+                    check_gates: bool = True) -> ReconcileResult:
+    def body() -> ReconcileResult:
         if check_gates:
             gates = run_gates(store, run_id, config.gates, config.pulsar.brokers_path)
             if not gates.passed:
                 raise GateFailed(gates)
-        result = run_reconcile(spark, store, run_id, safety_settings(config))
-    except (GateFailed, ReconcileRefused) as exc:
-        record_run(store, run_id, "reconcile", "refused", started, {}, config, str(exc))
-        raise StageRefused(str(exc)) from exc
-    except Exception as exc:
-        record_run(store, run_id, "reconcile", "failed", started, {}, config, one_line(exc))
-        raise
-    counts = {**result.counts, **{f"reason.{k}": v for k, v in result.by_reason.items()},
-              "gate.live_brokers_required": int(check_gates and config.gates.require_live_brokers)}
-    record_run(store, run_id, "reconcile", "succeeded", started, counts, config,
-               "" if counts["gate.live_brokers_required"] else "liveness gate waived: no live broker was required")
-    return result
+        return run_reconcile(spark, store, run_id, safety_settings(config))
+
+    def ending(result: ReconcileResult) -> _Ending:
+        required = int(check_gates and config.gates.require_live_brokers)
+        counts = {**result.counts, **{f"reason.{k}": v for k, v in result.by_reason.items()},
+                  "gate.live_brokers_required": required}
+        return _Ending(counts, message="" if required else "liveness gate waived: no live broker was required")
+
+    return _stage(store, config, run_id, "reconcile", body, ending, (GateFailed, ReconcileRefused))
 
 
 def retention_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str) -> RetentionDebtResult:
     """Retention debt (issue 15), after reconcile: expired ledgers nobody trims, what idle cursors pin."""
-    started = datetime.now(UTC)
-    try:
+    def body() -> RetentionDebtResult:
         settings = RetentionSettings.from_config(config.retention, config.safety)
         lookup = None
         if config.retention.topic_policies == "admin":
@@ -108,15 +145,10 @@ def retention_stage(spark: SparkSession, config: SweeperConfig, store: TableStor
 
             # The owner of a topic is often another broker of this cluster: its redirects are followed, others not.
             lookup = TopicPolicyLookup(cluster_admin(config), config.retention.actions_per_second)
-        result = run_retention_debt(spark, store, run_id, settings, topic_policy_lookup=lookup)
-    except (RetentionDebtRefused, SystemTopicError) as exc:
-        record_run(store, run_id, "retention_debt", "refused", started, {}, config, str(exc))
-        raise StageRefused(str(exc)) from exc
-    except Exception as exc:
-        record_run(store, run_id, "retention_debt", "failed", started, {}, config, one_line(exc))
-        raise
-    record_run(store, run_id, "retention_debt", "succeeded", started, result.counts, config)
-    return result
+        return run_retention_debt(spark, store, run_id, settings, topic_policy_lookup=lookup)
+
+    return _stage(store, config, run_id, "retention_debt", body, lambda result: _Ending(result.counts),
+                  (RetentionDebtRefused, SystemTopicError))
 
 
 def retention_summary(result: RetentionDebtResult, log: Any = print, top: int = 10) -> None:
@@ -139,39 +171,29 @@ def retention_summary(result: RetentionDebtResult, log: Any = print, top: int = 
 
 
 def emit_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str) -> EmitResult:
-    started = datetime.now(UTC)
-    try:
-        result = run_emit(spark, config, store, run_id)
-    except EmitRefused as exc:
-        record_run(store, run_id, "emit", "refused", started, {}, config, str(exc))
-        raise StageRefused(str(exc)) from exc
-    except Exception as exc:
-        record_run(store, run_id, "emit", "failed", started, {}, config, one_line(exc))
+    def escalate(exc: Exception) -> Exception | None:
         if isinstance(exc, EmitFailed):
-            raise StageRefused(f"emit failed, nothing recorded as emitted (a rerun resends only what the broker "
-                               f"lacks): {exc}") from exc
-        raise
-    record_run(store, run_id, "emit", "succeeded", started, result.counts, config)
-    return result
+            return StageRefused(f"emit failed, nothing recorded as emitted (a rerun resends only what the broker "
+                                f"lacks): {exc}")
+        return None
+
+    return _stage(store, config, run_id, "emit", lambda: run_emit(spark, config, store, run_id),
+                  lambda result: _Ending(result.counts), (EmitRefused,), escalate)
 
 
 def delete_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str, execute: bool = False,
                  from_json: str | None = None, from_topic: bool = False) -> DeleteRunResult:
-    started = datetime.now(UTC)
-    try:
-        result = run_delete(spark, config, store, run_id, execute=execute, from_json=from_json,
-                            from_topic=from_topic)
-    except (DeleteRefused, RunLockHeld, SystemTopicError) as exc:
-        record_run(store, run_id, "delete", "refused", started, {}, config, str(exc))
-        raise StageRefused(str(exc)) from exc
-    except Exception as exc:
-        record_run(store, run_id, "delete", "failed", started, {}, config, one_line(exc))
-        raise
-    status = "partial" if is_partial(result) else "succeeded"
-    record_run(store, run_id, "delete", status, started, {**result.counts, "execute": int(execute),
-               "deletes_per_second_per_task": int(config.delete.deletes_per_second)}, config,
-               json.dumps({"guards": result.guards}))
-    return result
+    def body() -> DeleteRunResult:
+        return run_delete(spark, config, store, run_id, execute=execute, from_json=from_json, from_topic=from_topic)
+
+    def ending(result: DeleteRunResult) -> _Ending:
+        return _Ending({**result.counts, "execute": int(execute),
+                        "deletes_per_second_per_task": int(config.delete.deletes_per_second)},
+                       runs.PARTIAL if is_partial(result) else runs.SUCCEEDED, json.dumps({"guards": result.guards}))
+
+    # An interrupted delete is recorded by its next attempt, from the journal, with what it did (issue 22).
+    return _stage(store, config, run_id, "delete", body, ending, (DeleteRefused, RunLockHeld, SystemTopicError),
+                  record_interrupt=False)
 
 
 def is_partial(result: DeleteRunResult) -> bool:

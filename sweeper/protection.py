@@ -36,6 +36,7 @@ from enum import StrEnum
 
 from sweeper import names
 from sweeper.safety import globs
+from sweeper.vocabulary import CHANGE_EVENTS, COMPACTION_CURSOR
 
 REPLICATED_SUBSCRIPTION_PROPERTY = "pulsar.replicated.subscription"
 PENDING_ACK_SUFFIX = "__transaction_pending_ack"
@@ -44,8 +45,6 @@ LEGACY_PENDING_ACK_SUFFIX = "-transaction-pendingack"
 LEGACY_PENDING_ACK_CURSOR = "pendingack"
 TRANSACTION_BUFFER_SNAPSHOTS = ("__transaction_buffer_snapshot", "__transaction_buffer_snapshot_segments",
                                 "__transaction_buffer_snapshot_indexes")
-CHANGE_EVENTS = "__change_events"
-COMPACTION_CURSOR = "__compaction"
 SYSTEM_NAMESPACE = "pulsar/system"
 _PARTITION = re.compile(r"-partition-\d+$")
 

@@ -17,7 +17,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from sweeper import names
+from sweeper import names, runs
 from sweeper.classify import (
     CompactionPointer,
     LedgerFacts,
@@ -27,6 +27,7 @@ from sweeper.classify import (
     classify,
     classify_object,
 )
+from sweeper.errors import Refused
 from sweeper.protection import NONE as NO_EXTRA_PROTECTION
 from sweeper.protection import Protection
 from sweeper.references import PEER_NAMESPACE, PEER_OWNER, PEER_QUARANTINED, PEER_READ, PEER_REFERENCE, PEER_UNREAD
@@ -43,9 +44,9 @@ from sweeper.scan.pulsar import (
 )
 from sweeper.table_schemas import ORPHAN_REPORT, ORPHANS, PENDING_DELETE_STATUS, SNAPSHOT_TABLES
 from sweeper.tables import TableStore
+from sweeper.vocabulary import CANDIDATE
 
 # Orphan row statuses: only `candidate` may ever be emitted or deleted.
-CANDIDATE = "candidate"
 YOUNG = "young"
 OUT_OF_SCOPE = "out_of_scope"
 UNKNOWN = "unknown"
@@ -55,7 +56,7 @@ OTHER_CLUSTER = "other_cluster"  # another Pulsar cluster's data: an offloaded o
 PROTECTED = "protected"  # Pulsar (or the operator) protects its owner: sweeper.protection
 
 
-class ReconcileRefused(RuntimeError):
+class ReconcileRefused(Refused):
     """The run stops before planning anything: a gate failed or the breaker tripped."""
 
     def __init__(self, message: str, failures: list[str] | None = None) -> None:
@@ -88,9 +89,7 @@ class ReconcileResult:
 
 
 def snapshot_frames(store: TableStore, run_id: str) -> dict[str, DataFrame]:
-    # Tables added in later versions may be missing from a store written before them: read as empty.
-    return {name: (store.read(name).where(F.col("run_id") == run_id) if store.exists(name)
-                   else store.spark.createDataFrame([], schema)) for name, schema in SNAPSHOT_TABLES.items()}
+    return store.run_frames(SNAPSHOT_TABLES, run_id)
 
 
 def verified_offloads(frames: dict[str, DataFrame], local_cluster: str) -> DataFrame:
@@ -483,15 +482,10 @@ def build_report(orphans: DataFrame, run_id: str) -> DataFrame:
 
 def check_snapshot_run(store: TableStore, run_id: str) -> dict[str, int]:
     """The run's snapshot must have succeeded, be complete, and not be reconciled already."""
-    if not store.exists("runs"):
-        raise ReconcileRefused(f"no successful snapshot for run {run_id}: there is no runs table")
-    runs = store.read("runs").where((F.col("run_id") == run_id) & (F.col("stage") == "snapshot")
-                                    & (F.col("status") == "succeeded")).collect()
-    if not runs:
-        raise ReconcileRefused(f"no successful snapshot for run {run_id}")
+    counts = runs.require(store, run_id, "snapshot", ReconcileRefused, f"no successful snapshot for run {run_id}")
     if store.exists("orphans") and store.read("orphans").where(F.col("run_id") == run_id).limit(1).count():
         raise ReconcileRefused(f"run {run_id} is already reconciled: start a new run")
-    return dict(runs[-1]["counts"] or {})
+    return counts
 
 
 def run_reconcile(

@@ -45,12 +45,10 @@ import numpy as np
 
 from sweeper import protection
 from sweeper.protection import NONE, Protection
+from sweeper.vocabulary import COMPACTION_CURSOR
 
 MEGABYTE = 1024 * 1024
 MINUTE_MS = 60_000
-DAY_MS = 86_400_000
-COMPACTION_CURSOR = protection.COMPACTION_CURSOR
-CHANGE_EVENTS = protection.CHANGE_EVENTS  # each namespace's topic-policy system topic (SystemTopicNames)
 
 
 class TopicStatus(StrEnum):

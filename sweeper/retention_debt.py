@@ -30,13 +30,11 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, IntegerType, LongType, StringType, StructField, StructType
 
+from sweeper import runs
 from sweeper.config import RetentionConfig, SafetyConfig
+from sweeper.errors import Refused
 from sweeper.protection import NONE, REPLICATED_SUBSCRIPTION_PROPERTY, Protected, Protection, describe
-from sweeper.reconcile import snapshot_frames
 from sweeper.retention import (
-    CHANGE_EVENTS,
-    COMPACTION_CURSOR,
-    DAY_MS,
     MINUTE_MS,
     BrokerSettings,
     Cursor,
@@ -62,13 +60,23 @@ from sweeper.retention import (
     topic_protection,
     topic_status,
 )
-from sweeper.safety import Scope, globs
-from sweeper.table_schemas import ALL_TABLES, RECLAIMABLE_REPORT, RETENTION_DEBT
+from sweeper.safety import Scope, retention_scope
+from sweeper.table_schemas import ALL_TABLES, RECLAIMABLE_REPORT, RETENTION_DEBT, SNAPSHOT_TABLES
 from sweeper.tables import TableStore
+from sweeper.vocabulary import (
+    CHANGE_EVENTS,
+    COMPACTION_CURSOR,
+    DAY_MS,
+    NOT_SET,
+    NOT_USED,
+    RULED_OUT,
+    SET,
+    UNCHECKED,
+    UNREAD,
+)
 
 TOPIC, CURSOR = "topic", "cursor"
 # `topic_policy` values (see table_schemas.RETENTION_DEBT); UNCHECKED only between the tasks and finalize.
-RULED_OUT, NOT_SET, SET, UNREAD, NOT_USED, UNCHECKED = "ruled_out", "not_set", "set", "unread", "not_used", "unchecked"
 _ML, _CURSOR, _LEDGER = 0, 1, 2
 
 # One frame for the three inputs, so one shuffle brings a managed ledger's rows together. The generic
@@ -89,7 +97,7 @@ UNION = StructType([
 ])
 
 
-class RetentionDebtRefused(RuntimeError):
+class RetentionDebtRefused(Refused):
     """The step will not run: no successful snapshot, or the run already has its retention debt."""
 
 
@@ -113,7 +121,7 @@ class RetentionSettings:
         broker = BrokerSettings(r.default_retention_minutes, r.default_retention_size_mb, r.default_ttl_seconds,
                                 r.check_interval_seconds * 1000, r.expiry_check_minutes * MINUTE_MS,
                                 r.cursor_rollover_seconds * 1000)
-        scope = Scope(allow=globs(r.allow) or globs(safety.allow), deny=globs(safety.deny) + globs(r.deny))
+        scope = retention_scope(r.allow, r.deny, safety.allow, safety.deny)
         return cls(broker, int(r.report_idle_days * DAY_MS), int(r.cursor_idle_days * DAY_MS), scope, r.topic_policies,
                    protection=Protection.of(r.protected_subscriptions, r.protected_topics))
 
@@ -652,8 +660,7 @@ def reclaimable_report(rows: list[dict[str, Any]], orphans: OrphanTotals, run_id
 
 
 def _refuse_unless_ready(store: TableStore, run_id: str) -> None:
-    if not _run_columns(store, "runs", run_id, ["run_id"], {"stage": "snapshot", "status": "succeeded"})["run_id"]:
-        raise RetentionDebtRefused(f"no successful snapshot for run {run_id}")
+    runs.require(store, run_id, "snapshot", RetentionDebtRefused, f"no successful snapshot for run {run_id}")
     if _run_columns(store, "retention_debt", run_id, ["run_id"])["run_id"]:
         raise RetentionDebtRefused(f"run {run_id} already has its retention debt: start a new run")
 
@@ -665,7 +672,7 @@ def _assess(spark: SparkSession, store: TableStore, run_id: str, selection: _Sel
     if selection.rows <= ctx.settings.driver_assess_max_rows:
         batches = _union_arrow(store, run_id, selection.assess).to_batches()
         return list(_judge(iter(batches), ctx))
-    frames = _worth_assessing(spark, snapshot_frames(store, run_id), selection)
+    frames = _worth_assessing(spark, store.run_frames(SNAPSHOT_TABLES, run_id), selection)
     parallelism = spark.sparkContext.defaultParallelism
     union = _union(frames).repartition(
         max(2, 2 * parallelism), "managed_ledger").sortWithinPartitions("managed_ledger", "kind", "a")

@@ -38,19 +38,19 @@ from typing import Any
 from kazoo.exceptions import NoNodeError
 from pyspark.sql import functions as F
 
-from sweeper import names
+from sweeper import names, runs
 from sweeper import zk as zkutil
 from sweeper.codecs import pulsar as codec
 from sweeper.codecs.errors import MetadataDecodeError
 from sweeper.config import SweeperConfig
+from sweeper.errors import Refused
 from sweeper.liveness import registered_web_origins
 from sweeper.protection import Protection, cursor_protection, describe, managed_ledger_protection
-from sweeper.retention import DAY_MS
-from sweeper.retention_debt import NOT_SET, SET, UNREAD, RetentionSettings
-from sweeper.safety import Scope
+from sweeper.safety import Scope, retention_scope
 from sweeper.system_topic import AdminClient, RedirectRefused, SystemTopicError
 from sweeper.table_schemas import RETENTION_ACTIONS
 from sweeper.tables import TableStore
+from sweeper.vocabulary import DAY_MS, NOT_SET, SET, UNREAD
 from sweeper.zksecurity import pulsar_security
 
 LOAD_TOPIC, DELETE_SUBSCRIPTION = "load_topic", "delete_subscription"
@@ -66,7 +66,7 @@ SKIPPED = "skipped"
 FLUSH_ROWS = 500
 
 
-class RetentionRepairRefused(RuntimeError):
+class RetentionRepairRefused(Refused):
     """The repair will not start (no plan, no broker to talk to) or had to stop (the broker refused us)."""
 
 
@@ -256,11 +256,7 @@ class TopicPolicyLookup:
 
 
 def latest_plan_run(store: TableStore) -> str | None:
-    if not store.exists("runs"):
-        return None
-    rows = (store.read("runs").where((F.col("stage") == "retention_debt") & (F.col("status") == "succeeded"))
-            .orderBy(F.desc("started_at")).limit(1).collect())
-    return rows[0]["run_id"] if rows else None
+    return runs.latest(store, "retention_debt")
 
 
 # ---- the rules a planned action must pass again under today's config: pure, over plain values ----------
@@ -277,7 +273,8 @@ class TodaysRules:
     @classmethod
     def from_config(cls, config: SweeperConfig) -> TodaysRules:
         # The plan's own scope function, so the repair cannot drift from what retention_debt would decide today.
-        scope = RetentionSettings.from_config(config.retention, config.safety).scope
+        scope = retention_scope(config.retention.allow, config.retention.deny, config.safety.allow,
+                                config.safety.deny)
         return cls(scope, Protection.of(config.retention.protected_subscriptions, config.retention.protected_topics),
                    config.pulsar.cluster_name.strip())
 
@@ -400,12 +397,14 @@ def _planned_at(store: TableStore, plan_run_id: str) -> float | None:
     """When the plan's facts were read (epoch seconds): the earliest of its runs rows' start (the snapshot the
     plan came from) and its retention_debt rows' captured_at. Cast in Spark, so no time zone is involved."""
     found = []
-    for table, column in (("runs", "started_at"), ("retention_debt", "captured_at")):
-        if store.exists(table):
-            value = (store.read(table).where(F.col("run_id") == plan_run_id)
-                     .agg(F.min(F.col(column).cast("double")).alias("t")).collect()[0]["t"])
-            if value is not None:
-                found.append(float(value))
+    started = runs.started_at(store, plan_run_id)
+    if started is not None:
+        found.append(started.timestamp() if started.tzinfo else started.replace(tzinfo=UTC).timestamp())
+    if store.exists("retention_debt"):
+        value = (store.read("retention_debt").where(F.col("run_id") == plan_run_id)
+                 .agg(F.min(F.col("captured_at").cast("double")).alias("t")).collect()[0]["t"])
+        if value is not None:
+            found.append(float(value))
     return min(found) if found else None
 
 

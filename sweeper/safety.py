@@ -9,8 +9,8 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass, field
 
-HOUR_MS = 3_600_000
-DAY_MS = 24 * HOUR_MS
+from sweeper.vocabulary import DAY_MS, HOUR_MS
+
 MIN_AGE_FLOOR_MS = DAY_MS
 DEFAULT_MIN_AGE_MS = 7 * DAY_MS
 
@@ -129,3 +129,10 @@ class Scope:
         if not self.allow:
             return True
         return any(fnmatch.fnmatchcase(name, pattern) for pattern in self.allow for name in names)
+
+
+def retention_scope(retention_allow: list[str] | tuple[str, ...], retention_deny: list[str] | tuple[str, ...],
+                    safety_allow: list[str] | tuple[str, ...], safety_deny: list[str] | tuple[str, ...]) -> Scope:
+    """The namespaces the retention step and its repair may act on: `[retention] allow` (else `[safety] allow`),
+    minus `[safety] deny` and `[retention] deny`. One function, so the repair cannot drift from the plan."""
+    return Scope(allow=globs(retention_allow) or globs(safety_allow), deny=globs(safety_deny) + globs(retention_deny))

@@ -11,7 +11,6 @@ import contextlib
 import dataclasses
 import logging
 import time
-import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -24,9 +23,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType, LongType, StringType, StructField, StructType
 from pyspark.storagelevel import StorageLevel
 
+from sweeper import runs
 from sweeper import zk as zkutil
 from sweeper.config import SweeperConfig
-from sweeper.errors import RunIdTaken, one_line
+from sweeper.errors import Refused, RunIdTaken
 from sweeper.liveness import ClockReading, clock_problem, live_brokers, probe_clock
 from sweeper.offload import S3Target, list_offload_objects, listing_units, s3_client
 from sweeper.ratelimit import TokenBucket
@@ -39,7 +39,7 @@ from sweeper.scan.ownership import scan_bundle_owners
 from sweeper.scan.pending_deletes import read_partition
 from sweeper.spark import task_error
 from sweeper.system_topic import AdminClient, BrokerSettings, SystemTopicError, broker_partitions
-from sweeper.table_schemas import PEER_REFERENCES, RUNS, SNAPSHOT_TABLES
+from sweeper.table_schemas import PEER_REFERENCES, SNAPSHOT_TABLES
 from sweeper.tables import TableStore
 from sweeper.zk import (
     ChildrenRead,
@@ -107,13 +107,8 @@ class SnapshotIncomplete(RuntimeError):
     """The committed tables hold other row counts than the scan produced: the run is failed, never used."""
 
 
-class ClockSkewRefused(RuntimeError):
+class ClockSkewRefused(Refused):
     """This host's clock disagrees with ZooKeeper's beyond [safety] max_clock_skew_seconds."""
-
-
-def new_run_id(now: datetime | None = None) -> str:
-    now = now or datetime.now(UTC)
-    return f"{now:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
 
 
 class ScanReader:
@@ -555,35 +550,12 @@ def snapshot_peers(spark: SparkSession, config: SweeperConfig, store: TableStore
             "peers_unread": sum(1 for n in notes if n["kind"] == PEER_UNREAD)}
 
 
-def record_run(store: TableStore, run_id: str, stage: str, status: str, started: datetime,
-               counts: dict[str, int], config: SweeperConfig, message: str = "") -> None:
-    finished = datetime.now(UTC)
-    store.append_rows(
-        "runs",
-        [{
-            "run_id": run_id,
-            "stage": stage,
-            "status": status,
-            "started_at": started,
-            "finished_at": finished,
-            "duration_s": (finished - started).total_seconds(),
-            "counts": counts,
-            "config_hash": config.hash(),
-            "engine": store.engine,
-            "message": message[:4000],
-        }],
-        RUNS,
-    )
-
-
 def run_id_holder(store: TableStore, run_id: str) -> str | None:
     """What already uses `run_id` in the tables (a `runs` row of any stage, or rows of any snapshot table, as
     a snapshot killed before its `runs` row leaves), or None when it is free."""
-    if store.exists("runs"):
-        rows = store.read_arrow("runs", where={"run_id": run_id}, columns=["stage", "status"]).to_pylist()
-        if rows:
-            last = rows[-1]
-            return f"its {last['stage']} stage is recorded ({last['status']})"
+    recorded = runs.holder(store, run_id)
+    if recorded is not None:
+        return recorded
     for table in SNAPSHOT_TABLES:
         if store.exists(table) and store.read_arrow(table, where={"run_id": run_id}, columns=["run_id"]).num_rows:
             return f"the {table} table has its rows (a snapshot that did not finish)"
@@ -599,17 +571,17 @@ def run_snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore,
         if holder is not None:
             raise RunIdTaken(f"run id {run_id} is taken: {holder}. Leave out --run-id for a new run, or give one "
                              "not used before; later stages of that run take it with --run-id")
-    run_id = run_id or new_run_id()
+    run_id = run_id or runs.new_run_id()
     started = datetime.now(UTC)
     t0 = time.monotonic()
     try:
         plan = plan_tasks(config)
     except Exception as exc:
-        record_run(store, run_id, "snapshot", "failed", started, {}, config, one_line(exc))
+        runs.record(store, run_id, "snapshot", runs.FAILED, started, {}, config, exc)
         raise
     skew = clock_problem(plan.clock.skew_ms, config.safety.max_clock_skew_seconds)
     if skew:
-        record_run(store, run_id, "snapshot", "refused", started, {}, config, skew)
+        runs.record(store, run_id, "snapshot", runs.REFUSED, started, {}, config, skew)
         raise ClockSkewRefused(skew)
     tasks, ledger_plan = plan.tasks, plan.ledgers
     sessions = scan_sessions(spark, config, len(tasks))
@@ -707,14 +679,19 @@ def run_snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore,
         for table in SNAPSHOT_TABLES:
             counts.setdefault(table, 0)
         counts["scan_units"] = len(tasks)
+    except KeyboardInterrupt:
+        with contextlib.suppress(Exception):  # the interrupt is what the operator must see
+            runs.record(store, run_id, "snapshot", runs.INTERRUPTED, started, {}, config,
+                        "interrupted during the snapshot: its rows are never reconciled; start a new run")
+        raise
     except Exception as exc:
-        record_run(store, run_id, "snapshot", "failed", started, {}, config, one_line(exc))
+        runs.record(store, run_id, "snapshot", runs.FAILED, started, {}, config, exc)
         raise
     finally:
         zk_scan.unpersist()
         if scan is not zk_scan:
             scan.unpersist()
-    record_run(store, run_id, "snapshot", "succeeded", started, counts, config)
+    runs.record(store, run_id, "snapshot", runs.SUCCEEDED, started, counts, config)
     return SnapshotResult(
         run_id=run_id,
         counts=counts,

@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from sweeper.config import SystemTopicConfig
+from sweeper.errors import Refused
 
 
-class SystemTopicError(RuntimeError):
+class SystemTopicError(Refused):
     """The broker or its admin API cannot be used as configured: unreachable, refusing, or mismatched."""
 
 

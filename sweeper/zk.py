@@ -9,13 +9,20 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import AuthFailedError, NoAuthError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
-from kazoo.protocol.states import ZnodeStat
+
+from sweeper.zktypes import (
+    ChildrenRead,
+    WrongRootError,
+    ZnodeRead,
+    ZooKeeperPermissionError,
+    ZooKeeperSecurityError,
+    ZooKeeperUnavailableError,
+)
 
 if TYPE_CHECKING:
     from sweeper.zksecurity import ZkSecurity
@@ -24,30 +31,6 @@ DEFAULT_WINDOW = 1000
 
 # kazoo logs every connection attempt at WARNING while a server is down; our error says it once.
 logging.getLogger("kazoo.client").setLevel(logging.ERROR)
-
-
-class ZooKeeperUnavailableError(ConnectionError):
-    pass
-
-
-class WrongRootError(LookupError):
-    pass
-
-
-class ZooKeeperSecurityError(ZooKeeperUnavailableError):
-    """The TLS handshake or the authentication failed: a certificate, key, password or principal to fix."""
-
-
-class ZooKeeperPermissionError(PermissionError):
-    """ZooKeeper refused an operation for lack of a permission (NoAuth): names the znode and the permission."""
-
-    def __init__(self, path: str, permission: str, why: str = "", identity: str = "",
-                 message: str | None = None) -> None:
-        who = f" for this sweeper's identity ({identity})" if identity else ""
-        super().__init__(message or f"no {permission} permission on znode {path} (ZooKeeper NoAuth){who}"
-                         + (f": {why}" if why else ""))
-        self.path = path
-        self.permission = permission
 
 
 def connect(hosts: str, timeout: float = 15.0, read_only: bool = False,
@@ -100,14 +83,6 @@ def require_node(client: KazooClient, path: str, what: str) -> None:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class ZnodeRead:
-    path: str
-    data: bytes | None  # None: the znode vanished (NoNode) between listing and reading
-    stat: ZnodeStat | None
-    error: BaseException | None = None
-
-
 def get_many(client: KazooClient, paths: Iterable[str], window: int = DEFAULT_WINDOW) -> Iterator[ZnodeRead]:
     """Read znodes with up to `window` requests in flight; results come back in input order."""
     in_flight: deque[tuple[str, object]] = deque()
@@ -130,13 +105,6 @@ def get_many(client: KazooClient, paths: Iterable[str], window: int = DEFAULT_WI
             yield settle()
     while in_flight:
         yield settle()
-
-
-@dataclass(frozen=True, slots=True)
-class ChildrenRead:
-    path: str
-    children: list[str] | None  # None: the znode vanished
-    error: BaseException | None = None
 
 
 def children_many(

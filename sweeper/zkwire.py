@@ -51,7 +51,7 @@ from kazoo.hosts import collect_hosts
 from kazoo.protocol.paths import normpath
 from kazoo.protocol.states import ZnodeStat
 
-from sweeper.zk import (
+from sweeper.zktypes import (
     ChildrenRead,
     ZnodeRead,
     ZooKeeperPermissionError,

@@ -22,7 +22,7 @@ from sweeper.delete.decide import (
     decide_ledger,
     managed_ledger_name,
 )
-from sweeper.safety import DAY_MS
+from sweeper.vocabulary import DAY_MS
 
 NOW = 1_700_000_000_000 + 10 * DAY_MS
 MIN_AGE = 7 * DAY_MS

@@ -17,7 +17,7 @@ from sweeper.delete import ALREADY_GONE, DELETED, FAILED, IN_USE, INVALID, MISMA
 from sweeper.delete.retry import RetryPolicy, is_transient_code, run_with_retries
 from sweeper.offload import S3Target, s3_client
 from sweeper.s3server import S3ServerInfo, start_s3, stop_s3
-from sweeper.safety import DAY_MS
+from sweeper.vocabulary import DAY_MS
 from sweeper.zkserver import free_port
 from tests.s3_faults import KeyFault, S3FaultProxy
 

@@ -24,10 +24,11 @@ from sweeper.layout import ledger_path
 from sweeper.offload import S3Target, s3_client
 from sweeper.pipeline import reconcile_stage, safety_settings
 from sweeper.reconcile import run_reconcile
+from sweeper.runs import record as record_run
 from sweeper.s3server import S3ServerInfo, start_s3, stop_s3
 from sweeper.sandbox.model import OrphanKind, SandboxCluster, SandboxSpec, Status, build_cluster
 from sweeper.sandbox.seed import seed_s3, seed_zookeeper
-from sweeper.snapshot import record_run, run_snapshot
+from sweeper.snapshot import run_snapshot
 from sweeper.tables import TableStore, open_table_store
 from sweeper.zkserver import free_port, start_zookeeper, stop_zookeeper
 from tests.conftest import BASE_CONFIG, ZkTarget

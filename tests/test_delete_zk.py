@@ -29,7 +29,7 @@ from sweeper.delete import (
     run_with_retries,
 )
 from sweeper.layout import LedgerLayout, layout_znode, ledger_path
-from sweeper.safety import DAY_MS
+from sweeper.vocabulary import DAY_MS
 from sweeper.zkserver import ServerClock, start_zookeeper, stop_zookeeper
 
 ROOT = "/ledgers"

@@ -32,12 +32,13 @@ from sweeper.emit import (
     send_slot,
 )
 from sweeper.reconcile import CANDIDATE, SafetySettings, run_reconcile
+from sweeper.runs import record as record_run
 from sweeper.safety import CircuitBreaker
 from sweeper.sandbox.model import SandboxSpec, build_cluster
 from sweeper.sandbox.pulsar_endpoint import PulsarEndpoint
 from sweeper.sandbox.pulsar_endpoint.admin import AdminServer
 from sweeper.sandbox.seed import seed_zookeeper
-from sweeper.snapshot import record_run, run_snapshot
+from sweeper.snapshot import run_snapshot
 from sweeper.system_topic import BrokerSettings, partition_for, partition_topic
 from sweeper.tables import TableStore, open_table_store
 from sweeper.zkserver import free_port

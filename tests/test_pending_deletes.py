@@ -18,9 +18,10 @@ from sweeper.delete.stage import run_delete
 from sweeper.emit import run_emit
 from sweeper.gates import run_gates
 from sweeper.pipeline import reconcile_stage
+from sweeper.runs import record as record_run
 from sweeper.sandbox.model import SandboxSpec, build_cluster
 from sweeper.sandbox.seed import seed_zookeeper
-from sweeper.snapshot import record_run, run_snapshot
+from sweeper.snapshot import run_snapshot
 from sweeper.system_topic import partition_topic
 from sweeper.tables import open_table_store
 from tests.conftest import BASE_CONFIG, ZkTarget

@@ -13,7 +13,6 @@ from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
 from sweeper.reconcile import SafetySettings, run_reconcile
-from sweeper.retention import DAY_MS
 from sweeper.retention_debt import RetentionDebtRefused, RetentionSettings, run_retention_debt
 from sweeper.safety import CircuitBreaker, Scope
 from sweeper.sandbox.model import SandboxCluster, SandboxSpec, build_cluster
@@ -21,6 +20,7 @@ from sweeper.sandbox.retention_scenarios import FOREVER_NS, SIZE_NS, TIME_NS
 from sweeper.sandbox.seed import seed_zookeeper
 from sweeper.snapshot import run_snapshot
 from sweeper.tables import TableStore, open_table_store
+from sweeper.vocabulary import DAY_MS
 from sweeper.zkserver import ServerClock
 from tests.admin_server import AdminServer
 from tests.conftest import BASE_CONFIG, ZkTarget

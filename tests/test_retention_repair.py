@@ -41,9 +41,10 @@ from sweeper.retention_repair import (
     run_repair,
     subscription_activity,
 )
+from sweeper.runs import record as record_run
 from sweeper.sandbox.model import SandboxSpec, build_cluster
 from sweeper.sandbox.seed import seed_zookeeper
-from sweeper.snapshot import record_run, run_snapshot
+from sweeper.snapshot import run_snapshot
 from sweeper.system_topic import AdminClient, RedirectRefused, broker_web_origins, redirect_target
 from sweeper.table_schemas import RETENTION_DEBT
 from sweeper.tables import open_table_store

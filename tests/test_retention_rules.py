@@ -11,7 +11,6 @@ import pytest
 from sweeper.protection import Protection
 from sweeper.retention import (
     COMPACTION_CURSOR,
-    DAY_MS,
     MEGABYTE,
     MINUTE_MS,
     BrokerSettings,
@@ -44,6 +43,7 @@ from sweeper.retention import (
     ttl_position,
     unloaded_evidence,
 )
+from sweeper.vocabulary import DAY_MS
 
 NOW = 1_700_000_000_000
 BROKER = BrokerSettings()

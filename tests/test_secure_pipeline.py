@@ -71,6 +71,8 @@ def _config(tmp_path: Path, secure_zk: SecureZk, chroot: str, broker: Broker, na
     path.write_text(_toml({
         "bookkeeper": {"zookeeper": secure_zk.tls_hosts + chroot, "session_timeout_s": 10.0, **options},
         "tables": {"root": str(tmp_path / "tables"), "engine": "delta-rs"},
+        # The seed's namespaces replicate to this cluster by name: the repair acts only where it is named.
+        "pulsar": {"cluster_name": "sandbox"},
         "offload": {"enabled": False},
         "safety": {"max_orphan_fraction": 1.0, "bookkeeper_dedicated": True},
         "system_topic": {**broker.config(read_in_snapshot=False)},
@@ -146,6 +148,13 @@ def _sweep_as_the_sweeper(spark: SparkSession, tmp_path: Path, secure_zk: Secure
     assert 1 <= snapshot["scan_sessions"] <= 8
     assert "ZooKeeper: " in out and "limit 20,000 reads/s" in out and "deletes/s per task" in out
     assert USERS["sweeper"] not in out
+    # Issue 22: the retention repair reaches the secured ensemble as every other stage does (TLS + SASL, the
+    # sweeper's read-only identity): its dry run re-reads each planned topic's and subscription's znode there.
+    assert main(["retention", "--config", str(config)]) == EXIT_OK
+    out = capsys.readouterr().out
+    unloaded = sum(1 for e in cluster.retention if e.status == "candidate")
+    assert unloaded > 0 and out.count("load_topic           would_load") == unloaded, out
+    assert "dry run: pass --execute" in out
 
 
 def test_bookkeeper_acls_let_the_sweeper_read_but_not_delete(

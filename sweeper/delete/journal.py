@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from sweeper import runs
 from sweeper.delete.records import PendingRecord
 from sweeper.delete.results import DELETED, FAILED, FINAL_OUTCOMES, DeleteResult
 from sweeper.layout import LedgerLayout, ledger_path
-from sweeper.table_schemas import DELETE_JOURNAL, DELETE_RESULTS, RUNS
+from sweeper.table_schemas import DELETE_JOURNAL, DELETE_RESULTS
 from sweeper.tables import TableStore, TaskAppender
 
 JOURNAL_TABLE = "delete_journal"
@@ -109,11 +110,11 @@ def resolve_interrupted(store: TableStore, exists: Any, by_attempt: str) -> Reso
     if not attempts:
         return found
     rows = store.read_arrow(JOURNAL_TABLE, where={"attempt_id": attempts}).to_pylist()
-    runs = sorted({r["run_id"] for r in rows})
+    run_ids = sorted({r["run_id"] for r in rows})
     final: set[tuple[str, str]] = set()
     if store.exists("delete_results"):
         final = {(r["run_id"], r["record_key"])
-                 for r in store.read_arrow("delete_results", where={"run_id": runs, "dry_run": False},
+                 for r in store.read_arrow("delete_results", where={"run_id": run_ids, "dry_run": False},
                                            columns=["run_id", "record_key", "outcome"]).to_pylist()
                  if r["outcome"] != FAILED}
     results: list[dict[str, Any]] = []
@@ -152,7 +153,7 @@ def resolve_interrupted(store: TableStore, exists: Any, by_attempt: str) -> Reso
         present = found.still_present - before[2]
         started = min(r["at"] for r in mine)
         last = max(r["at"] for r in mine)
-        run_rows.append({"run_id": run_id, "stage": "delete", "status": "interrupted", "started_at": started,
+        run_rows.append({"run_id": run_id, "stage": "delete", "status": runs.INTERRUPTED, "started_at": started,
                          "finished_at": last, "duration_s": (last - started).total_seconds(),
                          "counts": {"deleted": deleted, "recovered_from_journal": found.recovered - before[1],
                                     "attempted_still_present": present},
@@ -165,7 +166,7 @@ def resolve_interrupted(store: TableStore, exists: Any, by_attempt: str) -> Reso
     metadata = {"stage": "delete", "resolved_by": by_attempt}
     if results:
         store.append_rows("delete_results", results, DELETE_RESULTS, commit_metadata=metadata)
-    store.append_rows("runs", run_rows, RUNS, commit_metadata=metadata)
+    runs.record_rows(store, run_rows, metadata)
     # Closed last: killed before this, the next attempt folds them again and the `final` check skips duplicates.
     store.append_rows(JOURNAL_TABLE, journal_rows, DELETE_JOURNAL, commit_metadata=metadata)
     return found

@@ -17,11 +17,12 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
 from sweeper.delete.retry import is_transient
+from sweeper.errors import Refused
 
 DEFAULT_LOCK_PATH = "/ledger-sweeper/locks/delete"
 
 
-class RunLockHeld(RuntimeError):
+class RunLockHeld(Refused):
     def __init__(self, path: str, holder: dict[str, Any]) -> None:
         super().__init__(
             f"another delete run holds {path}: run {holder.get('run_id')!r} on {holder.get('host')!r} "

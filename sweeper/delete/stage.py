@@ -27,7 +27,7 @@ from kazoo.exceptions import NoAuthError
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from sweeper import pending_delete
+from sweeper import pending_delete, runs
 from sweeper import zk as zkutil
 from sweeper.classify import Sharing
 from sweeper.codecs.bookkeeper import decode_ledger_metadata
@@ -42,16 +42,18 @@ from sweeper.delete.results import DELETED, FAILED, INVALID, WOULD_DELETE, Delet
 from sweeper.delete.retry import RetryPolicy, run_with_retries
 from sweeper.delete.s3_executor import ObjectDeleter
 from sweeper.delete.zk_executor import LedgerDeleter, OffloadCheck
+from sweeper.errors import Refused
 from sweeper.layout import LedgerLayout, ledger_path
 from sweeper.liveness import clock_problem, live_brokers
 from sweeper.names import managed_ledger_for_topic, topic_for_managed_ledger
 from sweeper.offload import S3Target, object_metadata, s3_client
 from sweeper.protection import Protection
 from sweeper.rules import ActingRules
-from sweeper.safety import HOUR_MS, GracePeriod, Scope
+from sweeper.safety import GracePeriod, Scope
 from sweeper.scan.bookkeeper import read_layout, split_custom_metadata
 from sweeper.table_schemas import DEAD_LETTER, DELETE_RESULTS, RETRY_QUEUE
 from sweeper.tables import TableStore
+from sweeper.vocabulary import HOUR_MS
 from sweeper.zk import ZooKeeperPermissionError
 from sweeper.zksecurity import ZkSecurity, bookkeeper_security, pulsar_security
 from sweeper.zkwire import WireReader
@@ -59,7 +61,7 @@ from sweeper.zkwire import WireReader
 QUEUED, RESOLVED, DEAD_LETTERED = "queued", "resolved", "dead_lettered"
 
 
-class DeleteRefused(RuntimeError):
+class DeleteRefused(Refused):
     """The delete stage will not start: nothing emitted, another run holds the lock, or an unsafe setup."""
 
 
@@ -355,10 +357,8 @@ def delete_partition(items: Iterator[list[PendingRecord]], target: DeleteTarget)
 # ---- the stage ---------------------------------------------------------------------------------
 
 def _check_emitted(store: TableStore, run_id: str) -> None:
-    if not store.exists("runs") or not store.read("runs").where(
-            (F.col("run_id") == run_id) & (F.col("stage") == "emit") & (F.col("status") == "succeeded")
-    ).limit(1).count():
-        raise DeleteRefused(f"run {run_id} has no successful emit: nothing was marked for deletion")
+    runs.require(store, run_id, "emit", DeleteRefused,
+                 f"run {run_id} has no successful emit: nothing was marked for deletion")
 
 
 def _buckets(store: TableStore, config: SweeperConfig, run_id: str | None) -> tuple[tuple[str, str, str], ...]:

@@ -46,7 +46,7 @@ from sweeper.delete.retry import is_transient
 from sweeper.layout import LayoutError, LedgerLayout, is_middle, is_tree_top, ledger_path, tree_depth
 from sweeper.protection import cursor_protection, describe
 from sweeper.rules import OTHER_CLUSTER, PROTECTED, ActingRules, Owner, refusal
-from sweeper.scan.pulsar import BUCKET_PREFIX, COMPACTED_TOPIC_LEDGER, COMPACTION_CURSOR
+from sweeper.vocabulary import BUCKET_PREFIX, COMPACTED_TOPIC_LEDGER, COMPACTION_CURSOR
 from sweeper.zk import ZooKeeperPermissionError
 
 NowMs = int | Callable[[], int]

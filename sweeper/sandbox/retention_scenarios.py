@@ -16,8 +16,10 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from sweeper.sandbox.entities import BkLedger, Cursor, ManagedLedger, MlLedger, Status, cursor_custom, ml_custom
+
 if TYPE_CHECKING:  # pragma: no cover
-    from sweeper.sandbox.model import ManagedLedger, _Builder
+    from sweeper.sandbox.model import _Builder
 
 DAY_MS = 86_400_000
 HOUR_MS = 3_600_000
@@ -95,7 +97,6 @@ class _Scenarios:
     def topic(self, namespace: str, local: str, closed_ms: list[int], sizes: list[int] | None = None,
               zk_mtime_ms: int | None = None) -> ManagedLedger:
         """A managed ledger with closed ledgers (closed at `closed_ms`) and an empty current ledger."""
-        from sweeper.sandbox.model import ManagedLedger, MlLedger, Status, ml_custom
 
         tenant, ns = namespace.split("/")
         ml = ManagedLedger(tenant, ns, local, [], [], {}, "NONE", zk_mtime_ms=zk_mtime_ms)
@@ -117,7 +118,6 @@ class _Scenarios:
 
     def cursor(self, ml: ManagedLedger, name: str, at: tuple[int, int], zk_mtime_ms: int | None,
                active_ledger: bool = False, last_active_ms: int | None = None) -> None:
-        from sweeper.sandbox.model import Cursor, Status, cursor_custom
 
         cursor = Cursor(name, -1, at, zk_mtime_ms=zk_mtime_ms, last_active_ms=last_active_ms)
         if active_ledger:
@@ -231,7 +231,6 @@ class _Scenarios:
 
     def change_events(self) -> None:
         """Topic-policy system topics: provably empty in the time namespace, holding events in another."""
-        from sweeper.sandbox.model import BkLedger, ManagedLedger, MlLedger, Status, ml_custom
 
         for namespace, events in ((TIME_NS, 0), (TOPIC_POLICY_NS, 3)):
             tenant, ns = namespace.split("/")

@@ -20,11 +20,9 @@ from sweeper.codecs import pulsar as codec
 from sweeper.codecs.envelope import MAGIC
 from sweeper.codecs.errors import MetadataDecodeError
 from sweeper.scan import Row, quarantine_row
+from sweeper.vocabulary import BUCKET_PREFIX, COMPACTED_TOPIC_LEDGER, COMPACTION_CURSOR
 
 DOMAIN = "persistent"
-BUCKET_PREFIX = "#pulsar.internal.delayed.bucket"
-COMPACTION_CURSOR = "__compaction"
-COMPACTED_TOPIC_LEDGER = "CompactedTopicLedger"
 SHADOW_SOURCE = "PULSAR.SHADOW_SOURCE"
 _OFFLOAD_KEYS = {"bucket": "offload_bucket", "region": "offload_region", "serviceEndpoint": "offload_endpoint"}
 _COMPRESSION = {0: "NONE", 1: "LZ4", 2: "ZLIB", 3: "ZSTD", 4: "SNAPPY"}

@@ -293,6 +293,14 @@ class TableStore(ABC):
     def read(self, name: str, version: int | None = None) -> DataFrame:
         """The table (or an earlier version of it) as a Spark DataFrame."""
 
+    def run_frames(self, tables: Mapping[str, StructType], run_id: str) -> dict[str, DataFrame]:
+        """Each table's rows of one run. A table a store written by an earlier version does not have yet reads as
+        empty, in its schema, so a stage reading a run's tables need not know which version wrote them."""
+        from pyspark.sql import functions as F
+
+        return {name: (self.read(name).where(F.col("run_id") == run_id) if self.exists(name)
+                       else self.spark.createDataFrame([], schema)) for name, schema in tables.items()}
+
     @abstractmethod
     def layout(self, name: str) -> tuple[StructType, list[str]] | None:
         """(schema, partition columns) of the table, or None when there is none."""

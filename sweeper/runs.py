@@ -1,0 +1,122 @@
+"""The runs ledger: the one module that reads and writes the `runs` table (issue 22).
+
+A run is one id shared by its stages (snapshot, reconcile, retention_debt, emit, delete; a retention repair
+has its own id and names its plan's). Each stage appends one row when it ends, whatever the end: its status,
+its counts and a one-line message (never a stack trace: that goes to the log file). A later stage requires
+the earlier one to have succeeded for the same run id; "latest" means the newest succeeded run of a stage.
+
+Reads go through `TableStore.read_arrow`, which delta-rs answers without a Spark job, so a CLI that only
+reads (`sweeper runs`) needs no Spark session either.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from sweeper.errors import one_line
+from sweeper.table_schemas import RUNS
+
+if TYPE_CHECKING:
+    from sweeper.config import SweeperConfig
+    from sweeper.tables.base import TableStore
+
+TABLE = "runs"
+
+SUCCEEDED = "succeeded"
+PARTIAL = "partial"  # some deletes or repairs failed and wait for a retry
+REFUSED = "refused"
+FAILED = "failed"
+INTERRUPTED = "interrupted"
+STATUSES = (SUCCEEDED, PARTIAL, REFUSED, FAILED, INTERRUPTED)
+
+MESSAGE_LIMIT = 4000
+
+
+def new_run_id(now: datetime | None = None) -> str:
+    """Sortable by time, unique by its random suffix: `20261125T183459Z-1a2b3c4d`."""
+    now = now or datetime.now(UTC)
+    return f"{now:%Y%m%dT%H%M%SZ}-{uuid.uuid4().hex[:8]}"
+
+
+def record(store: TableStore, run_id: str, stage: str, status: str, started: datetime,
+           counts: Mapping[str, int] | None, config: SweeperConfig | None, message: str | BaseException = "") -> None:
+    """One stage of one run ended with `status`. An exception is kept as its first line only (a py4j error's
+    text is a Java stack trace: that stays in the log file); a message of several lines is joined into one."""
+    if status not in STATUSES:
+        raise ValueError(f"unknown run status {status!r}")
+    text = one_line(message) if isinstance(message, BaseException) else _first_line(message)
+    finished = datetime.now(UTC)
+    store.append_rows(TABLE, [{
+        "run_id": run_id,
+        "stage": stage,
+        "status": status,
+        "started_at": started,
+        "finished_at": finished,
+        "duration_s": (finished - started).total_seconds(),
+        "counts": dict(counts or {}),
+        "config_hash": config.hash() if config is not None else None,
+        "engine": store.engine,
+        "message": text,
+    }], RUNS)
+
+
+def record_rows(store: TableStore, rows: Iterable[Mapping[str, Any]], commit_metadata: Mapping[str, Any]) -> None:
+    """Rows made elsewhere (the delete journal's `interrupted` attempts), in the table's own schema."""
+    rows = [{**row, "message": _first_line(str(row.get("message") or ""))} for row in rows]
+    if rows:
+        store.append_rows(TABLE, rows, RUNS, commit_metadata=dict(commit_metadata))
+
+
+def _first_line(text: str) -> str:
+    """A refusal's text on one line: an operator reads it in a table cell (a gate's list of failures joined)."""
+    return " ".join(line.strip() for line in text.strip().splitlines() if line.strip())[:MESSAGE_LIMIT]
+
+
+def rows(store: TableStore, run_id: str | None = None, stage: str | None = None,
+         status: str | None = None) -> list[dict[str, Any]]:
+    """The `runs` rows matching, oldest first (by start, then end)."""
+    if not store.exists(TABLE):
+        return []
+    where = {k: v for k, v in (("run_id", run_id), ("stage", stage), ("status", status)) if v is not None}
+    found = store.read_arrow(TABLE, where=where).to_pylist()
+    for row in found:
+        row["counts"] = dict(row["counts"] or {})  # Arrow gives a map as (key, value) pairs
+    return sorted(found, key=lambda r: (r["started_at"], r["finished_at"]))
+
+
+def latest(store: TableStore, stage: str) -> str | None:
+    """The newest run whose `stage` succeeded."""
+    found = rows(store, stage=stage, status=SUCCEEDED)
+    return found[-1]["run_id"] if found else None
+
+
+def succeeded(store: TableStore, run_id: str, stage: str) -> dict[str, int] | None:
+    """The counts of `run_id`'s `stage` when it succeeded (its latest such row), else None."""
+    found = rows(store, run_id=run_id, stage=stage, status=SUCCEEDED)
+    return found[-1]["counts"] if found else None
+
+
+def require(store: TableStore, run_id: str, stage: str, refusal: type[Exception], message: str) -> dict[str, int]:
+    """The earlier stage a stage builds on must have succeeded for this run; else `refusal(message)`."""
+    counts = succeeded(store, run_id, stage)
+    if counts is None:
+        raise refusal(message)
+    return counts
+
+
+def started_at(store: TableStore, run_id: str) -> datetime | None:
+    """When the run's first stage started."""
+    found = rows(store, run_id=run_id)
+    return found[0]["started_at"] if found else None
+
+
+def holder(store: TableStore, run_id: str) -> str | None:
+    """The `runs` row that already uses `run_id`, as words, or None."""
+    found = rows(store, run_id=run_id)
+    if not found:
+        return None
+    last = found[-1]
+    return f"its {last['stage']} stage is recorded ({last['status']})"
