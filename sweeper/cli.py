@@ -86,8 +86,17 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
             print(line)
         return EXIT_OK if status.up else EXIT_REFUSED
     if args.action == "down":
-        stopped = sandbox_down(home, wipe=args.wipe)
-        print("sandbox stopped" if stopped else "no sandbox was running", "(data wiped)" if args.wipe else "")
+        down = sandbox_down(home, wipe=args.wipe)
+        wiped = "; data wiped" if args.wipe else ""
+        if not down.stopped:
+            print(f"no sandbox was running in {home}{wiped}")
+        elif down.still_taken:
+            print(f"sandbox stopped ({', '.join(down.stopped)}), but port(s) {down.still_taken} are still taken "
+                  f"after 30 s: `ss -ltnp` names the process holding them{wiped}")
+            return EXIT_REFUSED
+        else:
+            print(f"sandbox stopped ({', '.join(down.stopped)}); ports {', '.join(map(str, down.ports))} are free"
+                  f"{wiped}")
         return EXIT_OK
     if args.action == "seed":
         from sweeper.zkserver import running_server
@@ -249,8 +258,8 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 def cmd_retention(args: argparse.Namespace) -> int:
     """Repair retention debt through the broker's admin REST API: a dry run unless --execute."""
+    from sweeper import runs
     from sweeper.retention_repair import RetentionRepairRefused, latest_plan_run, run_repair
-    from sweeper.snapshot import new_run_id, record_run
 
     cfg = _load_config(args)
     _, store = _session(cfg)
@@ -259,17 +268,18 @@ def cmd_retention(args: argparse.Namespace) -> int:
         print(f"refused: no retention debt in {cfg.tables.root}; run `sweeper sweep` (or reconcile) first",
               file=sys.stderr)
         return EXIT_REFUSED
-    run_id = f"retention-{new_run_id()}"
+    run_id = f"retention-{runs.new_run_id()}"
     started = datetime.now(UTC)
     try:
         result = run_repair(cfg, store, plan, run_id, execute=args.execute)
     except RetentionRepairRefused as exc:
-        record_run(store, run_id, "retention_repair", "refused", started, {}, cfg, str(exc))
+        runs.record(store, run_id, "retention_repair", runs.REFUSED, started, {}, cfg, str(exc))
         print(f"refused: {exc}", file=sys.stderr)
         return EXIT_REFUSED
     failed = result.counts.get("failed", 0)
-    record_run(store, run_id, "retention_repair", "refused" if result.stopped else "partial" if failed else "succeeded",
-               started, {**result.counts, "execute": int(args.execute)}, cfg, result.stopped or "")
+    status = runs.REFUSED if result.stopped else runs.PARTIAL if failed else runs.SUCCEEDED
+    runs.record(store, run_id, "retention_repair", status, started, {**result.counts, "execute": int(args.execute)},
+                cfg, result.stopped or "")
     for row in result.rows:
         what = row["topic_name"] + (f" subscription {row['cursor']!r}" if row["cursor"] else "")
         sizes = f" ({row['bytes_before']:,} -> {row['bytes_after']:,} bytes)" if row["bytes_after"] is not None else ""
@@ -298,6 +308,41 @@ def cmd_dlq(args: argparse.Namespace) -> int:
         return EXIT_OK
     count = redrive(store, args.key or None)
     print(f"re-drove {count} dead letter(s): the next `sweeper delete --execute` retries them")
+    return EXIT_OK
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    """The runs in the tables, newest first: read-only, no Spark."""
+    from sweeper import runs
+    from sweeper.console import read_store, render, run_summaries
+
+    store = read_store(_load_config(args))
+    summaries = run_summaries(runs.rows(store))
+    if args.status:
+        summaries = [r for r in summaries if r["status"] == args.status]
+    shown = summaries[:args.limit] if args.limit else summaries
+    columns = ["run_id", "started", "duration", "status", "mode", "candidates", "published", "deleted", "stages",
+               "message"]
+    sys.stdout.write(render(shown, columns, args.format))
+    if args.format == "table":
+        more = len(summaries) - len(shown)
+        print(f"{len(shown)} run{'s' if len(shown) != 1 else ''} of {len(summaries)} in {store.root}"
+              + (f" ({more} older: --limit 0 shows all)" if more > 0 else "")
+              + "; `sweeper show RUN deletes` lists what a run deleted")
+    return EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """One run's rows of one table (orphans, deletes, ...), filtered: read-only, no Spark."""
+    from sweeper.console import read_store, render, show_rows
+
+    store = read_store(_load_config(args))
+    filters = {"reason": args.reason, "status": args.status, "tenant": args.tenant, "namespace": args.namespace}
+    rows, view = show_rows(store, args.run, args.what, filters, args.limit)
+    sys.stdout.write(render(rows, view.columns, args.format))
+    if args.format == "table":
+        limited = f" (first {args.limit}: --limit 0 shows all)" if args.limit and len(rows) == args.limit else ""
+        print(f"{len(rows)} {args.what} row{'s' if len(rows) != 1 else ''} of run {args.run}{limited}")
     return EXIT_OK
 
 
@@ -379,7 +424,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sweeper", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="sweeper", description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="exit codes: 0 done; 1 unexpected error (a bug: see the log file); 2 usage or configuration error "
+               "(nothing ran);\n  3 refused (a gate, a safety rule, the lock, an unreachable store: nothing unsafe "
+               "done); 4 partial (some deletes\n  or repairs failed and wait for a retry); 130 interrupted (what was "
+               "done is on record; run it again)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
@@ -462,6 +512,34 @@ def build_parser() -> argparse.ArgumentParser:
     dlq.add_argument("--tables", help="table root (overrides [tables] root)")
     common(dlq)
     dlq.set_defaults(func=cmd_dlq)
+
+    from sweeper.console import FORMATS, VIEWS
+
+    def read_options(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--tables", help="table root (overrides [tables] root)")
+        p.add_argument("--format", choices=FORMATS, default="table",
+                       help="table (aligned, for people), json (one object per line) or csv (every column)")
+        p.add_argument("--limit", type=int, default=20, help="at most this many rows (0: all; default 20)")
+        common(p)
+
+    runs_parser = sub.add_parser("runs", help="list the runs in the tables, newest first (read-only, no Spark)")
+    read_options(runs_parser)
+    runs_parser.add_argument("--status", choices=["succeeded", "partial", "refused", "failed", "interrupted"],
+                             help="only runs that ended so (a run's status is its worst stage's)")
+    runs_parser.set_defaults(func=cmd_runs)
+
+    show = sub.add_parser("show", help="one run's orphans, deletes, quarantine, retention debt, repair actions or "
+                                       "dead letters (read-only, no Spark)")
+    show.add_argument("run", help="a run id (`sweeper runs` lists them)")
+    show.add_argument("what", choices=sorted(VIEWS), help="which rows of the run")
+    read_options(show)
+    show.add_argument("--reason", help="only this reason (orphans, retention), outcome (deletes), error kind "
+                                       "(quarantine) or action (actions)")
+    show.add_argument("--status", help="only this status (orphans, retention), outcome (deletes, actions), error "
+                                       "kind (quarantine) or state (dlq)")
+    show.add_argument("--tenant", help="only this tenant")
+    show.add_argument("--namespace", help="only this namespace (its local name, as in the tables)")
+    show.set_defaults(func=cmd_show)
 
     audit = sub.add_parser("audit", help="run notebooks/audit.ipynb headless and save it with its plots")
     audit.add_argument("--out", default="var/reports/audit.ipynb")
@@ -583,13 +661,8 @@ def _stop_on_signals() -> list[str]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from sweeper.errors import UsageError
-    from sweeper.layout import LayoutError
-    from sweeper.pipeline import StageRefused
-    from sweeper.snapshot import ClockSkewRefused
-    from sweeper.system_topic import SystemTopicError
+    from sweeper.errors import Refused, UsageError
     from sweeper.tables import DeltaSparkUnavailableError, TableStorageUnavailableError
-    from sweeper.zk import WrongRootError, ZooKeeperPermissionError, ZooKeeperUnavailableError
 
     try:
         return int(args.func(args))
@@ -600,8 +673,7 @@ def _run(args: argparse.Namespace) -> int:
     except UsageError as exc:
         print(f"usage error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (WrongRootError, ZooKeeperUnavailableError, ZooKeeperPermissionError, LayoutError, StageRefused,
-            SystemTopicError, ClockSkewRefused) as exc:
+    except Refused as exc:  # every stage's refusal, the lock, an unreachable or unreadable store (sweeper.errors)
         print(f"refused: {exc}", file=sys.stderr)
         return EXIT_REFUSED
 

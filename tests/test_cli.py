@@ -10,6 +10,7 @@ from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
 from sweeper.cli import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, main
+from sweeper.lifecycle import port_free
 from sweeper.sandbox import PORT_SPAN, sandbox_down
 from sweeper.sandbox.model import SandboxSpec, build_cluster
 from sweeper.sandbox.seed import seed_zookeeper
@@ -57,6 +58,15 @@ def test_sweep_on_the_sandbox_end_to_end(spark: SparkSession, tmp_path: Path,
         assert summary["stages"]["emit"]["published"] == summary["stages"]["reconcile"]["candidate"]
         assert summary["stages"]["delete"]["deleted"] == summary["stages"]["reconcile"]["candidate"]
         assert summary["stages"]["reconcile"]["candidate.ledger"] == orphans
+        # What did that run delete, and when? Read back from the tables without Spark (issue 23).
+        executed = summary["run_id"]
+        assert main(["show", executed, "deletes", "--tables", str(tables), "--status", "deleted", "--limit", "0",
+                     "--format", "json"]) == EXIT_OK
+        deleted = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        assert len(deleted) == summary["stages"]["delete"]["deleted"] and all(not d["dry_run"] for d in deleted)
+        assert main(["runs", "--tables", str(tables), "--format", "json"]) == EXIT_OK
+        listed = {r["run_id"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+        assert listed[executed]["deleted"] == len(deleted) and listed[executed]["mode"] == "executed"
         assert main(["sweep", "--sandbox", *args, "--execute"]) == EXIT_OK
         summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         assert summary["stages"]["reconcile"].get("candidate", 0) == 0
@@ -72,11 +82,24 @@ def test_sweep_on_the_sandbox_end_to_end(spark: SparkSession, tmp_path: Path,
             assert json.loads(out.strip().splitlines()[-1])["stages"]["reconcile"]["candidate.ledger"] == orphans
             return out
 
-        sandbox_down(home)
+        # `down` returns once its processes have exited and their ports are free; a second `down` finds nothing.
+        down = sandbox_down(home)
+        assert down.stopped == ["zookeeper", "s3", "pulsar"] and not down.still_taken
+        assert all(port_free(p) for p in range(port, port + PORT_SPAN))
+        assert main(["sandbox", "down", "--home", str(home)]) == EXIT_OK
+        assert "no sandbox was running" in capsys.readouterr().out
         assert "seeded again from its seed" in again()
-        # The endpoint killed alone: its broker registration outlives it in ZooKeeper, and the new one replaces it.
+        # The endpoint killed alone (its broker registration outlives it in ZooKeeper), then a sweep that restarts it
+        # is killed with SIGKILL mid-run, after the snapshot's first table commit: the next README command is a new
+        # run that ends as always, and a scheduler retrying the killed run's id is refused, never given duplicates.
         _kill(home / "pulsar" / "server.json")
+        _sweep_killed_mid_run(args, tables, run_id="killed-mid-run", log=tmp_path / "killed.log")
         assert "seeded again" not in again()
+        assert main(["sweep", "--sandbox", *args, "--run-id", "killed-mid-run"]) == EXIT_USAGE
+        assert "run id killed-mid-run is taken" in capsys.readouterr().err
+        # `up` twice over a running sandbox keeps it as it is.
+        for _ in range(2):
+            assert main(["sandbox", "up", "--home", str(home), "--port", str(port)]) == EXIT_OK
         # A reboot: every sandbox process killed, the data directories kept.
         for part in ("pulsar", "s3", "zookeeper"):
             _kill(home / part / "server.json")
@@ -90,6 +113,36 @@ def test_sweep_on_the_sandbox_end_to_end(spark: SparkSession, tmp_path: Path,
         assert out.count("not running") == 0 and capsys.readouterr().out.count("not running") == 3
     finally:
         sandbox_down(home, wipe=True)
+
+
+def _sweep_killed_mid_run(args: list[str], tables: Path, run_id: str, log: Path) -> None:
+    """`sweeper sweep --sandbox` as its own process, SIGKILLed once its snapshot has committed to a table."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    commits = tables / "bk_ledgers" / "_delta_log"
+    before = len(list(commits.glob("*.json")))
+    with open(log, "ab") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "sweeper.cli", "sweep", "--sandbox", *args, "--run-id", run_id],
+                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
+                                env={**os.environ, "SWEEPER_LOG_FILE": str(log.with_suffix(".jvm.log"))})
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and len(list(commits.glob("*.json"))) == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, f"the sweep ended before it could be killed mid-run: {log.read_text()[-2000:]}"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    # Its JVM and Python workers notice the driver is gone and exit; wait so the next run does not compete with them.
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _kill(marker: Path) -> None:
