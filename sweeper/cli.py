@@ -296,16 +296,19 @@ def cmd_retention(args: argparse.Namespace) -> int:
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
+    from sweeper.console import read_store
     from sweeper.delete.stage import dead_letters, redrive
 
     cfg = _load_config(args)
-    _, store = _session(cfg)
+    # Refuses a root with no tables (exit 2) instead of reporting "0 dead letters" for a mistyped path.
+    reader = read_store(cfg)
     if args.action == "list":
-        rows = dead_letters(store)
+        rows = dead_letters(reader)  # no Spark for a list
         for r in rows:
             print(f"{r['record_key']}  run={r['run_id']} attempts={r['attempts']} last_error={r['last_error']}")
         print(f"{len(rows)} dead letter(s)")
         return EXIT_OK
+    _, store = _session(cfg)
     count = redrive(store, args.key or None)
     print(f"re-drove {count} dead letter(s): the next `sweeper delete --execute` retries them")
     return EXIT_OK

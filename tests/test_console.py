@@ -77,12 +77,15 @@ def test_runs_and_show_read_the_tables_without_spark(tmp_path: Path, capsys: pyt
     assert "1 deletes row of run night-1 (first 1: --limit 0 shows all)" in out
     assert main(["show", "night-1", "orphans", "--tables", tables]) == EXIT_OK  # a table not written yet: no rows
     assert "0 orphans rows of run night-1" in capsys.readouterr().out
+    assert main(["dlq", "list", "--tables", tables]) == EXIT_OK
+    assert "0 dead letter(s)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, says", [
     (["runs", "--tables", "{missing}"], "no tables at"),
     (["show", "night-9", "deletes", "--tables", "{tables}"], "no run night-9"),
     (["show", "night-1", "dlq", "--tables", "{tables}", "--tenant", "t"], "has no --tenant filter"),
+    (["dlq", "list", "--tables", "{missing}"], "no tables at"),  # was "0 dead letter(s)" for a mistyped root
 ])
 def test_an_operators_mistake_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                      argv: list[str], says: str) -> None:

@@ -649,7 +649,7 @@ def dead_letters(store: TableStore) -> list[Mapping[str, Any]]:
     """Records whose latest dead-letter row is `dead` (not yet re-driven)."""
     if not store.exists("dead_letter"):
         return []
-    return [r for r in _latest_by_key(store.read("dead_letter").toArrow().to_pylist()).values() if r["state"] == "dead"]
+    return [r for r in _latest_by_key(store.read_arrow("dead_letter").to_pylist()).values() if r["state"] == "dead"]
 
 
 def redrive(store: TableStore, record_keys: Sequence[str] | None = None) -> int:
