@@ -426,6 +426,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return EXIT_PARTIAL if result.partial else EXIT_OK
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ledger-sweeper")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sweeper", description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -433,19 +442,24 @@ def build_parser() -> argparse.ArgumentParser:
                "(nothing ran);\n  3 refused (a gate, a safety rule, the lock, an unreachable store: nothing unsafe "
                "done); 4 partial (some deletes\n  or repairs failed and wait for a retry); 130 interrupted (what was "
                "done is on record; run it again)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--config", help=f"TOML config (default: {DEFAULT_CONFIG} when present)")
-        p.add_argument("-v", "--verbose", action="store_true")
+        p.add_argument("-v", "--verbose", action="store_true",
+                       help="Spark's, the JVM's and the libraries' output on the terminal instead of the log file")
 
     def sandbox_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--home", default="var/sandbox", help="sandbox state directory")
         p.add_argument("--port", type=int, default=21810, help="ZooKeeper port for `up`")
-        p.add_argument("--topics", type=int, default=200)
-        p.add_argument("--seed", type=int, default=7)
-        p.add_argument("--max-rollovers", type=int, default=6)
-        p.add_argument("--layout", default="hierarchical", choices=["flat", "hierarchical", "long_hierarchical"])
+        p.add_argument("--topics", type=int, default=200, help="topics in the seeded sandbox cluster (default 200)")
+        p.add_argument("--seed", type=int, default=7,
+                       help="random seed of the sandbox cluster: the same seed seeds the same cluster (default 7)")
+        p.add_argument("--max-rollovers", type=int, default=6,
+                       help="most ledgers a sandbox topic rolled over to (default 6)")
+        p.add_argument("--layout", default="hierarchical", choices=["flat", "hierarchical", "long_hierarchical"],
+                       help="BookKeeper ledger layout of the sandbox (default hierarchical)")
         p.add_argument("--wipe", action="store_true", help="with `down`: delete the sandbox data too")
 
     sandbox = sub.add_parser("sandbox", help="local ZooKeeper with a synthetic Pulsar cluster")
@@ -469,7 +483,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="one-shot cleanup profile: 14-day grace, 2%% breaker, 1000 deletes per run, 50/s")
         p.add_argument("--tables", help="table root (overrides [tables] root)")
         p.add_argument("--zookeeper", help="ZooKeeper connect string (overrides [bookkeeper] zookeeper)")
-        p.add_argument("--run-id")
+        p.add_argument("--run-id", help="the run to act on (default: the latest that is ready for this stage); for "
+                                        "snapshot and sweep, an id for the new run, refused if already used")
         p.add_argument("--json", action="store_true", help="also print a JSON summary line")
 
     snapshot = sub.add_parser("snapshot", help="scan ZooKeeper metadata into Delta tables")
@@ -510,7 +525,8 @@ def build_parser() -> argparse.ArgumentParser:
     retention.set_defaults(func=cmd_retention)
 
     dlq = sub.add_parser("dlq", help="list or re-drive dead-lettered deletes")
-    dlq.add_argument("action", choices=["list", "redrive"])
+    dlq.add_argument("action", choices=["list", "redrive"],
+                     help="list: dead-lettered deletes; redrive: queue them again for the next delete --execute")
     dlq.add_argument("--key", action="append", help="record key to re-drive (repeatable; default: all)")
     dlq.add_argument("--tables", help="table root (overrides [tables] root)")
     common(dlq)
@@ -545,7 +561,8 @@ def build_parser() -> argparse.ArgumentParser:
     show.set_defaults(func=cmd_show)
 
     audit = sub.add_parser("audit", help="run notebooks/audit.ipynb headless and save it with its plots")
-    audit.add_argument("--out", default="var/reports/audit.ipynb")
+    audit.add_argument("--out", default="var/reports/audit.ipynb",
+                       help="where to save the executed notebook with its plots (default var/reports/audit.ipynb)")
     audit.add_argument("--tables", help="table root (overrides [tables] root)")
     common(audit)
     audit.set_defaults(func=cmd_audit)

@@ -94,3 +94,18 @@ def test_an_operators_mistake_is_one_line_and_exit_2(tmp_path: Path, capsys: pyt
     assert main(argv) == EXIT_USAGE
     err = capsys.readouterr().err
     assert says in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_every_flag_of_every_command_has_help_and_the_version_is_shown(capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from sweeper.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    missing = sorted((name, action.dest) for name, command in commands.items() for action in command._actions
+                     if not action.help and action.dest != "help")
+    assert missing == []
+    with pytest.raises(SystemExit) as stopped:
+        main(["--version"])
+    assert stopped.value.code == 0 and capsys.readouterr().out.startswith("sweeper ")
