@@ -460,12 +460,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="most ledgers a sandbox topic rolled over to (default 6)")
         p.add_argument("--layout", default="hierarchical", choices=["flat", "hierarchical", "long_hierarchical"],
                        help="BookKeeper ledger layout of the sandbox (default hierarchical)")
-        p.add_argument("--wipe", action="store_true", help="with `down`: delete the sandbox data too")
 
     sandbox = sub.add_parser("sandbox", help="local ZooKeeper with a synthetic Pulsar cluster")
     sandbox.add_argument("action", choices=["up", "seed", "status", "down"],
                          help="status: what runs (ports, pids, data) and the seed's counts; exit 0 up, 3 down")
     sandbox_options(sandbox)
+    sandbox.add_argument("--wipe", action="store_true", help="with `down`: delete the sandbox data too")
     common(sandbox)
     sandbox.set_defaults(func=cmd_sandbox)
 
@@ -480,7 +480,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     def stage_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--strict", action="store_true",
-                       help="one-shot cleanup profile: 14-day grace, 2%% breaker, 1000 deletes per run, 50/s")
+                       help="the one-shot cleanup profile (docs/operations.md), each stage taking its part: "
+                            "snapshot gates at a 10%% drop, 14-day grace and a 2%% breaker in reconcile, at most "
+                            "1,000 deletes per run at 50/s")
         p.add_argument("--tables", help="table root (overrides [tables] root)")
         p.add_argument("--zookeeper", help="ZooKeeper connect string (overrides [bookkeeper] zookeeper)")
         p.add_argument("--run-id", help="the run to act on (default: the latest that is ready for this stage); for "
