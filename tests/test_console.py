@@ -109,3 +109,12 @@ def test_every_flag_of_every_command_has_help_and_the_version_is_shown(capsys: p
     with pytest.raises(SystemExit) as stopped:
         main(["--version"])
     assert stopped.value.code == 0 and capsys.readouterr().out.startswith("sweeper ")
+
+
+def test_the_lock_message_names_the_holder_an_iso_time_and_what_to_do() -> None:
+    from sweeper.delete.lock import RunLockHeld
+
+    text = str(RunLockHeld("/ledger-sweeper/locks/delete",
+                           {"run_id": "night-1", "host": "spark-7", "pid": 41, "started_ms": 1_764_100_000_000}))
+    assert "run 'night-1' on 'spark-7' (pid 41, since 2025-11-25T19:46:40+00:00)" in text
+    assert "Wait for it to end" in text and "session_timeout_s" in text and "\n" not in text

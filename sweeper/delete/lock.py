@@ -10,6 +10,7 @@ import json
 import os
 import socket
 import time
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 
@@ -22,11 +23,20 @@ from sweeper.errors import Refused
 DEFAULT_LOCK_PATH = "/ledger-sweeper/locks/delete"
 
 
+def _when(started_ms: Any) -> str:
+    try:
+        return datetime.fromtimestamp(int(started_ms) / 1000, UTC).isoformat(timespec="seconds")
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "an unknown time"
+
+
 class RunLockHeld(Refused):
     def __init__(self, path: str, holder: dict[str, Any]) -> None:
         super().__init__(
             f"another delete run holds {path}: run {holder.get('run_id')!r} on {holder.get('host')!r} "
-            f"(pid {holder.get('pid')}, since {holder.get('started_ms')} ms)"
+            f"(pid {holder.get('pid')}, since {_when(holder.get('started_ms'))}). Wait for it to end; if that "
+            "process is gone, the lock (an ephemeral znode) goes with its ZooKeeper session within [bookkeeper] "
+            "session_timeout_s, then run the delete again"
         )
         self.path = path
         self.holder = holder
