@@ -227,10 +227,19 @@ def cmd_emit(args: argparse.Namespace) -> int:
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    from sweeper.delete.stage import describe
+    from sweeper.delete.stage import DeleteRefused, describe, read_operator_list
+    from sweeper.errors import UsageError
     from sweeper.pipeline import delete_stage, delete_summary, is_partial, latest_run
 
     cfg = _load_config(args)
+    if args.from_json:
+        # The operator's file is checked before Spark starts: a typo in it is a usage error (exit 2), not a run.
+        try:
+            listed = read_operator_list(args.from_json)
+        except DeleteRefused as exc:
+            raise UsageError(str(exc)) from None
+        if not listed:
+            raise UsageError(f"{args.from_json} lists no ledgers: nothing to delete")
     spark, store = _session(cfg)
     if args.from_json:
         run_id = args.run_id or f"manual-{Path(args.from_json).stem}"

@@ -118,3 +118,18 @@ def test_the_lock_message_names_the_holder_an_iso_time_and_what_to_do() -> None:
                            {"run_id": "night-1", "host": "spark-7", "pid": 41, "started_ms": 1_764_100_000_000}))
     assert "run 'night-1' on 'spark-7' (pid 41, since 2025-11-25T19:46:40+00:00)" in text
     assert "Wait for it to end" in text and "session_timeout_s" in text and "\n" not in text
+
+
+@pytest.mark.parametrize("content, says", [
+    ("", "cannot read the ledger list"),
+    ("{\"ledgerId\": 7}", "must hold a JSON list of ledgers"),
+    ("[7, \"eight\"]", "entry 1 is not an object or a ledger id"),
+    ("[]", "lists no ledgers: nothing to delete"),
+])
+def test_a_bad_or_empty_operator_list_is_exit_2_before_spark_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, says: str) -> None:
+    listed = tmp_path / "ledgers.json"
+    listed.write_text(content)
+    assert main(["delete", "--from-json", str(listed), "--execute", "--tables", str(tmp_path / "t")]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err

@@ -172,9 +172,9 @@ def load_inputs(store: TableStore, run_id: str, now: datetime,
     return (selected if limit is None else selected[:limit]), counts
 
 
-def records_from_json(path: str | Path, client: Any, ledgers_root: str, layout: LedgerLayout) -> list[PendingRecord]:
-    """An operator's list: full PendingDeleteLedgerInfo objects, or `{"ledgerId": N}` completed from the
-    ledger's own metadata (its ownership then only decides the referrer to check; every other rule holds)."""
+def read_operator_list(path: str | Path) -> list[Mapping[str, Any]]:
+    """The entries of an operator's ledger list, each an object (a bare ledger id N becomes `{"ledgerId": N}`);
+    DeleteRefused naming the file and the fault when it cannot be read or is not such a list."""
     try:
         entries = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
@@ -183,12 +183,21 @@ def records_from_json(path: str | Path, client: Any, ledgers_root: str, layout: 
         entries = entries.get("ledgers")
     if not isinstance(entries, list):
         raise DeleteRefused(f"{path} must hold a JSON list of ledgers (or {{\"ledgers\": [...]}})")
-    out: list[PendingRecord] = []
+    out: list[Mapping[str, Any]] = []
     for n, entry in enumerate(entries):
         if isinstance(entry, int) and not isinstance(entry, bool):
             entry = {"ledgerId": entry}
         if not isinstance(entry, Mapping):
             raise DeleteRefused(f"{path} entry {n} is not an object or a ledger id: {entry!r}")
+        out.append(entry)
+    return out
+
+
+def records_from_json(path: str | Path, client: Any, ledgers_root: str, layout: LedgerLayout) -> list[PendingRecord]:
+    """An operator's list: full PendingDeleteLedgerInfo objects, or `{"ledgerId": N}` completed from the
+    ledger's own metadata (its ownership then only decides the referrer to check; every other rule holds)."""
+    out: list[PendingRecord] = []
+    for n, entry in enumerate(read_operator_list(path)):
         record = dict(entry) if "ledgerType" in entry else _record_from_metadata(entry, client, ledgers_root, layout)
         try:
             payload = pending_delete.encode({**_RECORD_DEFAULTS, **record})
