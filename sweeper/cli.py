@@ -373,11 +373,30 @@ def cmd_audit(args: argparse.Namespace) -> int:
         env["SWEEPER_CONFIG"] = str(Path(args.config).resolve())
     if args.tables:
         env["SWEEPER_TABLES"] = str(Path(args.tables).resolve())
+    os.environ.pop("SWEEPER_RUN_ID", None)
+    if args.run_id:
+        from sweeper import runs
+        from sweeper.console import read_store
+        from sweeper.errors import UsageError
+
+        store = read_store(_load_config(args))
+        if runs.succeeded(store, args.run_id, "reconcile") is None:
+            raise UsageError(f"run {args.run_id} has no successful reconcile in {store.root}: `sweeper runs` lists "
+                             "the runs there")
+        env["SWEEPER_RUN_ID"] = args.run_id
     os.environ.update(env)
     notebook = nbformat.read(source, as_version=4)
-    NotebookClient(notebook, timeout=3600, kernel_name="python3",
-                   resources={"metadata": {"path": str(source.parent)}}).execute()
     out.parent.mkdir(parents=True, exist_ok=True)
+    print("audit: running notebooks/audit.ipynb" + (f" on run {args.run_id}" if args.run_id else
+                                                   " (a new snapshot and reconcile)") + "...", flush=True)
+    try:
+        NotebookClient(notebook, timeout=3600, kernel_name="python3",
+                       resources={"metadata": {"path": str(source.parent)}}).execute()
+    except Exception as exc:  # a cell failed: keep what ran, name the cell's error in one line
+        nbformat.write(notebook, out)
+        error = getattr(exc, "ename", type(exc).__name__), getattr(exc, "evalue", str(exc).splitlines()[0])
+        print(f"audit failed: {error[0]}: {error[1]}; the notebook as far as it ran is in {out}", file=sys.stderr)
+        return EXIT_ERROR
     nbformat.write(notebook, out)
     print(f"audit written to {out} (open it in Jupyter, VS Code or any notebook viewer)")
     return EXIT_OK
@@ -575,6 +594,8 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("--out", default="var/reports/audit.ipynb",
                        help="where to save the executed notebook with its plots (default var/reports/audit.ipynb)")
     audit.add_argument("--tables", help="table root (overrides [tables] root)")
+    audit.add_argument("--run-id", help="render this existing run (`sweeper runs` lists them) instead of taking a "
+                                        "new snapshot")
     common(audit)
     audit.set_defaults(func=cmd_audit)
 

@@ -72,6 +72,20 @@ def test_sweep_on_the_sandbox_end_to_end(spark: SparkSession, tmp_path: Path,
         assert summary["stages"]["reconcile"].get("candidate", 0) == 0
         # The marks of the first run are on the topic; this run's snapshot read them back as done.
         assert summary["stages"]["reconcile"]["pending_delete.done"] == orphans
+        # `sweeper audit --run-id` renders that existing run, nothing left to reclaim, without a new snapshot.
+        def run_count() -> int:
+            assert main(["runs", "--tables", str(tables), "--format", "json", "--limit", "0"]) == EXIT_OK
+            return len(capsys.readouterr().out.splitlines())
+
+        before, report = run_count(), tmp_path / "audit.ipynb"
+        assert main(["audit", "--run-id", summary["run_id"], "--tables", str(tables), "--config",
+                     str(REPO / "conf" / "local.toml"), "--out", str(report)]) == EXIT_OK
+        assert f"audit: running notebooks/audit.ipynb on run {summary['run_id']}" in capsys.readouterr().out
+        rendered = report.read_text()
+        assert "nothing to reclaim: this run has no candidates" in rendered and '"output_type": "error"' not in rendered
+        assert run_count() == before
+        assert main(["audit", "--run-id", "no-such-run", "--tables", str(tables)]) == EXIT_USAGE
+        assert "no-such-run has no successful reconcile" in capsys.readouterr().err
 
         # Issue 27, safe to repeat. `down` without --wipe, then the README command: S3 kept its objects in memory,
         # so the sandbox is seeded again whole (one line says so) and the run finds the manifest's candidates.
