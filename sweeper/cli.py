@@ -189,11 +189,12 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
-    from sweeper.pipeline import latest_snapshot_run, reconcile_stage
+    from sweeper import runs
+    from sweeper.pipeline import reconcile_stage
 
     cfg = _load_config(args)
     spark, store = _session(cfg)
-    run_id = args.run_id or latest_snapshot_run(store)
+    run_id = args.run_id or runs.latest(store, "snapshot")
     if run_id is None:
         print(f"refused: no successful snapshot in {cfg.tables.root}; run `sweeper snapshot` first", file=sys.stderr)
         return EXIT_REFUSED
@@ -209,11 +210,12 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
 
 
 def cmd_emit(args: argparse.Namespace) -> int:
-    from sweeper.pipeline import emit_stage, latest_run
+    from sweeper import runs
+    from sweeper.pipeline import emit_stage
 
     cfg = _load_config(args)
     spark, store = _session(cfg)
-    run_id = args.run_id or latest_run(store, "reconcile")
+    run_id = args.run_id or runs.latest(store, "reconcile")
     if run_id is None:
         print(f"refused: no reconciled run in {cfg.tables.root}; run `sweeper reconcile` first", file=sys.stderr)
         return EXIT_REFUSED
@@ -227,9 +229,10 @@ def cmd_emit(args: argparse.Namespace) -> int:
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
+    from sweeper import runs
     from sweeper.delete.stage import DeleteRefused, describe, read_operator_list
     from sweeper.errors import UsageError
-    from sweeper.pipeline import delete_stage, delete_summary, is_partial, latest_run
+    from sweeper.pipeline import delete_stage, delete_summary, is_partial
 
     cfg = _load_config(args)
     if args.from_json:
@@ -246,7 +249,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
     elif args.from_topic:
         run_id = args.run_id or f"topic-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
     else:
-        run_id = args.run_id or latest_run(store, "emit")
+        run_id = args.run_id or runs.latest(store, "emit")
         if run_id is None:
             print(f"refused: no emitted run in {cfg.tables.root}; run `sweeper emit` first", file=sys.stderr)
             return EXIT_REFUSED
@@ -268,11 +271,11 @@ def cmd_delete(args: argparse.Namespace) -> int:
 def cmd_retention(args: argparse.Namespace) -> int:
     """Repair retention debt through the broker's admin REST API: a dry run unless --execute."""
     from sweeper import runs
-    from sweeper.retention_repair import RetentionRepairRefused, latest_plan_run, run_repair
+    from sweeper.retention_repair import RetentionRepairRefused, run_repair
 
     cfg = _load_config(args)
     _, store = _session(cfg)
-    plan = args.run_id or latest_plan_run(store)
+    plan = args.run_id or runs.latest(store, "retention_debt")
     if plan is None:
         print(f"refused: no retention debt in {cfg.tables.root}; run `sweeper sweep` (or reconcile) first",
               file=sys.stderr)

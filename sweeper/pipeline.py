@@ -57,15 +57,6 @@ def safety_settings(config: SweeperConfig) -> SafetySettings:
     )
 
 
-def latest_run(store: TableStore, stage: str = "snapshot") -> str | None:
-    """The newest run whose `stage` succeeded."""
-    return runs.latest(store, stage)
-
-
-def latest_snapshot_run(store: TableStore) -> str | None:
-    return runs.latest(store, "snapshot")
-
-
 @dataclass
 class SweepResult:
     run_id: str

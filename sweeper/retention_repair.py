@@ -255,10 +255,6 @@ class TopicPolicyLookup:
             return UNREAD, self.failure
 
 
-def latest_plan_run(store: TableStore) -> str | None:
-    return runs.latest(store, "retention_debt")
-
-
 # ---- the rules a planned action must pass again under today's config: pure, over plain values ----------
 
 
