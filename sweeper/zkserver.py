@@ -168,10 +168,16 @@ def _security_settings(root: Path, host: str, security: ServerSecurity) -> tuple
     return secure_port, lines, jvm
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A port that is free now, for a server started a moment later.
+
+    Taken below the ephemeral range, as `free_port_block` is: a port the kernel handed out with bind(0)
+    can be handed again to the next outgoing connection before our server binds it (CI saw the
+    sandbox admin server fail with EADDRINUSE that way)."""
+    return free_port_block(1, host)
 
 
 def free_port_block(count: int, host: str = "127.0.0.1", low: int = 20000, high: int = 32000) -> int:
@@ -182,6 +188,8 @@ def free_port_block(count: int, host: str = "127.0.0.1", low: int = 20000, high:
     rng = random.Random(os.getpid() ^ time.monotonic_ns())
     for _ in range(200):
         base = rng.randrange(low, high - count)
+        if _HANDED_OUT.intersection(range(base, base + count)):
+            continue  # free now, but promised to a server of ours that has not bound it yet
         with contextlib.ExitStack() as stack:
             try:
                 for port in range(base, base + count):
@@ -189,6 +197,7 @@ def free_port_block(count: int, host: str = "127.0.0.1", low: int = 20000, high:
                     sock.bind((host, port))
             except OSError:
                 continue
+        _HANDED_OUT.update(range(base, base + count))
         return base
     raise ZooKeeperServerError(f"no {count} consecutive free ports between {low} and {high}")
 
