@@ -98,3 +98,19 @@ def test_the_pinned_jar_versions_match_jvm_pom() -> None:
     jars = project_jars()
     assert any(f"delta-spark_2.13-{spark_mod.DELTA_VERSION}.jar" in j for j in jars.delta)
     assert any(f"hadoop-aws-{spark_mod.HADOOP_AWS_VERSION}.jar" in j for j in jars.s3a)
+
+
+def test_a_cached_frame_that_shuffles_is_not_held_at_the_planned_partition_count(spark: SparkSession) -> None:
+    """sweeper.spark.SQL_TUNING: without it a cached plan keeps spark.sql.shuffle.partitions (200 under a plain
+    spark-submit) and every stage over it runs that many tasks, most of them Python."""
+    from pyspark.sql import functions as F
+
+    assert spark.conf.get("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning") == "true"
+    spark.conf.set("spark.sql.shuffle.partitions", "50")
+    cached = spark.range(1000).groupBy((F.col("id") % 7).alias("k")).count().cache()
+    try:
+        assert cached.count() == 7
+        assert cached.rdd.getNumPartitions() <= spark.sparkContext.defaultParallelism
+    finally:
+        cached.unpersist()
+        spark.conf.set("spark.sql.shuffle.partitions", "2")
