@@ -99,7 +99,8 @@ def spark() -> Iterator[SparkSession]:
     session = get_spark(
         "ledger-sweeper-tests",
         master="local[2]",
-        conf={"spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "4", "spark.driver.memory": "2g"},
+        # Two partitions, one wave on local[2]: still more than one task per stage, for half the task overhead.
+        conf={"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2", "spark.driver.memory": "2g"},
     )
     yield session
     session.stop()

@@ -5,7 +5,7 @@ Spark, Delta), and is stopped again and again at random points (seeded and print
 process group, as Ctrl-C does, and with SIGKILL to the driver alone. Each next attempt resolves the stopped
 one; a last attempt runs to the end. Then every ledger znode that is gone has exactly one `deleted` outcome
 of the run, nothing an attempt deleted is filed `already_gone`, nothing in use is gone, each stopped attempt
-is `interrupted` in `runs`, and the deleted set is the ground truth. SWEEPER_KILL_POINTS (default 3, to keep
+is `interrupted` in `runs`, and the deleted set is the ground truth. SWEEPER_KILL_POINTS (default 2, to keep
 the suite in its time budget; 5 is the acceptance run) sets how many stops of each kind. Between a chunk's
 deletes and its outcome commit the tasks wait 0.4 s (a failpoint), so stops land there too: ledgers deleted
 whose outcome was never recorded, which only the journal's intents tell.
@@ -38,7 +38,7 @@ from tests.test_delete_stage import _planned
 from tests.test_emit import Broker
 
 REPO = Path(__file__).resolve().parents[1]
-KILL_POINTS = int(os.environ.get("SWEEPER_KILL_POINTS", "3"))
+KILL_POINTS = int(os.environ.get("SWEEPER_KILL_POINTS", "2"))
 SEED = int(os.environ.get("SWEEPER_KILL_SEED", "2211"))
 
 
