@@ -62,7 +62,7 @@ def render(run_id: str, stages: Mapping[str, Mapping[str, Any]], outcomes: Itera
     for name, outcome_set, help_text in (
             ("deleted", ("deleted",), "Ledgers or offloaded copies deleted by this run."),
             ("failed", ("failed",), "Deletes that failed after the in-task retries (queued or dead-lettered)."),
-            ("acked", ("deleted", "already_gone", "in_use", "mismatch", "invalid"),
+            ("acked", ("deleted", "already_gone", "not_found", "in_use", "mismatch", "invalid"),
              "Records settled with a final outcome (PIP-186 acknowledges these)."),
     ):
         metric(name, "gauge", help_text,

@@ -196,7 +196,8 @@ def delete_summary(result: DeleteRunResult) -> str:
     c = result.counts
     verb = "deleted" if result.execute else "would delete"
     done = c.get("deleted" if result.execute else "would_delete", 0)
-    return (f"{done:,} {verb}, {c.get('already_gone', 0):,} already gone, {c.get('in_use', 0):,} in use, "
+    not_found = f"{c['not_found']:,} not found (no snapshot lists them: check the ids), " if c.get("not_found") else ""
+    return (f"{done:,} {verb}, {c.get('already_gone', 0):,} already gone, {not_found}{c.get('in_use', 0):,} in use, "
             f"{c.get('mismatch', 0):,} mismatch, {c.get('invalid', 0):,} invalid, {c.get('refused', 0):,} refused by "
             f"the rules, {c.get('failed', 0):,} failed "
             f"({c.get('queued_for_retry', 0):,} queued for retry, {c.get('dead_lettered', 0):,} dead-lettered); "

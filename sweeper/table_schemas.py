@@ -348,7 +348,8 @@ DELETE_RESULTS = _schema(
     ("ledger_type", S),
     ("component", S),
     ("topic_name", S),
-    ("outcome", S, False),  # deleted | would_delete | already_gone | in_use | mismatch | invalid | failed
+    # deleted | would_delete | already_gone | not_found | in_use | mismatch | invalid | refused | failed
+    ("outcome", S, False),
     ("detail", S),
     ("error", S),
     ("attempt", INT, False),  # attempts so far across runs, this one included

@@ -16,9 +16,11 @@ from sweeper.delete.decide import (
     IN_USE,
     INVALID,
     MISMATCH,
+    NOT_FOUND,
     LiveLedger,
     LiveObject,
     ReferrerState,
+    check_ledger,
     decide_ledger,
     managed_ledger_name,
 )
@@ -55,6 +57,12 @@ def test_an_unreferenced_old_closed_pulsar_ledger_is_deleted() -> None:
 
 def test_gone_znode_is_already_gone() -> None:
     assert decide(rec(), None) == ALREADY_GONE
+
+
+def test_a_gone_znode_no_snapshot_ever_listed_is_not_found_and_a_live_one_is_judged_as_usual() -> None:
+    gone = check_ledger(rec(), None, NOW, MIN_AGE, PATH, ever_seen=False)
+    assert gone is not None and gone.outcome == NOT_FOUND and "check the id" in gone.detail
+    assert check_ledger(rec(), live(), NOW, MIN_AGE, PATH, ever_seen=False) is None  # on to the referrer
 
 
 def test_non_pulsar_ledger_is_mismatch() -> None:

@@ -20,6 +20,8 @@ from sweeper.scan.bookkeeper import split_custom_metadata
 
 DELETE = "delete"
 ALREADY_GONE = "already_gone"
+# An operator-listed id with no znode that no snapshot of the tables ever saw: likely a typo, never "success".
+NOT_FOUND = "not_found"
 IN_USE = "in_use"
 MISMATCH = "mismatch"
 INVALID = "invalid"
@@ -133,8 +135,11 @@ def _record_problem(record: Mapping[str, Any], ledger_type: str) -> str | None:
 
 
 def check_ledger(record: Mapping[str, Any], live: LiveLedger | None, now_ms: int, min_age_ms: int,
-                 expected_path: str) -> Decision | None:
-    """Every rule that needs only the record and the ledger znode; None means "now ask the referrer"."""
+                 expected_path: str, ever_seen: bool = True) -> Decision | None:
+    """Every rule that needs only the record and the ledger znode; None means "now ask the referrer".
+
+    `ever_seen`: False for an operator-listed ledger id that no snapshot of the tables lists; its missing znode
+    is then `not_found` (check the id), not `already_gone` (someone deleted it)."""
     ledger_id = record.get("ledgerId")
     if not isinstance(ledger_id, int) or isinstance(ledger_id, bool) or ledger_id < 0:
         return Decision(INVALID, f"ledgerId must be a non-negative long, got {ledger_id!r}")
@@ -147,6 +152,9 @@ def check_ledger(record: Mapping[str, Any], live: LiveLedger | None, now_ms: int
         return Decision(MISMATCH, f"record names znode {claimed!r}, ledger {ledger_id} lives at "
                                   f"{expected_path!r}")
     # Gone, or not Pulsar's: final whatever else the record says (so even an incomplete record gets its answer).
+    if live is None and not ever_seen:
+        return Decision(NOT_FOUND, f"no metadata znode at {expected_path} and no snapshot in these tables lists "
+                                   f"ledger {ledger_id}: check the id")
     if live is None:
         return Decision(ALREADY_GONE, f"no metadata znode at {expected_path}")
     if live.path != expected_path:

@@ -9,6 +9,7 @@ from typing import Any
 DELETED = "deleted"
 WOULD_DELETE = "would_delete"
 ALREADY_GONE = "already_gone"
+NOT_FOUND = "not_found"  # an operator-listed id no snapshot ever saw, with no znode (sweeper.delete.decide)
 IN_USE = "in_use"
 MISMATCH = "mismatch"
 INVALID = "invalid"
@@ -19,7 +20,7 @@ REFUSED = "refused"
 
 # Every outcome but `failed` settles the record: PIP-186 acknowledges in-use, gone and mismatched
 # records instead of retrying them, since retrying cannot change the answer.
-FINAL_OUTCOMES = frozenset({DELETED, WOULD_DELETE, ALREADY_GONE, IN_USE, MISMATCH, INVALID, REFUSED})
+FINAL_OUTCOMES = frozenset({DELETED, WOULD_DELETE, ALREADY_GONE, NOT_FOUND, IN_USE, MISMATCH, INVALID, REFUSED})
 
 
 @dataclass

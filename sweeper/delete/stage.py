@@ -93,6 +93,7 @@ class DeleteTarget:
     peer_security: ZkSecurity | None = None  # [pulsar]'s access settings, which reach the peers too
     offload_enabled: bool = False  # [offload] enabled: offloaded copies can be checked before a BookKeeper delete
     journal: Journal | None = None  # with execute: intents and outcomes, committed by the tasks chunk by chunk
+    never_seen: frozenset[int] = frozenset()  # operator-listed ids no snapshot lists: `not_found` when gone
 
 
 @dataclass
@@ -336,7 +337,7 @@ def delete_partition(items: Iterator[list[PendingRecord]], target: DeleteTarget)
                 managed_ledgers_root=target.ml_root, schemas_root=target.schemas_root, min_age_ms=target.min_age_ms,
                 now_ms=target.now_ms, execute=target.execute, batch_size=target.batch_size,
                 op_timeout_s=target.op_timeout_s, reader=reader, shadows=dict(target.shadows), rules=rules,
-                peers=peers, offload_check=offload_checker(target))
+                peers=peers, offload_check=offload_checker(target), never_seen=target.never_seen)
             finished += _run_records(deleter.process, ledgers, target, rng)
         by_bucket: dict[str, list[tuple[PendingRecord, dict[str, Any]]]] = {}
         for item, record in objects:
@@ -385,6 +386,25 @@ def _buckets(store: TableStore, config: SweeperConfig, run_id: str | None) -> tu
     return tuple(found[b] for b in sorted(found))
 
 
+def listed_ledger_ids(path: str | Path) -> set[int]:
+    """The BookKeeper ledger ids an operator's list names (offloaded copies are checked by their objects)."""
+    ids = set()
+    for entry in read_operator_list(path):
+        ledger_id = entry.get("ledgerId", entry.get("ledger_id"))
+        if entry.get("ledgerType", "LEDGER") == "LEDGER" and isinstance(ledger_id, int) \
+                and not isinstance(ledger_id, bool):
+            ids.add(ledger_id)
+    return ids
+
+
+def _never_seen(store: TableStore, ids: set[int]) -> frozenset[int]:
+    """Those of `ids` that no snapshot of the tables lists (all of them with no snapshot at all)."""
+    if not ids or not store.exists("bk_ledgers"):
+        return frozenset(ids)
+    seen = store.read_arrow("bk_ledgers", where={"ledger_id": frozenset(ids)}, columns=["ledger_id"])
+    return frozenset(ids - set(seen.column("ledger_id").to_pylist()))
+
+
 def _shadows(store: TableStore) -> tuple[tuple[str, tuple[str, ...]], ...] | None:
     """Shadow topics (PIP-180) seen by any snapshot, by source managed ledger; None with no snapshot at all.
 
@@ -428,6 +448,7 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
     lock: DeleteRunLock | None = None
     drain: TopicDrain | None = None
     journal: Journal | None = None
+    never_seen: frozenset[int] = frozenset()  # snapshots and the system topic name only ids Pulsar had
     try:
         layout = read_layout(client, config.bookkeeper.ledgers_root)
         if from_topic:
@@ -438,6 +459,7 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
         elif from_json is not None:
             inputs = records_from_json(from_json, client, config.bookkeeper.ledgers_root, layout)
             counts = {"from_json": len(inputs)}
+            never_seen = _never_seen(store, listed_ledger_ids(from_json))
             buckets = _buckets(store, config, None)
         else:
             _check_emitted(store, run_id)
@@ -514,7 +536,8 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
             endpoint_override=config.offload.endpoint_override, buckets=buckets, shadows=shadows or (),
             local_cluster=config.pulsar.cluster_name, zk_security=security, rules=acting_rules(config),
             peers=config.safety.peer_metadata, peer_security=pulsar_security(config),
-            offload_enabled=config.offload.enabled, journal=journal)
+            offload_enabled=config.offload.enabled, journal=journal,
+            never_seen=never_seen)
         rows: list[TaskRow] = []
         if inputs:
             parts = _partitions(spark, config, len(inputs))

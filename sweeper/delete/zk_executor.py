@@ -200,6 +200,7 @@ class LedgerDeleter:
         rules: ActingRules | None = None,
         peers: Sequence[tuple[str, LedgerDeleter]] = (),
         offload_check: OffloadCheck | None = None,
+        never_seen: frozenset[int] = frozenset(),
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -232,6 +233,8 @@ class LedgerDeleter:
         self.peers = tuple(peers)
         # (bucket, region, endpoint, keys, managed ledger) -> why the offloaded copy is not whole, or None.
         self.offload_check = offload_check
+        # Operator-listed ids that no snapshot of the tables lists: with no znode either, a likely typo.
+        self.never_seen = never_seen
 
     # ---- the whole job ---------------------------------------------------------------------
 
@@ -341,7 +344,8 @@ class LedgerDeleter:
                 return result_for(record, INVALID, decide.unreadable("ledger metadata", exc), zk_path=path,
                                   zk_version=stat.version)
         version = live.zk_version if live else None
-        early = decide.check_ledger(record, live, self._now(), self.min_age_ms, path)
+        early = decide.check_ledger(record, live, self._now(), self.min_age_ms, path,
+                                    ever_seen=ledger_id not in self.never_seen)
         if early is not None:
             return result_for(record, early.outcome, early.detail, zk_path=path, zk_version=version)
         assert live is not None
