@@ -15,7 +15,7 @@ from sweeper.sandbox import PORT_SPAN, sandbox_down
 from sweeper.sandbox.model import SandboxSpec, build_cluster
 from sweeper.sandbox.seed import seed_zookeeper
 from sweeper.zkserver import free_port, free_port_block
-from tests.conftest import ZkTarget
+from tests.conftest import SHORT_LIVED_SPARK_ENV, ZkTarget
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -142,7 +142,8 @@ def _sweep_killed_mid_run(args: list[str], tables: Path, run_id: str, log: Path)
     with open(log, "ab") as err:
         proc = subprocess.Popen([sys.executable, "-m", "sweeper.cli", "sweep", "--sandbox", *args, "--run-id", run_id],
                                 cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
-                                env={**os.environ, "SWEEPER_LOG_FILE": str(log.with_suffix(".jvm.log"))})
+                                env={**os.environ, **SHORT_LIVED_SPARK_ENV,
+                                     "SWEEPER_LOG_FILE": str(log.with_suffix(".jvm.log"))})
     deadline = time.monotonic() + 120
     while proc.poll() is None and len(list(commits.glob("*.json"))) == before and time.monotonic() < deadline:
         time.sleep(0.05)

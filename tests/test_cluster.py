@@ -27,6 +27,7 @@ from sweeper.layout import LedgerLayout, ledger_path
 from sweeper.sandbox import PORT_SPAN, SandboxSpec, build_cluster, s3_endpoint, sandbox_down
 from sweeper.spark_standalone import StandaloneCluster, start_cluster, stop_cluster
 from sweeper.zkserver import free_port_block
+from tests.conftest import SHORT_LIVED_JVM
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -71,7 +72,9 @@ def test_sandbox_sweep_on_a_standalone_cluster_with_tables_on_s3(spark_cluster: 
            "SPARK_SUBMIT": str(VENV_BIN / "spark-submit"), "PYSPARK_PYTHON": sys.executable,
            "SWEEPER_BUILD_DIR": str(tmp_path / "build"), "PYTHONPATH": "", "TMPDIR": str(driver_dir),
            "SPARK_EXTRA_ARGS": "--conf spark.executor.memory=768m --conf spark.driver.memory=1g "
-                               "--conf spark.ui.enabled=false --conf spark.executor.cores=1"}
+                               "--conf spark.ui.enabled=false --conf spark.executor.cores=1 "
+                               f"--conf spark.driver.extraJavaOptions={SHORT_LIVED_JVM} "
+                               f"--conf spark.executor.extraJavaOptions={SHORT_LIVED_JVM}"}
     port = free_port_block(PORT_SPAN)
     try:
         done = subprocess.run(

@@ -33,7 +33,7 @@ from sweeper.config import SweeperConfig
 from sweeper.delete.stage import FAILPOINT_BEFORE_OUTCOMES_ENV
 from sweeper.layout import ledger_path
 from sweeper.sandbox.model import SandboxSpec
-from tests.conftest import ZkTarget
+from tests.conftest import SHORT_LIVED_SPARK_ENV, ZkTarget
 from tests.test_delete_stage import _planned
 from tests.test_emit import Broker
 
@@ -112,7 +112,8 @@ def test_delete_killed_at_random_points_leaves_every_deletion_on_record(
             [sys.executable, "-m", "sweeper.cli", "delete", "--execute", "--config", str(config_file),
              "--run-id", run_id],
             cwd=REPO, stdout=subprocess.PIPE, stderr=open(log, "ab"), start_new_session=True,  # noqa: SIM115
-            env={**os.environ, "SWEEPER_LOG_FILE": str(tmp_path / "sweeper.log"), FAILPOINT_BEFORE_OUTCOMES_ENV: "0.4"})
+            env={**os.environ, **SHORT_LIVED_SPARK_ENV, "SWEEPER_LOG_FILE": str(tmp_path / "sweeper.log"),
+                 FAILPOINT_BEFORE_OUTCOMES_ENV: "0.4"})
         if how is not None:
             # A random point: after a random number of journal commits of this attempt, plus a random delay; or
             # a random time, whichever comes first (an attempt with little left may finish before either).

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from sweeper.sandbox import PORT_SPAN, sandbox_down
 from sweeper.zkserver import free_port_block
+from tests.conftest import SHORT_LIVED_JVM
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -52,7 +53,8 @@ def test_spark_submit_runs_a_sandbox_sweep_and_reports_exit_codes(tmp_path: Path
     # Without the fetched jars: the delta-rs engine under spark-submit (tests/test_cluster.py runs delta-spark).
     env = {**os.environ, "SPARK_MASTER": "local[2]", "DELTA_JARS": "", "S3A_JARS": "",
            "SPARK_SUBMIT": str(VENV_BIN / "spark-submit"), "PYSPARK_PYTHON": sys.executable,
-           "SWEEPER_BUILD_DIR": str(tmp_path / "build")}
+           "SWEEPER_BUILD_DIR": str(tmp_path / "build"),
+           "SPARK_EXTRA_ARGS": f"--conf spark.driver.extraJavaOptions={SHORT_LIVED_JVM}"}
     submit = [str(REPO / "spark-submit.sh")]
 
     unknown = subprocess.run([*submit, "no-such-stage"], env=env, capture_output=True, text=True)
