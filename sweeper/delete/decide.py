@@ -152,6 +152,9 @@ def check_ledger(record: Mapping[str, Any], live: LiveLedger | None, now_ms: int
         return Decision(MISMATCH, f"record names znode {claimed!r}, ledger {ledger_id} lives at "
                                   f"{expected_path!r}")
     # Gone, or not Pulsar's: final whatever else the record says (so even an incomplete record gets its answer).
+    # No znode means no ledger to BookKeeper (AbstractZkLedgerManager.readLedgerMetadata answers
+    # NoSuchLedgerExistsOnMetadataServerException; removeLedgerMetadata deletes the znode). Whether that is
+    # someone's delete or an id that never existed, only our snapshots can tell.
     if live is None and not ever_seen:
         return Decision(NOT_FOUND, f"no metadata znode at {expected_path} and no snapshot in these tables lists "
                                    f"ledger {ledger_id}: check the id")
