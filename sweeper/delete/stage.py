@@ -194,11 +194,13 @@ def read_operator_list(path: str | Path) -> list[Mapping[str, Any]]:
     return out
 
 
-def records_from_json(path: str | Path, client: Any, ledgers_root: str, layout: LedgerLayout) -> list[PendingRecord]:
-    """An operator's list: full PendingDeleteLedgerInfo objects, or `{"ledgerId": N}` completed from the
-    ledger's own metadata (its ownership then only decides the referrer to check; every other rule holds)."""
+def records_from_json(entries: list[Mapping[str, Any]], client: Any, ledgers_root: str,
+                      layout: LedgerLayout) -> list[PendingRecord]:
+    """An operator's list (read_operator_list): full PendingDeleteLedgerInfo objects, or `{"ledgerId": N}`
+    completed from the ledger's own metadata (its ownership then only decides the referrer to check; every
+    other rule holds)."""
     out: list[PendingRecord] = []
-    for n, entry in enumerate(read_operator_list(path)):
+    for n, entry in enumerate(entries):
         record = dict(entry) if "ledgerType" in entry else _record_from_metadata(entry, client, ledgers_root, layout)
         try:
             payload = pending_delete.encode({**_RECORD_DEFAULTS, **record})
@@ -386,10 +388,10 @@ def _buckets(store: TableStore, config: SweeperConfig, run_id: str | None) -> tu
     return tuple(found[b] for b in sorted(found))
 
 
-def listed_ledger_ids(path: str | Path) -> set[int]:
+def listed_ledger_ids(entries: list[Mapping[str, Any]]) -> set[int]:
     """The BookKeeper ledger ids an operator's list names (offloaded copies are checked by their objects)."""
     ids = set()
-    for entry in read_operator_list(path):
+    for entry in entries:
         ledger_id = entry.get("ledgerId", entry.get("ledger_id"))
         if entry.get("ledgerType", "LEDGER") == "LEDGER" and isinstance(ledger_id, int) \
                 and not isinstance(ledger_id, bool):
@@ -457,9 +459,10 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
             counts = {"from_topic": len(drain.messages)}
             buckets = _buckets(store, config, None)
         elif from_json is not None:
-            inputs = records_from_json(from_json, client, config.bookkeeper.ledgers_root, layout)
+            listed = read_operator_list(from_json)
+            inputs = records_from_json(listed, client, config.bookkeeper.ledgers_root, layout)
             counts = {"from_json": len(inputs)}
-            never_seen = _never_seen(store, listed_ledger_ids(from_json))
+            never_seen = _never_seen(store, listed_ledger_ids(listed))
             buckets = _buckets(store, config, None)
         else:
             _check_emitted(store, run_id)
