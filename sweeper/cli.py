@@ -21,8 +21,8 @@ from sweeper import config as config_mod
 from sweeper.config import ConfigError, SweeperConfig
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED, EXIT_PARTIAL = 0, 1, 2, 3, 4
+DEFAULT_PORT = 21810  # the sandbox's (sweeper.sandbox.DEFAULT_PORT; the CLI does not import the harness to parse)
 EXIT_INTERRUPTED = 130  # SIGINT or SIGTERM: stopped, what was done is on record
-DEFAULT_CONFIG = "conf/local.toml"
 
 
 def strict(cfg: SweeperConfig) -> SweeperConfig:
@@ -35,11 +35,31 @@ def strict(cfg: SweeperConfig) -> SweeperConfig:
                 "deletes_per_second": min(cfg.delete.deletes_per_second, 50.0)})
 
 
+# Commands that only read tables may run outside a checkout with just --tables; every other one needs a config.
+_READ_ONLY = {"runs", "show", "dlq"}
+_said_config: list[str] = []  # once per command, however many times its parts load the config
+
+
+def _config_choice(args: argparse.Namespace) -> config_mod.ConfigChoice:
+    home = getattr(args, "home", None) if args.command in ("sandbox", "sweep") else None
+    sandbox_config = Path(home) / "sweeper.toml" if home else config_mod.SANDBOX_CONFIG
+    return config_mod.find_config(args.config, sandbox_config=sandbox_config)
+
+
 def _load_config(args: argparse.Namespace) -> SweeperConfig:
-    path = args.config
-    if path is None and Path(DEFAULT_CONFIG).exists():
-        path = DEFAULT_CONFIG
-    cfg = config_mod.load(path)
+    choice = _config_choice(args)
+    if choice.path is None and not (args.command in _READ_ONLY and getattr(args, "tables", None)):
+        raise ConfigError(f"no config found (searched {config_mod.search_order()}): pass --config PATH "
+                          "(conf/cluster.example.toml is a template) or run `sweeper sandbox up` for the sandbox")
+    if choice.path is None:
+        # A read of named tables: only the root matters, none of the cluster settings a stage would check.
+        import dataclasses
+
+        return SweeperConfig(tables=dataclasses.replace(SweeperConfig().tables, root=args.tables))
+    if not _said_config and args.command not in _READ_ONLY:
+        print(choice.describe(), flush=True)  # which cluster a command acts on is never a guess
+        _said_config.append(str(choice.path))
+    cfg = config_mod.load(choice.path)
     if getattr(args, "strict", False):
         cfg = strict(cfg)
     overrides: dict[str, dict[str, object]] = {}
@@ -74,9 +94,10 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
 
     home = Path(args.home)
     if args.action == "up":
-        info = sandbox_up(home, port=args.port)
+        info = sandbox_up(home, port=args.port or DEFAULT_PORT)
+        written = _write_sandbox_config(args)
         print(f"ZooKeeper sandbox serving on {info.connect_string} (pid {info.pid}, data {info.data_dir}); "
-              f"S3 on {s3_endpoint(home)}")
+              f"S3 on {s3_endpoint(home)}; every command finds its config in {written}")
         return EXIT_OK
     if args.action == "status":
         from sweeper.sandbox import sandbox_status
@@ -99,10 +120,17 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
                   f"{wiped}")
         return EXIT_OK
     if args.action == "seed":
+        from sweeper.errors import UsageError
         from sweeper.zkserver import running_server
 
-        running_server(home / "zookeeper")  # its ServerClock, so ledger znodes get their past creation times
-        cfg = _load_config(args)
+        # The sandbox's own ZooKeeper (under its ServerClock, so ledger znodes get their past creation times).
+        running = running_server(home / "zookeeper")
+        if running is None:
+            raise UsageError(f"no sandbox runs in {home}: `sweeper sandbox up{_port_flag(args)}` first")
+        if args.port is not None and args.port != running.port:
+            raise UsageError(f"--port {args.port}: the sandbox in {home} serves ZooKeeper on {running.port}; drop "
+                             f"--port, or `sweeper sandbox down` and `up --port {args.port}`")
+        cfg = _load_config(args).replace(bookkeeper={"zookeeper": running.connect_string}, pulsar={"zookeeper": ""})
         spec = SandboxSpec(
             seed=args.seed,
             topics=args.topics,
@@ -119,6 +147,19 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
         _print_counts("ground truth:", seeded.cluster.counts())
         return EXIT_OK
     raise AssertionError(args.action)
+
+
+def _port_flag(args: argparse.Namespace) -> str:
+    return f" --port {args.port}" if getattr(args, "port", None) else ""
+
+
+def _write_sandbox_config(args: argparse.Namespace) -> Path:
+    """The sandbox's `sweeper.toml`, made from --config or the checkout's conf/local.toml (never from
+    $SWEEPER_CONFIG, which may name a production cluster) with the running sandbox's ports."""
+    from sweeper.sandbox import write_sandbox_config
+
+    base = args.config or (str(config_mod.CHECKOUT_CONFIG) if config_mod.CHECKOUT_CONFIG.exists() else None)
+    return write_sandbox_config(Path(args.home), config_mod.load(base))
 
 
 def _session(cfg: SweeperConfig) -> tuple[Any, Any]:
@@ -435,7 +476,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         from sweeper.sandbox import SandboxError, s3_endpoint, sandbox_up
         from sweeper.sandbox.pulsar import running_pulsar
 
-        info = sandbox_up(Path(args.home), port=args.port)
+        info = sandbox_up(Path(args.home), port=args.port or DEFAULT_PORT)
+        _write_sandbox_config(args)
         args.zookeeper = args.zookeeper or info.connect_string
         args.s3_endpoint = s3_endpoint(Path(args.home))
         pulsar = running_pulsar(Path(args.home) / "pulsar")
@@ -444,7 +486,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"sandbox: ZooKeeper on {info.connect_string}, S3 on {args.s3_endpoint}, Pulsar on "
               f"{pulsar.service_url if pulsar else '-'}")
         try:
-            cmd_sandbox(argparse.Namespace(**{**vars(args), "action": "seed"}))
+            cmd_sandbox(argparse.Namespace(**{**vars(args), "action": "seed", "port": None}))
         except SandboxError as exc:
             print(f"sandbox: {exc}; scanning what is there")
         _sandbox_table_bucket(args)
@@ -477,13 +519,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--config", help=f"TOML config (default: {DEFAULT_CONFIG} when present)")
+        p.add_argument("--config", help="TOML config (default: $SWEEPER_CONFIG, else the sandbox's "
+                                        "var/sandbox/sweeper.toml, else conf/local.toml; the one used is printed)")
         p.add_argument("-v", "--verbose", action="store_true",
                        help="Spark's, the JVM's and the libraries' output on the terminal instead of the log file")
 
     def sandbox_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--home", default="var/sandbox", help="sandbox state directory")
-        p.add_argument("--port", type=int, default=21810, help="ZooKeeper port for `up`")
+        p.add_argument("--port", type=int, default=None,
+                       help=f"ZooKeeper port for `up` (default {DEFAULT_PORT}); S3 and the Pulsar endpoint take the "
+                            "three after it. `seed` uses the running sandbox's")
         p.add_argument("--topics", type=int, default=200, help="topics in the seeded sandbox cluster (default 200)")
         p.add_argument("--seed", type=int, default=7,
                        help="random seed of the sandbox cluster: the same seed seeds the same cluster (default 7)")
@@ -719,6 +764,7 @@ def _run(args: argparse.Namespace) -> int:
     from sweeper.errors import Refused, UsageError
     from sweeper.tables import DeltaSparkUnavailableError, TableStorageUnavailableError
 
+    _said_config.clear()
     try:
         return int(args.func(args))
     except (ConfigError, DeltaSparkUnavailableError, TableStorageUnavailableError) as exc:

@@ -447,3 +447,55 @@ def load(path: str | Path | None) -> SweeperConfig:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {target} is not valid TOML: {exc}") from exc
     return from_dict(data)
+
+
+# Where a command finds its config when none is named (docs/operations.md, README): the operator's choice first,
+# then the sandbox a `sweeper sandbox up` started (its ports may not be the defaults), then the checkout's.
+CONFIG_ENV = "SWEEPER_CONFIG"
+SANDBOX_CONFIG = Path("var/sandbox/sweeper.toml")
+CHECKOUT_CONFIG = Path("conf/local.toml")
+
+
+@dataclass(frozen=True)
+class ConfigChoice:
+    path: Path | None  # None: nothing found, only built-in defaults
+    source: str  # how it was found, in words
+
+    def describe(self) -> str:
+        return f"config: {self.path} ({self.source})" if self.path else "config: none found (built-in defaults)"
+
+
+def search_order(sandbox_config: Path = SANDBOX_CONFIG) -> str:
+    return f"--config PATH, then ${CONFIG_ENV}, then {sandbox_config} (written by `sweeper sandbox up`), then " \
+           f"{CHECKOUT_CONFIG}"
+
+
+def find_config(explicit: str | Path | None, environ: dict[str, str] | None = None,
+                sandbox_config: Path = SANDBOX_CONFIG) -> ConfigChoice:
+    """The config a command uses, by the documented search order. A named file that does not exist is not
+    skipped: `load` refuses it, so a typo never falls through to another cluster's config."""
+    import os
+
+    env = os.environ if environ is None else environ
+    if explicit:
+        return ConfigChoice(Path(explicit), "from --config")
+    if env.get(CONFIG_ENV):
+        return ConfigChoice(Path(env[CONFIG_ENV]), f"from ${CONFIG_ENV}")
+    if sandbox_config.exists():
+        return ConfigChoice(sandbox_config, "the running sandbox's, written by `sweeper sandbox up`")
+    if CHECKOUT_CONFIG.exists():
+        return ConfigChoice(CHECKOUT_CONFIG, "the checkout's")
+    return ConfigChoice(None, "")
+
+
+def to_toml(config: SweeperConfig, header: str = "") -> str:
+    """The whole config as TOML that `load` reads back to an equal config (every value is a str, number, bool or
+    list of str; JSON's string escapes are a subset of TOML's basic strings')."""
+    lines = [f"# {line}" for line in header.splitlines()]
+    for section, values in config.to_dict().items():
+        lines.append(f"\n[{section}]")
+        for key, value in values.items():
+            if value is None:
+                continue
+            lines.append(f"{key} = {json.dumps(list(value) if isinstance(value, tuple) else value)}")
+    return "\n".join(lines).lstrip("\n") + "\n"

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sweeper import zk as zkutil
+from sweeper.config import SweeperConfig, to_toml
 from sweeper.lifecycle import pid_alive, wait_ports_free
 from sweeper.offload import S3Target, s3_client
 from sweeper.s3server import S3ServerInfo, start_s3, stop_s3
@@ -34,7 +35,10 @@ __all__ = [
     "sandbox_down",
     "sandbox_up",
     "seed_sandbox",
+    "write_sandbox_config",
 ]
+
+CONFIG_FILE = "sweeper.toml"  # in the sandbox home: what every command finds (sweeper.config.find_config)
 
 
 class SandboxError(RuntimeError):
@@ -88,6 +92,31 @@ def sandbox_up(home: str | Path = DEFAULT_HOME, port: int = DEFAULT_PORT,
     if needs_pulsar:
         start_pulsar(Path(home) / "pulsar", info.port + 2, info.port + 3, register_zookeeper=info.connect_string)
     return info
+
+
+def write_sandbox_config(home: str | Path, base: SweeperConfig) -> Path:
+    """`base` pointed at the sandbox running in `home` (its ZooKeeper, S3 and Pulsar endpoint ports), written to
+    `home/sweeper.toml`, so every command reaches a sandbox started with any `--port` without a hand-written
+    config. Rewritten on every `up`: the ports are whatever runs now."""
+    home = Path(home)
+    zk = running_server(home / "zookeeper")
+    if zk is None:
+        raise SandboxError(f"no sandbox ZooKeeper runs in {home}: `sweeper sandbox up` first")
+    sections: dict[str, dict[str, object]] = {
+        "bookkeeper": {"zookeeper": zk.connect_string},
+        "pulsar": {"zookeeper": "", "cluster_name": base.pulsar.cluster_name or "sandbox"},
+    }
+    s3 = s3_endpoint(home)
+    if s3:
+        sections["offload"] = {"endpoint_override": s3}
+    pulsar = running_pulsar(home / "pulsar")
+    if pulsar is not None:
+        sections["system_topic"] = {"service_url": pulsar.service_url, "admin_url": pulsar.admin_url}
+    target = home / CONFIG_FILE
+    target.write_text(to_toml(base.replace(**sections), header=(
+        f"Written by `sweeper sandbox up` for the sandbox in {home} (ZooKeeper {zk.connect_string}); rewritten on\n"
+        "every `up`. Commands find it after --config and $SWEEPER_CONFIG: edit the config it was made from instead.")))
+    return target
 
 
 def _require_free(port: int, what: str, wait_s: float = 0.0) -> None:
