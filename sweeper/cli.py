@@ -60,6 +60,8 @@ def _load_config(args: argparse.Namespace) -> SweeperConfig:
         print(choice.describe(), flush=True)  # which cluster a command acts on is never a guess
         _said_config.append(str(choice.path))
     cfg = config_mod.load(choice.path)
+    if args.command not in _READ_ONLY and args.command != "testbed":
+        _check_credentials(cfg)
     if getattr(args, "strict", False):
         cfg = strict(cfg)
     overrides: dict[str, dict[str, object]] = {}
@@ -147,6 +149,20 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
         _print_counts("ground truth:", seeded.cluster.counts())
         return EXIT_OK
     raise AssertionError(args.action)
+
+
+def _check_credentials(cfg: SweeperConfig) -> None:
+    """Every secret the config names is read now, before Spark starts: an unset variable or an unreadable file is
+    the operator's configuration (exit 2, in a second), not a refusal 20 seconds into a run."""
+    from sweeper.system_topic import SystemTopicError, read_token
+    from sweeper.zksecurity import bookkeeper_security, pulsar_security
+
+    bookkeeper_security(cfg)
+    pulsar_security(cfg)
+    try:
+        read_token(cfg.system_topic)
+    except SystemTopicError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _port_flag(args: argparse.Namespace) -> str:

@@ -14,3 +14,6 @@ class PendingRecord:
     origin_run_id: str | None
     attempts_before: int
     payload: bytes  # the Avro record, decoded (and validated) by the executors
+    # An operator's entry that is no PendingDeleteLedgerInfo at all (say, a component Pulsar never writes): why,
+    # so its `invalid` outcome names the field instead of an Avro decoder's complaint about its own bytes.
+    unencodable: str = ""

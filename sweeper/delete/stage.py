@@ -202,12 +202,18 @@ def records_from_json(entries: list[Mapping[str, Any]], client: Any, ledgers_roo
     out: list[PendingRecord] = []
     for n, entry in enumerate(entries):
         record = dict(entry) if "ledgerType" in entry else _record_from_metadata(entry, client, ledgers_root, layout)
+        unencodable = ""
         try:
             payload = pending_delete.encode({**_RECORD_DEFAULTS, **record})
-        except Exception:  # the delete path reports it as invalid, with the reason
+        except Exception as exc:  # the delete path reports it as invalid, with the reason
             payload = json.dumps(record, default=str).encode()
+            try:
+                pending_delete.validate({**_RECORD_DEFAULTS, **record})
+                unencodable = f"entry {n} is not a PendingDeleteLedgerInfo: {exc}"
+            except pending_delete.InvalidPendingDelete as invalid:
+                unencodable = f"entry {n}: {invalid}"
         out.append(PendingRecord(f"json/{n}/{record.get('ledgerType')}/{record.get('ledgerId')}", SOURCE_JSON, None,
-                                 0, payload))
+                                 0, payload, unencodable))
     return out
 
 
@@ -244,6 +250,8 @@ def _record_from_metadata(entry: Mapping[str, Any], client: Any, ledgers_root: s
 
 def _decode(item: PendingRecord) -> tuple[dict[str, Any] | None, str | None]:
     """Well-formed Avro only: the executors validate the fields themselves, after "gone" and "not Pulsar's"."""
+    if item.unencodable:
+        return None, f"malformed: {item.unencodable}"
     try:
         return pending_delete.decode(item.payload, check=False), None
     except pending_delete.InvalidPendingDelete as exc:

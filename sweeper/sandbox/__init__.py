@@ -13,6 +13,7 @@ from pathlib import Path
 
 from sweeper import zk as zkutil
 from sweeper.config import SweeperConfig, to_toml
+from sweeper.errors import Refused
 from sweeper.lifecycle import pid_alive, wait_ports_free
 from sweeper.offload import S3Target, s3_client
 from sweeper.s3server import S3ServerInfo, start_s3, stop_s3
@@ -41,8 +42,8 @@ __all__ = [
 CONFIG_FILE = "sweeper.toml"  # in the sandbox home: what every command finds (sweeper.config.find_config)
 
 
-class SandboxError(RuntimeError):
-    pass
+class SandboxError(Refused):
+    """The sandbox cannot start as asked (a taken port, no running part): exit 3 with the fix named."""
 
 
 @dataclass(frozen=True)
