@@ -38,6 +38,7 @@ def strict(cfg: SweeperConfig) -> SweeperConfig:
 # Commands that only read tables may run outside a checkout with just --tables; every other one needs a config.
 _READ_ONLY = {"runs", "show", "dlq"}
 _said_config: list[str] = []  # once per command, however many times its parts load the config
+_heartbeat: list[Any] = []  # the running command's (sweeper.progress.Heartbeat), told of the Spark session
 
 
 def _config_choice(args: argparse.Namespace) -> config_mod.ConfigChoice:
@@ -184,7 +185,11 @@ def _session(cfg: SweeperConfig) -> tuple[Any, Any]:
 
     # Spark's own progress bar, on a terminal only: a scheduler's log wants the per-stage lines.
     progress = {"spark.ui.showConsoleProgress": "true"} if sys.stderr.isatty() else {}
+    print(f"[spark] starting a session ({cfg.spark.master or 'local[*]'}); its own output goes to the log file",
+          flush=True)
     spark = get_spark(cfg.spark.app_name, master=cfg.spark.master or None, conf=progress)
+    for heartbeat in _heartbeat:
+        heartbeat.spark = spark
     store = open_table_store(cfg.tables.root, spark, engine=cfg.tables.engine,
                              s3_endpoint=cfg.tables.s3_endpoint, s3_region=cfg.tables.s3_region)
     return spark, store
@@ -239,7 +244,11 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     print(f"snapshot {result.run_id}: layout {result.layout}, {result.units} scan units, "
           f"{result.duration_s:.1f}s ({result.ledgers_per_second:,.0f} ledgers/s scanned), engine {store.engine}")
     print(f"ZooKeeper load: {zk_load(result.counts)}")
-    _print_counts("rows written:", result.counts)
+    from sweeper.table_schemas import SNAPSHOT_TABLES
+
+    tables = {k: v for k, v in result.counts.items() if k in SNAPSHOT_TABLES or k == "quarantine"}
+    _print_counts("rows written per table:", tables)
+    _print_counts("other counts:", {k: v for k, v in result.counts.items() if k not in tables})
     if args.json:
         print(json.dumps({"run_id": result.run_id, "counts": result.counts, "versions": result.versions}))
     return EXIT_OK
@@ -778,11 +787,18 @@ def _stop_on_signals() -> list[str]:
 
 def _run(args: argparse.Namespace) -> int:
     from sweeper.errors import Refused, UsageError
+    from sweeper.progress import Heartbeat
     from sweeper.tables import DeltaSparkUnavailableError, TableStorageUnavailableError
 
     _said_config.clear()
+    _heartbeat.clear()
     try:
-        return int(args.func(args))
+        if args.command in _READ_ONLY:
+            return int(args.func(args))
+        # A stage is silent for tens of seconds at a time: a line at least every 10 s, terminal or not.
+        with Heartbeat().running() as heartbeat:
+            _heartbeat.append(heartbeat)
+            return int(args.func(args))
     except (ConfigError, DeltaSparkUnavailableError, TableStorageUnavailableError) as exc:
         # A missing jar is a setup problem: its message names the jar and how to get it.
         print(f"configuration error: {exc}", file=sys.stderr)

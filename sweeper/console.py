@@ -110,6 +110,24 @@ def run_summaries(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: r["started"], reverse=True)
 
 
+_BYTE_UNITS = ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def human_bytes(n: float | None) -> str:
+    """`113,927,136` as `108.6 MiB`: binary units, as Pulsar's and BookKeeper's own tools print sizes."""
+    value = float(n or 0)
+    unit = 0
+    while abs(value) >= 1024 and unit < len(_BYTE_UNITS) - 1:
+        value /= 1024
+        unit += 1
+    return f"{int(value):,} bytes" if unit == 0 else f"{value:,.1f} {_BYTE_UNITS[unit]}"
+
+
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """`1 orphan`, `2 orphans` (with `many` for words whose plural is not word + s)."""
+    return f"{count:,} {word if count == 1 else many or word + 's'}"
+
+
 def human_duration(seconds: float) -> str:
     seconds = max(0, round(seconds))
     hours, rest = divmod(seconds, 3600)

@@ -18,6 +18,7 @@ from pyspark.sql import SparkSession
 
 from sweeper import runs
 from sweeper.config import SweeperConfig
+from sweeper.console import human_bytes, plural
 from sweeper.delete.lock import RunLockHeld
 from sweeper.delete.stage import DeleteRefused, DeleteRunResult, run_delete
 from sweeper.emit import EmitFailed, EmitRefused, EmitResult, run_emit
@@ -145,20 +146,36 @@ def retention_stage(spark: SparkSession, config: SweeperConfig, store: TableStor
 def retention_summary(result: RetentionDebtResult, log: Any = print, top: int = 10) -> None:
     """Reclaimable bytes by cause, the sweep report's retention lines."""
     c = result.counts
-    idle = sum(c.get(f"cursor.{s}", 0) for s in ("candidate", "idle", "protected", "out_of_scope", "unknown"))
-    log(f"[retention] {c.get('topic.candidate', 0):>10,} unloaded topics hold {c.get('bytes.expired_unloaded', 0):,} "
-        f"bytes past retention (`sweeper retention --execute` loads them); {idle:,} idle cursors pin "
-        f"{c.get('bytes.idle_cursor', 0):,} bytes ({c.get('cursor.candidate', 0):,} subscriptions past [retention] "
-        f"cursor_idle_days); {c.get('topic.unknown', 0):,} topics unknown; {c.get('bytes.awaiting_broker', 0):,} "
-        f"bytes await a loaded broker's trim; {c.get('topic.protected', 0):,} topics and "
-        f"{c.get('cursor.protected', 0):,} idle cursors protected (never acted on); "
-        f"in {result.duration_s:.1f}s")
+    log(f"[retention] {plural(c.get('topic.candidate', 0), 'unloaded topic'):>24} hold "
+        f"{human_bytes(c.get('bytes.expired_unloaded', 0))} past retention (`sweeper retention --execute` loads "
+        f"them) in {result.duration_s:.1f}s")
+    log(f"            {plural(idle_cursors(c), 'idle cursor')} pin {human_bytes(c.get('bytes.idle_cursor', 0))} "
+        f"({plural(c.get('cursor.candidate', 0), 'subscription')} past [retention] cursor_idle_days); "
+        f"{plural(c.get('topic.unknown', 0), 'topic')} unknown; {human_bytes(c.get('bytes.awaiting_broker', 0))} "
+        f"await a loaded broker's trim; {plural(c.get('topic.protected', 0), 'topic')} and "
+        f"{plural(c.get('cursor.protected', 0), 'idle cursor')} protected (never acted on)")
     rows = [r for r in result.report if r["total_bytes"]]
     if rows:
-        log("reclaimable bytes by cause (orphans | expired, unloaded | idle cursors):")
-        for r in rows[:top]:
-            log(f"  {r['tenant']}/{r['namespace']}: {r['orphan_bytes']:,} | {r['expired_unloaded_bytes']:,} | "
-                f"{r['idle_cursor_bytes']:,}  (total {r['total_bytes']:,})")
+        shown = rows[:top]
+        width = max(len(f"{r['tenant']}/{r['namespace']}") for r in shown)
+        log(f"reclaimable by cause:\n  {'tenant/namespace':<{width}}  {'orphans':>10}  {'expired, unloaded':>17}  "
+            f"{'idle cursors':>12}  {'total':>10}")
+        for r in shown:
+            log(f"  {r['tenant'] + '/' + r['namespace']:<{width}}  {_size(r['orphan_bytes']):>10}  "
+                f"{_size(r['expired_unloaded_bytes']):>17}  {_size(r['idle_cursor_bytes']):>12}  "
+                f"{_size(r['total_bytes']):>10}")
+
+
+def _size(n: int | None) -> str:
+    return human_bytes(n) if n else "-"
+
+
+_IDLE_CURSOR_STATUSES = ("candidate", "idle", "protected", "out_of_scope", "unknown")
+
+
+def idle_cursors(counts: dict[str, int]) -> int:
+    """Every idle cursor the retention step found, whatever its status (the sweep's line and table agree)."""
+    return sum(counts.get(f"cursor.{status}", 0) for status in _IDLE_CURSOR_STATUSES)
 
 
 def emit_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str) -> EmitResult:
@@ -220,8 +237,8 @@ def export_metrics(config: SweeperConfig, result: SweepResult, log: Any = print)
 _SUMMARY_KEYS = {
     "snapshot": ("bk_ledgers", "managed_ledgers", "quarantine", "pending_deletes"),
     "reconcile": ("candidate", "young", "unknown", "missing", "stale_pointer", "other_cluster", "protected"),
-    "retention_debt": ("topic.candidate", "topic.unknown", "cursor.candidate", "cursor.idle", "bytes.expired_unloaded",
-                       "bytes.idle_cursor"),
+    "retention_debt": ("topic.candidate", "topic.unknown", "idle_cursors", "cursor.candidate",
+                       "bytes.expired_unloaded", "bytes.idle_cursor"),
     "emit": ("published", "already_published"),
     "delete": ("deleted", "would_delete", "in_use", "refused", "failed", "queued_for_retry"),
 }
@@ -229,10 +246,14 @@ _SUMMARY_KEYS = {
 
 def summary_table(result: SweepResult) -> list[str]:
     """The run at a glance: one row per stage that ran, with its time and main counts."""
-    lines = [f"{'stage':<10} {'seconds':>8}  counts", f"{'-' * 10} {'-' * 8}  {'-' * 40}"]
+    width = max([len("stage"), *map(len, result.stages)])
+    lines = [f"{'stage':<{width}} {'seconds':>8}  counts", f"{'-' * width} {'-' * 8}  {'-' * 40}"]
     for stage, counts in result.stages.items():
-        shown = ", ".join(f"{k}={counts[k]:,}" for k in _SUMMARY_KEYS.get(stage, ()) if counts.get(k))
-        lines.append(f"{stage:<10} {counts.get('seconds', 0):>8.1f}  {shown or '-'}")
+        if stage == "retention_debt":
+            counts = {**counts, "idle_cursors": idle_cursors(counts)}
+        shown = ", ".join(f"{k}={human_bytes(counts[k]) if k.startswith('bytes.') else format(counts[k], ',')}"
+                          for k in _SUMMARY_KEYS.get(stage, ()) if counts.get(k))
+        lines.append(f"{stage:<{width}} {counts.get('seconds', 0):>8.1f}  {shown or '-'}")
     return lines
 
 
@@ -244,6 +265,7 @@ def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: 
     if execute and until != "delete":
         raise ValueError(f"execute=True deletes, but until={until!r} stops before the delete")
     t0 = time.monotonic()
+    log("[snapshot] started: reading BookKeeper's and Pulsar's metadata")
     snap: SnapshotResult = run_snapshot(spark, config, store, run_id=run_id)
     result = SweepResult(snap.run_id)
     result.stages["snapshot"] = {"seconds": round(snap.duration_s, 1), **snap.counts}
@@ -253,6 +275,7 @@ def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: 
     log(f"            ZooKeeper: {zk_load(snap.counts)}")
     if until == "snapshot":
         return result
+    log(f"[reconcile] started on snapshot {snap.run_id}: gates, then the anti-joins")
     rec = reconcile_stage(spark, config, store, snap.run_id)
     result.stages["reconcile"] = {"seconds": round(rec.duration_s, 1), **rec.counts}
     log(f"[reconcile] {rec.counts.get('candidate', 0):>10,} candidates, {rec.counts.get('unknown', 0):,} unknown, "
@@ -270,15 +293,18 @@ def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: 
     if rec.report:
         log("top topics by reclaimable bytes:")
         for row in rec.report[:10]:
-            log(f"  {row['tenant']}/{row['namespace']}/{row['topic']}: {row['orphans']} orphans, "
-                f"{row['reclaimable_bytes'] or 0:,} bytes, oldest {row['max_age_days'] or 0:.0f} days")
+            log(f"  {row['tenant']}/{row['namespace']}/{row['topic']}: {plural(row['orphans'] or 0, 'orphan')}, "
+                f"{human_bytes(row['reclaimable_bytes'])}, oldest {plural(int(row['max_age_days'] or 0), 'day')}")
     pending = {k.split(".", 1)[1]: v for k, v in rec.counts.items() if k.startswith("pending_delete.")}
     if pending:
         log("pending deletes on the system topic: " + ", ".join(f"{v:,} {k}" for k, v in sorted(pending.items())))
+    log("[retention] started: retention debt (unloaded topics, idle cursors)")
     debt = retention_stage(spark, config, store, snap.run_id)
     result.stages["retention_debt"] = {"seconds": round(debt.duration_s, 1), **debt.counts}
     retention_summary(debt, log)
     if until in ("emit", "delete"):
+        log(f"[emit] started: marking {plural(rec.counts.get('candidate', 0), 'candidate')} on "
+            f"{config.system_topic.topic}")
         emitted = emit_stage(spark, config, store, snap.run_id)
         result.stages["emit"] = {"seconds": round(emitted.duration_s, 1), **emitted.counts}
         log(f"[emit]      {emitted.counts.get('published', 0):>10,} records published to "
@@ -287,6 +313,8 @@ def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: 
     else:
         log(f"dry run: {rec.counts.get('candidate', 0):,} candidates would be marked; nothing was published")
     if until == "delete":
+        log(f"[delete] started: {'re-verifying and deleting' if execute else 're-verifying (dry run)'} what was "
+            "marked")
         deleted = delete_stage(spark, config, store, snap.run_id, execute=execute)
         result.stages["delete"] = {"seconds": round(deleted.duration_s, 1), **deleted.counts}
         result.partial = is_partial(deleted)
