@@ -456,8 +456,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     os.environ.update(env)
     notebook = nbformat.read(source, as_version=4)
     out.parent.mkdir(parents=True, exist_ok=True)
-    print("audit: running notebooks/audit.ipynb" + (f" on run {args.run_id}" if args.run_id else
-                                                   " (a new snapshot and reconcile)") + "...", flush=True)
+    print("[audit] running notebooks/audit.ipynb" + (f" on run {args.run_id}" if args.run_id else
+                                                    " (a new snapshot and reconcile)") + "...", flush=True)
     try:
         NotebookClient(notebook, timeout=3600, kernel_name="python3",
                        resources={"metadata": {"path": str(source.parent)}}).execute()
@@ -549,18 +549,20 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("-v", "--verbose", action="store_true",
                        help="Spark's, the JVM's and the libraries' output on the terminal instead of the log file")
 
-    def sandbox_options(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--home", default="var/sandbox", help="sandbox state directory")
+    def sandbox_options(p: argparse.ArgumentParser, when: str = "") -> None:
+        p.add_argument("--home", default="var/sandbox", help=f"{when}sandbox state directory (default var/sandbox)")
         p.add_argument("--port", type=int, default=None,
-                       help=f"ZooKeeper port for `up` (default {DEFAULT_PORT}); S3 and the Pulsar endpoint take the "
-                            "three after it. `seed` uses the running sandbox's")
-        p.add_argument("--topics", type=int, default=200, help="topics in the seeded sandbox cluster (default 200)")
+                       help=f"{when}ZooKeeper port for `up` (default {DEFAULT_PORT}); S3 and the Pulsar endpoint take "
+                            "the three after it. `seed` uses the running sandbox's")
+        p.add_argument("--topics", type=int, default=200,
+                       help=f"{when}topics in the seeded sandbox cluster (default 200)")
         p.add_argument("--seed", type=int, default=7,
-                       help="random seed of the sandbox cluster: the same seed seeds the same cluster (default 7)")
+                       help=f"{when}random seed of the sandbox cluster: the same seed seeds the same cluster "
+                            "(default 7)")
         p.add_argument("--max-rollovers", type=int, default=6,
-                       help="most ledgers a sandbox topic rolled over to (default 6)")
+                       help=f"{when}most ledgers a sandbox topic rolled over to (default 6)")
         p.add_argument("--layout", default="hierarchical", choices=["flat", "hierarchical", "long_hierarchical"],
-                       help="BookKeeper ledger layout of the sandbox (default hierarchical)")
+                       help=f"{when}BookKeeper ledger layout of the sandbox (default hierarchical)")
 
     sandbox = sub.add_parser("sandbox", help="local ZooKeeper with a synthetic Pulsar cluster")
     sandbox.add_argument("action", choices=["up", "seed", "status", "down"],
@@ -674,7 +676,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep = sub.add_parser("sweep", help="run the pipeline stages in order")
     stage_options(sweep)
-    sandbox_options(sweep)
+    sandbox_options(sweep, when="with --sandbox: ")
     common(sweep)
     sweep.add_argument("--sandbox", action="store_true", help="start and seed the embedded sandbox first")
     sweep.add_argument("--until", default=None, choices=["snapshot", "reconcile", "emit", "delete"],

@@ -99,8 +99,10 @@ def _stage(store: TableStore, config: SweeperConfig, run_id: str, stage: str, bo
                             f"interrupted during {stage}; re-run the stage (or the sweep) to do it again")
         raise
     except Exception as exc:
-        runs.record(store, run_id, stage, runs.FAILED, started, {}, config, exc)
+        # The `runs` status and the exit code say the same thing: an escalated failure is a refusal in both.
         refusal = escalate(exc)
+        runs.record(store, run_id, stage, runs.FAILED if refusal is None else runs.REFUSED, started, {}, config,
+                    exc if refusal is None else str(refusal))
         if refusal is not None:
             raise StageRefused(str(refusal)) from exc
         raise

@@ -80,7 +80,7 @@ def test_sweep_on_the_sandbox_end_to_end(spark: SparkSession, tmp_path: Path,
         before, report = run_count(), tmp_path / "audit.ipynb"
         assert main(["audit", "--run-id", summary["run_id"], "--tables", str(tables), "--config",
                      str(REPO / "conf" / "local.toml"), "--out", str(report)]) == EXIT_OK
-        assert f"audit: running notebooks/audit.ipynb on run {summary['run_id']}" in capsys.readouterr().out
+        assert f"[audit] running notebooks/audit.ipynb on run {summary['run_id']}" in capsys.readouterr().out
         rendered = report.read_text()
         assert "nothing to reclaim: this run has no candidates" in rendered and '"output_type": "error"' not in rendered
         assert run_count() == before

@@ -55,3 +55,25 @@ def test_run_ids_sort_by_time() -> None:
     early = runs.new_run_id(datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC))
     late = runs.new_run_id(datetime(2026, 11, 25, tzinfo=UTC))
     assert early.startswith("20260102T030405Z-") and early < late
+
+
+def test_the_runs_status_agrees_with_the_exit_code_a_stage_ends_with(tmp_path: Path) -> None:
+    """Issue 23: a failure the stage escalates to a refusal (exit 3) was recorded `failed` in `runs`."""
+    from sweeper.emit import EmitFailed
+    from sweeper.pipeline import StageRefused, _stage
+
+    store, cfg = _store(tmp_path), SweeperConfig()
+
+    def send() -> None:
+        raise EmitFailed("producer p-1: 3 sends failed")
+
+    def escalate(exc: Exception) -> Exception | None:
+        return StageRefused(f"emit failed: {exc}") if isinstance(exc, EmitFailed) else None
+
+    with pytest.raises(StageRefused):
+        _stage(store, cfg, "r1", "emit", send, lambda result: None, (), escalate)  # type: ignore[arg-type]
+    with pytest.raises(EmitFailed):
+        _stage(store, cfg, "r2", "emit", send, lambda result: None, ())  # type: ignore[arg-type]
+    assert [(r["run_id"], r["status"]) for r in runs.rows(store, stage="emit")] == [
+        ("r1", runs.REFUSED), ("r2", runs.FAILED)]
+    assert runs.rows(store, run_id="r1")[0]["message"] == "emit failed: producer p-1: 3 sends failed"
