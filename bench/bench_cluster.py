@@ -50,14 +50,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import boto3
 import psutil
 
+from harness.s3server import start_s3, stop_s3
+from harness.sandbox.model import SandboxSpec, Status, build_cluster
+from harness.sandbox.pulsar import start_pulsar, stop_pulsar
+from harness.sandbox.seed import seed_zookeeper
+from harness.spark_standalone import StandaloneCluster, start_cluster, stop_cluster
+from harness.zkserver import free_port, start_zookeeper, stop_zookeeper
 from sweeper import zk as zkutil
 from sweeper.layout import ledger_path
-from sweeper.s3server import start_s3, stop_s3
-from sweeper.sandbox.model import SandboxSpec, Status, build_cluster
-from sweeper.sandbox.pulsar import start_pulsar, stop_pulsar
-from sweeper.sandbox.seed import seed_zookeeper
-from sweeper.spark_standalone import StandaloneCluster, start_cluster, stop_cluster
-from sweeper.zkserver import free_port, start_zookeeper, stop_zookeeper
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ("snapshot", "reconcile", "emit", "delete")

@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kazoo.client import KazooClient
 
+from harness.zkserver import start_zookeeper, stop_zookeeper
 from sweeper import pending_delete
 from sweeper import zk as zkutil
 from sweeper.codecs import pulsar as codec
@@ -35,7 +36,6 @@ from sweeper.runs import record as record_run
 from sweeper.spark import get_spark
 from sweeper.table_schemas import EMITTED, SNAPSHOT_TABLES
 from sweeper.tables import open_table_store
-from sweeper.zkserver import start_zookeeper, stop_zookeeper
 
 PER_TOPIC = 10
 OLD_MS = int(time.time() * 1000) - 30 * 86_400_000

@@ -30,15 +30,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pulsar
 
+from harness.sandbox.pulsar import start_pulsar, stop_pulsar
+from harness.zkserver import free_port
 from sweeper import pending_delete
 from sweeper.config import PulsarMetadataConfig, SweeperConfig
 from sweeper.emit import run_emit
 from sweeper.runs import record as record_run
-from sweeper.sandbox.pulsar import start_pulsar, stop_pulsar
 from sweeper.spark import get_spark
 from sweeper.table_schemas import ORPHANS
 from sweeper.tables import open_table_store
-from sweeper.zkserver import free_port
 
 
 def orphan_rows(run_id: str, n: int) -> list[dict[str, object]]:
@@ -64,7 +64,7 @@ def main() -> None:
     system_topic: dict[str, object] = {"read_in_snapshot": False, "records_per_producer": 25_000}
     auth = None
     if args.testbed:
-        from sweeper.testbed.server import running_testbed
+        from harness.testbed.server import running_testbed
 
         testbed = running_testbed(args.testbed)
         if testbed is None:

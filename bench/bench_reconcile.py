@@ -54,6 +54,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kazoo.protocol.states import ZnodeStat
 from pyspark.sql.pandas.types import to_arrow_schema
 
+from harness.sandbox.model import SandboxSpec, build_cluster
+from harness.sandbox.seed import (
+    LEDGER_EPOCH_DAYS,
+    cursor_info_bytes,
+    ledger_znode_data,
+    managed_ledger_info_bytes,
+    offload_object_metadata,
+    schema_locator_bytes,
+)
 from sweeper.codecs.bookkeeper import decode_ledger_metadata
 from sweeper.codecs.pulsar import decode_schema_locator
 from sweeper.config import SweeperConfig
@@ -63,15 +72,6 @@ from sweeper.reconcile import SafetySettings, run_reconcile
 from sweeper.retention_debt import RetentionSettings, run_retention_debt
 from sweeper.runs import record as record_run
 from sweeper.safety import CircuitBreaker
-from sweeper.sandbox.model import SandboxSpec, build_cluster
-from sweeper.sandbox.seed import (
-    LEDGER_EPOCH_DAYS,
-    cursor_info_bytes,
-    ledger_znode_data,
-    managed_ledger_info_bytes,
-    offload_object_metadata,
-    schema_locator_bytes,
-)
 from sweeper.scan import bookkeeper as bk_scan
 from sweeper.scan import pulsar as pulsar_scan
 from sweeper.snapshot import namespace_policy_row

@@ -30,14 +30,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psutil
 
 import sweeper.pipeline as pipeline
+from harness.sandbox.model import SandboxSpec, Status, build_cluster
+from harness.sandbox.pulsar import start_pulsar, stop_pulsar
+from harness.sandbox.seed import seed_zookeeper
+from harness.zkserver import free_port, start_zookeeper, stop_zookeeper
 from sweeper import zk as zkutil
 from sweeper.config import PulsarMetadataConfig, SweeperConfig
-from sweeper.sandbox.model import SandboxSpec, Status, build_cluster
-from sweeper.sandbox.pulsar import start_pulsar, stop_pulsar
-from sweeper.sandbox.seed import seed_zookeeper
 from sweeper.spark import get_spark
 from sweeper.tables import open_table_store
-from sweeper.zkserver import free_port, start_zookeeper, stop_zookeeper
 
 
 class TreeMemory:

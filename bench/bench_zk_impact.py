@@ -40,12 +40,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from harness.sandbox.model import SandboxSpec, build_cluster
+from harness.sandbox.seed import seed_zookeeper
+from harness.zkserver import start_zookeeper, stop_zookeeper
 from sweeper import zk as zkutil
 from sweeper.config import ScanConfig, SweeperConfig
 from sweeper.layout import LedgerLayout, ledger_path
-from sweeper.sandbox.model import SandboxSpec, build_cluster
-from sweeper.sandbox.seed import seed_zookeeper
-from sweeper.zkserver import start_zookeeper, stop_zookeeper
 
 PROBE_ZNODES = 200
 PROBE_BYTES = 1024  # a managed ledger's info with a handful of ledgers, or a cursor's

@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from harness.zkserver import start_zookeeper, stop_zookeeper
 from sweeper import zk as zkutil
-from sweeper.zkserver import start_zookeeper, stop_zookeeper
 from sweeper.zkwire import WireReader
 
 

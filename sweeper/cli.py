@@ -21,7 +21,7 @@ from sweeper import config as config_mod
 from sweeper.config import ConfigError, SweeperConfig
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED, EXIT_PARTIAL = 0, 1, 2, 3, 4
-DEFAULT_PORT = 21810  # the sandbox's (sweeper.sandbox.DEFAULT_PORT; the CLI does not import the harness to parse)
+DEFAULT_PORT = 21810  # the sandbox's (harness.sandbox.DEFAULT_PORT; the CLI does not import the harness to parse)
 EXIT_INTERRUPTED = 130  # SIGINT or SIGTERM: stopped, what was done is on record
 
 
@@ -91,9 +91,24 @@ def _print_counts(title: str, counts: dict[str, int]) -> None:
         print(f"  {key:<{width}}  {counts[key]:>12,}")
 
 
+def _reach_harness() -> None:
+    """The sandbox and testbed are development tools that live in the checkout's `harness/`, outside the installed
+    package (issue 22): an installed console script finds them beside this checkout's `sweeper/`, or says why not."""
+    checkout = Path(__file__).resolve().parents[1]
+    if (checkout / "harness" / "__init__.py").is_file():
+        if str(checkout) not in sys.path:
+            sys.path.insert(0, str(checkout))
+        return
+    from sweeper.errors import UsageError
+
+    raise UsageError("the sandbox and the testbed are development tools of the source checkout (its harness/ "
+                     "directory), not part of the installed package: run this command from a checkout")
+
+
 def cmd_sandbox(args: argparse.Namespace) -> int:
+    _reach_harness()
+    from harness.sandbox import SandboxSpec, s3_endpoint, sandbox_down, sandbox_up, seed_sandbox
     from sweeper.layout import LedgerLayout
-    from sweeper.sandbox import SandboxSpec, s3_endpoint, sandbox_down, sandbox_up, seed_sandbox
 
     home = Path(args.home)
     if args.action == "up":
@@ -103,7 +118,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
               f"S3 on {s3_endpoint(home)}; every command finds its config in {written}")
         return EXIT_OK
     if args.action == "status":
-        from sweeper.sandbox import sandbox_status
+        from harness.sandbox import sandbox_status
 
         status = sandbox_status(home)
         for line in status.lines():
@@ -123,8 +138,8 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
                   f"{wiped}")
         return EXIT_OK
     if args.action == "seed":
+        from harness.zkserver import running_server
         from sweeper.errors import UsageError
-        from sweeper.zkserver import running_server
 
         # The sandbox's own ZooKeeper (under its ServerClock, so ledger znodes get their past creation times).
         running = running_server(home / "zookeeper")
@@ -173,7 +188,7 @@ def _port_flag(args: argparse.Namespace) -> str:
 def _write_sandbox_config(args: argparse.Namespace) -> Path:
     """The sandbox's `sweeper.toml`, made from --config or the checkout's conf/local.toml (never from
     $SWEEPER_CONFIG, which may name a production cluster) with the running sandbox's ports."""
-    from sweeper.sandbox import write_sandbox_config
+    from harness.sandbox import write_sandbox_config
 
     base = args.config or (str(config_mod.CHECKOUT_CONFIG) if config_mod.CHECKOUT_CONFIG.exists() else None)
     return write_sandbox_config(Path(args.home), config_mod.load(base))
@@ -196,8 +211,9 @@ def _session(cfg: SweeperConfig) -> tuple[Any, Any]:
 
 
 def cmd_testbed(args: argparse.Namespace) -> int:
-    """The real Apache Pulsar testbed (tests and experiments only; see sweeper/testbed)."""
-    from sweeper.testbed.server import TestbedError, status, testbed_crash, testbed_down, testbed_up
+    """The real Apache Pulsar testbed (tests and experiments only; see harness/testbed)."""
+    _reach_harness()
+    from harness.testbed.server import TestbedError, status, testbed_crash, testbed_down, testbed_up
 
     home = Path(args.home)
     try:
@@ -208,8 +224,8 @@ def cmd_testbed(args: argparse.Namespace) -> int:
             print(f"superuser token: {info.superuser_token_file}; sweeper config: {info.sweeper_config}; "
                   f"broker log: {info.log_file}")
         elif args.action == "seed":
-            from sweeper.testbed.server import running_testbed
-            from sweeper.testbed.world import build_world
+            from harness.testbed.server import running_testbed
+            from harness.testbed.world import build_world
 
             running = running_testbed(home)
             if running is None:
@@ -498,8 +514,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
               f"to stop after {args.until}, or drop --until to delete", file=sys.stderr)
         return EXIT_USAGE
     if args.sandbox:
-        from sweeper.sandbox import SandboxError, s3_endpoint, sandbox_up
-        from sweeper.sandbox.pulsar import running_pulsar
+        _reach_harness()
+        from harness.sandbox import SandboxError, s3_endpoint, sandbox_up
+        from harness.sandbox.pulsar import running_pulsar
 
         info = sandbox_up(Path(args.home), port=args.port or DEFAULT_PORT)
         _write_sandbox_config(args)

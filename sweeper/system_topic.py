@@ -1,7 +1,7 @@
 """Reaching PIP-186's pending-delete topic: client options from config, the admin API, routing.
 
 Everything here runs against a real broker in production and against the local endpoint
-(`sweeper.sandbox.pulsar_endpoint`) in tests and the sandbox. Secrets (the auth token) are read from a
+(`harness.sandbox.pulsar_endpoint`) in tests and the sandbox. Secrets (the auth token) are read from a
 file or an environment variable at the last moment and never appear in a repr, a log or a table.
 """
 

@@ -12,9 +12,9 @@ from typing import Any
 from kazoo.client import KazooClient
 from kazoo.security import ACL, Id, Permissions
 
+from harness.zkserver import ServerSecurity, ZooKeeperServerInfo, start_zookeeper, stop_zookeeper
 from sweeper.system_topic import Secret
 from sweeper.zksecurity import ZkSecurity
-from sweeper.zkserver import ServerSecurity, ZooKeeperServerInfo, start_zookeeper, stop_zookeeper
 from tests.tls_certs import MutualTls, make_mutual_tls
 
 # Test-only credentials of a throwaway server.

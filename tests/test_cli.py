@@ -9,12 +9,12 @@ import pytest
 from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
+from harness.lifecycle import port_free
+from harness.sandbox import PORT_SPAN, sandbox_down
+from harness.sandbox.model import SandboxSpec, build_cluster
+from harness.sandbox.seed import seed_zookeeper
+from harness.zkserver import free_port, free_port_block
 from sweeper.cli import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, main
-from sweeper.lifecycle import port_free
-from sweeper.sandbox import PORT_SPAN, sandbox_down
-from sweeper.sandbox.model import SandboxSpec, build_cluster
-from sweeper.sandbox.seed import seed_zookeeper
-from sweeper.zkserver import free_port, free_port_block
 from tests.conftest import SHORT_LIVED_SPARK_ENV, ZkTarget
 
 REPO = Path(__file__).resolve().parents[1]
@@ -223,7 +223,7 @@ def _kill(marker: Path) -> None:
     import signal
     import time
 
-    from sweeper.lifecycle import pid_alive
+    from harness.lifecycle import pid_alive
 
     pid = json.loads(marker.read_text())["pid"]
     os.kill(pid, signal.SIGKILL)

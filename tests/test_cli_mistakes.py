@@ -15,11 +15,11 @@ import pytest
 from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
+from harness.sandbox import PORT_SPAN
+from harness.sandbox.model import SandboxSpec, build_cluster
+from harness.sandbox.seed import seed_zookeeper
+from harness.zkserver import free_port, free_port_block
 from sweeper.cli import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, main
-from sweeper.sandbox import PORT_SPAN
-from sweeper.sandbox.model import SandboxSpec, build_cluster
-from sweeper.sandbox.seed import seed_zookeeper
-from sweeper.zkserver import free_port, free_port_block
 from tests.conftest import ZkTarget
 
 REPO = Path(__file__).resolve().parents[1]

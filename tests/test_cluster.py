@@ -1,6 +1,6 @@
 """The scheduled-job path for real: spark-submit.sh on a multi-process Spark standalone cluster.
 
-A master and two workers from pyspark's own launch classes (sweeper.spark_standalone), each
+A master and two workers from pyspark's own launch classes (harness.spark_standalone), each
 executor its own JVM with its own Python workers, temporary directory and scratch space; the
 driver is spark-submit in client mode with its own working directory. The tables live on the
 sandbox's S3 (moto), reached by delta-spark through s3a (what `engine = "auto"` picks under
@@ -22,11 +22,11 @@ import boto3
 import pytest
 from deltalake import DeltaTable
 
+from harness.sandbox import PORT_SPAN, SandboxSpec, build_cluster, s3_endpoint, sandbox_down
+from harness.spark_standalone import StandaloneCluster, start_cluster, stop_cluster
+from harness.zkserver import free_port_block
 from sweeper import zk as zkutil
 from sweeper.layout import LedgerLayout, ledger_path
-from sweeper.sandbox import PORT_SPAN, SandboxSpec, build_cluster, s3_endpoint, sandbox_down
-from sweeper.spark_standalone import StandaloneCluster, start_cluster, stop_cluster
-from sweeper.zkserver import free_port_block
 from tests.conftest import SHORT_LIVED_JVM
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from harness.sandbox import PORT_SPAN, sandbox_down
+from harness.zkserver import free_port_block
 from sweeper import config as config_mod
 from sweeper.cli import EXIT_OK, EXIT_USAGE, main
-from sweeper.sandbox import PORT_SPAN, sandbox_down
-from sweeper.zkserver import free_port_block
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -29,10 +29,10 @@ from deltalake import DeltaTable
 from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
+from harness.sandbox.model import SandboxSpec
 from sweeper.config import SweeperConfig
 from sweeper.delete.stage import FAILPOINT_BEFORE_OUTCOMES_ENV
 from sweeper.layout import ledger_path
-from sweeper.sandbox.model import SandboxSpec
 from tests.conftest import SHORT_LIVED_SPARK_ENV, ZkTarget
 from tests.test_delete_stage import _planned
 from tests.test_emit import Broker

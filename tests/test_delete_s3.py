@@ -12,13 +12,13 @@ import pytest
 from botocore.config import Config
 from kazoo.client import KazooClient
 
+from harness.s3server import S3ServerInfo, start_s3, stop_s3
+from harness.zkserver import free_port
 from sweeper.codecs import pulsar as codec
 from sweeper.delete import ALREADY_GONE, DELETED, FAILED, IN_USE, INVALID, MISMATCH, WOULD_DELETE, ObjectDeleter
 from sweeper.delete.retry import RetryPolicy, is_transient_code, run_with_retries
 from sweeper.offload import S3Target, s3_client
-from sweeper.s3server import S3ServerInfo, start_s3, stop_s3
 from sweeper.vocabulary import DAY_MS
-from sweeper.zkserver import free_port
 from tests.s3_faults import KeyFault, S3FaultProxy
 
 ML_ROOT = "/managed-ledgers"

@@ -14,6 +14,10 @@ import pytest
 from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
+from harness.s3server import S3ServerInfo, start_s3, stop_s3
+from harness.sandbox.model import OrphanKind, SandboxCluster, SandboxSpec, Status, build_cluster
+from harness.sandbox.seed import seed_s3, seed_zookeeper
+from harness.zkserver import free_port, start_zookeeper, stop_zookeeper
 from sweeper import zk as zkutil
 from sweeper.codecs import pulsar as codec
 from sweeper.config import SweeperConfig
@@ -25,12 +29,8 @@ from sweeper.offload import S3Target, s3_client
 from sweeper.pipeline import delete_summary, reconcile_stage, safety_settings
 from sweeper.reconcile import run_reconcile
 from sweeper.runs import record as record_run
-from sweeper.s3server import S3ServerInfo, start_s3, stop_s3
-from sweeper.sandbox.model import OrphanKind, SandboxCluster, SandboxSpec, Status, build_cluster
-from sweeper.sandbox.seed import seed_s3, seed_zookeeper
 from sweeper.snapshot import run_snapshot
 from sweeper.tables import TableStore, open_table_store
-from sweeper.zkserver import free_port, start_zookeeper, stop_zookeeper
 from tests.conftest import BASE_CONFIG, ZkTarget
 from tests.s3_faults import KeyFault, S3FaultProxy
 from tests.test_emit import Broker

@@ -17,6 +17,11 @@ import pytest
 from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
+from harness.sandbox.model import SandboxSpec, build_cluster
+from harness.sandbox.pulsar_endpoint import PulsarEndpoint
+from harness.sandbox.pulsar_endpoint.admin import AdminServer
+from harness.sandbox.seed import seed_zookeeper
+from harness.zkserver import free_port
 from sweeper import pending_delete
 from sweeper.config import SweeperConfig
 from sweeper.emit import (
@@ -34,14 +39,9 @@ from sweeper.emit import (
 from sweeper.reconcile import CANDIDATE, SafetySettings, run_reconcile
 from sweeper.runs import record as record_run
 from sweeper.safety import CircuitBreaker
-from sweeper.sandbox.model import SandboxSpec, build_cluster
-from sweeper.sandbox.pulsar_endpoint import PulsarEndpoint
-from sweeper.sandbox.pulsar_endpoint.admin import AdminServer
-from sweeper.sandbox.seed import seed_zookeeper
 from sweeper.snapshot import run_snapshot
 from sweeper.system_topic import BrokerSettings, partition_for, partition_topic
 from sweeper.tables import TableStore, open_table_store
-from sweeper.zkserver import free_port
 from tests.conftest import BASE_CONFIG, ZkTarget
 from tests.tls_certs import make_tls_files
 

@@ -8,11 +8,11 @@ from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from harness.sandbox.model import SandboxSpec, build_cluster
+from harness.sandbox.seed import seed_zookeeper
 from sweeper.config import GatesConfig, SweeperConfig
 from sweeper.gates import GateFailed, run_gates
 from sweeper.layout import LedgerLayout, layout_znode
-from sweeper.sandbox.model import SandboxSpec, build_cluster
-from sweeper.sandbox.seed import seed_zookeeper
 from sweeper.snapshot import run_snapshot
 from sweeper.table_schemas import BK_LEDGERS
 from sweeper.tables import TableStore, open_table_store
@@ -86,7 +86,7 @@ def test_metadata_with_no_live_broker_or_lagging_the_ledgers_is_refused(
     assert run_gates(store, run.run_id, GatesConfig(require_live_brokers=False)).passed
 
     # A data ledger three hours newer than any managed-ledger change: the brokers write elsewhere now.
-    from sweeper.sandbox.seed import ledger_znode_data
+    from harness.sandbox.seed import ledger_znode_data
 
     newest = max((x for x in cluster.ledgers.values() if x.custom.get("component") == b"managed-ledger"
                   and "pulsar/cursor" not in x.custom), key=lambda x: x.ledger_id)

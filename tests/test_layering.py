@@ -1,5 +1,6 @@
 """The package's shape (issue 22), read from the source: no import circle, no stage importing another stage, and
-the test harness (sandbox, testbed, local servers) reached only by the commands that start it.
+the test harness (sandbox, testbed, local servers), a package of its own beside `sweeper`, reached only by the
+commands that start it and shipped neither in the wheel nor in the executors' zip.
 
 Every import statement counts, at module level or inside a function (a lazy import is still a dependency);
 only `if TYPE_CHECKING:` blocks, which never run, are left out.
@@ -10,7 +11,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "sweeper"
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "sweeper"
+HARNESS_PACKAGE = REPO / "harness"
 
 # A stage module is one step of the run; the orchestrators (pipeline, cli, jobs/) call them, they never call
 # each other. Shared rules and vocabulary (classify, retention, safety, protection, scan, vocabulary, runs) are
@@ -23,16 +26,16 @@ STAGES = {
     "sweeper.emit": "emit",
     "sweeper.retention_repair": "retention_repair",
 }
-HARNESS = ("sweeper.sandbox", "sweeper.testbed", "sweeper.zkserver", "sweeper.s3server", "sweeper.spark_standalone")
-# The commands that start the harness (`sweeper sandbox`, `sweeper testbed`, `sweep --sandbox`) until it moves out
-# of the package; nothing else may import it.
+HARNESS = ("harness",)
+# The commands that start the harness (`sweeper sandbox`, `sweeper testbed`, `sweep --sandbox`); no other product
+# module may import it.
 HARNESS_USERS = {"sweeper.cli"}
 
 
 def _modules() -> dict[str, Path]:
     found = {}
-    for path in PACKAGE.rglob("*.py"):
-        if "_proto" in path.parts:
+    for path in [*PACKAGE.rglob("*.py"), *HARNESS_PACKAGE.rglob("*.py")]:
+        if "_proto" in path.parts or path.name.endswith("_pb2.py"):
             continue
         parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -147,3 +150,58 @@ def test_only_the_commands_that_start_the_harness_import_it() -> None:
     leaks = sorted((module, target) for module, targets in _graph().items() for target in targets
                    if harness(target) and not harness(module) and module not in HARNESS_USERS)
     assert leaks == []
+
+
+def test_the_harness_lives_outside_the_product_package() -> None:
+    modules = _modules()
+    assert {"harness.sandbox", "harness.testbed", "harness.zkserver"} <= set(modules)
+    for name in ("sandbox", "testbed", "zkserver", "s3server", "spark_standalone", "lifecycle"):
+        assert not any(m == f"sweeper.{name}" or m.startswith(f"sweeper.{name}.") for m in modules), name
+
+
+def test_the_harness_check_finds_a_leak(tmp_path: Path) -> None:
+    leaky = tmp_path / "leaky.py"
+    leaky.write_text("def f():\n    from harness.sandbox import sandbox_up\n")
+    assert _imports(leaky, {"harness.sandbox": leaky}) == {"harness.sandbox"}
+
+
+def test_neither_the_wheel_nor_the_executor_zip_carries_the_harness(tmp_path: Path) -> None:
+    """The wheel built from pyproject.toml as it is (in a copy of the sources, so the checkout gets no build/
+    directory), and the zip spark-submit ships: the product's packages only."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    source = tmp_path / "source"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for top in ("sweeper", "jobs", "harness", "schemas"):
+        shutil.copytree(REPO / top, source / top, ignore=ignore)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path / "dist"), str(source)], check=True, capture_output=True)
+    (wheel,) = (tmp_path / "dist").glob("ledger_sweeper-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert any(n.startswith("sweeper/cli.py") for n in names) and any(n.startswith("jobs/") for n in names)
+    assert not [n for n in names if n.startswith("harness/") or "/sandbox/" in n or "/testbed/" in n]
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from build_pyfiles import build
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    shipped = build(tmp_path / "pyfiles.zip")
+    assert "sweeper/cli.py" in shipped and not [n for n in shipped if n.startswith("harness/")]
+
+
+def test_the_commands_that_start_the_harness_find_it_from_any_directory(tmp_path: Path) -> None:
+    """The harness is not installed: `sweeper sandbox` run elsewhere than the checkout still reaches it."""
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "sweeper.cli", "sandbox", "status", "--home", str(tmp_path / "sb")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert done.returncode == 3 and "not running" in done.stdout and "Traceback" not in done.stderr, done.stderr

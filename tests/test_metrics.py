@@ -10,9 +10,9 @@ from typing import Any, ClassVar
 
 import pytest
 
+from harness.zkserver import free_port
 from sweeper.config import ConfigError, MetricsConfig
 from sweeper.metrics import MetricsError, publish, render
-from sweeper.zkserver import free_port
 from tests.conftest import BASE_CONFIG
 
 STAGES = {"snapshot": {"seconds": 3.5, "pending_deletes": 7}, "reconcile": {"seconds": 1, "candidate": 12,

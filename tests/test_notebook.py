@@ -8,9 +8,9 @@ from pathlib import Path
 
 import nbformat
 
+from harness.sandbox import PORT_SPAN, sandbox_down
+from harness.zkserver import free_port_block
 from sweeper.cli import EXIT_OK, main
-from sweeper.sandbox import PORT_SPAN, sandbox_down
-from sweeper.zkserver import free_port_block
 
 REPO = Path(__file__).resolve().parents[1]
 

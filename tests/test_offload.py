@@ -12,12 +12,12 @@ import pytest
 from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
+from harness.s3server import S3ServerInfo, start_s3, stop_s3
+from harness.sandbox.model import SandboxSpec, build_cluster
+from harness.sandbox.seed import seed_s3, seed_zookeeper
 from sweeper.offload import S3Target, listing_units, parse_offload_key, s3_client
 from sweeper.reconcile import CANDIDATE, OTHER_CLUSTER, UNKNOWN, YOUNG, SafetySettings, run_reconcile
-from sweeper.s3server import S3ServerInfo, start_s3, stop_s3
 from sweeper.safety import DAY_MS, CircuitBreaker
-from sweeper.sandbox.model import SandboxSpec, build_cluster
-from sweeper.sandbox.seed import seed_s3, seed_zookeeper
 from sweeper.snapshot import run_snapshot
 from sweeper.tables import open_table_store
 from tests.conftest import BASE_CONFIG, ZkTarget

@@ -11,6 +11,8 @@ import pytest
 from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
+from harness.sandbox.model import SandboxSpec, build_cluster
+from harness.sandbox.seed import seed_zookeeper
 from sweeper import pending_delete
 from sweeper import zk as zkutil
 from sweeper.codecs import pulsar as codec
@@ -19,8 +21,6 @@ from sweeper.emit import run_emit
 from sweeper.gates import run_gates
 from sweeper.pipeline import reconcile_stage
 from sweeper.runs import record as record_run
-from sweeper.sandbox.model import SandboxSpec, build_cluster
-from sweeper.sandbox.seed import seed_zookeeper
 from sweeper.snapshot import run_snapshot
 from sweeper.system_topic import partition_topic
 from sweeper.tables import open_table_store

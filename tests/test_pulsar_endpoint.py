@@ -16,10 +16,10 @@ import pulsar
 import pytest
 from pulsar.schema import AvroSchema, Integer, Record, String
 
-from sweeper.sandbox.pulsar_endpoint import PulsarApi_pb2 as pb
-from sweeper.sandbox.pulsar_endpoint import PulsarEndpoint
-from sweeper.sandbox.pulsar_endpoint.crc32c import crc32c
-from sweeper.sandbox.pulsar_endpoint.server import encode_command
+from harness.sandbox.pulsar_endpoint import PulsarApi_pb2 as pb
+from harness.sandbox.pulsar_endpoint import PulsarEndpoint
+from harness.sandbox.pulsar_endpoint.crc32c import crc32c
+from harness.sandbox.pulsar_endpoint.server import encode_command
 
 pytestmark = pytest.mark.timeout(60)
 

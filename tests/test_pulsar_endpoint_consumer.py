@@ -12,7 +12,7 @@ import pulsar
 import pytest
 from pulsar.schema import AvroSchema, Integer, Record, String
 
-from sweeper.sandbox.pulsar_endpoint import PulsarEndpoint
+from harness.sandbox.pulsar_endpoint import PulsarEndpoint
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pulsar
 import pytest
 
-from sweeper.sandbox.pulsar_endpoint import PulsarApi_pb2 as pb
-from sweeper.sandbox.pulsar_endpoint.server import PulsarEndpoint, encode_command
+from harness.sandbox.pulsar_endpoint import PulsarApi_pb2 as pb
+from harness.sandbox.pulsar_endpoint.server import PulsarEndpoint, encode_command
 from sweeper.system_topic import BrokerSettings, SystemTopicError, broker_partitions, describe_client_error, open_client
 from tests.conftest import BASE_CONFIG
 from tests.tls_certs import TlsFiles, make_tls_files

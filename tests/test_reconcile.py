@@ -9,6 +9,8 @@ import pytest
 from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
+from harness.sandbox.model import OrphanKind, SandboxCluster, SandboxSpec, Status, build_cluster
+from harness.sandbox.seed import seed_zookeeper
 from sweeper.layout import LedgerLayout
 from sweeper.reconcile import (
     CANDIDATE,
@@ -22,8 +24,6 @@ from sweeper.reconcile import (
     run_reconcile,
 )
 from sweeper.safety import CircuitBreaker, GracePeriod, Scope
-from sweeper.sandbox.model import OrphanKind, SandboxCluster, SandboxSpec, Status, build_cluster
-from sweeper.sandbox.seed import seed_zookeeper
 from sweeper.snapshot import run_snapshot
 from sweeper.tables import TableStore, open_table_store
 from tests.conftest import BASE_CONFIG, ZkTarget
@@ -146,7 +146,7 @@ def test_a_quarantined_managed_ledger_makes_its_bucket_and_compacted_ledgers_unk
 ) -> None:
     # Issue 11 (5): bucket and compacted ledgers name their topic, not their managed ledger; the quarantine
     # join went through a managed-ledger row that a quarantined znode does not have, so they looked deleted.
-    from sweeper.sandbox.model import SPECIAL_TOPIC
+    from harness.sandbox.model import SPECIAL_TOPIC
 
     cluster = build_cluster(SandboxSpec(seed=11, topics=30))
     seed_zookeeper(zk, cluster)

@@ -12,16 +12,16 @@ import pytest
 from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
+from harness.sandbox.model import SandboxCluster, SandboxSpec, build_cluster
+from harness.sandbox.retention_scenarios import FOREVER_NS, SIZE_NS, TIME_NS
+from harness.sandbox.seed import seed_zookeeper
+from harness.zkserver import ServerClock
 from sweeper.reconcile import SafetySettings, run_reconcile
 from sweeper.retention_debt import RetentionDebtRefused, RetentionSettings, run_retention_debt
 from sweeper.safety import CircuitBreaker, Scope
-from sweeper.sandbox.model import SandboxCluster, SandboxSpec, build_cluster
-from sweeper.sandbox.retention_scenarios import FOREVER_NS, SIZE_NS, TIME_NS
-from sweeper.sandbox.seed import seed_zookeeper
 from sweeper.snapshot import run_snapshot
 from sweeper.tables import TableStore, open_table_store
 from sweeper.vocabulary import DAY_MS
-from sweeper.zkserver import ServerClock
 from tests.admin_server import AdminServer
 from tests.conftest import BASE_CONFIG, ZkTarget
 
@@ -224,8 +224,8 @@ def test_admin_mode_asks_the_broker_only_about_owned_topics_whose_policies_may_b
     """[retention] topic_policies = "admin": in the namespace whose __change_events holds events, a topic in an
     owned bundle is judged under its namespace's policy once the broker says it has none of its own; namespaces
     whose __change_events holds no event are never asked about (the unowned case: the finalize test above)."""
+    from harness.sandbox.retention_scenarios import TOPIC_POLICY_NS
     from sweeper.retention_debt import NOT_SET, NOT_USED, RULED_OUT
-    from sweeper.sandbox.retention_scenarios import TOPIC_POLICY_NS
 
     tenant, ns = TOPIC_POLICY_NS.split("/")
     zk.create(f"/namespace/{tenant}/{ns}/0x00000000_0xffffffff", b"{}", ephemeral=True, makepath=True)
@@ -388,7 +388,7 @@ def test_what_pulsar_protects_is_protected_with_its_reason_never_a_candidate(
     ([retention] protected_subscriptions / protected_topics, through RetentionSettings.from_config) are `protected`
     with their reason; the ordinary idle subscription next to them is still a candidate. Both per-topic passes
     (the driver's Arrow and Spark's shuffle) carry the replicated flag."""
-    from sweeper.sandbox.model import Cursor, ManagedLedger, MlLedger
+    from harness.sandbox.model import Cursor, ManagedLedger, MlLedger
 
     cluster = build_cluster(SandboxSpec(seed=5, topics=10))
     base = next(ml for ml in cluster.managed_ledgers if ml.topic == "idle-forever-0")

@@ -14,6 +14,9 @@ import pytest
 from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
+from harness.sandbox.model import SandboxSpec, build_cluster
+from harness.sandbox.seed import seed_zookeeper
+from harness.zkserver import ServerClock
 from sweeper.codecs import pulsar as codec
 from sweeper.config import ConfigError
 from sweeper.names import encode_local_name
@@ -42,13 +45,10 @@ from sweeper.retention_repair import (
     subscription_activity,
 )
 from sweeper.runs import record as record_run
-from sweeper.sandbox.model import SandboxSpec, build_cluster
-from sweeper.sandbox.seed import seed_zookeeper
 from sweeper.snapshot import run_snapshot
 from sweeper.system_topic import AdminClient, RedirectRefused, broker_web_origins, redirect_target
 from sweeper.table_schemas import RETENTION_DEBT
 from sweeper.tables import open_table_store
-from sweeper.zkserver import ServerClock
 from tests.admin_server import AdminServer, Answer
 from tests.conftest import BASE_CONFIG, ZkTarget
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from harness.sandbox.model import OrphanKind, SandboxCluster, SandboxSpec, Status, build_cluster
 from sweeper.layout import INT_MAX, LedgerLayout
-from sweeper.sandbox.model import OrphanKind, SandboxCluster, SandboxSpec, Status, build_cluster
 
 
 def referenced_ids(cluster: SandboxCluster) -> set[int]:

@@ -14,6 +14,8 @@ import pytest
 from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
+from harness.sandbox.model import OrphanKind, SandboxCluster, SandboxSpec, Status, build_cluster
+from harness.sandbox.seed import seed_zookeeper
 from sweeper import zk as zkutil
 from sweeper.codecs import pulsar as codec
 from sweeper.config import SweeperConfig
@@ -21,8 +23,6 @@ from sweeper.delete.stage import run_delete
 from sweeper.layout import ledger_path
 from sweeper.pipeline import safety_settings
 from sweeper.reconcile import CANDIDATE, OTHER_CLUSTER, ReconcileRefused, run_reconcile
-from sweeper.sandbox.model import OrphanKind, SandboxCluster, SandboxSpec, Status, build_cluster
-from sweeper.sandbox.seed import seed_zookeeper
 from sweeper.snapshot import run_snapshot
 from sweeper.tables import TableStore, open_table_store
 from tests.conftest import BASE_CONFIG, ZkTarget

@@ -9,16 +9,16 @@ import pytest
 from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
+from harness.sandbox.model import SandboxCluster, SandboxSpec, Status, build_cluster
+from harness.sandbox.seed import ledger_metadata, seed_zookeeper
+from harness.zkserver import free_port
 from sweeper.codecs.bookkeeper import decode_ledger_metadata, encode_ledger_metadata
 from sweeper.config import SweeperConfig
 from sweeper.layout import LedgerLayout, ledger_path
-from sweeper.sandbox.model import SandboxCluster, SandboxSpec, Status, build_cluster
-from sweeper.sandbox.seed import ledger_metadata, seed_zookeeper
 from sweeper.scan import bookkeeper as bk_scan
 from sweeper.snapshot import run_snapshot
 from sweeper.tables import open_table_store
 from sweeper.zk import KazooReader, WrongRootError, ZooKeeperUnavailableError
-from sweeper.zkserver import free_port
 from tests.conftest import BASE_CONFIG, ZkTarget
 
 

@@ -9,8 +9,8 @@ import sys
 import zipfile
 from pathlib import Path
 
-from sweeper.sandbox import PORT_SPAN, sandbox_down
-from sweeper.zkserver import free_port_block
+from harness.sandbox import PORT_SPAN, sandbox_down
+from harness.zkserver import free_port_block
 from tests.conftest import SHORT_LIVED_JVM
 
 REPO = Path(__file__).resolve().parents[1]

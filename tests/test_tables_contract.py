@@ -505,7 +505,7 @@ def test_delta_rs_refuses_tables_with_features_it_would_bypass(spark: SparkSessi
 
 
 def test_delta_rs_writes_to_s3(spark: SparkSession, tmp_path: Path) -> None:
-    s3server = pytest.importorskip("sweeper.s3server")
+    s3server = pytest.importorskip("harness.s3server")
     boto3 = pytest.importorskip("boto3")
     info = s3server.start_s3(tmp_path / "moto")
     try:

@@ -18,7 +18,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, StructField, StructType
 
-from sweeper.s3server import S3ServerInfo, start_s3, stop_s3
+from harness.s3server import S3ServerInfo, start_s3, stop_s3
 from sweeper.tables import TableStore, open_table_store
 from sweeper.tables.storage import TableStorage, delta_rs_options
 from tests.test_tables_contract import SCHEMA, big_frame, canon, sample_rows

@@ -10,18 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from sweeper import config as config_mod
-from sweeper.cli import main
-from sweeper.testbed import server
-from sweeper.testbed.admin import topic_path
-from sweeper.testbed.orphans import ml_path, schema_path
-from sweeper.testbed.server import (
+from harness.testbed import server
+from harness.testbed.admin import topic_path
+from harness.testbed.orphans import ml_path, schema_path
+from harness.testbed.server import (
     TestbedInfo,
     broker_settings,
     hs256_token,
     sweeper_toml,
     write_broker_conf,
 )
+from sweeper import config as config_mod
+from sweeper.cli import main
 
 
 def _info(home: Path) -> TestbedInfo:

@@ -8,10 +8,10 @@ import dataclasses
 import pytest
 from kazoo.security import ACL, Id, Permissions
 
+from harness.zkserver import super_digest
 from sweeper import zk as zkutil
 from sweeper.system_topic import Secret
 from sweeper.zk import ZooKeeperPermissionError, ZooKeeperSecurityError, ZooKeeperUnavailableError
-from sweeper.zkserver import super_digest
 from sweeper.zkwire import WireReader
 from tests.secure_zk import SecureZk, sasl
 

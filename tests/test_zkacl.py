@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from harness.zkserver import super_digest
 from sweeper.delete.permissions import WHY_PARENT, needed
 from sweeper.layout import LedgerLayout
 from sweeper.zkacl import (
@@ -15,7 +16,6 @@ from sweeper.zkacl import (
     identity_of,
     missing_permissions,
 )
-from sweeper.zkserver import super_digest
 
 SWEEPER = Identity(frozenset({("sasl", "sweeper"), ("ip", "10.1.2.3")}))
 CREATOR_ALL_WORLD_READ = [(31, "sasl", "bookie"), (READ, "world", "anyone")]

@@ -8,9 +8,9 @@ import time
 import pytest
 from kazoo.client import KazooClient
 
+from harness.zkserver import free_port
 from sweeper import zkwire
 from sweeper.zk import ChildrenRead, ZnodeRead, ZooKeeperPermissionError, ZooKeeperUnavailableError
-from sweeper.zkserver import free_port
 from sweeper.zkwire import WireReader, ZooKeeperWireError
 
 from .conftest import ZkTarget

@@ -1,4 +1,4 @@
-"""The real-cluster tests' testbed: one real Apache Pulsar per test session (sweeper.testbed).
+"""The real-cluster tests' testbed: one real Apache Pulsar per test session (harness.testbed).
 
 Pulsar's standalone from the distribution jvm/pom.xml fetches (ZooKeeper metadata store, one bookie,
 moto S3 for offload, token auth), a workload through the real `pulsar-client`, and orphans made the
@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from sweeper.testbed import server as testbed_server
-from sweeper.testbed.server import default_pulsar_home
-from sweeper.testbed.world import World, build_world
+from harness.testbed import server as testbed_server
+from harness.testbed.server import default_pulsar_home
+from harness.testbed.world import World, build_world
 
 GRACE_S = 45.0
 COST: dict[str, float] = {}  # seconds per step, printed at the end of the session

@@ -1,4 +1,4 @@
-"""The sandbox stays faithful: what `sweeper.sandbox` writes is compared with what a real Pulsar broker wrote
+"""The sandbox stays faithful: what `harness.sandbox` writes is compared with what a real Pulsar broker wrote
 on the testbed (znode paths, ledger custom metadata per component, cursor property names, offload
 object names, object user metadata, offload driver metadata). A drift fails here, not in production.
 """
@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 
+from harness.sandbox.model import SandboxSpec, Status, build_cluster, encode_name
+from harness.sandbox.seed import cluster_znodes, managed_ledger_info_bytes, offload_object_metadata
+from harness.testbed.orphans import COMPACT_LEAK, ml_path
+from harness.testbed.workload import DELAYED, DELAYED_SUBSCRIPTION, ODD_NAME, OFFLOADED, SHADOW
+from harness.testbed.world import World, s3_client_for, zk_for
 from sweeper.codecs import pulsar as codec
 from sweeper.codecs.bookkeeper import decode_ledger_metadata
-from sweeper.sandbox.model import SandboxSpec, Status, build_cluster, encode_name
-from sweeper.sandbox.seed import cluster_znodes, managed_ledger_info_bytes, offload_object_metadata
-from sweeper.testbed.orphans import COMPACT_LEAK, ml_path
-from sweeper.testbed.workload import DELAYED, DELAYED_SUBSCRIPTION, ODD_NAME, OFFLOADED, SHADOW
-from sweeper.testbed.world import World, s3_client_for, zk_for
 
 pytestmark = [pytest.mark.real_pulsar, pytest.mark.timeout(1800)]
 

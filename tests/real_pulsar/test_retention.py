@@ -52,6 +52,10 @@ import pulsar
 import pytest
 from pyspark.sql import SparkSession
 
+from harness.testbed.admin import Admin, AdminError, topic_path
+from harness.testbed.orphans import ml_path
+from harness.testbed.workload import TENANT, admin_for, client_for, produce, topic, transactional_acknowledge
+from harness.testbed.world import World, zk_for
 from sweeper import config as config_mod
 from sweeper.codecs import pulsar as codec
 from sweeper.config import SweeperConfig
@@ -59,10 +63,6 @@ from sweeper.pipeline import retention_stage
 from sweeper.retention_repair import DELETED, NOT_NEEDED, SKIPPED_ACTIVE, TRIMMED, run_repair
 from sweeper.snapshot import run_snapshot
 from sweeper.tables import open_table_store
-from sweeper.testbed.admin import Admin, AdminError, topic_path
-from sweeper.testbed.orphans import ml_path
-from sweeper.testbed.workload import TENANT, admin_for, client_for, produce, topic, transactional_acknowledge
-from sweeper.testbed.world import World, zk_for
 from tests.real_pulsar.conftest import COST, GRACE_S
 
 pytestmark = [pytest.mark.real_pulsar, pytest.mark.timeout(900)]

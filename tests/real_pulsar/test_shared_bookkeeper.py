@@ -1,4 +1,4 @@
-"""Issue 26 on a real Pulsar: a second cluster writes to the testbed's bookie (sweeper.testbed.peer).
+"""Issue 26 on a real Pulsar: a second cluster writes to the testbed's bookie (harness.testbed.peer).
 
 The peer is a real broker with its own metadata in a chroot of the same ZooKeeper, registered the way upstream
 shares a BookKeeper (`initialize-cluster-metadata --existing-bk-metadata-service-uri`). Nothing in the
@@ -22,16 +22,16 @@ import pytest
 from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
+from harness.testbed.admin import Admin
+from harness.testbed.orphans import ledger_znode
+from harness.testbed.peer import PeerInfo, peer_down, peer_up
+from harness.testbed.workload import produce, read_all
+from harness.testbed.world import World, broker_references, zk_for
 from sweeper.config import SweeperConfig
 from sweeper.delete.stage import run_delete
 from sweeper.pipeline import delete_stage, emit_stage, reconcile_stage
 from sweeper.snapshot import run_snapshot
 from sweeper.tables import TableStore, open_table_store
-from sweeper.testbed.admin import Admin
-from sweeper.testbed.orphans import ledger_znode
-from sweeper.testbed.peer import PeerInfo, peer_down, peer_up
-from sweeper.testbed.workload import produce, read_all
-from sweeper.testbed.world import World, broker_references, zk_for
 from tests.real_pulsar.conftest import COST, GRACE_S
 from tests.real_pulsar.test_sweep import sweeper_config
 

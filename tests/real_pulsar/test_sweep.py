@@ -17,15 +17,10 @@ import pytest
 from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
-from sweeper import config as config_mod
-from sweeper.config import SweeperConfig
-from sweeper.pipeline import delete_stage, emit_stage, reconcile_stage
-from sweeper.snapshot import run_snapshot
-from sweeper.tables import TableStore, open_table_store
-from sweeper.testbed.admin import Admin, AdminError
-from sweeper.testbed.orphans import ledger_znode, schema_path
-from sweeper.testbed.server import TestbedInfo, bookkeeper_ledgers
-from sweeper.testbed.workload import (
+from harness.testbed.admin import Admin, AdminError
+from harness.testbed.orphans import ledger_znode, schema_path
+from harness.testbed.server import TestbedInfo, bookkeeper_ledgers
+from harness.testbed.workload import (
     CHURN_NAMESPACE,
     DELAYED,
     DELAYED_SUBSCRIPTION,
@@ -36,13 +31,18 @@ from sweeper.testbed.workload import (
     read_all,
     topic,
 )
-from sweeper.testbed.world import (
+from harness.testbed.world import (
     World,
     broker_references,
     managed_ledger_topics,
     s3_client_for,
     zk_for,
 )
+from sweeper import config as config_mod
+from sweeper.config import SweeperConfig
+from sweeper.pipeline import delete_stage, emit_stage, reconcile_stage
+from sweeper.snapshot import run_snapshot
+from sweeper.tables import TableStore, open_table_store
 from tests.real_pulsar.conftest import COST, GRACE_S
 
 # The first test also pays for the testbed (start, workload, orphans, grace) and the snapshot.

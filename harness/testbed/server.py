@@ -22,9 +22,9 @@ import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sweeper.lifecycle import kill_process, pid_alive, stop_process
-from sweeper.s3server import S3ServerInfo, start_s3, stop_s3
-from sweeper.zkserver import free_port_block
+from harness.lifecycle import kill_process, pid_alive, stop_process
+from harness.s3server import S3ServerInfo, start_s3, stop_s3
+from harness.zkserver import free_port_block
 
 DEFAULT_HOME = Path("var/testbed")
 PULSAR_VERSION = "4.0.8"

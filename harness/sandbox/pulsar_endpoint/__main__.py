@@ -1,4 +1,4 @@
-"""Run the endpoint in the foreground for the local sandbox: ``python -m sweeper.sandbox.pulsar_endpoint``."""
+"""Run the endpoint in the foreground for the local sandbox: ``python -m harness.sandbox.pulsar_endpoint``."""
 
 from __future__ import annotations
 

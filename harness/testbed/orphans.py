@@ -21,11 +21,9 @@ import pulsar
 from kazoo.client import KazooClient
 from pulsar.schema import AvroSchema
 
-from sweeper.codecs import pulsar as codec
-from sweeper.codecs.bookkeeper import decode_ledger_metadata, pulsar_custom_metadata
-from sweeper.testbed.admin import Admin
-from sweeper.testbed.server import TestbedInfo, testbed_crash, testbed_up
-from sweeper.testbed.workload import (
+from harness.testbed.admin import Admin
+from harness.testbed.server import TestbedInfo, testbed_crash, testbed_up
+from harness.testbed.workload import (
     NAMESPACE,
     SCHEMA_VERSIONS,
     consume_ack,
@@ -33,6 +31,8 @@ from sweeper.testbed.workload import (
     produce,
     topic,
 )
+from sweeper.codecs import pulsar as codec
+from sweeper.codecs.bookkeeper import decode_ledger_metadata, pulsar_custom_metadata
 
 ML_ROOT = "/managed-ledgers"
 SCHEMAS_ROOT = "/schemas"

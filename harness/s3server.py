@@ -2,7 +2,7 @@
 
 Real HTTP, real boto3 on the client side; never used against production.
 
-`python -m sweeper.s3server -H host -p port` runs moto's own server with one change that makes it
+`python -m harness.s3server -H host -p port` runs moto's own server with one change that makes it
 behave like S3 where our tables depend on it: a conditional write (`If-None-Match: *` or
 `If-Match`, on PutObject and CompleteMultipartUpload) is checked and stored atomically. moto checks
 first and stores later on one of its request threads (moto.s3.responses.S3Response.put_object), so
@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sweeper.lifecycle import stop_process
-from sweeper.zkserver import free_port
+from harness import python_env
+from harness.lifecycle import stop_process
+from harness.zkserver import free_port
 
 
 class S3ServerError(RuntimeError):
@@ -38,11 +39,10 @@ class S3ServerInfo:
 
 def start_s3(log_dir: str | os.PathLike[str], port: int | None = None, timeout: float = 30.0) -> S3ServerInfo:
     port = port or free_port()
-    repo = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH", "")) if p)}
+    env = python_env()
     Path(log_dir).mkdir(parents=True, exist_ok=True)
     log = open(Path(log_dir) / "moto.log", "ab")  # noqa: SIM115 - handed to the child process
-    proc = subprocess.Popen([sys.executable, "-m", "sweeper.s3server", "-H", "127.0.0.1", "-p", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "harness.s3server", "-H", "127.0.0.1", "-p", str(port)],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     log.close()
     endpoint = f"http://127.0.0.1:{port}"

@@ -18,8 +18,8 @@ from typing import Any
 import pulsar
 from pulsar.schema import AvroSchema, Integer, Record, String
 
-from sweeper.testbed.admin import Admin
-from sweeper.testbed.server import SUPERUSER, TestbedInfo
+from harness.testbed.admin import Admin
+from harness.testbed.server import SUPERUSER, TestbedInfo
 
 TENANT = "sweep"
 NAMESPACE = f"{TENANT}/app"

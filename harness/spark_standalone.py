@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pyspark
 
-from sweeper.lifecycle import kill_process, terminate, wait_gone
-from sweeper.zkserver import free_port
+from harness.lifecycle import kill_process, terminate, wait_gone
+from harness.zkserver import free_port
 
 SPARK_HOME = str(Path(pyspark.__file__).resolve().parent)
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"

@@ -9,7 +9,7 @@ transactions, offload through the jclouds `aws-s3` driver and token authenticati
 
 from __future__ import annotations
 
-from sweeper.testbed.server import (
+from harness.testbed.server import (
     DEFAULT_HOME,
     TestbedError,
     TestbedInfo,

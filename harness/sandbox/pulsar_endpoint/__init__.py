@@ -6,7 +6,7 @@ subscription cursors persist in the data dir next to the message logs.
 Regenerate the protobuf module after editing PulsarApi.proto::
 
     .venv/bin/python -m grpc_tools.protoc -Isweeper/sandbox/pulsar_endpoint \
-        --python_out=sweeper/sandbox/pulsar_endpoint sweeper/sandbox/pulsar_endpoint/PulsarApi.proto
+        --python_out=harness/sandbox/pulsar_endpoint harness/sandbox/pulsar_endpoint/PulsarApi.proto
 """
 
 from .server import PulsarEndpoint, normalize_topic

@@ -19,15 +19,15 @@ from pathlib import Path
 import requests
 from kazoo.client import KazooClient
 
-from sweeper.lifecycle import stop_process
-from sweeper.testbed.server import (
+from harness.lifecycle import stop_process
+from harness.testbed.server import (
     TestbedError,
     TestbedInfo,
     check_starting,
     spawn_logged,
     write_broker_conf,
 )
-from sweeper.zkserver import free_port_block
+from harness.zkserver import free_port_block
 
 PEER_CLUSTER = "peer"
 PEER_CHROOT = "/peer-cluster"

@@ -16,10 +16,7 @@ from typing import Any
 from kazoo.client import KazooClient
 from kazoo.exceptions import NodeExistsError
 
-from sweeper.codecs import pulsar as pulsar_codec
-from sweeper.codecs.bookkeeper import LedgerMetadata, Segment, encode_ledger_metadata
-from sweeper.layout import LedgerLayout, layout_znode, ledger_path
-from sweeper.sandbox.model import (
+from harness.sandbox.model import (
     BkLedger,
     Cursor,
     ManagedLedger,
@@ -27,7 +24,10 @@ from sweeper.sandbox.model import (
     SandboxCluster,
     SchemaLocatorModel,
 )
-from sweeper.zkserver import ServerClock, clock_for
+from harness.zkserver import ServerClock, clock_for
+from sweeper.codecs import pulsar as pulsar_codec
+from sweeper.codecs.bookkeeper import LedgerMetadata, Segment, encode_ledger_metadata
+from sweeper.layout import LedgerLayout, layout_znode, ledger_path
 
 WINDOW = 2000
 

@@ -11,7 +11,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sweeper.lifecycle import pid_alive, stop_process
+from harness import python_env
+from harness.lifecycle import pid_alive, stop_process
 
 
 class PulsarSandboxError(RuntimeError):
@@ -39,9 +40,9 @@ def start_pulsar(home: str | Path, port: int, admin_port: int, timeout: float = 
     log = open(home / "endpoint.log", "ab")  # noqa: SIM115 - handed to the child process
     register = ["--register-zookeeper", register_zookeeper] if register_zookeeper else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sweeper.sandbox.pulsar_endpoint", "--data-dir", str(home / "data"), "--port", str(port),
+        [sys.executable, "-m", "harness.sandbox.pulsar_endpoint", "--data-dir", str(home / "data"), "--port", str(port),
          "--admin-port", str(admin_port), "--persist-latency-ms", str(persist_latency_ms), *register],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=python_env())
     log.close()
     info = PulsarSandboxInfo(f"pulsar://127.0.0.1:{port}", f"http://127.0.0.1:{admin_port}", proc.pid)
     deadline = time.monotonic() + timeout

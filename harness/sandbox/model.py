@@ -2,7 +2,7 @@
 
 `build_cluster(spec)` is deterministic in `spec` (same seed, same cluster), pure, and knows
 for each BookKeeper ledger what a correct sweeper must conclude about it. Seeding writes it
-to ZooKeeper (`sweeper.sandbox.seed`); tests compare snapshots and plans against it.
+to ZooKeeper (`harness.sandbox.seed`); tests compare snapshots and plans against it.
 """
 
 from __future__ import annotations
@@ -11,9 +11,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 
-from sweeper.codecs.pulsar import offload_uuid
-from sweeper.layout import INT_MAX, LedgerLayout
-from sweeper.sandbox.entities import (  # noqa: F401 - re-exported: the model's records are imported from here
+from harness.sandbox.entities import (  # noqa: F401 - re-exported: the model's records are imported from here
     BUCKET_PREFIX,
     COMPACTED_TOPIC_LEDGER,
     COMPACTION_CURSOR,
@@ -40,7 +38,9 @@ from sweeper.sandbox.entities import (  # noqa: F401 - re-exported: the model's 
     ml_custom,
     schema_custom,
 )
-from sweeper.sandbox.retention_scenarios import RetentionExpectation, add_retention_scenarios, namespace_policies
+from harness.sandbox.retention_scenarios import RetentionExpectation, add_retention_scenarios, namespace_policies
+from sweeper.codecs.pulsar import offload_uuid
+from sweeper.layout import INT_MAX, LedgerLayout
 
 
 @dataclass

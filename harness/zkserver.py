@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sweeper.lifecycle import pid_alive, stop_process
+from harness.lifecycle import pid_alive, stop_process
 
 ZOOKEEPER_JAR = Path(os.environ.get("SWEEPER_ZOOKEEPER_JAR", "/usr/share/java/zookeeper.jar"))
 SERVER_MAIN = "org.apache.zookeeper.server.ZooKeeperServerMain"

@@ -16,10 +16,10 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sweeper.sandbox.entities import BkLedger, Cursor, ManagedLedger, MlLedger, Status, cursor_custom, ml_custom
+from harness.sandbox.entities import BkLedger, Cursor, ManagedLedger, MlLedger, Status, cursor_custom, ml_custom
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sweeper.sandbox.model import _Builder
+    from harness.sandbox.model import _Builder
 
 DAY_MS = 86_400_000
 HOUR_MS = 3_600_000

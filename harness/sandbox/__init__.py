@@ -11,16 +11,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.lifecycle import pid_alive, wait_ports_free
+from harness.s3server import S3ServerInfo, start_s3, stop_s3
+from harness.sandbox.model import SandboxCluster, SandboxSpec, build_cluster
+from harness.sandbox.pulsar import running_pulsar, start_pulsar, stop_pulsar
+from harness.sandbox.seed import SeedResult, seed_s3, seed_zookeeper, write_manifest
+from harness.zkserver import ZooKeeperServerInfo, running_server, start_zookeeper, stop_zookeeper
 from sweeper import zk as zkutil
 from sweeper.config import SweeperConfig, to_toml
 from sweeper.errors import Refused
-from sweeper.lifecycle import pid_alive, wait_ports_free
 from sweeper.offload import S3Target, s3_client
-from sweeper.s3server import S3ServerInfo, start_s3, stop_s3
-from sweeper.sandbox.model import SandboxCluster, SandboxSpec, build_cluster
-from sweeper.sandbox.pulsar import running_pulsar, start_pulsar, stop_pulsar
-from sweeper.sandbox.seed import SeedResult, seed_s3, seed_zookeeper, write_manifest
-from sweeper.zkserver import ZooKeeperServerInfo, running_server, start_zookeeper, stop_zookeeper
 
 DEFAULT_HOME = Path("var/sandbox")
 DEFAULT_PORT = 21810

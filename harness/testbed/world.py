@@ -15,8 +15,8 @@ import boto3
 import pulsar
 from kazoo.client import KazooClient
 
-from sweeper.testbed.admin import Admin
-from sweeper.testbed.orphans import (
+from harness.testbed.admin import Admin
+from harness.testbed.orphans import (
     COMPACT_LEAK,
     DROP_ONE,
     OFFLOAD_LOST,
@@ -25,8 +25,8 @@ from sweeper.testbed.orphans import (
     induce_orphans,
     ledger_znode,
 )
-from sweeper.testbed.server import S3_ACCESS_KEY, S3_SECRET_KEY, TestbedInfo
-from sweeper.testbed.workload import (
+from harness.testbed.server import S3_ACCESS_KEY, S3_SECRET_KEY, TestbedInfo
+from harness.testbed.workload import (
     COMPACT_STALE,
     COMPACT_TWICE,
     WorkloadResult,
@@ -103,8 +103,8 @@ def build_world(info: TestbedInfo, manifest_path: Path | None = None) -> World:
 def check_stale_pointer(info: TestbedInfo, live: int) -> None:
     """The premise of the stale-pointer topic: ZooKeeper names an older compacted ledger and an active
     cursor ledger; the live compacted ledger is newer and named only in that cursor ledger."""
+    from harness.testbed.orphans import ml_path
     from sweeper.codecs import pulsar as codec
-    from sweeper.testbed.orphans import ml_path
 
     zk = zk_for(info)
     try:
@@ -136,9 +136,9 @@ def broker_references(admin: Admin, zk: KazooClient) -> dict[int, str]:
     """The broker's own view of the ledgers in use: `stats-internal` of every topic (data ledgers, cursor
     ledgers, the compacted ledger, schema ledgers), plus the bucket-snapshot ledgers the cursors name in
     their properties (stats-internal does not show those). Ledger id -> who references it."""
+    from harness.testbed.admin import AdminError
+    from harness.testbed.orphans import ml_path
     from sweeper.codecs import pulsar as codec
-    from sweeper.testbed.admin import AdminError
-    from sweeper.testbed.orphans import ml_path
 
     refs: dict[int, str] = {}
     for name in managed_ledger_topics(zk):
