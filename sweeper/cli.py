@@ -21,6 +21,8 @@ from sweeper import config as config_mod
 from sweeper.config import ConfigError, SweeperConfig
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED, EXIT_PARTIAL = 0, 1, 2, 3, 4
+# The stages `sweep --until` names, in order (sweeper.pipeline.STAGES; spelled here so parsing imports no Spark).
+SWEEP_STAGES = ("snapshot", "reconcile", "retention_debt", "emit", "delete")
 DEFAULT_PORT = 21810  # the sandbox's (harness.sandbox.DEFAULT_PORT; the CLI does not import the harness to parse)
 EXIT_INTERRUPTED = 130  # SIGINT or SIGTERM: stopped, what was done is on record
 
@@ -291,6 +293,26 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_retention_debt(args: argparse.Namespace) -> int:
+    """The retention-debt stage alone, on a reconciled run: what `sweep` reports after reconcile."""
+    from sweeper import runs
+    from sweeper.pipeline import retention_stage, retention_summary
+
+    cfg = _load_config(args)
+    spark, store = _session(cfg)
+    run_id = args.run_id or runs.latest(store, "reconcile")
+    if run_id is None:
+        print(f"refused: no reconciled run in {cfg.tables.root}; run `sweeper reconcile` first", file=sys.stderr)
+        return EXIT_REFUSED
+    print(f"[retention] started on run {run_id}: retention debt (unloaded topics, idle cursors)", flush=True)
+    result = retention_stage(spark, cfg, store, run_id)
+    retention_summary(result)
+    print("dry run: nothing was loaded or deleted (`sweeper retention` plans the repair, `--execute` acts)")
+    if args.json:
+        print(json.dumps({"run_id": run_id, "counts": result.counts}))
+    return EXIT_OK
+
+
 def cmd_emit(args: argparse.Namespace) -> int:
     from sweeper import runs
     from sweeper.pipeline import emit_stage
@@ -534,7 +556,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         _sandbox_table_bucket(args)
     cfg = _load_config(args)
     spark, store = _session(cfg)
-    until = args.until or ("delete" if args.execute else "reconcile")
+    until = args.until or ("delete" if args.execute else "retention_debt")
     result = sweep(spark, cfg, store, until=until, run_id=args.run_id, execute=args.execute)
     if args.json:
         print(json.dumps({"run_id": result.run_id, "stages": result.stages}))
@@ -622,6 +644,12 @@ def build_parser() -> argparse.ArgumentParser:
                            help="pass the liveness gate with no broker registered (a cleanup with brokers stopped)")
     reconcile.set_defaults(func=cmd_reconcile)
 
+    debt = sub.add_parser("retention-debt", help="find retention debt in a reconciled run (default: the latest): "
+                          "unloaded topics whose retention never runs, idle cursors pinning ledgers (reads only)")
+    stage_options(debt)
+    common(debt)
+    debt.set_defaults(func=cmd_retention_debt)
+
     emit = sub.add_parser("emit", help="publish a reconciled run's candidates to the pending-delete topic")
     stage_options(emit)
     common(emit)
@@ -696,9 +724,9 @@ def build_parser() -> argparse.ArgumentParser:
     sandbox_options(sweep, when="with --sandbox: ")
     common(sweep)
     sweep.add_argument("--sandbox", action="store_true", help="start and seed the embedded sandbox first")
-    sweep.add_argument("--until", default=None, choices=["snapshot", "reconcile", "emit", "delete"],
-                       help="last stage to run (default: reconcile, a dry run; emit marks ledgers for deletion; "
-                            "delete without --execute only reports)")
+    sweep.add_argument("--until", default=None, choices=SWEEP_STAGES,
+                       help="last stage to run (default: retention_debt, a dry run that reports; emit marks ledgers "
+                            "for deletion; delete without --execute only reports)")
     sweep.add_argument("--execute", action="store_true",
                        help="run every stage and really delete (with --until, only --until delete)")
     sweep.add_argument("--allow-no-brokers", action="store_true",

@@ -34,7 +34,9 @@ from sweeper.system_topic import SystemTopicError
 from sweeper.tables import TableStore
 from sweeper.vocabulary import HOUR_MS
 
-STAGES = ("snapshot", "reconcile", "emit", "delete")
+# In order; `sweep --until S` runs the stages up to S. A dry-run sweep ends after retention_debt (the report).
+STAGES = ("snapshot", "reconcile", "retention_debt", "emit", "delete")
+DRY_RUN_UNTIL = "retention_debt"
 
 R = TypeVar("R")
 
@@ -259,7 +261,7 @@ def summary_table(result: SweepResult) -> list[str]:
     return lines
 
 
-def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: str = "reconcile",
+def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: str = DRY_RUN_UNTIL,
           run_id: str | None = None, log: Any = print, execute: bool = False) -> SweepResult:
     """Stages in order up to `until`. Emitting marks ledgers for deletion, so it only runs when asked."""
     if until not in STAGES:
@@ -276,7 +278,7 @@ def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: 
         f"({snap.ledgers_per_second:,.0f} ledgers/s)")
     log(f"            ZooKeeper: {zk_load(snap.counts)}")
     if until == "snapshot":
-        return result
+        return _finish(result, config, until, execute, t0, log)
     log(f"[reconcile] started on snapshot {snap.run_id}: gates, then the anti-joins")
     rec = reconcile_stage(spark, config, store, snap.run_id)
     result.stages["reconcile"] = {"seconds": round(rec.duration_s, 1), **rec.counts}
@@ -300,10 +302,11 @@ def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: 
     pending = {k.split(".", 1)[1]: v for k, v in rec.counts.items() if k.startswith("pending_delete.")}
     if pending:
         log("pending deletes on the system topic: " + ", ".join(f"{v:,} {k}" for k, v in sorted(pending.items())))
-    log("[retention] started: retention debt (unloaded topics, idle cursors)")
-    debt = retention_stage(spark, config, store, snap.run_id)
-    result.stages["retention_debt"] = {"seconds": round(debt.duration_s, 1), **debt.counts}
-    retention_summary(debt, log)
+    if until != "reconcile":
+        log("[retention] started: retention debt (unloaded topics, idle cursors)")
+        debt = retention_stage(spark, config, store, snap.run_id)
+        result.stages["retention_debt"] = {"seconds": round(debt.duration_s, 1), **debt.counts}
+        retention_summary(debt, log)
     if until in ("emit", "delete"):
         log(f"[emit] started: marking {plural(rec.counts.get('candidate', 0), 'candidate')} on "
             f"{config.system_topic.topic}")
@@ -323,6 +326,12 @@ def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: 
         result.outcomes = [(r.ledger_type, r.outcome) for r in deleted.results]
         log(f"[delete]    {delete_summary(deleted)} in {deleted.duration_s:.1f}s (paced at "
             f"{config.delete.deletes_per_second:,.0f} deletes/s per task)")
+    return _finish(result, config, until, execute, t0, log)
+
+
+def _finish(result: SweepResult, config: SweeperConfig, until: str, execute: bool, t0: float,
+            log: Any) -> SweepResult:
+    """The run's metrics, its stage table and its last line, wherever `until` ended it."""
     export_metrics(config, result, log)
     for line in summary_table(result):
         log(line)
@@ -333,5 +342,5 @@ def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: 
                 "nothing was deleted: `sweeper delete --execute` drains them")
     else:
         done = "dry run: nothing was deleted"
-    log(f"run {snap.run_id} done in {time.monotonic() - t0:.1f}s ({done})")
+    log(f"run {result.run_id} done in {time.monotonic() - t0:.1f}s ({done})")
     return result

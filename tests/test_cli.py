@@ -315,3 +315,31 @@ def test_a_run_id_used_twice_is_refused_before_anything_is_written(
     DeltaTable(store.path("runs")).delete("run_id = 'nightly-2'")
     assert main(["snapshot", "--config", str(cfg), "--run-id", "nightly-2"]) == EXIT_USAGE
     assert "did not finish" in capsys.readouterr().err
+
+
+def test_retention_debt_is_a_stage_of_its_own(zk: KazooClient, zk_target: ZkTarget, spark: SparkSession,
+                                              tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 22: `--until` names it, `sweeper retention-debt` (and jobs/retention_debt.py) runs it alone."""
+    from sweeper import runs
+    from sweeper.cli import SWEEP_STAGES
+    from sweeper.pipeline import STAGES
+    from sweeper.tables import open_table_store
+
+    assert SWEEP_STAGES == STAGES
+    seed_zookeeper(zk, build_cluster(SandboxSpec(seed=4, topics=10)))
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[bookkeeper]\nzookeeper = "{zk_target.hosts}"\n[tables]\nroot = "{tmp_path / "t"}"\n'
+                   '[offload]\nenabled = false\n[safety]\nmax_orphan_fraction = 1.0\n'
+                   '[gates]\nrequire_live_brokers = false\n')
+    assert main(["sweep", "--config", str(cfg), "--until", "reconcile", "--run-id", "r1"]) == EXIT_OK
+    store = open_table_store(str(tmp_path / "t"), spark, engine="delta-rs")
+    assert [r["stage"] for r in runs.rows(store, run_id="r1")] == ["snapshot", "reconcile"]
+    capsys.readouterr()
+    assert main(["retention-debt", "--config", str(cfg), "--json"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "[retention] started on run r1" in out and json.loads(out.splitlines()[-1])["run_id"] == "r1"
+    assert runs.succeeded(store, "r1", "retention_debt") is not None
+    assert main(["retention-debt", "--config", str(cfg), "--run-id", "r1"]) == EXIT_REFUSED
+    assert "already has its retention debt" in capsys.readouterr().err
+    assert main(["sweep", "--config", str(cfg), "--until", "retention_debt", "--run-id", "r2"]) == EXIT_OK
+    assert [r["stage"] for r in runs.rows(store, run_id="r2")] == ["snapshot", "reconcile", "retention_debt"]
