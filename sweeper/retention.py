@@ -68,7 +68,7 @@ class CursorStatus(StrEnum):
     UNKNOWN = "unknown"
 
 
-class Reason(StrEnum):
+class DebtReason(StrEnum):
     EXPIRED_UNLOADED = "expired_not_trimmed"
     EXPIRED_AWAITING_TRIM = "expired_awaiting_broker_trim"
     NO_DEBT = "no_debt"
@@ -134,7 +134,7 @@ class Policy:
 
 
 @dataclass(frozen=True, slots=True)
-class BrokerSettings:
+class BrokerRetention:
     """broker.conf values the rules need ([retention] in the config)."""
 
     retention_minutes: int = 0
@@ -203,14 +203,15 @@ def parse_namespace_policies(data: bytes | None) -> NamespacePolicy:
     return NamespacePolicy(True, None, minutes, size, ttl, deleted)
 
 
-def effective_policy(ns: NamespacePolicy | None, broker: BrokerSettings) -> tuple[Policy | None, Reason | None, str]:
+def effective_policy(ns: NamespacePolicy | None,
+                     broker: BrokerRetention) -> tuple[Policy | None, DebtReason | None, str]:
     """The namespace's policy over the broker's defaults; (None, why, detail) when it cannot be established."""
     if ns is None:
-        return None, Reason.POLICY_MISSING, "no namespace policies in the configuration store"
+        return None, DebtReason.POLICY_MISSING, "no namespace policies in the configuration store"
     if not ns.readable:
-        return None, Reason.POLICY_UNREADABLE, f"namespace policies unreadable: {ns.error}"
+        return None, DebtReason.POLICY_UNREADABLE, f"namespace policies unreadable: {ns.error}"
     if ns.deleted:
-        return None, Reason.NAMESPACE_DELETED, "the namespace is marked deleted"
+        return None, DebtReason.NAMESPACE_DELETED, "the namespace is marked deleted"
     minutes = ns.retention_minutes if ns.retention_minutes is not None else broker.retention_minutes
     size = ns.retention_size_mb if ns.retention_size_mb is not None else broker.retention_size_mb
     ttl = ns.ttl_seconds if ns.ttl_seconds is not None else broker.ttl_seconds
@@ -341,7 +342,7 @@ def topic_protection(namespace: str, local_name: str, extra: Protection = NONE) 
     if found is not None:
         return found.value
     if local_name.startswith("__") or namespace.startswith("pulsar/"):
-        return Reason.SYSTEM_TOPIC.value
+        return DebtReason.SYSTEM_TOPIC.value
     return None
 
 
@@ -489,7 +490,7 @@ def may_owe(policy: Policy | None, quarantined: bool, summary: TopicSummary, now
                              now_ms, report_idle_ms)[0])
 
 
-def last_possible_ack_ms(cursor: Cursor, broker: BrokerSettings) -> int:
+def last_possible_ack_ms(cursor: Cursor, broker: BrokerRetention) -> int:
     """The latest time this cursor may have persisted an acknowledgement, from what ZooKeeper shows.
 
     With an active cursor ledger, acknowledgements after the znode's write go to that ledger, and the
@@ -519,7 +520,7 @@ class TopicFacts:
     cursors: tuple[Cursor, ...]
     zk_mtime_ms: int  # the managed-ledger znode's mtime: when its list last changed
     policy: Policy | None
-    unknown_reason: Reason | None = None  # why the policy or metadata cannot be established
+    unknown_reason: DebtReason | None = None  # why the policy or metadata cannot be established
     unknown_detail: str = ""
     bundle_owned: bool | None = None  # the topic's bundle has a live owner; None: ownership not readable
     system_topic: bool = False
@@ -529,7 +530,7 @@ class TopicFacts:
 @dataclass(frozen=True, slots=True)
 class TopicDebt:
     status: TopicStatus
-    reason: Reason
+    reason: DebtReason
     detail: str
     trim: Trim = field(default_factory=lambda: Trim((), ()))
     eligible_since_ms: int | None = None  # since when the oldest trimmable ledger has been trimmable
@@ -572,7 +573,7 @@ def eligible_since(facts: TopicFacts, trim: Trim, policy: Policy) -> int | None:
 
 
 def unloaded_evidence(since_ms: int | None, now_ms: int, bundle_owned: bool | None, ttl_involved: bool,
-                      broker: BrokerSettings) -> str | None:
+                      broker: BrokerRetention) -> str | None:
     """Why a topic holding trimmable ledgers is not loaded anywhere, or None when it may be.
 
     A loaded topic is trimmed every check interval; ledgers trimmable for longer than two intervals
@@ -587,7 +588,7 @@ def unloaded_evidence(since_ms: int | None, now_ms: int, bundle_owned: bool | No
     return "not_trimmed_since" if now_ms - since_ms > slack else None
 
 
-def assess_topic(facts: TopicFacts, broker: BrokerSettings, now_ms: int, report_idle_ms: int) -> TopicDebt:
+def assess_topic(facts: TopicFacts, broker: BrokerRetention, now_ms: int, report_idle_ms: int) -> TopicDebt:
     """Retention debt of one managed ledger: expired ledgers nobody trims, and what idle cursors pin."""
     idle = []
     for c in facts.cursors:
@@ -596,12 +597,12 @@ def assess_topic(facts: TopicFacts, broker: BrokerSettings, now_ms: int, report_
             idle.append((c, idle_ms))
     policy = facts.policy
     if policy is None or facts.unknown_reason is not None:
-        reason = facts.unknown_reason or Reason.POLICY_MISSING
+        reason = facts.unknown_reason or DebtReason.POLICY_MISSING
         cursors = tuple(CursorDebt(c.name, idle_ms, c.cursor_ledger >= 0, cursor_protection(c, facts.protection),
                                    Trim((), ()), c) for c, idle_ms in idle)
         return TopicDebt(TopicStatus.UNKNOWN, reason, facts.unknown_detail or reason.value, cursors=cursors)
     if not facts.ledgers:
-        return TopicDebt(TopicStatus.NONE, Reason.NO_DEBT, "no ledgers")
+        return TopicDebt(TopicStatus.NONE, DebtReason.NO_DEBT, "no ledgers")
     positions = _positions(facts, policy, now_ms)
     trim = trimmable(facts.ledgers, positions, policy, now_ms)
     debts = []
@@ -615,7 +616,7 @@ def assess_topic(facts: TopicFacts, broker: BrokerSettings, now_ms: int, report_
             debts.append(CursorDebt(c.name, idle_ms, c.cursor_ledger >= 0, cursor_protection(c, facts.protection),
                                     _minus(alone, trim), c))
     if not trim.ledgers:
-        return TopicDebt(TopicStatus.NONE, Reason.NO_DEBT, "nothing past retention", trim, None, None, idle_pinned,
+        return TopicDebt(TopicStatus.NONE, DebtReason.NO_DEBT, "nothing past retention", trim, None, None, idle_pinned,
                          tuple(debts))
     since = eligible_since(facts, trim, policy)
     ttl_involved = policy.ttl_seconds > 0 and trim.ledgers[0].ledger_id >= trim_bound(
@@ -625,12 +626,12 @@ def assess_topic(facts: TopicFacts, broker: BrokerSettings, now_ms: int, report_
     if evidence is None:
         detail = (f"{count} ledgers ({size:,} bytes) past retention; the topic may be loaded: its next retention "
                   "check should trim them")
-        return TopicDebt(TopicStatus.AWAITING_BROKER, Reason.EXPIRED_AWAITING_TRIM, detail, trim, since, None,
+        return TopicDebt(TopicStatus.AWAITING_BROKER, DebtReason.EXPIRED_AWAITING_TRIM, detail, trim, since, None,
                          idle_pinned, tuple(debts))
     why = ("its bundle has no live owner" if evidence == "bundle_not_owned"
            else f"trimmable since {since} ms and untouched for longer than the broker's retention check allows")
     detail = f"{count} ledgers ({size:,} bytes) past retention nobody trims: {why}"
-    return TopicDebt(TopicStatus.CANDIDATE, Reason.EXPIRED_UNLOADED, detail, trim, since, evidence, idle_pinned,
+    return TopicDebt(TopicStatus.CANDIDATE, DebtReason.EXPIRED_UNLOADED, detail, trim, since, evidence, idle_pinned,
                      tuple(debts))
 
 

@@ -36,15 +36,15 @@ from sweeper.errors import Refused
 from sweeper.protection import NONE, REPLICATED_SUBSCRIPTION_PROPERTY, Protected, Protection, describe
 from sweeper.retention import (
     MINUTE_MS,
-    BrokerSettings,
+    BrokerRetention,
     Cursor,
     CursorStatus,
+    DebtReason,
     Ledger,
     NamespacePolicy,
     Policy,
     PolicyColumns,
     Position,
-    Reason,
     TopicFacts,
     TopicStatus,
     TopicSummaries,
@@ -103,7 +103,7 @@ class RetentionDebtRefused(Refused):
 
 @dataclass(frozen=True)
 class RetentionSettings:
-    broker: BrokerSettings = field(default_factory=BrokerSettings)
+    broker: BrokerRetention = field(default_factory=BrokerRetention)
     report_idle_ms: int = 7 * DAY_MS
     delete_after_ms: int = 0  # [retention] cursor_idle_days; 0: subscriptions are never deleted
     scope: Scope = field(default_factory=Scope)
@@ -118,7 +118,7 @@ class RetentionSettings:
 
     @classmethod
     def from_config(cls, r: RetentionConfig, safety: SafetyConfig) -> RetentionSettings:
-        broker = BrokerSettings(r.default_retention_minutes, r.default_retention_size_mb, r.default_ttl_seconds,
+        broker = BrokerRetention(r.default_retention_minutes, r.default_retention_size_mb, r.default_ttl_seconds,
                                 r.check_interval_seconds * 1000, r.expiry_check_minutes * MINUTE_MS,
                                 r.cursor_rollover_seconds * 1000)
         scope = retention_scope(r.allow, r.deny, safety.allow, safety.deny)
@@ -133,7 +133,7 @@ class _Context:
     run_id: str
     now_ms: int
     settings: RetentionSettings
-    policies: dict[str, tuple[Policy | None, Reason | None, str]]
+    policies: dict[str, tuple[Policy | None, DebtReason | None, str]]
     owned: dict[str, tuple[tuple[int, int], ...]]
     ownership_readable: bool
     quarantined: frozenset[str]
@@ -384,11 +384,12 @@ def _topic_rows(group: list[tuple[Any, ...]], ctx: _Context) -> list[dict[str, A
         elif row[1] == _LEDGER:
             ledgers.append(Ledger(row[7], row[8] or 0, row[9] or 0, row[10] or 0, bool(row[13])))
     ns_key = f"{tenant}/{namespace}"
-    policy, reason, detail = ctx.policies.get(ns_key, (None, Reason.POLICY_MISSING,
+    policy, reason, detail = ctx.policies.get(ns_key, (None, DebtReason.POLICY_MISSING,
                                                        "no namespace policies in the configuration store"))
     topic_policy = NOT_USED if ctx.settings.topic_policies == "none" else RULED_OUT
     if managed_ledger in ctx.quarantined:
-        policy, reason, detail = None, Reason.METADATA_QUARANTINED, "its metadata (or a cursor's) could not be decoded"
+        policy, reason, detail = (None, DebtReason.METADATA_QUARANTINED,
+                                  "its metadata (or a cursor's) could not be decoded")
     settings = ctx.settings
     system = is_system_topic(ns_key, local or "")
     protected = topic_protection(ns_key, local or "", settings.protection)
@@ -437,7 +438,7 @@ def _topic_rows(group: list[tuple[Any, ...]], ctx: _Context) -> list[dict[str, A
                CursorStatus.UNKNOWN: f"idle, on a topic that cannot be judged ({debt.reason.value})"}[cstatus]
         rows.append({**base, "kind": CURSOR, "cursor": c.name, "status": cstatus.value,
                      "topic_policy": NOT_USED if why_protected else base["topic_policy"],
-                     "reason": why_protected or Reason.IDLE_CURSOR.value,
+                     "reason": why_protected or DebtReason.IDLE_CURSOR.value,
                      "detail": f"{why}; pins {c.pinned.bytes:,} bytes alone{lag}",
                      "reclaimable_ledgers": len(c.pinned.ledgers), "reclaimable_bytes": c.pinned.bytes,
                      "reclaimable_offloaded_bytes": sum(x.size for x in c.pinned.ledgers if x.offloaded),
@@ -482,11 +483,12 @@ def finalize_topic_policies(rows: list[dict[str, Any]], lookup: Callable[[str], 
         for r in group:
             r["topic_policy"] = verdict
             if verdict != NOT_SET:
-                _make_unknown(r, Reason.TOPIC_POLICY_SET if verdict == SET else Reason.TOPIC_POLICY_MAY_EXIST, detail)
+                why = DebtReason.TOPIC_POLICY_SET if verdict == SET else DebtReason.TOPIC_POLICY_MAY_EXIST
+                _make_unknown(r, why, detail)
     return calls
 
 
-def _make_unknown(r: dict[str, Any], reason: Reason, detail: str) -> None:
+def _make_unknown(r: dict[str, Any], reason: DebtReason, detail: str) -> None:
     r.update(status=TopicStatus.UNKNOWN.value if r["kind"] == TOPIC else CursorStatus.UNKNOWN.value,
              detail=detail if r["kind"] == TOPIC else f"idle, on a topic that cannot be judged ({reason.value})",
              reclaimable_ledgers=0, reclaimable_bytes=0, reclaimable_offloaded_bytes=0, ledger_ids=[],
@@ -525,7 +527,7 @@ def _run_columns(store: TableStore, name: str, run_id: str, columns: list[str],
 
 
 def _policies(store: TableStore, run_id: str, settings: RetentionSettings) -> dict[
-        str, tuple[Policy | None, Reason | None, str]]:
+        str, tuple[Policy | None, DebtReason | None, str]]:
     columns = ["namespace", "readable", "error", "retention_minutes", "retention_size_mb", "ttl_seconds", "deleted"]
     read = _run_columns(store, "namespace_policies", run_id, columns)
     policies = {}
@@ -642,7 +644,7 @@ def reclaimable_report(rows: list[dict[str, Any]], orphans: OrphanTotals, run_id
     for r in rows:
         e = entry(r["tenant"], r["namespace"])
         if r["kind"] == TOPIC:
-            if r["reason"] == Reason.EXPIRED_UNLOADED.value:
+            if r["reason"] == DebtReason.EXPIRED_UNLOADED.value:
                 e["expired_unloaded_bytes"] += r["reclaimable_bytes"] or 0
                 e["expired_unloaded_topics"] += 1
             elif r["status"] == TopicStatus.AWAITING_BROKER.value:

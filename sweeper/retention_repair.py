@@ -46,6 +46,7 @@ from sweeper.config import SweeperConfig
 from sweeper.errors import Refused
 from sweeper.liveness import registered_web_origins
 from sweeper.protection import Protection, cursor_protection, describe, managed_ledger_protection
+from sweeper.ratelimit import TokenBucket
 from sweeper.safety import Scope, retention_scope
 from sweeper.system_topic import AdminClient, RedirectRefused, SystemTopicError
 from sweeper.table_schemas import RETENTION_ACTIONS
@@ -223,29 +224,18 @@ def cluster_admin(config: SweeperConfig) -> BrokerAdmin:
     return admin
 
 
-class _Pacer:
-    def __init__(self, per_second: float, sleep: Callable[[float], None] = time.sleep) -> None:
-        self.interval, self.sleep, self.next_at = 1.0 / per_second, sleep, 0.0
-
-    def wait(self) -> None:
-        now = time.monotonic()
-        if now < self.next_at:
-            self.sleep(self.next_at - now)
-        self.next_at = max(now, self.next_at) + self.interval
-
-
 class TopicPolicyLookup:
     """[retention] topic_policies = "admin": the broker's answer per topic, paced like the repair's calls. Once
     the admin API is unreachable the rest are `unread` without asking (their topics stay `unknown`): a broker
     we cannot reach never stops the run, and never makes a topic look expired."""
 
     def __init__(self, admin: BrokerAdmin, per_second: float, sleep: Callable[[float], None] = time.sleep) -> None:
-        self.admin, self.pacer, self.failure = admin, _Pacer(per_second, sleep), ""
+        self.admin, self.pacer, self.failure = admin, TokenBucket(per_second, sleep=sleep), ""
 
     def __call__(self, topic_name: str) -> tuple[str, str]:
         if self.failure:
             return UNREAD, f"not asked: {self.failure}"
-        self.pacer.wait()
+        self.pacer.acquire(1)
         try:
             return self.admin.topic_policy(topic_name)
         except RedirectRefused as exc:
@@ -437,7 +427,7 @@ def run_repair(config: SweeperConfig, store: TableStore, plan_run_id: str, run_i
     store_client = (zkutil.connect(config.pulsar.configuration_store, timeout=timeout, security=access)
                     if config.pulsar.configuration_store and plan else client)
     policies = NamespacePolicies(store_client, config.pulsar.policies_root)
-    pacer = _Pacer(config.retention.actions_per_second)
+    pacer = TokenBucket(config.retention.actions_per_second)
     idle_cutoff_ms = int(time.time() * 1000) - int(config.retention.cursor_idle_days * DAY_MS)
     deleted_on: set[str] = set()
     try:
@@ -510,7 +500,7 @@ def _reason(body: bytes) -> str:
     return reason if isinstance(reason, str) else ""
 
 
-def _act(action: PlannedAction, result: RepairResult, client: Any, admin: BrokerAdmin | None, pacer: _Pacer,
+def _act(action: PlannedAction, result: RepairResult, client: Any, admin: BrokerAdmin | None, pacer: TokenBucket,
          config: SweeperConfig, idle_cutoff_ms: int, deleted_on: set[str], rules: TodaysRules,
          policies: NamespacePolicies) -> None:
     refusal = plan_refusal(action, rules) or policies.refusal(action, rules.cluster_name)
@@ -542,7 +532,7 @@ def _act(action: PlannedAction, result: RepairResult, client: Any, admin: Broker
             _record(result, action, WOULD_DELETE, "idle and unchanged since the plan; --execute deletes it")
             return
         assert admin is not None
-        pacer.wait()
+        pacer.acquire(1)
         status, body = admin.stats(action.topic_name)
         if status != 200:
             _record(result, action, FAILED, f"reading the topic's stats answered HTTP {status}: {body[:200]!r}", status)
@@ -559,7 +549,7 @@ def _act(action: PlannedAction, result: RepairResult, client: Any, admin: Broker
         if activity is not None:
             _record(result, action, SKIPPED_ACTIVE, f"the broker shows it in use: {activity}", status)
             return
-        pacer.wait()
+        pacer.acquire(1)
         status, body = admin.delete_subscription(action.topic_name, action.cursor)
         if status in (200, 204):
             deleted_on.add(action.managed_ledger)
@@ -588,7 +578,7 @@ def _act(action: PlannedAction, result: RepairResult, client: Any, admin: Broker
         _record(result, action, WOULD_LOAD, "unchanged since the plan; --execute loads and trims it", None, before)
         return
     assert admin is not None
-    pacer.wait()
+    pacer.acquire(1)
     status, body = admin.trim(action.topic_name)
     outcome, detail = TRIMMED, "trimmed by the broker under its own retention rules"
     reason = _reason(body)
@@ -596,7 +586,7 @@ def _act(action: PlannedAction, result: RepairResult, client: Any, admin: Broker
         _record(result, action, SKIPPED_GONE, f"the broker: {reason}", status, before)
         return
     if status in (404, 405):
-        pacer.wait()
+        pacer.acquire(1)
         status, body = admin.internal_stats(action.topic_name)  # no trim endpoint (Pulsar < 2.11): load it
         outcome, detail = LOADED, "loaded: its broker's next retention check trims it"
     if status not in (200, 204):

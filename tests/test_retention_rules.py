@@ -13,15 +13,15 @@ from sweeper.retention import (
     COMPACTION_CURSOR,
     MEGABYTE,
     MINUTE_MS,
-    BrokerSettings,
+    BrokerRetention,
     Cursor,
     CursorDebt,
     CursorStatus,
+    DebtReason,
     Ledger,
     NamespacePolicy,
     Policy,
     Position,
-    Reason,
     TopicFacts,
     TopicStatus,
     Trim,
@@ -46,7 +46,7 @@ from sweeper.retention import (
 from sweeper.vocabulary import DAY_MS
 
 NOW = 1_700_000_000_000
-BROKER = BrokerSettings()
+BROKER = BrokerRetention()
 KEEP_FOREVER = Policy(-1, -1)
 
 
@@ -81,18 +81,18 @@ def test_a_bad_policy_is_unreadable_never_a_default(data: bytes | None) -> None:
     read = parse_namespace_policies(data)
     assert not read.readable and read.error
     policy, reason, _ = effective_policy(read, BROKER)
-    assert policy is None and reason is Reason.POLICY_UNREADABLE
+    assert policy is None and reason is DebtReason.POLICY_UNREADABLE
 
 
 def test_effective_policy_falls_back_to_the_broker_only_for_fields_not_set() -> None:
-    broker = BrokerSettings(retention_minutes=10, retention_size_mb=20, ttl_seconds=30)
+    broker = BrokerRetention(retention_minutes=10, retention_size_mb=20, ttl_seconds=30)
     policy, reason, _ = effective_policy(NamespacePolicy(True, None, None, None, None), broker)
     assert reason is None and policy is not None
     assert (policy.retention_minutes, policy.retention_size_mb, policy.ttl_seconds) == (10, 20, 30)
     policy, _, _ = effective_policy(NamespacePolicy(True, None, -1, 7, 0), broker)
     assert policy is not None and (policy.retention_minutes, policy.retention_size_mb, policy.ttl_seconds) == (-1, 7, 0)
-    assert effective_policy(None, broker)[1] is Reason.POLICY_MISSING
-    assert effective_policy(NamespacePolicy(True, deleted=True), broker)[1] is Reason.NAMESPACE_DELETED
+    assert effective_policy(None, broker)[1] is DebtReason.POLICY_MISSING
+    assert effective_policy(NamespacePolicy(True, deleted=True), broker)[1] is DebtReason.NAMESPACE_DELETED
 
 
 def test_change_events_rule_out_topic_policies_only_when_provably_empty() -> None:
@@ -324,7 +324,7 @@ def test_expired_ledgers_are_a_candidate_only_on_a_topic_that_looks_unloaded() -
     policy = Policy(24 * 60, -1)
     consumed = (Cursor("s", Position(3, 9), -1, NOW - 10 * DAY_MS),)
     unloaded = assess_topic(TopicFacts(list_, consumed, NOW - 10 * DAY_MS, policy), BROKER, NOW, 7 * DAY_MS)
-    assert unloaded.status is TopicStatus.CANDIDATE and unloaded.reason is Reason.EXPIRED_UNLOADED
+    assert unloaded.status is TopicStatus.CANDIDATE and unloaded.reason is DebtReason.EXPIRED_UNLOADED
     assert ids(unloaded.trim) == [1, 2, 3] and unloaded.trim.bytes == 3000
     assert unloaded.unloaded_evidence == "not_trimmed_since"
     # The list changed a minute ago (a rollover, a load): a loaded broker's next check trims it.
@@ -346,12 +346,12 @@ def test_expired_ledgers_are_a_candidate_only_on_a_topic_that_looks_unloaded() -
 def test_an_unknown_policy_is_never_expired_and_never_acted_on() -> None:
     list_ = ledgers(400, 300)
     idle = Cursor("s", Position(1, -1), -1, NOW - 90 * DAY_MS)
-    facts = TopicFacts(list_, (idle,), NOW - 90 * DAY_MS, None, Reason.POLICY_UNREADABLE, "bad json")
+    facts = TopicFacts(list_, (idle,), NOW - 90 * DAY_MS, None, DebtReason.POLICY_UNREADABLE, "bad json")
     debt = assess_topic(facts, BROKER, NOW, 7 * DAY_MS)
-    assert debt.status is TopicStatus.UNKNOWN and debt.reason is Reason.POLICY_UNREADABLE
+    assert debt.status is TopicStatus.UNKNOWN and debt.reason is DebtReason.POLICY_UNREADABLE
     assert debt.trim.ledgers == () and debt.cursors[0].pinned.ledgers == ()
     assert cursor_status(debt.cursors[0], debt.status, DAY_MS, True) is CursorStatus.UNKNOWN
-    may_exist = TopicFacts(list_, (), NOW - 90 * DAY_MS, Policy(0, 0), Reason.TOPIC_POLICY_MAY_EXIST)
+    may_exist = TopicFacts(list_, (), NOW - 90 * DAY_MS, Policy(0, 0), DebtReason.TOPIC_POLICY_MAY_EXIST)
     assert assess_topic(may_exist, BROKER, NOW, 7 * DAY_MS).status is TopicStatus.UNKNOWN
 
 
@@ -400,7 +400,7 @@ def _random_facts(rng: random.Random, policy: Policy | None) -> TopicFacts:
         cursors.append(Cursor(rng.choice([f"sub-{i}", COMPACTION_CURSOR]), at, rng.choice([-1, 99]), seen,
                               rng.choice([0, seen - rng.randrange(0, DAY_MS)])))
     return TopicFacts(tuple(listed), tuple(cursors), int(NOW - rng.uniform(0, 30) * DAY_MS), policy,
-                      None if policy else Reason.POLICY_MISSING)
+                      None if policy else DebtReason.POLICY_MISSING)
 
 
 def test_a_topic_may_owe_nothing_only_when_the_step_would_report_nothing() -> None:

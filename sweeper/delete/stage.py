@@ -48,6 +48,7 @@ from sweeper.liveness import clock_problem, live_brokers
 from sweeper.names import managed_ledger_for_topic, topic_for_managed_ledger
 from sweeper.offload import S3Target, object_metadata, s3_client
 from sweeper.protection import Protection
+from sweeper.ratelimit import TokenBucket
 from sweeper.rules import ActingRules
 from sweeper.safety import GracePeriod, Scope
 from sweeper.scan.bookkeeper import read_layout, split_custom_metadata
@@ -259,17 +260,15 @@ def _decode(item: PendingRecord) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def _paced(items: list[Any], per_second: float) -> Iterator[list[Any]]:
-    """Chunks of work, sleeping between them so the task stays under `per_second` records."""
+    """Chunks of work; after each, the task waits on the pacer every stage shares (`ratelimit.TokenBucket`) until
+    the records done are paid for, so it stays under `per_second` records (the first chunk goes at once)."""
     chunk = max(1, min(int(per_second), 2000))
-    started = time.monotonic()
-    done = 0
+    bucket = TokenBucket(per_second)
     for start in range(0, len(items), chunk):
         part = items[start:start + chunk]
         yield part
-        done += len(part)
-        ahead = done / per_second - (time.monotonic() - started)
-        if ahead > 0 and start + chunk < len(items):
-            time.sleep(ahead)
+        if start + chunk < len(items):
+            bucket.acquire(len(part))
 
 
 def _run_records(fn: Any, pairs: list[tuple[PendingRecord, dict[str, Any]]], target: DeleteTarget,
