@@ -11,12 +11,22 @@ learns the last sequence id the broker persisted for its name and skips up to it
 deduplication drops any resend that races it. The driver only holds counts and the list of
 producer slots: nothing in proportion to the candidates (`plan_messages` is the same plan for a
 list in one process, used by the tests).
+
+Durable as it goes (issue 22): each task commits its producer's `emitted` rows itself as soon as the broker
+has acknowledged them, after an `intent` row in `emit_journal` naming the partition, producer and sequence ids
+it is about to send. The driver opens the attempt (`started`) and closes it once every task has recorded. An
+attempt stopped by SIGINT or SIGTERM is recorded `interrupted` on its way out; one killed outright is found
+unclosed by the next emit of the run, which records it `interrupted` with what the journal and `emitted`
+show, then re-sends only what `emitted` lacks (the broker deduplicates what it already holds, so the records
+a killed task sent but never recorded are recorded then, as `already_published`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -41,11 +51,17 @@ from sweeper.system_topic import (
     partition_for,
     partition_topic,
 )
-from sweeper.table_schemas import EMITTED
-from sweeper.tables import TableStore
+from sweeper.table_schemas import EMIT_JOURNAL, EMITTED
+from sweeper.tables import TableStore, TaskAppender
 from sweeper.vocabulary import CANDIDATE
 
 log = logging.getLogger(__name__)
+
+JOURNAL_TABLE = "emit_journal"
+STARTED, INTENT, CLOSED = "started", "intent", "closed"
+# Tests only: seconds a producer task waits between the broker's acknowledgements and its `emitted` commit, so a
+# kill lands where records are on the topic but not yet on record (what the journal's intents are for).
+FAILPOINT_BEFORE_RECORDING_ENV = "SWEEPER_FAILPOINT_EMIT_BEFORE_RECORDING_S"
 
 PUBLISHED = "published"
 ALREADY_PUBLISHED = "already_published"
@@ -60,7 +76,7 @@ class EmitRefused(Refused):
 
 
 class EmitFailed(RuntimeError):
-    """Sending failed; nothing is recorded in `emitted`, and a rerun resends only what the broker lacks."""
+    """Sending failed; what the broker acknowledged is in `emitted`, and a rerun sends only the rest."""
 
 
 @dataclass(frozen=True)
@@ -297,9 +313,22 @@ def already_emitted(store: TableStore, run_id: str) -> set[str]:
 
 
 def run_emit(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str) -> EmitResult:
+    started = datetime.now(UTC)
+    try:
+        return _run_emit(spark, config, store, run_id)
+    except KeyboardInterrupt as interrupt:
+        if not getattr(interrupt, "sweeper_recorded", False):  # stopped before its first send: nothing sent
+            with contextlib.suppress(Exception):
+                runs.record(store, run_id, "emit", runs.INTERRUPTED, started, {}, config,
+                            "interrupted during emit before anything was sent; re-run emit")
+        raise
+
+
+def _run_emit(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str) -> EmitResult:
     t0 = time.monotonic()
     cfg = config.system_topic
     check_reconciled(store, run_id)
+    folded = fold_interrupted(store, run_id, by=f"the emit started at {datetime.now(UTC).isoformat()}")
     try:
         broker = BrokerSettings.from_config(cfg)
         if not store.exists("orphans"):
@@ -327,6 +356,7 @@ def run_emit(spark: SparkSession, config: SweeperConfig, store: TableStore, run_
     finally:
         rows.unpersist()
     result.counts["refused_invalid"] = refused_count
+    result.counts["interrupted_attempts_folded"] = folded
     return result
 
 
@@ -350,8 +380,12 @@ def _emit_planned(spark: SparkSession, store: TableStore, run_id: str, planned: 
         return EmitResult(run_id, {**counts, "published": 0, "already_published": 0}, time.monotonic() - t0)
     slot_index = {slot: i for i, slot in enumerate(slots)}
     emitted_at = datetime.now(UTC)
+    journal = EmitJournal(store.task_appender(JOURNAL_TABLE, EMIT_JOURNAL), run_id, emitted_at.isoformat(), emitted_at)
+    recorder = store.task_appender("emitted", EMITTED)
+    columns = EMITTED.fieldNames()
+    pause_s = float(os.environ.get(FAILPOINT_BEFORE_RECORDING_ENV) or 0)
 
-    def send_partition(items: Iterator[tuple[int, Any]]) -> Iterator[tuple]:
+    def send_partition(items: Iterator[tuple[int, Any]]) -> Iterator[tuple[str, int]]:
         rows = [row for _, row in items]
         if not rows:
             return
@@ -361,31 +395,116 @@ def _emit_planned(spark: SparkSession, store: TableStore, run_id: str, planned: 
             producer_slot=r["producer_slot"], sequence_id=r["sequence_id"], record=json.loads(r["record"]))
             for r in rows]
         by_seq = {m.sequence_id: m for m in messages}
-        for partition, seq, message_id, name, payload, status in send_slot(messages, broker, producer):
-            m = by_seq[seq]
-            yield (run_id, emitted_at, m.record_key, m.ledger_id, m.ledger_type, m.component, m.topic_name, partition,
-                   name, seq, message_id, status, payload)
+        first = messages[0]
+        sequence_ids = [m.sequence_id for m in messages]
+        # On record before anything is sent: what this producer may put on the topic, should the task die.
+        journal.intent(first.topic_partition, producer.producer_name(first.topic_partition, first.producer_slot),
+                       min(sequence_ids), max(sequence_ids), len(messages))
+        sent = send_slot(messages, broker, producer)
+        if pause_s:
+            time.sleep(pause_s)
+        recorder.append([dict(zip(columns, (run_id, emitted_at, by_seq[seq].record_key, by_seq[seq].ledger_id,
+                                            by_seq[seq].ledger_type, by_seq[seq].component, by_seq[seq].topic_name,
+                                            partition, name, seq, message_id, status, payload), strict=True))
+                         for partition, seq, message_id, name, payload, status in sent])
+        for *_, status in sent:
+            yield status, 1
 
     by_slot = (todo.select("record_key", "ledger_id", "ledger_type", "component", "topic_name", "topic_partition",
                            "producer_slot", "sequence_id", "record").rdd
                .map(lambda r: (slot_index[(r["topic_partition"], r["producer_slot"])], r))
                .partitionBy(len(slots), lambda index: index))
     sending = time.monotonic()
+    journal.started(counts["records"] - counts["previously_emitted"])
     try:
-        # One job: the producer tasks write what they sent to `emitted` themselves (one Delta commit).
-        store.append("emitted", spark.createDataFrame(by_slot.mapPartitions(send_partition), EMITTED), EMITTED,
-                     commit_metadata={"run_id": run_id, "stage": "emit"})
+        # One job: each producer task records what it sent in `emitted` itself, once the broker acknowledged it.
+        by_status: dict[str, int] = dict(by_slot.mapPartitions(send_partition).reduceByKey(lambda a, b: a + b)
+                                         .collect())
+    except KeyboardInterrupt as interrupt:
+        with contextlib.suppress(Exception):  # the interrupt is what the operator must see
+            fold_interrupted(store, run_id, by="its own interrupt handler (SIGINT or SIGTERM)")
+            interrupt.sweeper_recorded = True  # type: ignore[attr-defined]
+        raise
     except Exception as exc:
-        raise EmitFailed(_task_error(exc)) from exc
+        error = _task_error(exc)
+        with contextlib.suppress(Exception):  # `runs` says failed; the journal must not read as a kill
+            journal.closed(f"failed: {error}"[:2000])
+        raise EmitFailed(error) from exc
+    journal.closed(f"{sum(by_status.values()):,} records recorded")
     counts["send_ms"] = int((time.monotonic() - sending) * 1000)
-    sent = (store.read("emitted").where((F.col("run_id") == run_id) & (F.col("emitted_at") == F.lit(emitted_at)))
-            .groupBy("status").agg(F.count(F.lit(1)).alias("n")).collect())
-    by_status = {r["status"]: int(r["n"]) for r in sent}
     counts["published"] = by_status.get(PUBLISHED, 0)
     counts["already_published"] = by_status.get(ALREADY_PUBLISHED, 0)
     counts["refused_oversize"] = by_status.get(REFUSED_OVERSIZE, 0)
     counts["producers"] = len(slots)
     return EmitResult(run_id, counts, time.monotonic() - t0)
+
+
+@dataclass(frozen=True)
+class EmitJournal:
+    """One emit attempt's trace in `emit_journal` (picklable: the producer tasks write their intents)."""
+
+    appender: TaskAppender
+    run_id: str
+    attempt_id: str
+    started_at: datetime  # also the attempt's `emitted_at`, which ties its `emitted` rows to it
+
+    def _row(self, phase: str, **values: Any) -> dict[str, Any]:
+        return {"run_id": self.run_id, "attempt_id": self.attempt_id, "phase": phase,
+                "at": self.started_at if phase == STARTED else datetime.now(UTC), **values}
+
+    def started(self, records: int) -> None:
+        self.appender.append([self._row(STARTED, records=records)])
+
+    def intent(self, partition: int, producer_name: str, first: int, last: int, records: int) -> None:
+        self.appender.append([self._row(INTENT, topic_partition=partition, producer_name=producer_name,
+                                        first_sequence_id=first, last_sequence_id=last, records=records)])
+
+    def closed(self, detail: str) -> None:
+        self.appender.append([self._row(CLOSED, detail=detail)])
+
+
+def fold_interrupted(store: TableStore, run_id: str, by: str) -> int:
+    """Record every unclosed emit attempt of `run_id` as `interrupted` in `runs` (counts from the journal and
+    `emitted`), then close it; the number folded. Only for attempts that stopped: one emit per run at a time."""
+    if not store.exists(JOURNAL_TABLE):
+        return 0
+    rows = store.read_arrow(JOURNAL_TABLE, where={"run_id": run_id}).to_pylist()
+    closed = {r["attempt_id"] for r in rows if r["phase"] == CLOSED}
+    open_attempts = sorted({r["attempt_id"] for r in rows if r["phase"] == STARTED} - closed)
+    if not open_attempts:
+        return 0
+    recorded: list[dict[str, Any]] = []
+    if store.exists("emitted"):
+        recorded = store.read_arrow("emitted", where={"run_id": run_id},
+                                    columns=["emitted_at", "producer_name", "status"]).to_pylist()
+    run_rows, closing = [], []
+    for attempt in open_attempts:
+        mine = [r for r in rows if r["attempt_id"] == attempt]
+        started = next(r for r in mine if r["phase"] == STARTED)
+        intents = [r for r in mine if r["phase"] == INTENT]
+        done = [r for r in recorded if r["emitted_at"] == started["at"]]
+        slots_done = {r["producer_name"] for r in done}
+        unrecorded = [r for r in intents if r["producer_name"] not in slots_done]
+        may_be_sent = sum(int(r["records"] or 0) for r in unrecorded)
+        last = max(r["at"] for r in mine)
+        counts = {"planned": int(started["records"] or 0), "recorded": len(done),
+                  "published": sum(1 for r in done if r["status"] == PUBLISHED),
+                  "producers_started": len(intents), "producers_unrecorded": len(unrecorded),
+                  "may_be_on_topic_unrecorded": may_be_sent}
+        run_rows.append({"run_id": run_id, "stage": "emit", "status": runs.INTERRUPTED, "started_at": started["at"],
+                         "finished_at": last, "duration_s": (last - started["at"]).total_seconds(), "counts": counts,
+                         "config_hash": None, "engine": store.engine,
+                         "message": f"emit attempt {attempt} stopped before it finished: {len(done):,} of "
+                                    f"{counts['planned']:,} records recorded in emitted; {len(unrecorded):,} "
+                                    f"producers ({may_be_sent:,} records) may have sent without a record: the next "
+                                    f"emit of the run re-sends them under the same producer names and sequence "
+                                    f"ids, the broker deduplicates, and they are recorded (resolved by {by})"})
+        closing.append({"run_id": run_id, "attempt_id": attempt, "at": datetime.now(UTC), "phase": CLOSED,
+                        "detail": f"interrupted; resolved by {by}"})
+    runs.record_rows(store, run_rows, {"stage": "emit", "resolved_by": by})
+    # Closed last: killed before this, the next emit folds them again (a second `interrupted` row, nothing lost).
+    store.append_rows(JOURNAL_TABLE, closing, EMIT_JOURNAL, commit_metadata={"stage": "emit", "resolved_by": by})
+    return len(open_attempts)
 
 
 def _task_error(exc: Exception) -> str:

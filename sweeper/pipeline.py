@@ -185,12 +185,13 @@ def idle_cursors(counts: dict[str, int]) -> int:
 def emit_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str) -> EmitResult:
     def escalate(exc: Exception) -> Exception | None:
         if isinstance(exc, EmitFailed):
-            return StageRefused(f"emit failed, nothing recorded as emitted (a rerun resends only what the broker "
-                                f"lacks): {exc}")
+            return StageRefused(f"emit failed; what the broker acknowledged is recorded in emitted, and a rerun "
+                                f"sends only the rest: {exc}")
         return None
 
+    # An interrupted emit records itself, with what its journal and `emitted` hold (issue 22).
     return _stage(store, config, run_id, "emit", lambda: run_emit(spark, config, store, run_id),
-                  lambda result: _Ending(result.counts), (EmitRefused,), escalate)
+                  lambda result: _Ending(result.counts), (EmitRefused,), escalate, record_interrupt=False)
 
 
 def delete_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str, execute: bool = False,

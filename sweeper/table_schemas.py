@@ -338,6 +338,22 @@ EMITTED = _schema(
     ("payload", BIN, False),  # the Avro record as sent, so the delete stage needs no topic read
 )
 
+# One `emit` invocation's trace (issue 22): `started` before any send, an `intent` per producer slot before its
+# sends (its partition, producer and sequence ids: what may be on the topic), `closed` once `emitted` holds every
+# row. An attempt left unclosed (a kill) is folded in by the next emit: `runs` gets it as `interrupted`.
+EMIT_JOURNAL = _schema(
+    ("run_id", S, False),
+    ("attempt_id", S, False),
+    ("at", TS, False),
+    ("phase", S, False),  # started | intent | closed
+    ("topic_partition", INT),
+    ("producer_name", S),
+    ("first_sequence_id", L),
+    ("last_sequence_id", L),
+    ("records", L),
+    ("detail", S),
+)
+
 # Phase 2: one row per record per attempt that ended a task's work on it (PIP-186's outcomes).
 DELETE_RESULTS = _schema(
     ("run_id", S, False),
@@ -516,6 +532,6 @@ RETENTION_ACTIONS = _schema(
 ALL_TABLES: dict[str, StructType] = {**SNAPSHOT_TABLES, "orphans": ORPHANS, "orphan_report": ORPHAN_REPORT,
                                      "runs": RUNS, "emitted": EMITTED, "pending_delete_status": PENDING_DELETE_STATUS,
                                      "delete_results": DELETE_RESULTS, "retry_queue": RETRY_QUEUE,
-                                     "delete_journal": DELETE_JOURNAL,
+                                     "delete_journal": DELETE_JOURNAL, "emit_journal": EMIT_JOURNAL,
                                      "dead_letter": DEAD_LETTER, "retention_debt": RETENTION_DEBT,
                                      "reclaimable_report": RECLAIMABLE_REPORT, "retention_actions": RETENTION_ACTIONS}

@@ -1,4 +1,11 @@
-"""Issue 22: a `delete --execute` killed at any instant leaves every deletion on record, with the run that made it.
+"""Issue 22: a `delete --execute` killed at any instant leaves every deletion on record, with the run that made it;
+an `emit` killed at any instant leaves the topic and `emitted` in agreement once the next emit has run.
+
+The run's emit goes first, as its own CLI processes: stopped with SIGKILL and with SIGINT once producers have
+begun (each producer task waits 0.5 s between the broker's acknowledgements and its `emitted` commit, so a stop
+lands where records are on the topic but not on record), then run to the end. Every record on the topic is then
+in `emitted` exactly once, nothing is on the topic twice, each stopped attempt is `interrupted` in `runs` and
+closed in `emit_journal`. SWEEPER_EMIT_KILL_POINTS (default 1) sets how many stops of each kind.
 
 `sweeper delete --execute` runs as a real CLI process at a slow pace against a seeded sandbox (real ZooKeeper,
 Spark, Delta), and is stopped again and again at random points (seeded and printed): with SIGINT sent to its
@@ -32,6 +39,7 @@ from pyspark.sql import SparkSession
 from harness.sandbox.model import SandboxSpec
 from sweeper.config import SweeperConfig
 from sweeper.delete.stage import FAILPOINT_BEFORE_OUTCOMES_ENV
+from sweeper.emit import FAILPOINT_BEFORE_RECORDING_ENV
 from sweeper.layout import ledger_path
 from tests.conftest import SHORT_LIVED_SPARK_ENV, ZkTarget
 from tests.test_delete_stage import _planned
@@ -39,6 +47,7 @@ from tests.test_emit import Broker
 
 REPO = Path(__file__).resolve().parents[1]
 KILL_POINTS = int(os.environ.get("SWEEPER_KILL_POINTS", "2"))
+EMIT_KILL_POINTS = int(os.environ.get("SWEEPER_EMIT_KILL_POINTS", "1"))
 SEED = int(os.environ.get("SWEEPER_KILL_SEED", "2211"))
 
 
@@ -90,17 +99,18 @@ def _group_alive(pgid: int) -> bool:
 def test_delete_killed_at_random_points_leaves_every_deletion_on_record(
         zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
     spec = SandboxSpec(seed=22, topics=30)
-    cluster, cfg, store, run_id = _planned(zk, zk_target.hosts, spark, tmp_path, broker, spec)
+    cluster, cfg, store, run_id = _planned(zk, zk_target.hosts, spark, tmp_path, broker, spec, emit=False)
     cfg = cfg.replace(delete={"deletes_per_second": 1.0, "tasks": 2},
-                      bookkeeper={"session_timeout_s": 4.0})
+                      bookkeeper={"session_timeout_s": 4.0}, system_topic={"records_per_producer": 3})
+    config_file = tmp_path / "sweeper.toml"
+    config_file.write_text(_toml(cfg))
+    _emit_stopped_then_finished(cfg, config_file, run_id, broker, tmp_path)
     emitted = {r["ledger_id"] for r in store.read_arrow("emitted", where={"run_id": run_id}).to_pylist()
                if r["ledger_type"] == "LEDGER"}
     assert len(emitted) >= 20, "enough records for many stops"
     layout = cluster.spec.layout
     path_of = {ledger: ledger_path(cfg.bookkeeper.ledgers_root, ledger, layout) for ledger in emitted}
     in_use = [i for i, x in cluster.ledgers.items() if x.status.value == "in_use"]
-    config_file = tmp_path / "sweeper.toml"
-    config_file.write_text(_toml(cfg))
     rng = random.Random(SEED)
     stops = [signal.SIGINT, signal.SIGKILL] * KILL_POINTS
     rng.shuffle(stops)
@@ -162,3 +172,64 @@ def test_delete_killed_at_random_points_leaves_every_deletion_on_record(
     recovered = [r for r in results if r["outcome"] == "deleted" and r["detail"].startswith("deleted by attempt ")]
     print(f"{len(interrupted)} attempts interrupted; {len(recovered)} deletions known only from their intents")
     assert all(r["message"].startswith("attempt ") and len(r["message"]) < 500 for r in interrupted)
+
+
+def _emit_stopped_then_finished(cfg: SweeperConfig, config_file: Path, run_id: str, broker: Broker,
+                                tmp_path: Path) -> None:
+    root = Path(cfg.tables.root)
+
+    def journal(phase: str) -> list[dict[str, Any]]:
+        if not (root / "emit_journal" / "_delta_log").exists():
+            return []
+        return [r for r in DeltaTable(str(root / "emit_journal")).to_pyarrow_table().to_pylist() if r["phase"] == phase]
+
+    rng = random.Random(SEED + 1)
+    stops = [signal.SIGINT, signal.SIGKILL] * EMIT_KILL_POINTS
+    rng.shuffle(stops)
+    log, plan = tmp_path / "emit-attempts.log", []
+    for n, how in enumerate([*stops, None]):
+        before = len(journal("intent"))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sweeper.cli", "emit", "--config", str(config_file), "--run-id", run_id],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=open(log, "ab"), start_new_session=True,  # noqa: SIM115
+            env={**os.environ, **SHORT_LIVED_SPARK_ENV, "SWEEPER_LOG_FILE": str(tmp_path / "emit.log"),
+                 FAILPOINT_BEFORE_RECORDING_ENV: "0.5"})
+        if how is not None:
+            producers, delay = rng.randint(1, 3), rng.uniform(0.0, 0.6)
+            plan.append((n, how.name, producers, round(delay, 2)))
+            started = time.monotonic()
+            while proc.poll() is None and time.monotonic() - started < 60:
+                if len(journal("intent")) - before >= producers:
+                    time.sleep(delay)
+                    break
+                time.sleep(0.05)
+            if proc.poll() is None:
+                if how is signal.SIGINT:
+                    os.killpg(proc.pid, signal.SIGINT)
+                else:
+                    os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=240)
+        if how is signal.SIGINT and proc.returncode != 0:
+            assert proc.returncode == 130, (n, proc.returncode, log.read_text()[-2000:])
+        deadline = time.monotonic() + 60
+        while _group_alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if _group_alive(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+    print(f"emit kill plan (seed {SEED + 1}): {plan}")
+    assert proc.returncode == 0, log.read_text()[-3000:]
+
+    emitted = DeltaTable(str(root / "emitted")).to_pyarrow_table(
+        columns=["run_id", "record_key", "producer_name", "sequence_id"]).to_pylist()
+    mine = [r for r in emitted if r["run_id"] == run_id]
+    on_topic = [(m.producer_name, m.sequence_id) for m in broker.messages()]
+    assert len(on_topic) == len(set(on_topic)), "a record on the topic twice"
+    assert set(on_topic) == {(r["producer_name"], r["sequence_id"]) for r in mine}, "topic and emitted disagree"
+    assert len({r["record_key"] for r in mine}) == len(on_topic)
+    runs = DeltaTable(str(root / "runs")).to_pyarrow_table().to_pylist()
+    statuses = [r["status"] for r in sorted(runs, key=lambda r: r["started_at"])
+                if r["run_id"] == run_id and r["stage"] == "emit"]
+    started = {r["attempt_id"] for r in journal("started")}
+    assert started == {r["attempt_id"] for r in journal("closed")}, "every emit attempt closed"
+    # Each stop that caught an attempt after its first send is one `interrupted` row; the last run succeeded.
+    assert statuses[-1] == "succeeded" and statuses.count("interrupted") == len(started) - 1 <= len(stops), statuses

@@ -67,7 +67,7 @@ def dump(zk: KazooClient, path: str = "/") -> dict[str, tuple[bytes, int]]:
 
 
 def _planned(zk: KazooClient, hosts: str, spark: SparkSession, tmp_path: Path, broker: Broker,
-             spec: SandboxSpec, s3: S3ServerInfo | None = None) -> Planned:
+             spec: SandboxSpec, s3: S3ServerInfo | None = None, emit: bool = True) -> Planned:
     """Seed, snapshot, reconcile and emit: what the delete stage starts from.
 
     With S3, reconcile looks LATER_MS ahead: moto cannot backdate objects, so only then are its
@@ -93,8 +93,9 @@ def _planned(zk: KazooClient, hosts: str, spark: SparkSession, tmp_path: Path, b
         started = datetime.now(UTC)
         rec = run_reconcile(spark, store, run_id, safety_settings(cfg), now_ms=_later())
         record_run(store, run_id, "reconcile", "succeeded", started, rec.counts, cfg)
-    emitted = run_emit(spark, cfg, store, run_id)
-    record_run(store, run_id, "emit", "succeeded", datetime.now(UTC), emitted.counts, cfg)
+    if emit:
+        emitted = run_emit(spark, cfg, store, run_id)
+        record_run(store, run_id, "emit", "succeeded", datetime.now(UTC), emitted.counts, cfg)
     return cluster, cfg, store, run_id
 
 
