@@ -96,11 +96,16 @@ def _print_counts(title: str, counts: dict[str, int]) -> None:
 def _reach_harness() -> None:
     """The sandbox and testbed are development tools that live in the checkout's `harness/`, outside the installed
     package (issue 22): an installed console script finds them beside this checkout's `sweeper/`, or says why not."""
-    checkout = Path(__file__).resolve().parents[1]
-    if (checkout / "harness" / "__init__.py").is_file():
-        if str(checkout) not in sys.path:
-            sys.path.insert(0, str(checkout))
-        return
+    # Beside this sweeper/ (an editable install, `python -m`); beside the job script spark-submit ran (the
+    # package itself then comes from the shipped zip); or the directory the command runs in.
+    candidates = [Path(__file__).resolve().parents[1], Path.cwd()]
+    if sys.argv and sys.argv[0].endswith(".py"):
+        candidates.insert(1, Path(sys.argv[0]).resolve().parents[1])
+    for checkout in candidates:
+        if (checkout / "harness" / "__init__.py").is_file():
+            if str(checkout) not in sys.path:
+                sys.path.insert(0, str(checkout))
+            return
     from sweeper.errors import UsageError
 
     raise UsageError("the sandbox and the testbed are development tools of the source checkout (its harness/ "

@@ -12,7 +12,7 @@ Spark, Delta), and is stopped again and again at random points (seeded and print
 process group, as Ctrl-C does, and with SIGKILL to the driver alone. Each next attempt resolves the stopped
 one; a last attempt runs to the end. Then every ledger znode that is gone has exactly one `deleted` outcome
 of the run, nothing an attempt deleted is filed `already_gone`, nothing in use is gone, each stopped attempt
-is `interrupted` in `runs`, and the deleted set is the ground truth. SWEEPER_KILL_POINTS (default 2, to keep
+is `interrupted` in `runs`, and the deleted set is the ground truth. SWEEPER_KILL_POINTS (default 1, to keep
 the suite in its time budget; 5 is the acceptance run) sets how many stops of each kind. Between a chunk's
 deletes and its outcome commit the tasks wait 0.4 s (a failpoint), so stops land there too: ledgers deleted
 whose outcome was never recorded, which only the journal's intents tell.
@@ -46,7 +46,7 @@ from tests.test_delete_stage import _planned
 from tests.test_emit import Broker
 
 REPO = Path(__file__).resolve().parents[1]
-KILL_POINTS = int(os.environ.get("SWEEPER_KILL_POINTS", "2"))
+KILL_POINTS = int(os.environ.get("SWEEPER_KILL_POINTS", "1"))
 EMIT_KILL_POINTS = int(os.environ.get("SWEEPER_EMIT_KILL_POINTS", "1"))
 SEED = int(os.environ.get("SWEEPER_KILL_SEED", "2211"))
 
@@ -100,7 +100,7 @@ def test_delete_killed_at_random_points_leaves_every_deletion_on_record(
         zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
     spec = SandboxSpec(seed=22, topics=30)
     cluster, cfg, store, run_id = _planned(zk, zk_target.hosts, spark, tmp_path, broker, spec, emit=False)
-    cfg = cfg.replace(delete={"deletes_per_second": 1.0, "tasks": 2},
+    cfg = cfg.replace(delete={"deletes_per_second": 2.0, "tasks": 2},
                       bookkeeper={"session_timeout_s": 4.0}, system_topic={"records_per_producer": 3})
     config_file = tmp_path / "sweeper.toml"
     config_file.write_text(_toml(cfg))

@@ -11,6 +11,7 @@ import nbformat
 from harness.sandbox import PORT_SPAN, sandbox_down
 from harness.zkserver import free_port_block
 from sweeper.cli import EXIT_OK, main
+from tests.conftest import SHORT_LIVED_SPARK_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -18,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_audit_notebook_executes_and_plots(tmp_path: Path) -> None:
     home = tmp_path / "sandbox"
     env = {"SWEEPER_SANDBOX_HOME": str(home), "SWEEPER_SANDBOX_PORT": str(free_port_block(PORT_SPAN)),
-           "SWEEPER_TOPICS": "40", "PYSPARK_PYTHON": sys.executable}
+           "SWEEPER_TOPICS": "40", "PYSPARK_PYTHON": sys.executable, **SHORT_LIVED_SPARK_ENV}
     # `sweeper audit` sets the others for the kernel; all are restored afterwards.
     saved = {k: os.environ.get(k) for k in (*env, "SWEEPER_REPO", "SWEEPER_CONFIG", "SWEEPER_TABLES")}
     os.environ.update(env)
