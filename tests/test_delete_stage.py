@@ -350,3 +350,19 @@ def test_draining_the_topic_acknowledges_only_committed_outcomes(
 
     again = run_delete(spark, cfg, store, "drain-2", from_topic=True, execute=True)
     assert again.counts["from_topic"] == 0 and again.counts["records"] == 0
+
+
+def test_the_chunk_pacer_counts_the_work_toward_the_rate_and_never_exceeds_it() -> None:
+    """A chunk's own work time is part of its budget: work as slow as the pace adds no sleep (a pacer that
+    slept a whole chunk's worth after slow work halved the delete rate), and fast work is held to the rate."""
+    from sweeper.delete.stage import _paced
+
+    started = time.monotonic()
+    for part in _paced(list(range(40)), 20.0):  # two chunks of a second's worth each
+        time.sleep(len(part) / 20.0 * 0.9)
+    slow = time.monotonic() - started
+    started = time.monotonic()
+    chunks = list(_paced(list(range(40)), 20.0))
+    fast = time.monotonic() - started
+    assert slow < 2.4, f"40 records at 20/s whose work took 1.8 s took {slow:.2f}s"  # double-paying: 2.8 s
+    assert 0.9 < fast < 1.3 and [len(c) for c in chunks] == [20, 20], fast

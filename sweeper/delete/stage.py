@@ -48,7 +48,6 @@ from sweeper.liveness import clock_problem, live_brokers
 from sweeper.names import managed_ledger_for_topic, topic_for_managed_ledger
 from sweeper.offload import S3Target, object_metadata, s3_client
 from sweeper.protection import Protection
-from sweeper.ratelimit import TokenBucket
 from sweeper.rules import ActingRules
 from sweeper.safety import GracePeriod, Scope
 from sweeper.scan.bookkeeper import read_layout, split_custom_metadata
@@ -260,15 +259,21 @@ def _decode(item: PendingRecord) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def _paced(items: list[Any], per_second: float) -> Iterator[list[Any]]:
-    """Chunks of work; after each, the task waits on the pacer every stage shares (`ratelimit.TokenBucket`) until
-    the records done are paid for, so it stays under `per_second` records (the first chunk goes at once)."""
+    """Chunks of work, sleeping between them so the task stays under `per_second` records on average.
+
+    Not `ratelimit.TokenBucket`: a chunk is paid for after its work, and the time that work took counts toward
+    its budget. A bucket whose burst is one slice would not bank that time and would sleep a whole chunk's worth
+    on top of it, halving the rate whenever ZooKeeper is as slow as the pace."""
     chunk = max(1, min(int(per_second), 2000))
-    bucket = TokenBucket(per_second)
+    started = time.monotonic()
+    done = 0
     for start in range(0, len(items), chunk):
         part = items[start:start + chunk]
         yield part
-        if start + chunk < len(items):
-            bucket.acquire(len(part))
+        done += len(part)
+        ahead = done / per_second - (time.monotonic() - started)
+        if ahead > 0 and start + chunk < len(items):
+            time.sleep(ahead)
 
 
 def _run_records(fn: Any, pairs: list[tuple[PendingRecord, dict[str, Any]]], target: DeleteTarget,
