@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -21,8 +20,8 @@ from tests.conftest import SHORT_LIVED_SPARK_ENV, ZkTarget
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_sweep_on_the_sandbox_end_to_end(spark: SparkSession, tmp_path: Path,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_sweep_on_the_sandbox_end_to_end(spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
     home, tables, port = tmp_path / "sandbox", tmp_path / "tables", free_port_block(PORT_SPAN)
     args = ["--config", str(REPO / "conf" / "local.toml"), "--home", str(home), "--port", str(port),
             "--tables", str(tables), "--topics", "40", "--json"]
@@ -79,17 +78,10 @@ def test_sweep_on_the_sandbox_end_to_end(spark: SparkSession, tmp_path: Path,
             return len(capsys.readouterr().out.splitlines())
 
         before, report = run_count(), tmp_path / "audit.ipynb"
-        kernel_env = {k: os.environ.get(k) for k in SHORT_LIVED_SPARK_ENV}
-        os.environ.update(SHORT_LIVED_SPARK_ENV)  # the notebook kernel's Spark is a JVM of its own
-        try:
-            assert main(["audit", "--run-id", summary["run_id"], "--tables", str(tables), "--config",
-                         str(REPO / "conf" / "local.toml"), "--out", str(report)]) == EXIT_OK
-        finally:
-            for key, value in kernel_env.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+        for key, value in SHORT_LIVED_SPARK_ENV.items():  # the notebook kernel's Spark is a JVM of its own
+            monkeypatch.setenv(key, value)
+        assert main(["audit", "--run-id", summary["run_id"], "--tables", str(tables), "--config",
+                     str(REPO / "conf" / "local.toml"), "--out", str(report)]) == EXIT_OK
         assert f"[audit] running notebooks/audit.ipynb on run {summary['run_id']}" in capsys.readouterr().out
         rendered = report.read_text()
         assert "nothing to reclaim: this run has no candidates" in rendered and '"output_type": "error"' not in rendered

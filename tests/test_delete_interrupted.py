@@ -79,13 +79,19 @@ def _wait_gone(proc: subprocess.Popen[bytes], zk: KazooClient, lock_path: str, t
     """Nothing of the attempt runs any more (its JVM and Python workers are in its process group) and its run
     lock, an ephemeral znode, is released or has expired with the killed driver's session."""
     deadline = time.monotonic() + timeout
+    _wait_group_gone(proc, timeout)
+    while zk.exists(lock_path) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not zk.exists(lock_path), "the run lock outlived its session"
+
+
+def _wait_group_gone(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    """The attempt's JVM and Python workers (its process group) have exited, killed if they outstay `timeout`."""
+    deadline = time.monotonic() + timeout
     while _group_alive(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.2)
     if _group_alive(proc.pid):
         os.killpg(proc.pid, signal.SIGKILL)
-    while zk.exists(lock_path) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not zk.exists(lock_path), "the run lock outlived its session"
 
 
 def _group_alive(pgid: int) -> bool:
@@ -211,11 +217,7 @@ def _emit_stopped_then_finished(cfg: SweeperConfig, config_file: Path, run_id: s
         proc.communicate(timeout=240)
         if how is signal.SIGINT and proc.returncode != 0:
             assert proc.returncode == 130, (n, proc.returncode, log.read_text()[-2000:])
-        deadline = time.monotonic() + 60
-        while _group_alive(proc.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if _group_alive(proc.pid):
-            os.killpg(proc.pid, signal.SIGKILL)
+        _wait_group_gone(proc, 60.0)
     print(f"emit kill plan (seed {SEED + 1}): {plan}")
     assert proc.returncode == 0, log.read_text()[-3000:]
 
