@@ -23,13 +23,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness.sandbox.model import SandboxSpec, build_cluster
 from harness.sandbox.seed import seed_zookeeper
 from harness.zkserver import start_zookeeper, stop_zookeeper
-from sweeper import zk as zkutil
 from sweeper.config import SweeperConfig
 from sweeper.reconcile import SafetySettings, run_reconcile
 from sweeper.safety import CircuitBreaker
 from sweeper.snapshot import run_snapshot
 from sweeper.spark import get_spark
 from sweeper.tables import open_table_store
+from sweeper.zk import client as zkutil
 
 SETTING = "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning"
 

@@ -56,8 +56,8 @@ from harness.sandbox.pulsar import start_pulsar, stop_pulsar
 from harness.sandbox.seed import seed_zookeeper
 from harness.spark_standalone import StandaloneCluster, start_cluster, stop_cluster
 from harness.zkserver import free_port, start_zookeeper, stop_zookeeper
-from sweeper import zk as zkutil
 from sweeper.layout import ledger_path
+from sweeper.zk import client as zkutil
 
 REPO = Path(__file__).resolve().parents[1]
 STAGES = ("snapshot", "reconcile", "emit", "delete")

@@ -26,7 +26,6 @@ from kazoo.client import KazooClient
 
 from harness.zkserver import start_zookeeper, stop_zookeeper
 from sweeper import pending_delete
-from sweeper import zk as zkutil
 from sweeper.codecs import pulsar as codec
 from sweeper.codecs.bookkeeper import LedgerMetadata, Segment, encode_ledger_metadata
 from sweeper.config import PulsarMetadataConfig, SweeperConfig
@@ -36,6 +35,7 @@ from sweeper.runs import record as record_run
 from sweeper.spark import get_spark
 from sweeper.table_schemas import EMITTED, SNAPSHOT_TABLES
 from sweeper.tables import open_table_store
+from sweeper.zk import client as zkutil
 
 PER_TOPIC = 10
 OLD_MS = int(time.time() * 1000) - 30 * 86_400_000

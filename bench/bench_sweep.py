@@ -34,10 +34,10 @@ from harness.sandbox.model import SandboxSpec, Status, build_cluster
 from harness.sandbox.pulsar import start_pulsar, stop_pulsar
 from harness.sandbox.seed import seed_zookeeper
 from harness.zkserver import free_port, start_zookeeper, stop_zookeeper
-from sweeper import zk as zkutil
 from sweeper.config import PulsarMetadataConfig, SweeperConfig
 from sweeper.spark import get_spark
 from sweeper.tables import open_table_store
+from sweeper.zk import client as zkutil
 
 
 class TreeMemory:

@@ -43,9 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness.sandbox.model import SandboxSpec, build_cluster
 from harness.sandbox.seed import seed_zookeeper
 from harness.zkserver import start_zookeeper, stop_zookeeper
-from sweeper import zk as zkutil
 from sweeper.config import ScanConfig, SweeperConfig
 from sweeper.layout import LedgerLayout, ledger_path
+from sweeper.zk import client as zkutil
 
 PROBE_ZNODES = 200
 PROBE_BYTES = 1024  # a managed ledger's info with a handful of ledgers, or a cursor's
@@ -179,7 +179,7 @@ def reads_worker(hosts: str, rate: float, multi_read: int, window: int, paths: l
                  result_file: str) -> None:
     """One scan session's reads (the wire reader with multiRead, paced as the scan paces them), no decoding."""
     from sweeper.ratelimit import TokenBucket
-    from sweeper.zkwire import WireReader
+    from sweeper.zk.wire import WireReader
 
     reads, started = 0, time.monotonic()
     limiter = TokenBucket(rate) if rate > 0 else None

@@ -23,8 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.zkserver import start_zookeeper, stop_zookeeper
-from sweeper import zk as zkutil
-from sweeper.zkwire import WireReader
+from sweeper.zk import client as zkutil
+from sweeper.zk.wire import WireReader
 
 
 def seed(hosts: str, count: int, payload: int) -> list[str]:

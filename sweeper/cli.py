@@ -178,7 +178,7 @@ def _check_credentials(cfg: SweeperConfig) -> None:
     """Every secret the config names is read now, before Spark starts: an unset variable or an unreadable file is
     the operator's configuration (exit 2, in a second), not a refusal 20 seconds into a run."""
     from sweeper.system_topic import SystemTopicError, read_token
-    from sweeper.zksecurity import bookkeeper_security, pulsar_security
+    from sweeper.zk.security import bookkeeper_security, pulsar_security
 
     bookkeeper_security(cfg)
     pulsar_security(cfg)

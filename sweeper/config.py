@@ -20,7 +20,7 @@ class ZooKeeperAccessConfig:
     """How to reach a secured ZooKeeper: TLS and authentication, per metadata store.
 
     Shared by [bookkeeper] and [pulsar]; secrets only by file or environment variable name
-    (see sweeper.zksecurity, which reads them when connecting).
+    (see sweeper.zk.security, which reads them when connecting).
     """
 
     tls: bool = False  # the connect string names TLS client ports (secureClientPort)

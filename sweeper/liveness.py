@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError, NoNodeError
 
-from sweeper import zk as zkutil
 from sweeper.system_topic import Origin, broker_web_origins
+from sweeper.zk import client as zkutil
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,6 @@ from kazoo.exceptions import NoNodeError
 from pyspark.sql import functions as F
 
 from sweeper import names, runs
-from sweeper import zk as zkutil
 from sweeper.codecs import pulsar as codec
 from sweeper.codecs.errors import MetadataDecodeError
 from sweeper.config import SweeperConfig
@@ -52,7 +51,8 @@ from sweeper.system_topic import AdminClient, RedirectRefused, SystemTopicError
 from sweeper.table_schemas import RETENTION_ACTIONS
 from sweeper.tables import TableStore
 from sweeper.vocabulary import DAY_MS, NOT_SET, SET, UNREAD
-from sweeper.zksecurity import pulsar_security
+from sweeper.zk import client as zkutil
+from sweeper.zk.security import pulsar_security
 
 LOAD_TOPIC, DELETE_SUBSCRIPTION = "load_topic", "delete_subscription"
 WOULD_LOAD, WOULD_DELETE = "would_load", "would_delete"

@@ -24,7 +24,6 @@ from pyspark.sql.types import BinaryType, LongType, StringType, StructField, Str
 from pyspark.storagelevel import StorageLevel
 
 from sweeper import runs
-from sweeper import zk as zkutil
 from sweeper.config import SweeperConfig
 from sweeper.errors import Refused, RunIdTaken
 from sweeper.liveness import ClockReading, clock_problem, live_brokers, probe_clock
@@ -41,15 +40,11 @@ from sweeper.spark import task_error
 from sweeper.system_topic import AdminClient, BrokerSettings, SystemTopicError, broker_partitions
 from sweeper.table_schemas import PEER_REFERENCES, SNAPSHOT_TABLES
 from sweeper.tables import TableStore
-from sweeper.zk import (
-    ChildrenRead,
-    ZnodeRead,
-    ZooKeeperPermissionError,
-    ZooKeeperSecurityError,
-    ZooKeeperUnavailableError,
-)
-from sweeper.zksecurity import ZkSecurity, bookkeeper_security, pulsar_security
-from sweeper.zkwire import WireReader
+from sweeper.zk import client as zkutil
+from sweeper.zk.errors import ZooKeeperPermissionError, ZooKeeperSecurityError, ZooKeeperUnavailableError
+from sweeper.zk.reads import ChildrenRead, ZnodeRead
+from sweeper.zk.security import ZkSecurity, bookkeeper_security, pulsar_security
+from sweeper.zk.wire import WireReader
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +197,7 @@ def _require_readable(client: Any, *paths: str) -> None:
 
 @contextlib.contextmanager
 def _readable(root: str) -> Iterator[None]:
-    """kazoo's NoAuth names no znode; listings below the root name theirs (sweeper.zk.children_many)."""
+    """kazoo's NoAuth names no znode; listings below the root name theirs (sweeper.zk.client.children_many)."""
     try:
         yield
     except NoAuthError as exc:

@@ -17,8 +17,8 @@ from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
 from harness.zkserver import FAKETIME_LIB, ServerClock, ZooKeeperServerInfo, start_zookeeper, stop_zookeeper
-from sweeper import zk as zkutil
 from sweeper.config import PulsarMetadataConfig, SafetyConfig, ScanConfig, SweeperConfig
+from sweeper.zk import client as zkutil
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_FIXTURES = REPO.parent / "shared" / "fixtures"

@@ -18,7 +18,6 @@ from harness.s3server import S3ServerInfo, start_s3, stop_s3
 from harness.sandbox.model import OrphanKind, SandboxCluster, SandboxSpec, Status, build_cluster
 from harness.sandbox.seed import seed_s3, seed_zookeeper
 from harness.zkserver import free_port, start_zookeeper, stop_zookeeper
-from sweeper import zk as zkutil
 from sweeper.codecs import pulsar as codec
 from sweeper.config import SweeperConfig
 from sweeper.delete.lock import DeleteRunLock, RunLockHeld
@@ -31,6 +30,7 @@ from sweeper.reconcile import run_reconcile
 from sweeper.runs import record as record_run
 from sweeper.snapshot import run_snapshot
 from sweeper.tables import TableStore, open_table_store
+from sweeper.zk import client as zkutil
 from tests.conftest import BASE_CONFIG, ZkTarget
 from tests.s3_faults import KeyFault, S3FaultProxy
 from tests.test_emit import Broker

@@ -12,7 +12,6 @@ import pytest
 from kazoo.client import KazooClient
 
 from harness.zkserver import ServerClock, start_zookeeper, stop_zookeeper
-from sweeper import zk as zkutil
 from sweeper.codecs import pulsar as codec
 from sweeper.codecs.bookkeeper import LedgerMetadata, Segment, encode_ledger_metadata
 from sweeper.delete import (
@@ -31,6 +30,7 @@ from sweeper.delete import (
 )
 from sweeper.layout import LedgerLayout, layout_znode, ledger_path
 from sweeper.vocabulary import DAY_MS
+from sweeper.zk import client as zkutil
 
 ROOT = "/ledgers"
 ML_ROOT = "/managed-ledgers"

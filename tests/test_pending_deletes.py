@@ -14,7 +14,6 @@ from pyspark.sql import SparkSession
 from harness.sandbox.model import SandboxSpec, build_cluster
 from harness.sandbox.seed import seed_zookeeper
 from sweeper import pending_delete
-from sweeper import zk as zkutil
 from sweeper.codecs import pulsar as codec
 from sweeper.delete.stage import run_delete
 from sweeper.emit import run_emit
@@ -24,6 +23,7 @@ from sweeper.runs import record as record_run
 from sweeper.snapshot import run_snapshot
 from sweeper.system_topic import partition_topic
 from sweeper.tables import open_table_store
+from sweeper.zk import client as zkutil
 from tests.conftest import BASE_CONFIG, ZkTarget
 from tests.test_emit import TOPIC, Broker
 

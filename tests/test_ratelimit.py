@@ -7,7 +7,7 @@ import time
 from kazoo.client import KazooClient
 
 from sweeper.ratelimit import TokenBucket
-from sweeper.zkwire import WireReader
+from sweeper.zk.wire import WireReader
 from tests.conftest import ZkTarget
 
 

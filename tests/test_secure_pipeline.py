@@ -19,9 +19,9 @@ from pyspark.sql import SparkSession
 
 from harness.sandbox.model import OrphanKind, SandboxCluster, SandboxSpec, Status, build_cluster
 from harness.sandbox.seed import seed_zookeeper
-from sweeper import zk as zkutil
 from sweeper.cli import EXIT_OK, EXIT_REFUSED, main
 from sweeper.tables import open_table_store
+from sweeper.zk import client as zkutil
 from tests.secure_zk import CREATOR_ALL_WORLD_READ, USERS, WORLD_READ, SecureZk, sasl
 from tests.test_emit import Broker
 

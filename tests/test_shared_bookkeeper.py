@@ -16,7 +16,6 @@ from pyspark.sql import SparkSession
 
 from harness.sandbox.model import OrphanKind, SandboxCluster, SandboxSpec, Status, build_cluster
 from harness.sandbox.seed import seed_zookeeper
-from sweeper import zk as zkutil
 from sweeper.codecs import pulsar as codec
 from sweeper.config import SweeperConfig
 from sweeper.delete.stage import run_delete
@@ -25,6 +24,7 @@ from sweeper.pipeline import safety_settings
 from sweeper.reconcile import CANDIDATE, OTHER_CLUSTER, ReconcileRefused, run_reconcile
 from sweeper.snapshot import run_snapshot
 from sweeper.tables import TableStore, open_table_store
+from sweeper.zk import client as zkutil
 from tests.conftest import BASE_CONFIG, ZkTarget
 
 SPEC = SandboxSpec(seed=4, topics=12)

@@ -18,7 +18,8 @@ from sweeper.layout import LedgerLayout, ledger_path
 from sweeper.scan import bookkeeper as bk_scan
 from sweeper.snapshot import run_snapshot
 from sweeper.tables import open_table_store
-from sweeper.zk import KazooReader, WrongRootError, ZooKeeperUnavailableError
+from sweeper.zk.client import KazooReader
+from sweeper.zk.errors import WrongRootError, ZooKeeperUnavailableError
 from tests.conftest import BASE_CONFIG, ZkTarget
 
 
@@ -276,7 +277,7 @@ class _ListingFails(KazooReader):
         self.failing = failing
 
     def children_many(self, paths: Any, window: int = 1000) -> Any:
-        from sweeper.zk import ChildrenRead
+        from sweeper.zk.reads import ChildrenRead
 
         for read in super().children_many(paths, window):
             yield ChildrenRead(read.path, None, ConnectionError("lost")) if read.path == self.failing else read

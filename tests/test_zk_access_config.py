@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sweeper.config import ConfigError, OffloadConfig, SweeperConfig, load
-from sweeper.zksecurity import bookkeeper_security, pulsar_security, security_from_options
+from sweeper.zk.security import bookkeeper_security, pulsar_security, security_from_options
 
 REPO = Path(__file__).resolve().parents[1]
 NO_OFFLOAD = SweeperConfig(offload=OffloadConfig(enabled=False))  # no [pulsar] cluster_name needed

@@ -1,5 +1,5 @@
 """TLS, SASL DIGEST-MD5, digest credentials and ACLs against a real secured ZooKeeper, through both of
-our clients (kazoo via `sweeper.zk.connect`, and the wire reader)."""
+our clients (kazoo via `sweeper.zk.client.connect`, and the wire reader)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 from kazoo.security import ACL, Id, Permissions
 
 from harness.zkserver import super_digest
-from sweeper import zk as zkutil
 from sweeper.system_topic import Secret
-from sweeper.zk import ZooKeeperPermissionError, ZooKeeperSecurityError, ZooKeeperUnavailableError
-from sweeper.zkwire import WireReader
+from sweeper.zk import client as zkutil
+from sweeper.zk.errors import ZooKeeperPermissionError, ZooKeeperSecurityError, ZooKeeperUnavailableError
+from sweeper.zk.wire import WireReader
 from tests.secure_zk import SecureZk, sasl
 
 STRICT = [sasl("bookie", Permissions.ALL), sasl("sweeper", Permissions.READ)]

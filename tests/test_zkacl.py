@@ -5,7 +5,7 @@ from __future__ import annotations
 from harness.zkserver import super_digest
 from sweeper.delete.permissions import WHY_PARENT, needed
 from sweeper.layout import LedgerLayout
-from sweeper.zkacl import (
+from sweeper.zk.acl import (
     ADMIN,
     DELETE,
     READ,

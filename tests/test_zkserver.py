@@ -5,7 +5,7 @@ import pytest
 
 from harness.sandbox import PORT_SPAN, SandboxError, sandbox_down, sandbox_up
 from harness.zkserver import free_port_block, running_server, start_zookeeper, stop_zookeeper
-from sweeper import zk as zkutil
+from sweeper.zk import client as zkutil
 
 
 def test_restart_keeps_data_and_stop_frees_the_port(tmp_path: Path) -> None:

@@ -17,10 +17,10 @@ from harness.sandbox.model import SandboxCluster, SandboxSpec, build_cluster
 from harness.sandbox.pulsar import running_pulsar, start_pulsar, stop_pulsar
 from harness.sandbox.seed import SeedResult, seed_s3, seed_zookeeper, write_manifest
 from harness.zkserver import ZooKeeperServerInfo, running_server, start_zookeeper, stop_zookeeper
-from sweeper import zk as zkutil
 from sweeper.config import SweeperConfig, to_toml
 from sweeper.errors import Refused
 from sweeper.offload import S3Target, s3_client
+from sweeper.zk import client as zkutil
 
 DEFAULT_HOME = Path("var/sandbox")
 DEFAULT_PORT = 21810

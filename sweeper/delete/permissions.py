@@ -1,6 +1,6 @@
 """The delete run's permission check: every znode it will read or delete under, before anything is deleted.
 
-Needed (sweeper.zkacl for the rules): READ on each ledger znode (re-verified) and on each referrer
+Needed (sweeper.zk.acl for the rules): READ on each ledger znode (re-verified) and on each referrer
 (managed ledger, its cursors, its shadow topics' managed ledgers, schema locator: re-read, then
 checked in the compare-and-set multi); DELETE on each ledger znode's parent directory.
 """
@@ -13,14 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sweeper import pending_delete
-from sweeper import zk as zkutil
 from sweeper.delete.decide import managed_ledger_name
 from sweeper.layout import LayoutError, LedgerLayout, ledger_path
 from sweeper.ratelimit import TokenBucket
-from sweeper.zk import ZooKeeperPermissionError
-from sweeper.zkacl import DELETE, READ, UNREADABLE, Acl, Identity, Missing, identity_of, missing_permissions
-from sweeper.zksecurity import ZkSecurity
-from sweeper.zkwire import WireReader, ZooKeeperWireError
+from sweeper.zk import client as zkutil
+from sweeper.zk.acl import DELETE, READ, UNREADABLE, Acl, Identity, Missing, identity_of, missing_permissions
+from sweeper.zk.errors import ZooKeeperPermissionError
+from sweeper.zk.security import ZkSecurity
+from sweeper.zk.wire import WireReader, ZooKeeperWireError
 
 log = logging.getLogger(__name__)
 

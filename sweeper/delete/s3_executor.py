@@ -16,7 +16,6 @@ from botocore.exceptions import ClientError
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from sweeper import zk as zkutil
 from sweeper.codecs import pulsar as codec
 from sweeper.codecs.errors import MetadataDecodeError
 from sweeper.delete import decide
@@ -25,6 +24,7 @@ from sweeper.delete.results import DELETED, FAILED, REFUSED, WOULD_DELETE, Delet
 from sweeper.delete.retry import is_transient, is_transient_code
 from sweeper.offload import object_metadata
 from sweeper.rules import ActingRules, Owner, refusal
+from sweeper.zk import client as zkutil
 
 MAX_KEYS_PER_REQUEST = 1000  # S3's DeleteObjects limit
 _MISSING_CODES = frozenset({"404", "NoSuchKey", "NotFound"})

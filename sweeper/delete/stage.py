@@ -28,7 +28,6 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from sweeper import pending_delete, runs
-from sweeper import zk as zkutil
 from sweeper.classify import Sharing
 from sweeper.codecs.bookkeeper import decode_ledger_metadata
 from sweeper.config import SweeperConfig
@@ -54,9 +53,10 @@ from sweeper.scan.bookkeeper import read_layout, split_custom_metadata
 from sweeper.table_schemas import DEAD_LETTER, DELETE_RESULTS, RETRY_QUEUE
 from sweeper.tables import TableStore
 from sweeper.vocabulary import HOUR_MS
-from sweeper.zk import ZooKeeperPermissionError
-from sweeper.zksecurity import ZkSecurity, bookkeeper_security, pulsar_security
-from sweeper.zkwire import WireReader
+from sweeper.zk import client as zkutil
+from sweeper.zk.errors import ZooKeeperPermissionError
+from sweeper.zk.security import ZkSecurity, bookkeeper_security, pulsar_security
+from sweeper.zk.wire import WireReader
 
 QUEUED, RESOLVED, DEAD_LETTERED = "queued", "resolved", "dead_lettered"
 

@@ -24,7 +24,6 @@ from kazoo.exceptions import (
 )
 
 from sweeper import names
-from sweeper import zk as zkutil
 from sweeper.classify import CompactionPointer, CompactionRef, compaction_reference
 from sweeper.codecs import pulsar as codec
 from sweeper.codecs.bookkeeper import decode_ledger_metadata
@@ -47,7 +46,8 @@ from sweeper.layout import LayoutError, LedgerLayout, is_middle, is_tree_top, le
 from sweeper.protection import cursor_protection, describe
 from sweeper.rules import OTHER_CLUSTER, PROTECTED, ActingRules, Owner, refusal
 from sweeper.vocabulary import BUCKET_PREFIX, COMPACTED_TOPIC_LEDGER, COMPACTION_CURSOR
-from sweeper.zk import ZooKeeperPermissionError
+from sweeper.zk import client as zkutil
+from sweeper.zk.errors import ZooKeeperPermissionError
 
 NowMs = int | Callable[[], int]
 WHY_READ = "the delete re-reads the ledger and its referrers"
@@ -216,7 +216,7 @@ class LedgerDeleter:
         self.batch_size = batch_size
         # Sync kazoo calls wait forever while the session is reconnecting; a task must fail and retry instead.
         self.op_timeout_s = op_timeout_s
-        # Optional bulk reader for verification (e.g. sweeper.zkwire.WireReader with multiRead): many
+        # Optional bulk reader for verification (e.g. sweeper.zk.wire.WireReader with multiRead): many
         # reads per request. Writes always go through `client`, whose multi checks every version read.
         self.reader = reader
         # Source managed ledger -> its shadow topics' managed ledgers (PIP-180), which list the

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 from kazoo.client import KazooClient
 
-from sweeper import zk as zkutil
 from sweeper.codecs.bookkeeper import LedgerMetadata, decode_ledger_metadata
 from sweeper.codecs.errors import MetadataDecodeError
 from sweeper.layout import (
@@ -28,6 +27,7 @@ from sweeper.layout import (
 )
 from sweeper.safety import ledger_created_ms
 from sweeper.scan import Row, quarantine_row
+from sweeper.zk import client as zkutil
 
 # Keys whose values decide ownership: if one of them is not text we cannot trust the ledger.
 OWNERSHIP_KEYS = frozenset(

@@ -15,8 +15,8 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
-from sweeper import zk as zkutil
 from sweeper.retention import parse_bundle_range
+from sweeper.zk import client as zkutil
 
 MAX_DEPTH = 4  # <tenant>/<namespace>/<bundle>, or <tenant>/<cluster>/<namespace>/<bundle> for old names
 

@@ -15,12 +15,12 @@ from typing import Any
 from kazoo.client import KazooClient
 
 from sweeper import names
-from sweeper import zk as zkutil
 from sweeper.codecs import pulsar as codec
 from sweeper.codecs.envelope import MAGIC
 from sweeper.codecs.errors import MetadataDecodeError
 from sweeper.scan import Row, quarantine_row
 from sweeper.vocabulary import BUCKET_PREFIX, COMPACTED_TOPIC_LEDGER, COMPACTION_CURSOR
+from sweeper.zk import client as zkutil
 
 DOMAIN = "persistent"
 SHADOW_SOURCE = "PULSAR.SHADOW_SOURCE"

@@ -62,7 +62,7 @@ def _register(hosts: str, service_url: str, web_url: str):  # -> KazooClient
 
     from kazoo.exceptions import NodeExistsError, NoNodeError
 
-    from sweeper import zk as zkutil
+    from sweeper.zk import client as zkutil
 
     client = zkutil.connect(hosts)
     name = service_url.split("://", 1)[1]

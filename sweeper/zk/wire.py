@@ -9,7 +9,7 @@ Scope is deliberately narrow: getData and getChildren (and whoAmI), no watches, 
 lost connection or an expired session ends the scan with `ZooKeeperUnavailableError`; the caller
 retries the whole task, as it would with kazoo.
 
-Secured ensembles (`security`, a `sweeper.zksecurity.ZkSecurity`): the socket is wrapped in TLS
+Secured ensembles (`security`, a `sweeper.zk.security.ZkSecurity`): the socket is wrapped in TLS
 before the ZooKeeper handshake; after it, a SASL exchange (op 102; each token a GetSASLRequest /
 SetSASLResponse buffer, on ordinary positive xids as ClientCnxn.sendPacket assigns them; the
 server answers a failed login with AUTHFAILED and hangs up, ZooKeeperServer.processSasl) and digest
@@ -51,17 +51,12 @@ from kazoo.hosts import collect_hosts
 from kazoo.protocol.paths import normpath
 from kazoo.protocol.states import ZnodeStat
 
-from sweeper.zktypes import (
-    ChildrenRead,
-    ZnodeRead,
-    ZooKeeperPermissionError,
-    ZooKeeperSecurityError,
-    ZooKeeperUnavailableError,
-)
+from sweeper.zk.errors import ZooKeeperPermissionError, ZooKeeperSecurityError, ZooKeeperUnavailableError
+from sweeper.zk.reads import ChildrenRead, ZnodeRead
 
 if TYPE_CHECKING:
     from sweeper.ratelimit import TokenBucket
-    from sweeper.zksecurity import ZkSecurity
+    from sweeper.zk.security import ZkSecurity
 
 __all__ = ["WireReader", "ZooKeeperWireError"]
 

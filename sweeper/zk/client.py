@@ -15,17 +15,16 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import AuthFailedError, NoAuthError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
-from sweeper.zktypes import (
-    ChildrenRead,
+from sweeper.zk.errors import (
     WrongRootError,
-    ZnodeRead,
     ZooKeeperPermissionError,
     ZooKeeperSecurityError,
     ZooKeeperUnavailableError,
 )
+from sweeper.zk.reads import ChildrenRead, ZnodeRead
 
 if TYPE_CHECKING:
-    from sweeper.zksecurity import ZkSecurity
+    from sweeper.zk.security import ZkSecurity
 
 DEFAULT_WINDOW = 1000
 
@@ -43,7 +42,7 @@ def connect(hosts: str, timeout: float = 15.0, read_only: bool = False,
     """
     kwargs = {}
     if security is not None and security.enabled:
-        from sweeper.zkwire import WireReader
+        from sweeper.zk.wire import WireReader
 
         WireReader(hosts, timeout=timeout, security=security).close()
         kwargs = security.kazoo_kwargs()

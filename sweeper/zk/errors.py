@@ -1,11 +1,7 @@
-"""What a ZooKeeper read returns and how ZooKeeper access fails: shared by the kazoo helpers (`sweeper.zk`) and
-the wire-protocol reader (`sweeper.zkwire`), so neither imports the other for them."""
+"""How ZooKeeper access fails, shared by the kazoo client (`sweeper.zk.client`) and the wire reader
+(`sweeper.zk.wire`). Each is a refusal (exit 3): the run stops before doing anything."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-
-from kazoo.protocol.states import ZnodeStat
 
 from sweeper.errors import Refused
 
@@ -32,18 +28,3 @@ class ZooKeeperPermissionError(Refused, PermissionError):
                          + (f": {why}" if why else ""))
         self.path = path
         self.permission = permission
-
-
-@dataclass(frozen=True, slots=True)
-class ZnodeRead:
-    path: str
-    data: bytes | None  # None: the znode vanished (NoNode) between listing and reading
-    stat: ZnodeStat | None
-    error: BaseException | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ChildrenRead:
-    path: str
-    children: list[str] | None  # None: the znode vanished
-    error: BaseException | None = None
