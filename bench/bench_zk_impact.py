@@ -129,27 +129,28 @@ def renice(pid: int, priority: int) -> None:
 def _target(cfg: SweeperConfig, sessions: int) -> Any:
     from datetime import UTC, datetime
 
+    from sweeper.connections import ZooKeeperEndpoint
     from sweeper.runs import new_run_id
     from sweeper.snapshot import ScanTarget
 
     return ScanTarget(
-        bk_hosts=cfg.bookkeeper.zookeeper, ledgers_root=cfg.bookkeeper.ledgers_root,
-        pulsar_hosts=cfg.pulsar_zookeeper, ml_root=cfg.pulsar.managed_ledgers_root,
-        schemas_root=cfg.pulsar.schemas_root, timeout_s=30.0, window=cfg.scan.window,
+        bookkeeper=ZooKeeperEndpoint(cfg.bookkeeper.zookeeper, 30.0), ledgers_root=cfg.bookkeeper.ledgers_root,
+        pulsar=ZooKeeperEndpoint(cfg.pulsar_zookeeper, 30.0), ml_root=cfg.pulsar.managed_ledgers_root,
+        schemas_root=cfg.pulsar.schemas_root, window=cfg.scan.window,
         multi_read=cfg.scan.multi_read, run_id=new_run_id(), captured_at=datetime.now(UTC),
         reads_per_task=cfg.scan.reads_per_second / sessions)
 
 
 def spark_loop(spark: Any, cfg: SweeperConfig, stop: threading.Event, stats: dict[str, float]) -> None:
     """The snapshot's scan stage as Spark runs it, again and again."""
-    from sweeper.snapshot import STAT_READS, _counts, plan_tasks, scan_dataframe, scan_sessions
+    from sweeper.snapshot import STAT_READS, SnapshotSettings, _counts, plan_tasks, scan_dataframe, scan_sessions
 
-    tasks = plan_tasks(cfg).tasks
-    sessions = scan_sessions(spark, cfg, len(tasks))
+    tasks = plan_tasks(SnapshotSettings.from_config(cfg)).tasks
+    sessions = scan_sessions(spark, SnapshotSettings.from_config(cfg), len(tasks))
     while not stop.is_set():
         t0 = time.monotonic()
         try:
-            counts = _counts(scan_dataframe(spark, cfg, _target(cfg, sessions), tasks))
+            counts = _counts(scan_dataframe(spark, SnapshotSettings.from_config(cfg), _target(cfg, sessions), tasks))
         except Exception:
             if stop.is_set():  # cancelled at the end of the measurement
                 return
@@ -228,9 +229,9 @@ def reads_loop(cfg: SweeperConfig, paths: list[str], work: Path, stop: threading
 def tasks_loop(cfg: SweeperConfig, work: Path, stop: threading.Event, stats: dict[str, float],
                cpus: set[int] | None) -> None:
     """max_sessions processes, each a scan task with its share of the units, as Spark would deal them."""
-    from sweeper.snapshot import plan_tasks
+    from sweeper.snapshot import SnapshotSettings, plan_tasks
 
-    tasks = plan_tasks(cfg).tasks
+    tasks = plan_tasks(SnapshotSettings.from_config(cfg)).tasks
     sessions = max(1, min(cfg.scan.max_sessions, len(tasks)))
     _run_workers(work, stop, stats, cpus, [(task_worker, (cfg, sessions, tasks[i::sessions]))
                                            for i in range(sessions)])

@@ -177,11 +177,10 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
 def _check_credentials(cfg: SweeperConfig) -> None:
     """Every secret the config names is read now, before Spark starts: an unset variable or an unreadable file is
     the operator's configuration (exit 2, in a second), not a refusal 20 seconds into a run."""
+    from sweeper.connections import Connections
     from sweeper.system_topic import SystemTopicError, read_token
-    from sweeper.zk.security import bookkeeper_security, pulsar_security
 
-    bookkeeper_security(cfg)
-    pulsar_security(cfg)
+    Connections.from_config(cfg)  # ZooKeeper's TLS/SASL/digest secrets, for every store
     try:
         read_token(cfg.system_topic)
     except SystemTopicError as exc:

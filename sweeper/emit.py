@@ -40,6 +40,7 @@ from pyspark.sql import functions as F
 
 from sweeper import pending_delete, runs
 from sweeper.config import SweeperConfig, SystemTopicConfig
+from sweeper.connections import Connections
 from sweeper.errors import Refused
 from sweeper.spark import task_error
 from sweeper.system_topic import (
@@ -312,25 +313,46 @@ def already_emitted(store: TableStore, run_id: str) -> set[str]:
             .select("record_key").distinct().collect()}
 
 
+@dataclass(frozen=True)
+class EmitSettings:
+    """What the emit reads of the config, narrowed once (issue 22's stage shape): the topic and its broker."""
+
+    system_topic: SystemTopicConfig
+    connections: Connections
+    config_hash: str
+
+    @classmethod
+    def from_config(cls, config: SweeperConfig) -> EmitSettings:
+        return cls(config.system_topic, Connections.from_config(config), config.hash())
+
+    def hash(self) -> str:
+        return self.config_hash
+
+
 def run_emit(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str) -> EmitResult:
+    return run(spark, store, run_id, EmitSettings.from_config(config))
+
+
+def run(spark: SparkSession, store: TableStore, run_id: str, settings: EmitSettings) -> EmitResult:
+    """The run's candidates as records on the system topic; what the broker acknowledged is in `emitted`."""
     started = datetime.now(UTC)
     try:
-        return _run_emit(spark, config, store, run_id)
+        return _run_emit(spark, settings, store, run_id)
     except KeyboardInterrupt as interrupt:
         if not getattr(interrupt, "sweeper_recorded", False):  # stopped before its first send: nothing sent
             with contextlib.suppress(Exception):
-                runs.record(store, run_id, "emit", runs.INTERRUPTED, started, {}, config,
+                runs.record(store, run_id, "emit", runs.INTERRUPTED, started, {}, settings,
                             "interrupted during emit before anything was sent; re-run emit")
         raise
 
 
-def _run_emit(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str) -> EmitResult:
+def _run_emit(spark: SparkSession, settings: EmitSettings, store: TableStore, run_id: str) -> EmitResult:
     t0 = time.monotonic()
-    cfg = config.system_topic
+    cfg = settings.system_topic
     check_reconciled(store, run_id)
     folded = fold_interrupted(store, run_id, by=f"the emit started at {datetime.now(UTC).isoformat()}")
     try:
-        broker = BrokerSettings.from_config(cfg)
+        broker = settings.connections.broker()
         if not store.exists("orphans"):
             return EmitResult(run_id, {"records": 0, "ledger_records": 0, "offload_records": 0, "published": 0,
                                        "already_published": 0}, time.monotonic() - t0)

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from pyspark.sql import SparkSession
 
@@ -25,14 +25,11 @@ from sweeper.emit import EmitFailed, EmitRefused, EmitResult, run_emit
 from sweeper.errors import Refused
 from sweeper.gates import GateFailed, run_gates
 from sweeper.metrics import MetricsError, publish, render
-from sweeper.protection import Protection
 from sweeper.reconcile import ReconcileRefused, ReconcileResult, SafetySettings, run_reconcile
 from sweeper.retention_debt import RetentionDebtRefused, RetentionDebtResult, RetentionSettings, run_retention_debt
-from sweeper.safety import CircuitBreaker, GracePeriod, Scope
 from sweeper.snapshot import SnapshotResult, run_snapshot, zk_load
 from sweeper.system_topic import SystemTopicError
 from sweeper.tables import TableStore
-from sweeper.vocabulary import HOUR_MS
 
 # In order; `sweep --until S` runs the stages up to S. A dry-run sweep ends after retention_debt (the report).
 STAGES = ("snapshot", "reconcile", "retention_debt", "emit", "delete")
@@ -45,21 +42,6 @@ class StageRefused(Refused):
     """A stage stopped on purpose (gate, breaker, bad input): exit code 3, nothing planned."""
 
 
-def safety_settings(config: SweeperConfig) -> SafetySettings:
-    return SafetySettings(
-        grace=GracePeriod.of(int(config.safety.min_age_hours * HOUR_MS), force=config.safety.force_min_age),
-        breaker=CircuitBreaker(config.safety.max_orphan_fraction),
-        scope=Scope.of(config.safety.allow, config.safety.deny),
-        local_cluster=config.pulsar.cluster_name,
-        bookkeeper_dedicated=config.safety.bookkeeper_dedicated,
-        peer_metadata=config.safety.peer_metadata,
-        protection=Protection.of(config.retention.protected_subscriptions, config.retention.protected_topics),
-        ledgers_root=config.bookkeeper.ledgers_root,
-        max_missing_reference_fraction=config.gates.max_missing_reference_fraction,
-        missing_reference_allowance=config.gates.missing_reference_allowance,
-    )
-
-
 @dataclass
 class SweepResult:
     run_id: str
@@ -68,6 +50,7 @@ class SweepResult:
     reason: str = ""
     partial: bool = False  # some deletes failed and wait in the retry queue (or dead-lettered)
     outcomes: list[tuple[str | None, str]] = field(default_factory=list)  # (ledger type, outcome) of deletes
+    execute: bool = False
 
 
 @dataclass(frozen=True)
@@ -120,7 +103,7 @@ def reconcile_stage(spark: SparkSession, config: SweeperConfig, store: TableStor
             gates = run_gates(store, run_id, config.gates, config.pulsar.brokers_path)
             if not gates.passed:
                 raise GateFailed(gates)
-        return run_reconcile(spark, store, run_id, safety_settings(config))
+        return run_reconcile(spark, store, run_id, SafetySettings.from_config(config))
 
     def ending(result: ReconcileResult) -> _Ending:
         required = int(check_gates and config.gates.require_live_brokers)
@@ -137,10 +120,12 @@ def retention_stage(spark: SparkSession, config: SweeperConfig, store: TableStor
         settings = RetentionSettings.from_config(config.retention, config.safety)
         lookup = None
         if config.retention.topic_policies == "admin":
-            from sweeper.retention_repair import TopicPolicyLookup, cluster_admin
+            from sweeper.connections import Connections
+            from sweeper.retention_repair import TopicPolicyLookup
 
             # The owner of a topic is often another broker of this cluster: its redirects are followed, others not.
-            lookup = TopicPolicyLookup(cluster_admin(config), config.retention.actions_per_second)
+            lookup = TopicPolicyLookup(Connections.from_config(config).cluster_admin(),
+                                       config.retention.actions_per_second)
         return run_retention_debt(spark, store, run_id, settings, topic_policy_lookup=lookup)
 
     return _stage(store, config, run_id, "retention_debt", body, lambda result: _Ending(result.counts),
@@ -262,27 +247,38 @@ def summary_table(result: SweepResult) -> list[str]:
     return lines
 
 
-def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: str = DRY_RUN_UNTIL,
-          run_id: str | None = None, log: Any = print, execute: bool = False) -> SweepResult:
-    """Stages in order up to `until`. Emitting marks ledgers for deletion, so it only runs when asked."""
-    if until not in STAGES:
-        raise ValueError(f"unknown stage {until!r}; stages: {', '.join(STAGES)}")
-    if execute and until != "delete":
-        raise ValueError(f"execute=True deletes, but until={until!r} stops before the delete")
-    t0 = time.monotonic()
-    log("[snapshot] started: reading BookKeeper's and Pulsar's metadata")
-    snap: SnapshotResult = run_snapshot(spark, config, store, run_id=run_id)
-    result = SweepResult(snap.run_id)
-    result.stages["snapshot"] = {"seconds": round(snap.duration_s, 1), **snap.counts}
+class StageResult(Protocol):
+    """What every stage returns (each adds its own detail): the run, its counts, its time."""
+
+    run_id: str
+    counts: dict[str, int]
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class Step:
+    """One stage as the sweep runs it: its start line, the stage itself (with its `runs` bookkeeping), and what
+    the sweep prints and keeps of its result. `sweep` is a loop over these."""
+
+    name: str
+    announce: Callable[[SweeperConfig, SweepResult], str]
+    run: Callable[[SparkSession, SweeperConfig, TableStore, str | None, bool], StageResult]
+    report: Callable[[Any, SweeperConfig, SweepResult, Any], None]
+
+
+def _snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str | None,
+              execute: bool) -> SnapshotResult:
+    return run_snapshot(spark, config, store, run_id=run_id)
+
+
+def _report_snapshot(snap: SnapshotResult, config: SweeperConfig, sweep: SweepResult, log: Any) -> None:
     log(f"[snapshot]  {snap.counts.get('bk_ledgers', 0):>10,} ledgers, {snap.counts.get('managed_ledgers', 0):,} "
         f"managed ledgers, {snap.counts.get('quarantine', 0):,} quarantined in {snap.duration_s:.1f}s "
         f"({snap.ledgers_per_second:,.0f} ledgers/s)")
     log(f"            ZooKeeper: {zk_load(snap.counts)}")
-    if until == "snapshot":
-        return _finish(result, config, until, execute, t0, log)
-    log(f"[reconcile] started on snapshot {snap.run_id}: gates, then the anti-joins")
-    rec = reconcile_stage(spark, config, store, snap.run_id)
-    result.stages["reconcile"] = {"seconds": round(rec.duration_s, 1), **rec.counts}
+
+
+def _report_reconcile(rec: ReconcileResult, config: SweeperConfig, sweep: SweepResult, log: Any) -> None:
     log(f"[reconcile] {rec.counts.get('candidate', 0):>10,} candidates, {rec.counts.get('unknown', 0):,} unknown, "
         f"{rec.counts.get('young', 0):,} young, {rec.counts.get('missing', 0):,} missing in {rec.duration_s:.1f}s")
     if rec.counts.get("other_cluster") or rec.counts.get("stale_pointer") or rec.counts.get("protected"):
@@ -303,30 +299,70 @@ def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: 
     pending = {k.split(".", 1)[1]: v for k, v in rec.counts.items() if k.startswith("pending_delete.")}
     if pending:
         log("pending deletes on the system topic: " + ", ".join(f"{v:,} {k}" for k, v in sorted(pending.items())))
-    if until != "reconcile":
-        log("[retention] started: retention debt (unloaded topics, idle cursors)")
-        debt = retention_stage(spark, config, store, snap.run_id)
-        result.stages["retention_debt"] = {"seconds": round(debt.duration_s, 1), **debt.counts}
-        retention_summary(debt, log)
-    if until in ("emit", "delete"):
-        log(f"[emit] started: marking {plural(rec.counts.get('candidate', 0), 'candidate')} on "
-            f"{config.system_topic.topic}")
-        emitted = emit_stage(spark, config, store, snap.run_id)
-        result.stages["emit"] = {"seconds": round(emitted.duration_s, 1), **emitted.counts}
-        log(f"[emit]      {emitted.counts.get('published', 0):>10,} records published to "
-            f"{config.system_topic.topic}, {emitted.counts.get('already_published', 0):,} already there, in "
-            f"{emitted.duration_s:.1f}s")
-    else:
-        log(f"dry run: {rec.counts.get('candidate', 0):,} candidates would be marked; nothing was published")
-    if until == "delete":
-        log(f"[delete] started: {'re-verifying and deleting' if execute else 're-verifying (dry run)'} what was "
-            "marked")
-        deleted = delete_stage(spark, config, store, snap.run_id, execute=execute)
-        result.stages["delete"] = {"seconds": round(deleted.duration_s, 1), **deleted.counts}
-        result.partial = is_partial(deleted)
-        result.outcomes = [(r.ledger_type, r.outcome) for r in deleted.results]
-        log(f"[delete]    {delete_summary(deleted)} in {deleted.duration_s:.1f}s (paced at "
-            f"{config.delete.deletes_per_second:,.0f} deletes/s per task)")
+
+
+def _report_emit(emitted: EmitResult, config: SweeperConfig, sweep: SweepResult, log: Any) -> None:
+    log(f"[emit]      {emitted.counts.get('published', 0):>10,} records published to "
+        f"{config.system_topic.topic}, {emitted.counts.get('already_published', 0):,} already there, in "
+        f"{emitted.duration_s:.1f}s")
+
+
+def _report_delete(deleted: DeleteRunResult, config: SweeperConfig, sweep: SweepResult, log: Any) -> None:
+    sweep.partial = is_partial(deleted)
+    sweep.outcomes = [(r.ledger_type, r.outcome) for r in deleted.results]
+    log(f"[delete]    {delete_summary(deleted)} in {deleted.duration_s:.1f}s (paced at "
+        f"{config.delete.deletes_per_second:,.0f} deletes/s per task)")
+
+
+def _candidates(sweep: SweepResult) -> int:
+    return int(sweep.stages.get("reconcile", {}).get("candidate", 0))
+
+
+STEPS: dict[str, Step] = {step.name: step for step in (
+    Step("snapshot", lambda config, sweep: "[snapshot] started: reading BookKeeper's and Pulsar's metadata",
+         _snapshot, _report_snapshot),
+    Step("reconcile",
+         lambda config, sweep: f"[reconcile] started on snapshot {sweep.run_id}: gates, then the anti-joins",
+         lambda spark, config, store, run_id, execute: reconcile_stage(spark, config, store, str(run_id)),
+         _report_reconcile),
+    Step("retention_debt", lambda config, sweep: "[retention] started: retention debt (unloaded topics, idle cursors)",
+         lambda spark, config, store, run_id, execute: retention_stage(spark, config, store, str(run_id)),
+         lambda debt, config, sweep, log: retention_summary(debt, log)),
+    Step("emit",
+         lambda config, sweep: f"[emit] started: marking {plural(_candidates(sweep), 'candidate')} on "
+                               f"{config.system_topic.topic}",
+         lambda spark, config, store, run_id, execute: emit_stage(spark, config, store, str(run_id)),
+         _report_emit),
+    Step("delete",
+         lambda config, sweep: "[delete] started: "
+                               f"{'re-verifying and deleting' if sweep.execute else 're-verifying (dry run)'} what was "
+                               "marked",
+         lambda spark, config, store, run_id, execute: delete_stage(spark, config, store, str(run_id),
+                                                                     execute=execute),
+         _report_delete),
+)}
+assert tuple(STEPS) == STAGES
+
+
+def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: str = DRY_RUN_UNTIL,
+          run_id: str | None = None, log: Any = print, execute: bool = False) -> SweepResult:
+    """Stages in order up to `until`, one loop: each announces itself, runs with its `runs` bookkeeping, and
+    reports. Emitting marks ledgers for deletion, so it only runs when asked."""
+    if until not in STAGES:
+        raise ValueError(f"unknown stage {until!r}; stages: {', '.join(STAGES)}")
+    if execute and until != "delete":
+        raise ValueError(f"execute=True deletes, but until={until!r} stops before the delete")
+    t0 = time.monotonic()
+    result = SweepResult(run_id or "", execute=execute)
+    for name in STAGES[:STAGES.index(until) + 1]:
+        step = STEPS[name]
+        log(step.announce(config, result))
+        done = step.run(spark, config, store, result.run_id or None, execute)
+        result.run_id = done.run_id
+        result.stages[name] = {"seconds": round(done.duration_s, 1), **done.counts}
+        step.report(done, config, result, log)
+    if "reconcile" in result.stages and "emit" not in result.stages:
+        log(f"dry run: {_candidates(result):,} candidates would be marked; nothing was published")
     return _finish(result, config, until, execute, t0, log)
 
 

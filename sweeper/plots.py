@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from sweeper.vocabulary import DAY_MS
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.dates import AutoDateFormatter, AutoDateLocator
@@ -33,7 +35,6 @@ CAUSES: dict[str, str] = {
     "expired_unloaded_bytes": "expired, unloaded",
     "idle_cursor_bytes": "pinned by idle cursors",
 }
-DAY_MS = 86_400_000
 
 
 def bytes_unit(max_bytes: float | None) -> tuple[str, int]:

@@ -27,6 +27,7 @@ from sweeper.classify import (
     classify,
     classify_object,
 )
+from sweeper.config import SweeperConfig
 from sweeper.errors import Refused
 from sweeper.protection import NONE as NO_EXTRA_PROTECTION
 from sweeper.protection import Protection
@@ -44,7 +45,7 @@ from sweeper.scan.pulsar import (
 )
 from sweeper.table_schemas import ORPHAN_REPORT, ORPHANS, PENDING_DELETE_STATUS, SNAPSHOT_TABLES
 from sweeper.tables import TableStore
-from sweeper.vocabulary import CANDIDATE
+from sweeper.vocabulary import CANDIDATE, DAY_MS, HOUR_MS
 
 # Orphan row statuses: only `candidate` may ever be emitted or deleted.
 YOUNG = "young"
@@ -76,6 +77,22 @@ class SafetySettings:
     ledgers_root: str = "/ledgers"  # named when the missing-reference gate refuses
     max_missing_reference_fraction: float = 1.0  # [gates]; 1.0: off (the CLI passes the configured value)
     missing_reference_allowance: int = 10
+
+    @classmethod
+    def from_config(cls, config: SweeperConfig) -> SafetySettings:
+        """The rules of `config`, narrowed once; the delete re-applies the same ones (delete.stage.acting_rules)."""
+        return cls(
+            grace=GracePeriod.of(int(config.safety.min_age_hours * HOUR_MS), force=config.safety.force_min_age),
+            breaker=CircuitBreaker(config.safety.max_orphan_fraction),
+            scope=Scope.of(config.safety.allow, config.safety.deny),
+            local_cluster=config.pulsar.cluster_name,
+            bookkeeper_dedicated=config.safety.bookkeeper_dedicated,
+            peer_metadata=config.safety.peer_metadata,
+            protection=Protection.of(config.retention.protected_subscriptions, config.retention.protected_topics),
+            ledgers_root=config.bookkeeper.ledgers_root,
+            max_missing_reference_fraction=config.gates.max_missing_reference_fraction,
+            missing_reference_allowance=config.gates.missing_reference_allowance,
+        )
 
 
 @dataclass
@@ -464,7 +481,7 @@ def pending_delete_states(frames: dict[str, DataFrame], refs: DataFrame, run_id:
 def build_report(orphans: DataFrame, run_id: str) -> DataFrame:
     """Per tenant / namespace / topic: candidates, reclaimable bytes, and how old they are."""
     candidates = orphans.where(F.col("status") == CANDIDATE)
-    day = 86_400_000.0
+    day = float(DAY_MS)
     return (
         candidates.groupBy("tenant", "namespace", "topic")
         .agg(

@@ -27,9 +27,7 @@ called. Admin calls, and the redirects they receive, stay with this cluster's re
 from __future__ import annotations
 
 import json
-import re
 import time
-import urllib.parse
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -42,6 +40,7 @@ from sweeper import names, runs
 from sweeper.codecs import pulsar as codec
 from sweeper.codecs.errors import MetadataDecodeError
 from sweeper.config import SweeperConfig
+from sweeper.connections import Connections
 from sweeper.errors import Refused
 from sweeper.liveness import registered_web_origins
 from sweeper.protection import Protection, cursor_protection, describe, managed_ledger_protection
@@ -50,9 +49,8 @@ from sweeper.safety import Scope, retention_scope
 from sweeper.system_topic import AdminClient, RedirectRefused, SystemTopicError
 from sweeper.table_schemas import RETENTION_ACTIONS
 from sweeper.tables import TableStore
-from sweeper.vocabulary import DAY_MS, NOT_SET, SET, UNREAD
+from sweeper.vocabulary import DAY_MS, UNREAD
 from sweeper.zk import client as zkutil
-from sweeper.zk.security import pulsar_security
 
 LOAD_TOPIC, DELETE_SUBSCRIPTION = "load_topic", "delete_subscription"
 WOULD_LOAD, WOULD_DELETE = "would_load", "would_delete"
@@ -135,62 +133,6 @@ def plan_actions(rows: Iterable[dict[str, Any]]) -> list[PlannedAction]:
     return [a for _, group in plans for a in group]
 
 
-class BrokerAdmin(AdminClient):
-    """The admin REST calls the repair makes, with [system_topic]'s token and TLS settings."""
-
-    def topic_url(self, topic_name: str, suffix: str = "") -> str:
-        parts = names.parse_topic(topic_name)
-        if parts is None:
-            raise SystemTopicError(f"not a persistent topic name: {topic_name!r}")
-        # The topic path parameter is @Encoded: Pulsar decodes it once itself (Codec.decode).
-        local = urllib.parse.quote(parts.local, safe="")
-        version = "v2/" if "/" not in parts.namespace else ""  # old cluster-scoped names: the v1 API
-        return f"{self.base}/admin/{version}persistent/{parts.tenant}/{parts.namespace}/{local}{suffix}"
-
-    def call(self, method: str, url: str) -> tuple[int, bytes]:
-        """One admin call through the base client, whose redirect rule keeps it (and our token) in this cluster."""
-        return self._call(method, url, b"" if method in ("POST", "PUT") else None)
-
-    def topic_policy(self, topic_name: str) -> tuple[str, str]:
-        """Whether the topic sets its own retention or TTL, locally or globally (the raw topic-level values,
-        `applied=false`): not_set | set | unread.
-
-        `GET .../retention` and `.../messageTTL` (admin v2 `PersistentTopics`) answer the stored
-        `TopicPolicies` value, or 204 when none is set; a broker with topicLevelPoliciesEnabled=false answers
-        405. Local and global topic policies are separate records (`isGlobal`), and the broker applies either,
-        so both are asked. Topic policies belong to the partitioned topic, not its partitions. Call this only
-        for topics whose bundle a live broker owns: the ownership check behind it would otherwise make a
-        broker acquire the bundle.
-        """
-        base = re.sub(r"-partition-\d+$", "", topic_name)
-        for suffix in ("/retention", "/messageTTL"):
-            for scope in ("false", "true"):
-                status, body = self.call("GET", self.topic_url(base, f"{suffix}?isGlobal={scope}"))
-                text = body.strip()
-                if status == 204 or (status == 200 and text in (b"", b"null")):
-                    continue
-                where = "global" if scope == "true" else "local"
-                if status == 200:
-                    shown = text[:120].decode("utf-8", "replace")
-                    return SET, f"{base} sets its own {where} {suffix[1:]} ({shown}): not evaluated"
-                return UNREAD, f"reading {base}'s {where} topic-level {suffix[1:]} answered HTTP {status}"
-        return NOT_SET, "the broker says the topic sets no retention or TTL of its own"
-
-    def trim(self, topic_name: str) -> tuple[int, bytes]:
-        return self.call("POST", self.topic_url(topic_name, "/trim"))
-
-    def internal_stats(self, topic_name: str) -> tuple[int, bytes]:
-        return self.call("GET", self.topic_url(topic_name, "/internalStats"))
-
-    def stats(self, topic_name: str) -> tuple[int, bytes]:
-        return self.call("GET", self.topic_url(topic_name, "/stats"))
-
-    def delete_subscription(self, topic_name: str, subscription: str) -> tuple[int, bytes]:
-        # The subscription parameter is decoded by the server and then again by Pulsar (Codec.decode).
-        sub = urllib.parse.quote(names.encode_local_name(subscription), safe="")
-        return self.call("DELETE", self.topic_url(topic_name, f"/subscription/{sub}"))
-
-
 def subscription_activity(stats: dict[str, Any], subscription: str, since_ms: int) -> str | None:
     """Why the broker's live stats say a subscription is in use, or None when they show it idle.
 
@@ -211,25 +153,12 @@ def subscription_activity(stats: dict[str, Any], subscription: str, since_ms: in
     return None
 
 
-def cluster_admin(config: SweeperConfig) -> BrokerAdmin:
-    """A BrokerAdmin that may follow redirects to this cluster's brokers as registered now, for a stage that
-    holds no ZooKeeper client of its own (retention_debt's topic-policy lookups)."""
-    admin = BrokerAdmin(config.system_topic)
-    client = zkutil.connect(config.pulsar_zookeeper, timeout=config.bookkeeper.session_timeout_s,
-                            security=pulsar_security(config))
-    try:
-        admin.allow_brokers(registered_web_origins(client, config.pulsar.brokers_path))
-    finally:
-        zkutil.close(client)
-    return admin
-
-
 class TopicPolicyLookup:
     """[retention] topic_policies = "admin": the broker's answer per topic, paced like the repair's calls. Once
     the admin API is unreachable the rest are `unread` without asking (their topics stay `unknown`): a broker
     we cannot reach never stops the run, and never makes a topic look expired."""
 
-    def __init__(self, admin: BrokerAdmin, per_second: float, sleep: Callable[[float], None] = time.sleep) -> None:
+    def __init__(self, admin: AdminClient, per_second: float, sleep: Callable[[float], None] = time.sleep) -> None:
         self.admin, self.pacer, self.failure = admin, TokenBucket(per_second, sleep=sleep), ""
 
     def __call__(self, topic_name: str) -> tuple[str, str]:
@@ -402,7 +331,7 @@ def _flush(store: TableStore, result: RepairResult) -> None:
 
 
 def run_repair(config: SweeperConfig, store: TableStore, plan_run_id: str, run_id: str, execute: bool = False,
-               admin: BrokerAdmin | None = None, zk_client: Any = None) -> RepairResult:
+               admin: AdminClient | None = None, zk_client: Any = None) -> RepairResult:
     started = time.monotonic()
     if not store.exists("retention_debt"):
         raise RetentionRepairRefused(f"no retention_debt table in {config.tables.root}: run `sweeper sweep` first")
@@ -413,19 +342,18 @@ def run_repair(config: SweeperConfig, store: TableStore, plan_run_id: str, run_i
             raise RetentionRepairRefused(refusal)
     rows = [r.asDict() for r in store.read("retention_debt").where(F.col("run_id") == plan_run_id).collect()]
     plan = plan_actions(rows)
+    connections = Connections.from_config(config)
     if execute and admin is None:
         if not config.system_topic.admin_url:
             raise RetentionRepairRefused("[system_topic] admin_url is not set: the repair acts only through the "
                                          "broker's admin REST API")
-        admin = BrokerAdmin(config.system_topic)
+        admin = connections.admin()
     result = RepairResult(run_id, plan_run_id, execute)
     rules = TodaysRules.from_config(config)
-    access = pulsar_security(config)
-    timeout = config.bookkeeper.session_timeout_s
     own_client = zk_client is None
-    client = zk_client or zkutil.connect(config.pulsar_zookeeper, timeout=timeout, security=access)
-    store_client = (zkutil.connect(config.pulsar.configuration_store, timeout=timeout, security=access)
-                    if config.pulsar.configuration_store and plan else client)
+    client = zk_client or connections.pulsar.connect()
+    store_client = (connections.configuration_store.connect()
+                    if connections.configuration_store is not None and plan else client)
     policies = NamespacePolicies(store_client, config.pulsar.policies_root)
     pacer = TokenBucket(config.retention.actions_per_second)
     idle_cutoff_ms = int(time.time() * 1000) - int(config.retention.cursor_idle_days * DAY_MS)
@@ -500,7 +428,7 @@ def _reason(body: bytes) -> str:
     return reason if isinstance(reason, str) else ""
 
 
-def _act(action: PlannedAction, result: RepairResult, client: Any, admin: BrokerAdmin | None, pacer: TokenBucket,
+def _act(action: PlannedAction, result: RepairResult, client: Any, admin: AdminClient | None, pacer: TokenBucket,
          config: SweeperConfig, idle_cutoff_ms: int, deleted_on: set[str], rules: TodaysRules,
          policies: NamespacePolicies) -> None:
     refusal = plan_refusal(action, rules) or policies.refusal(action, rules.cluster_name)

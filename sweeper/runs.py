@@ -14,14 +14,20 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sweeper.errors import one_line
 from sweeper.table_schemas import RUNS
 
 if TYPE_CHECKING:
-    from sweeper.config import SweeperConfig
     from sweeper.tables.base import TableStore
+
+
+class ConfigHash(Protocol):
+    """A config, or a stage's settings narrowed from one: either names the whole config by its hash."""
+
+    def hash(self) -> str: ...
+
 
 TABLE = "runs"
 
@@ -42,9 +48,11 @@ def new_run_id(now: datetime | None = None) -> str:
 
 
 def record(store: TableStore, run_id: str, stage: str, status: str, started: datetime,
-           counts: Mapping[str, int] | None, config: SweeperConfig | None, message: str | BaseException = "") -> None:
-    """One stage of one run ended with `status`. An exception is kept as its first line only (a py4j error's
-    text is a Java stack trace: that stays in the log file); a message of several lines is joined into one."""
+           counts: Mapping[str, int] | None, config: ConfigHash | None, message: str | BaseException = "") -> None:
+    """One stage of one run ended with `status`; `config` is the config or a stage's settings narrowed from it.
+
+    An exception is kept as its first line only (a py4j error's text is a Java stack trace: that stays in the
+    log file); a message of several lines is joined into one."""
     if status not in STATUSES:
         raise ValueError(f"unknown run status {status!r}")
     text = one_line(message) if isinstance(message, BaseException) else _first_line(message)

@@ -24,7 +24,18 @@ from pyspark.sql.types import BinaryType, LongType, StringType, StructField, Str
 from pyspark.storagelevel import StorageLevel
 
 from sweeper import runs
-from sweeper.config import SweeperConfig
+from sweeper.config import (
+    BookKeeperConfig,
+    OffloadConfig,
+    PulsarMetadataConfig,
+    RetentionConfig,
+    SafetyConfig,
+    ScanConfig,
+    SparkConfig,
+    SweeperConfig,
+    SystemTopicConfig,
+)
+from sweeper.connections import Connections, ZooKeeperEndpoint
 from sweeper.errors import Refused, RunIdTaken
 from sweeper.liveness import ClockReading, clock_problem, live_brokers, probe_clock
 from sweeper.offload import S3Target, list_offload_objects, listing_units, s3_client
@@ -37,14 +48,12 @@ from sweeper.scan import quarantine_row
 from sweeper.scan.ownership import scan_bundle_owners
 from sweeper.scan.pending_deletes import read_partition
 from sweeper.spark import task_error
-from sweeper.system_topic import AdminClient, BrokerSettings, SystemTopicError, broker_partitions
+from sweeper.system_topic import BrokerSettings, SystemTopicError, broker_partitions
 from sweeper.table_schemas import PEER_REFERENCES, SNAPSHOT_TABLES
 from sweeper.tables import TableStore
 from sweeper.zk import client as zkutil
 from sweeper.zk.errors import ZooKeeperPermissionError, ZooKeeperSecurityError, ZooKeeperUnavailableError
 from sweeper.zk.reads import ChildrenRead, ZnodeRead
-from sweeper.zk.security import ZkSecurity, bookkeeper_security, pulsar_security
-from sweeper.zk.wire import WireReader
 
 log = logging.getLogger(__name__)
 
@@ -64,21 +73,44 @@ STAT_READS, STAT_WAIT_MS = "zk_reads", "zk_wait_ms"
 
 
 @dataclass(frozen=True)
+class SnapshotSettings:
+    """What the snapshot reads of the config, narrowed once (issue 22's stage shape): the sections it uses, and
+    the connections to every store, whose secrets are read here rather than halfway through a scan."""
+
+    bookkeeper: BookKeeperConfig
+    pulsar: PulsarMetadataConfig
+    scan: ScanConfig
+    offload: OffloadConfig
+    safety: SafetyConfig
+    retention: RetentionConfig
+    system_topic: SystemTopicConfig
+    spark: SparkConfig
+    connections: Connections
+    config_hash: str
+
+    @classmethod
+    def from_config(cls, config: SweeperConfig) -> SnapshotSettings:
+        return cls(config.bookkeeper, config.pulsar, config.scan, config.offload, config.safety, config.retention,
+                   config.system_topic, config.spark, Connections.from_config(config), config.hash())
+
+    def hash(self) -> str:
+        """The whole config's hash, which `runs` records."""
+        return self.config_hash
+
+
+@dataclass(frozen=True)
 class ScanTarget:
     """What a scan task needs, small and picklable."""
 
-    bk_hosts: str
+    bookkeeper: ZooKeeperEndpoint
     ledgers_root: str
-    pulsar_hosts: str
+    pulsar: ZooKeeperEndpoint  # a peer's scan replaces it with the peer's store
     ml_root: str
     schemas_root: str
-    timeout_s: float
     window: int
     multi_read: int
     run_id: str
     captured_at: datetime
-    bk_security: ZkSecurity | None = None
-    pulsar_security: ZkSecurity | None = None
     reads_per_task: float = 0.0  # [scan] reads_per_second shared by the scan's sessions (0: unlimited)
 
 
@@ -115,10 +147,8 @@ class ScanReader:
     a snapshot missing what it may not read would look like orphans.
     """
 
-    def __init__(self, hosts: str, timeout_s: float, multi_read: int, security: ZkSecurity | None = None,
-                 limiter: TokenBucket | None = None) -> None:
-        self.reader = WireReader(hosts, timeout=timeout_s, multi_read=max(1, multi_read), security=security,
-                                 limiter=limiter)
+    def __init__(self, endpoint: ZooKeeperEndpoint, multi_read: int, limiter: TokenBucket | None = None) -> None:
+        self.reader = endpoint.wire_reader(multi_read, limiter)
         self.reads = 0
 
     def get_many(self, paths: Iterable[str], window: int = zkutil.DEFAULT_WINDOW) -> Iterator[ZnodeRead]:
@@ -144,30 +174,30 @@ def _scan_partition(target: ScanTarget, batches: Iterator[pa.RecordBatch]) -> It
         batch.column("kind").to_pylist(), batch.column("payload").to_pylist(), strict=True)]
     if not tasks:
         return
-    readers: dict[tuple[str, ZkSecurity | None], ScanReader] = {}
+    readers: dict[ZooKeeperEndpoint, ScanReader] = {}
     # One budget for the task, whichever ensemble its reads go to.
     limiter = TokenBucket(target.reads_per_task) if target.reads_per_task > 0 else None
 
-    def client(hosts: str, security: ZkSecurity | None) -> zkutil.ZnodeReader:
-        if (hosts, security) not in readers:
-            readers[hosts, security] = ScanReader(hosts, target.timeout_s, target.multi_read, security, limiter)
-        return readers[hosts, security]
+    def client(endpoint: ZooKeeperEndpoint) -> zkutil.ZnodeReader:
+        if endpoint not in readers:
+            readers[endpoint] = ScanReader(endpoint, target.multi_read, limiter)
+        return readers[endpoint]
 
     def rows() -> Iterator[dict[str, Any]]:
-        pulsar = (target.pulsar_hosts, target.pulsar_security)
+        pulsar = target.pulsar
         for kind, payload in tasks:
             if kind == TASK_BK:
                 yield from bk_scan.scan_ledger_units(
-                    client(target.bk_hosts, target.bk_security), target.ledgers_root, payload.split("\n"), target.window
+                    client(target.bookkeeper), target.ledgers_root, payload.split("\n"), target.window
                 )
             elif kind == TASK_ML:
                 parent, shard, shards = _shard(payload)
-                names = pulsar_scan.list_shard(client(*pulsar), target.ml_root, parent, shard, shards)
-                yield from pulsar_scan.scan_managed_ledgers(client(*pulsar), target.ml_root, names, target.window)
+                names = pulsar_scan.list_shard(client(pulsar), target.ml_root, parent, shard, shards)
+                yield from pulsar_scan.scan_managed_ledgers(client(pulsar), target.ml_root, names, target.window)
             elif kind == TASK_SCHEMA:
                 parent, shard, shards = _shard(payload)
-                ids = pulsar_scan.list_shard(client(*pulsar), target.schemas_root, parent, shard, shards)
-                yield from pulsar_scan.scan_schemas(client(*pulsar), target.schemas_root, ids, target.window)
+                ids = pulsar_scan.list_shard(client(pulsar), target.schemas_root, parent, shard, shards)
+                yield from pulsar_scan.scan_schemas(client(pulsar), target.schemas_root, ids, target.window)
 
     try:
         packer = TablePacker(target.run_id, target.captured_at)
@@ -231,10 +261,10 @@ def zk_load(counts: dict[str, int]) -> str:
             + (f"{limit:,} reads/s" if limit else "none") + f", {counts.get('zk_wait_ms', 0) / 1000:,.1f}s held back")
 
 
-def scan_sessions(spark: SparkSession, config: SweeperConfig, units: int) -> int:
+def scan_sessions(spark: SparkSession, settings: SnapshotSettings, units: int) -> int:
     """Scan partitions, each one ZooKeeper session per ensemble at a time: at most [scan] max_sessions."""
-    parallelism = config.spark.scan_partitions or 4 * spark.sparkContext.defaultParallelism
-    return max(1, min(parallelism, units, config.scan.max_sessions))
+    parallelism = settings.spark.scan_partitions or 4 * spark.sparkContext.defaultParallelism
+    return max(1, min(parallelism, units, settings.scan.max_sessions))
 
 
 def _shard_payload(parent: str, shard: int, shards: int) -> str:
@@ -270,45 +300,40 @@ class SnapshotPlan:
     peers: list[PeerPlan] = field(default_factory=list)
 
 
-def plan_tasks(config: SweeperConfig) -> SnapshotPlan:
-    timeout = config.bookkeeper.session_timeout_s
-    bk_client = zkutil.connect(config.bookkeeper.zookeeper, timeout=timeout, security=bookkeeper_security(config))
+def plan_tasks(settings: SnapshotSettings) -> SnapshotPlan:
+    connections = settings.connections
+    bk_client = connections.bookkeeper.connect()
     try:
-        root = config.bookkeeper.ledgers_root
+        root = settings.bookkeeper.ledgers_root
         _require_readable(bk_client, root, zkutil.join(root, "LAYOUT"))
         with _readable(root):
             ledger_plan = bk_scan.plan_ledger_units(bk_client, root)
-        clock = probe_clock(bk_client, config.safety.clock_probe_path)
+        clock = probe_clock(bk_client, settings.safety.clock_probe_path)
     finally:
         zkutil.close(bk_client)
-    # The configuration store is Pulsar's too: [pulsar]'s access options (or [bookkeeper]'s) reach it.
-    pulsar_access = pulsar_security(config)
-    pulsar_client = zkutil.connect(config.pulsar_zookeeper, timeout=timeout, security=pulsar_access)
+    pulsar_client = connections.pulsar.connect()
     try:
-        _require_readable(pulsar_client, config.pulsar.managed_ledgers_root, config.pulsar.schemas_root)
-        with _readable(f"{config.pulsar.managed_ledgers_root} or {config.pulsar.schemas_root}"):
+        _require_readable(pulsar_client, settings.pulsar.managed_ledgers_root, settings.pulsar.schemas_root)
+        with _readable(f"{settings.pulsar.managed_ledgers_root} or {settings.pulsar.schemas_root}"):
             pulsar_plan = pulsar_scan.plan_pulsar(
-                pulsar_client, config.pulsar.managed_ledgers_root, config.pulsar.schemas_root
+                pulsar_client, settings.pulsar.managed_ledgers_root, settings.pulsar.schemas_root
             )
-        brokers = len(live_brokers(pulsar_client, config.pulsar.brokers_path))
-        owner_rows, owners_problem = scan_bundle_owners(pulsar_client, config.retention.bundle_owners_root)
+        brokers = len(live_brokers(pulsar_client, settings.pulsar.brokers_path))
+        owner_rows, owners_problem = scan_bundle_owners(pulsar_client, settings.retention.bundle_owners_root)
         contents: dict[str, tuple[bytes, int]] = {}
-        if not config.pulsar.configuration_store:
-            policies = pulsar_scan.plan_namespace_policies(pulsar_client, config.pulsar.policies_root, contents)
+        if not settings.pulsar.configuration_store:
+            policies = pulsar_scan.plan_namespace_policies(pulsar_client, settings.pulsar.policies_root, contents)
     finally:
         zkutil.close(pulsar_client)
-    if config.pulsar.configuration_store:
-        store_client = zkutil.connect(config.pulsar.configuration_store, timeout=timeout, security=pulsar_access)
-        try:
-            policies = pulsar_scan.plan_namespace_policies(store_client, config.pulsar.policies_root, contents)
-        finally:
-            zkutil.close(store_client)
+    if connections.configuration_store is not None:
+        with connections.configuration_store.session() as store_client:
+            policies = pulsar_scan.plan_namespace_policies(store_client, settings.pulsar.policies_root, contents)
     for namespace in policies:
         pulsar_plan.namespaces.setdefault(namespace, set()).add("policies")
-    tasks = [(TASK_BK, unit) for unit in ledger_plan.units] + _pulsar_tasks(pulsar_plan, config.scan.chunk)
+    tasks = [(TASK_BK, unit) for unit in ledger_plan.units] + _pulsar_tasks(pulsar_plan, settings.scan.chunk)
     return SnapshotPlan(tasks, ledger_plan, pulsar_plan, brokers, clock,
                         [namespace_policy_row(ns, data, version) for ns, (data, version) in sorted(contents.items())],
-                        owner_rows, owners_problem, [plan_peer(config, peer) for peer in config.safety.peer_metadata])
+                        owner_rows, owners_problem, [plan_peer(settings, peer) for peer in connections.peers])
 
 
 def _pulsar_tasks(plan: pulsar_scan.PulsarScanPlan, chunk: int) -> list[tuple[str, str]]:
@@ -317,26 +342,27 @@ def _pulsar_tasks(plan: pulsar_scan.PulsarScanPlan, chunk: int) -> list[tuple[st
             + [(TASK_SCHEMA, _shard_payload(*s)) for s in pulsar_scan.shards(plan.schema_namespaces, chunk)])
 
 
-def plan_peer(config: SweeperConfig, cluster: str) -> PeerPlan:
+def plan_peer(settings: SnapshotSettings, peer: ZooKeeperEndpoint) -> PeerPlan:
     """A peer's scan, planned like ours (same roots, [pulsar]'s TLS/SASL settings), or why it cannot be trusted.
 
     A peer store without a live broker may be a stale copy (a cluster moved elsewhere, a backup): its
     references would be incomplete, so it counts as unread, the way our own liveness gate refuses such a store.
     """
+    cluster = peer.hosts
     try:
-        client = zkutil.connect(cluster, timeout=config.bookkeeper.session_timeout_s, security=pulsar_security(config))
+        client = peer.connect()
     except Exception as exc:
         return PeerPlan(cluster, problem=f"cannot connect: {type(exc).__name__}: {exc}")
     try:
-        _require_readable(client, config.pulsar.managed_ledgers_root, config.pulsar.schemas_root)
-        if client.exists(config.pulsar.managed_ledgers_root) is None:
-            return PeerPlan(cluster, problem=f"no {config.pulsar.managed_ledgers_root} there: not a Pulsar metadata "
+        _require_readable(client, settings.pulsar.managed_ledgers_root, settings.pulsar.schemas_root)
+        if client.exists(settings.pulsar.managed_ledgers_root) is None:
+            return PeerPlan(cluster, problem=f"no {settings.pulsar.managed_ledgers_root} there: not a Pulsar metadata "
                                              "store (check the chroot)")
-        plan = pulsar_scan.plan_pulsar(client, config.pulsar.managed_ledgers_root, config.pulsar.schemas_root)
-        if not live_brokers(client, config.pulsar.brokers_path):
-            return PeerPlan(cluster, problem=f"no live broker registered under {config.pulsar.brokers_path}: a stale "
+        plan = pulsar_scan.plan_pulsar(client, settings.pulsar.managed_ledgers_root, settings.pulsar.schemas_root)
+        if not live_brokers(client, settings.pulsar.brokers_path):
+            return PeerPlan(cluster, problem=f"no live broker registered under {settings.pulsar.brokers_path}: a stale "
                                              "copy cannot vouch for what the peer references")
-        return PeerPlan(cluster, _pulsar_tasks(plan, config.scan.chunk), sorted(plan.namespaces))
+        return PeerPlan(cluster, _pulsar_tasks(plan, settings.scan.chunk), sorted(plan.namespaces))
     except Exception as exc:
         return PeerPlan(cluster, problem=f"{type(exc).__name__}: {exc}")
     finally:
@@ -353,9 +379,9 @@ def namespace_policy_row(namespace: str, data: bytes, version: int) -> dict[str,
             "zk_version": version}
 
 
-def scan_dataframe(spark: SparkSession, config: SweeperConfig, target: ScanTarget,
+def scan_dataframe(spark: SparkSession, settings: SnapshotSettings, target: ScanTarget,
                    tasks: list[tuple[str, str]]) -> DataFrame:
-    partitions = scan_sessions(spark, config, len(tasks))
+    partitions = scan_sessions(spark, settings, len(tasks))
     # Deal units round-robin so big and small ones interleave; parallelize keeps that split
     # without a shuffle.
     dealt = [tasks[i::partitions] for i in range(partitions)]
@@ -417,15 +443,15 @@ def _counts(packed: DataFrame) -> dict[str, int]:
             .collect()}
 
 
-def offload_targets(scan: DataFrame, config: SweeperConfig) -> list[S3Target]:
+def offload_targets(scan: DataFrame, settings: SnapshotSettings) -> list[S3Target]:
     """Buckets named in the managed ledgers' offload contexts, plus the configured extras."""
     rows = (table_frame(scan, "ml_ledgers").where(F.col("offload_bucket").isNotNull())
             .select("offload_bucket", "offload_region", "offload_endpoint").distinct().collect())
     targets = {r["offload_bucket"]: S3Target(r["offload_bucket"], r["offload_region"] or "",
                                              r["offload_endpoint"] or "") for r in rows}
-    for bucket in (b.strip() for b in config.offload.extra_buckets.split(",")):
+    for bucket in (b.strip() for b in settings.offload.extra_buckets.split(",")):
         if bucket and bucket not in targets:
-            targets[bucket] = S3Target(bucket, config.offload.region)
+            targets[bucket] = S3Target(bucket, settings.offload.region)
     return [targets[b] for b in sorted(targets)]
 
 
@@ -456,7 +482,7 @@ def _list_partition(batches: Iterator[pa.RecordBatch], endpoint_override: str, h
     yield from packer.flush()
 
 
-def offload_dataframe(spark: SparkSession, config: SweeperConfig, targets: list[S3Target], run_id: str,
+def offload_dataframe(spark: SparkSession, settings: SnapshotSettings, targets: list[S3Target], run_id: str,
                       captured_at: datetime) -> DataFrame:
     units = [(t.bucket, t.region, t.endpoint, slot, prefix, start_after, stop_at)
              for t in targets for slot, (prefix, start_after, stop_at) in enumerate(listing_units())]
@@ -464,15 +490,16 @@ def offload_dataframe(spark: SparkSession, config: SweeperConfig, targets: list[
         units, "bucket string, region string, endpoint string, slot int, prefix string, start_after string, "
                "stop_at string")
     frame = frame.repartition(min(len(units), 4 * spark.sparkContext.defaultParallelism))
-    override, head = config.offload.endpoint_override, config.offload.head_metadata
+    override, head = settings.offload.endpoint_override, settings.offload.head_metadata
     return frame.mapInArrow(lambda b: _list_partition(b, override, head, run_id, captured_at), PACKED_SCHEMA)
 
 
-def topic_partitions(config: SweeperConfig) -> int:
+def topic_partitions(settings: SnapshotSettings) -> int:
     """How many partitions the pending-delete topic has now (0: it does not exist yet)."""
-    cfg = config.system_topic
-    broker = BrokerSettings.from_config(cfg)
-    return AdminClient(cfg).partitions(cfg.topic) if cfg.admin_url else broker_partitions(broker, cfg.topic)
+    cfg = settings.system_topic
+    connections = settings.connections
+    return (connections.admin().partitions(cfg.topic) if cfg.admin_url
+            else broker_partitions(connections.broker(), cfg.topic))
 
 
 def _read_pending(partitions: Iterator[int], broker: BrokerSettings, topic: str, run_id: str,
@@ -486,10 +513,10 @@ def _read_pending(partitions: Iterator[int], broker: BrokerSettings, topic: str,
         yield from (tuple(r.values()) for r in batch.to_pylist())
 
 
-def pending_deletes_dataframe(spark: SparkSession, config: SweeperConfig, partitions: int, run_id: str,
+def pending_deletes_dataframe(spark: SparkSession, settings: SnapshotSettings, partitions: int, run_id: str,
                               captured_at: datetime) -> DataFrame:
     """One Spark task per partition of the system topic, each with its own reader."""
-    broker, topic = BrokerSettings.from_config(config.system_topic), config.system_topic.topic
+    broker, topic = settings.connections.broker(), settings.system_topic.topic
     rdd = spark.sparkContext.parallelize(range(partitions), partitions).mapPartitions(
         lambda items: _read_pending(items, broker, topic, run_id, captured_at))
     return spark.createDataFrame(rdd, PACKED_SCHEMA)
@@ -498,7 +525,7 @@ def pending_deletes_dataframe(spark: SparkSession, config: SweeperConfig, partit
 PEER_TABLES = ("managed_ledgers", "ml_ledgers", "ml_cursors", "cursor_ledger_refs", "schema_ledgers", "quarantine")
 
 
-def snapshot_peers(spark: SparkSession, config: SweeperConfig, store: TableStore, target: ScanTarget,
+def snapshot_peers(spark: SparkSession, settings: SnapshotSettings, store: TableStore, target: ScanTarget,
                    peers: list[PeerPlan], commit_metadata: dict[str, str]) -> dict[str, int]:
     """Each peer's references, owners and namespaces into `peer_references`, scanned by the same tasks as ours.
 
@@ -511,8 +538,8 @@ def snapshot_peers(spark: SparkSession, config: SweeperConfig, store: TableStore
     for peer in peers:
         problem = peer.problem
         if problem is None:
-            packed = scan_dataframe(spark, config, dataclasses.replace(target, pulsar_hosts=peer.cluster),
-                                    peer.tasks).persist(StorageLevel.MEMORY_AND_DISK)
+            peer_target = dataclasses.replace(target, pulsar=target.pulsar.elsewhere(peer.cluster))
+            packed = scan_dataframe(spark, settings, peer_target, peer.tasks).persist(StorageLevel.MEMORY_AND_DISK)
             cached.append(packed)
             try:
                 _counts(packed)
@@ -559,6 +586,7 @@ def run_id_holder(store: TableStore, run_id: str) -> str | None:
 
 def run_snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore,
                  run_id: str | None = None) -> SnapshotResult:
+    """The snapshot from a whole config, under a new run id (or `run_id`, refused when it names rows already)."""
     if run_id is not None:
         # A scheduler retrying a job with the same id would otherwise append a second copy of the snapshot under
         # it (issue 27): refused before anything is written.
@@ -567,36 +595,39 @@ def run_snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore,
             raise RunIdTaken(f"run id {run_id} is taken: {holder}. Leave out --run-id for a new run, or give one "
                              "not used before; later stages of that run take it with --run-id")
     run_id = run_id or runs.new_run_id()
+    return run(spark, store, run_id, SnapshotSettings.from_config(config))
+
+
+def run(spark: SparkSession, store: TableStore, run_id: str, settings: SnapshotSettings) -> SnapshotResult:
+    """Every store's metadata into the snapshot tables under `run_id`, and the run's `runs` row."""
     started = datetime.now(UTC)
     t0 = time.monotonic()
     try:
-        plan = plan_tasks(config)
+        plan = plan_tasks(settings)
     except Exception as exc:
-        runs.record(store, run_id, "snapshot", runs.FAILED, started, {}, config, exc)
+        runs.record(store, run_id, "snapshot", runs.FAILED, started, {}, settings, exc)
         raise
-    skew = clock_problem(plan.clock.skew_ms, config.safety.max_clock_skew_seconds)
+    skew = clock_problem(plan.clock.skew_ms, settings.safety.max_clock_skew_seconds)
     if skew:
-        runs.record(store, run_id, "snapshot", runs.REFUSED, started, {}, config, skew)
+        runs.record(store, run_id, "snapshot", runs.REFUSED, started, {}, settings, skew)
         raise ClockSkewRefused(skew)
     tasks, ledger_plan = plan.tasks, plan.ledgers
-    sessions = scan_sessions(spark, config, len(tasks))
+    sessions = scan_sessions(spark, settings, len(tasks))
+    connections = settings.connections
     target = ScanTarget(
-        bk_hosts=config.bookkeeper.zookeeper,
-        ledgers_root=config.bookkeeper.ledgers_root,
-        pulsar_hosts=config.pulsar_zookeeper,
-        ml_root=config.pulsar.managed_ledgers_root,
-        schemas_root=config.pulsar.schemas_root,
-        timeout_s=config.bookkeeper.session_timeout_s,
-        window=config.scan.window,
-        multi_read=config.scan.multi_read,
+        bookkeeper=connections.bookkeeper,
+        ledgers_root=settings.bookkeeper.ledgers_root,
+        pulsar=connections.pulsar,
+        ml_root=settings.pulsar.managed_ledgers_root,
+        schemas_root=settings.pulsar.schemas_root,
+        window=settings.scan.window,
+        multi_read=settings.scan.multi_read,
         run_id=run_id,
         captured_at=started,
-        bk_security=bookkeeper_security(config),
-        pulsar_security=pulsar_security(config),
         # Every partition may run at once: each gets an equal share, so the sum never exceeds the limit.
-        reads_per_task=config.scan.reads_per_second / sessions,
+        reads_per_task=settings.scan.reads_per_second / sessions,
     )
-    zk_scan = scan_dataframe(spark, config, target, tasks).persist(StorageLevel.MEMORY_AND_DISK)
+    zk_scan = scan_dataframe(spark, settings, target, tasks).persist(StorageLevel.MEMORY_AND_DISK)
     scan = zk_scan
     try:
         t_scan = time.monotonic()
@@ -610,11 +641,11 @@ def run_snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore,
         scan_s = time.monotonic() - t_scan
         # The load put on ZooKeeper, and the limits that bounded it, in the run's report.
         counts["scan_sessions"] = sessions
-        counts["reads_per_second_limit"] = int(config.scan.reads_per_second)
+        counts["reads_per_second_limit"] = int(settings.scan.reads_per_second)
         counts["zk_reads_per_second"] = int(counts.get(STAT_READS, 0) / scan_s) if scan_s else 0
-        buckets = offload_targets(zk_scan, config) if config.offload.enabled else []
+        buckets = offload_targets(zk_scan, settings) if settings.offload.enabled else []
         if buckets:
-            listing = offload_dataframe(spark, config, buckets, run_id, started).persist(StorageLevel.MEMORY_AND_DISK)
+            listing = offload_dataframe(spark, settings, buckets, run_id, started).persist(StorageLevel.MEMORY_AND_DISK)
             listing_counts = _counts(listing)
             for table, rows in listing_counts.items():
                 counts[table] = counts.get(table, 0) + rows
@@ -622,16 +653,16 @@ def run_snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore,
                 counts["quarantine.offload_listing"] = table_frame(listing, "quarantine").where(
                     F.col("error_kind") == LISTING_FAILED).count()
             scan = zk_scan.unionByName(listing)
-        if config.system_topic.service_url and config.system_topic.read_in_snapshot:
-            partitions = topic_partitions(config)
+        if settings.system_topic.service_url and settings.system_topic.read_in_snapshot:
+            partitions = topic_partitions(settings)
             counts["pending_delete_partitions"] = partitions
             if partitions:
-                pending = pending_deletes_dataframe(spark, config, partitions, run_id, started).persist(
+                pending = pending_deletes_dataframe(spark, settings, partitions, run_id, started).persist(
                     StorageLevel.MEMORY_AND_DISK)
                 try:
                     pending_counts = _counts(pending)
                 except Exception as exc:
-                    raise SystemTopicError(f"reading {config.system_topic.topic}: "
+                    raise SystemTopicError(f"reading {settings.system_topic.topic}: "
                                            f"{task_error(exc, ('SystemTopicError',))}") from exc
                 for table, rows in pending_counts.items():
                     counts[table] = counts.get(table, 0) + rows
@@ -669,24 +700,24 @@ def run_snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore,
             raise SnapshotIncomplete("the snapshot's tables do not hold what the scan read (table: read, "
                                      f"committed): {lost}; do not reconcile run {run_id}")
         if plan.peers:
-            peer_counts = snapshot_peers(spark, config, store, target, plan.peers, commit_metadata)
+            peer_counts = snapshot_peers(spark, settings, store, target, plan.peers, commit_metadata)
             counts.update(peer_counts)
         for table in SNAPSHOT_TABLES:
             counts.setdefault(table, 0)
         counts["scan_units"] = len(tasks)
     except KeyboardInterrupt:
         with contextlib.suppress(Exception):  # the interrupt is what the operator must see
-            runs.record(store, run_id, "snapshot", runs.INTERRUPTED, started, {}, config,
+            runs.record(store, run_id, "snapshot", runs.INTERRUPTED, started, {}, settings,
                         "interrupted during the snapshot: its rows are never reconciled; start a new run")
         raise
     except Exception as exc:
-        runs.record(store, run_id, "snapshot", runs.FAILED, started, {}, config, exc)
+        runs.record(store, run_id, "snapshot", runs.FAILED, started, {}, settings, exc)
         raise
     finally:
         zk_scan.unpersist()
         if scan is not zk_scan:
             scan.unpersist()
-    runs.record(store, run_id, "snapshot", runs.SUCCEEDED, started, counts, config)
+    runs.record(store, run_id, "snapshot", runs.SUCCEEDED, started, counts, settings)
     return SnapshotResult(
         run_id=run_id,
         counts=counts,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import ssl
 import urllib.error
 import urllib.parse
@@ -17,8 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sweeper import names
 from sweeper.config import SystemTopicConfig
 from sweeper.errors import Refused
+from sweeper.vocabulary import NOT_SET, SET, UNREAD
 
 
 class SystemTopicError(Refused):
@@ -182,7 +185,7 @@ class _NoRedirects(urllib.request.HTTPRedirectHandler):
 
 
 class AdminClient:
-    """The admin REST calls: read and create a partitioned topic's metadata; the repair's calls (BrokerAdmin).
+    """The one admin REST client: a partitioned topic's metadata, and the retention repair's topic calls.
 
     A redirect is followed only to `admin_url` itself or to a broker `allow_brokers` was given (read once per
     run from this cluster's /loadbalance/brokers), whatever the call.
@@ -260,6 +263,61 @@ class AdminClient:
         if status not in (200, 204):
             raise SystemTopicError(f"admin API: creating {topic} with {partitions} partitions answered HTTP "
                                    f"{status}: {body[:200]!r}")
+
+
+    # ---- the retention repair's calls (topics, subscriptions), through the same redirect rule ----
+
+    def topic_url(self, topic_name: str, suffix: str = "") -> str:
+        parts = names.parse_topic(topic_name)
+        if parts is None:
+            raise SystemTopicError(f"not a persistent topic name: {topic_name!r}")
+        # The topic path parameter is @Encoded: Pulsar decodes it once itself (Codec.decode).
+        local = urllib.parse.quote(parts.local, safe="")
+        version = "v2/" if "/" not in parts.namespace else ""  # old cluster-scoped names: the v1 API
+        return f"{self.base}/admin/{version}persistent/{parts.tenant}/{parts.namespace}/{local}{suffix}"
+
+    def call(self, method: str, url: str) -> tuple[int, bytes]:
+        """One admin call through the base client, whose redirect rule keeps it (and our token) in this cluster."""
+        return self._call(method, url, b"" if method in ("POST", "PUT") else None)
+
+    def topic_policy(self, topic_name: str) -> tuple[str, str]:
+        """Whether the topic sets its own retention or TTL, locally or globally (the raw topic-level values,
+        `applied=false`): not_set | set | unread.
+
+        `GET .../retention` and `.../messageTTL` (admin v2 `PersistentTopics`) answer the stored
+        `TopicPolicies` value, or 204 when none is set; a broker with topicLevelPoliciesEnabled=false answers
+        405. Local and global topic policies are separate records (`isGlobal`), and the broker applies either,
+        so both are asked. Topic policies belong to the partitioned topic, not its partitions. Call this only
+        for topics whose bundle a live broker owns: the ownership check behind it would otherwise make a
+        broker acquire the bundle.
+        """
+        base = re.sub(r"-partition-\d+$", "", topic_name)
+        for suffix in ("/retention", "/messageTTL"):
+            for scope in ("false", "true"):
+                status, body = self.call("GET", self.topic_url(base, f"{suffix}?isGlobal={scope}"))
+                text = body.strip()
+                if status == 204 or (status == 200 and text in (b"", b"null")):
+                    continue
+                where = "global" if scope == "true" else "local"
+                if status == 200:
+                    shown = text[:120].decode("utf-8", "replace")
+                    return SET, f"{base} sets its own {where} {suffix[1:]} ({shown}): not evaluated"
+                return UNREAD, f"reading {base}'s {where} topic-level {suffix[1:]} answered HTTP {status}"
+        return NOT_SET, "the broker says the topic sets no retention or TTL of its own"
+
+    def trim(self, topic_name: str) -> tuple[int, bytes]:
+        return self.call("POST", self.topic_url(topic_name, "/trim"))
+
+    def internal_stats(self, topic_name: str) -> tuple[int, bytes]:
+        return self.call("GET", self.topic_url(topic_name, "/internalStats"))
+
+    def stats(self, topic_name: str) -> tuple[int, bytes]:
+        return self.call("GET", self.topic_url(topic_name, "/stats"))
+
+    def delete_subscription(self, topic_name: str, subscription: str) -> tuple[int, bytes]:
+        # The subscription parameter is decoded by the server and then again by Pulsar (Codec.decode).
+        sub = urllib.parse.quote(names.encode_local_name(subscription), safe="")
+        return self.call("DELETE", self.topic_url(topic_name, f"/subscription/{sub}"))
 
 
 def broker_partitions(settings: BrokerSettings, topic: str) -> int:

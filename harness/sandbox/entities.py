@@ -9,8 +9,8 @@ from enum import StrEnum
 
 from sweeper.layout import LedgerLayout
 from sweeper.names import encode_local_name
+from sweeper.vocabulary import DAY_MS
 
-DAY_MS = 86_400_000
 GRACE_MS = 7 * DAY_MS  # the default grace period: what "young" means in the ground truth
 HOUR_MS = 3_600_000
 
@@ -183,6 +183,8 @@ def encode_name(name: str) -> str:
     return encode_local_name(name)
 
 
+# Pulsar's names, spelled here on purpose rather than imported from sweeper.vocabulary: the sandbox models
+# Pulsar independently, so a wrong constant in the product shows up as a failing test instead of agreeing.
 BUCKET_PREFIX = "#pulsar.internal.delayed.bucket"
 COMPACTION_CURSOR = "__compaction"
 COMPACTED_TOPIC_LEDGER = "CompactedTopicLedger"

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from harness.sandbox.entities import BkLedger, Cursor, ManagedLedger, MlLedger, Status, cursor_custom, ml_custom
+from sweeper.vocabulary import DAY_MS
 
 if TYPE_CHECKING:  # pragma: no cover
     from harness.sandbox.model import _Builder
 
-DAY_MS = 86_400_000
 HOUR_MS = 3_600_000
 MIB = 1024 * 1024
 

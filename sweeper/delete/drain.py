@@ -17,9 +17,10 @@ from sweeper.system_topic import BrokerSettings, SystemTopicError, describe_clie
 
 
 class TopicDrain:
-    def __init__(self, cfg: SystemTopicConfig, subscription: str, max_messages: int, wait_ms: int = 2000) -> None:
+    def __init__(self, cfg: SystemTopicConfig, broker: BrokerSettings, subscription: str, max_messages: int,
+                 wait_ms: int = 2000) -> None:
         self.cfg, self.subscription, self.max_messages, self.wait_ms = cfg, subscription, max_messages, wait_ms
-        self.broker = BrokerSettings.from_config(cfg)
+        self.broker = broker
         self.client: Any = None
         self.consumer: Any = None
         self.messages: list[Any] = []

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sweeper import pending_delete
+from sweeper.connections import ZooKeeperEndpoint
 from sweeper.delete.decide import managed_ledger_name
 from sweeper.layout import LayoutError, LedgerLayout, ledger_path
 from sweeper.ratelimit import TokenBucket
 from sweeper.zk import client as zkutil
 from sweeper.zk.acl import DELETE, READ, UNREADABLE, Acl, Identity, Missing, identity_of, missing_permissions
 from sweeper.zk.errors import ZooKeeperPermissionError
-from sweeper.zk.security import ZkSecurity
 from sweeper.zk.wire import WireReader, ZooKeeperWireError
 
 log = logging.getLogger(__name__)
@@ -74,12 +74,13 @@ def needed(records: Sequence[Mapping[str, Any]], *, ledgers_root: str, layout: L
     return needs, managed
 
 
-def check(hosts: str, security: ZkSecurity | None, timeout_s: float, payloads: Sequence[bytes], *,
+def check(endpoint: ZooKeeperEndpoint, payloads: Sequence[bytes], *,
           ledgers_root: str, layout: LedgerLayout, ml_root: str, schemas_root: str,
           shadows: Mapping[str, Sequence[str]], reads_per_second: float = 0.0, multi_read: int = 1) -> PermissionCheck:
     """Whether this session may do the run: one wire-protocol session (whoAmI, listings, getACL, pipelined)."""
     limiter = TokenBucket(reads_per_second) if reads_per_second > 0 else None
-    with WireReader(hosts, timeout=timeout_s, security=security, multi_read=multi_read, limiter=limiter) as reader:
+    security = endpoint.security
+    with endpoint.wire_reader(multi_read, limiter) as reader:
         try:
             who = reader.who_am_i()
         except ZooKeeperWireError as exc:  # ZooKeeper < 3.7: no whoAmI. The deletes still refuse on NoAuth.

@@ -24,6 +24,7 @@ from sweeper.delete.results import DELETED, FAILED, REFUSED, WOULD_DELETE, Delet
 from sweeper.delete.retry import is_transient, is_transient_code
 from sweeper.offload import object_metadata
 from sweeper.rules import ActingRules, Owner, refusal
+from sweeper.vocabulary import DAY_MS
 from sweeper.zk import client as zkutil
 
 MAX_KEYS_PER_REQUEST = 1000  # S3's DeleteObjects limit
@@ -59,7 +60,7 @@ class ObjectDeleter:
         max_keys_per_request: int = MAX_KEYS_PER_REQUEST,
         shadows: Mapping[str, Sequence[str]] | None = None,
         local_cluster: str = "",
-        min_age_ms: int = 7 * 24 * 3_600_000,
+        min_age_ms: int = 7 * DAY_MS,
         now_ms: int | None = None,
         rules: ActingRules | None = None,
     ) -> None:

@@ -30,7 +30,19 @@ from pyspark.sql import functions as F
 from sweeper import pending_delete, runs
 from sweeper.classify import Sharing
 from sweeper.codecs.bookkeeper import decode_ledger_metadata
-from sweeper.config import SweeperConfig
+from sweeper.config import (
+    BookKeeperConfig,
+    DeleteConfig,
+    GatesConfig,
+    OffloadConfig,
+    PulsarMetadataConfig,
+    RetentionConfig,
+    SafetyConfig,
+    ScanConfig,
+    SweeperConfig,
+    SystemTopicConfig,
+)
+from sweeper.connections import Connections, ZooKeeperEndpoint
 from sweeper.delete import permissions
 from sweeper.delete.decide import LiveObject, object_mismatch
 from sweeper.delete.drain import TopicDrain
@@ -55,7 +67,6 @@ from sweeper.tables import TableStore
 from sweeper.vocabulary import HOUR_MS
 from sweeper.zk import client as zkutil
 from sweeper.zk.errors import ZooKeeperPermissionError
-from sweeper.zk.security import ZkSecurity, bookkeeper_security, pulsar_security
 from sweeper.zk.wire import WireReader
 
 QUEUED, RESOLVED, DEAD_LETTERED = "queued", "resolved", "dead_lettered"
@@ -69,8 +80,7 @@ class DeleteRefused(Refused):
 class DeleteTarget:
     """What a delete task needs: small and picklable."""
 
-    zk_hosts: str
-    session_timeout_s: float
+    bookkeeper: ZooKeeperEndpoint  # [bookkeeper]'s ensemble, with its TLS / SASL / digest settings
     ledgers_root: str
     layout: str
     ml_root: str
@@ -87,13 +97,44 @@ class DeleteTarget:
     buckets: tuple[tuple[str, str, str], ...]  # (bucket, region, endpoint) this run may delete from
     shadows: tuple[tuple[str, tuple[str, ...]], ...] = ()  # source managed ledger -> its shadow topics' ones
     local_cluster: str = ""  # [pulsar] cluster_name: an object must carry it to be deleted
-    zk_security: ZkSecurity | None = None  # TLS / SASL / digest for [bookkeeper]'s ensemble
     rules: ActingRules = field(default_factory=ActingRules)  # today's rules, re-applied to every record
-    peers: tuple[str, ...] = ()  # [safety] peer_metadata: re-read before each ledger delete
-    peer_security: ZkSecurity | None = None  # [pulsar]'s access settings, which reach the peers too
+    peers: tuple[ZooKeeperEndpoint, ...] = ()  # [safety] peer_metadata: re-read before each ledger delete
     offload_enabled: bool = False  # [offload] enabled: offloaded copies can be checked before a BookKeeper delete
     journal: Journal | None = None  # with execute: intents and outcomes, committed by the tasks chunk by chunk
     never_seen: frozenset[int] = frozenset()  # operator-listed ids no snapshot lists: `not_found` when gone
+
+
+@dataclass(frozen=True)
+class DeleteSettings:
+    """What the delete reads of the config, narrowed once (issue 22's stage shape), with the run's own choices:
+    whether to delete (`execute`) and where its input comes from (the run's marks, an operator's JSON list, or
+    the system topic)."""
+
+    bookkeeper: BookKeeperConfig
+    pulsar: PulsarMetadataConfig
+    delete: DeleteConfig
+    safety: SafetyConfig
+    gates: GatesConfig
+    offload: OffloadConfig
+    scan: ScanConfig
+    retention: RetentionConfig
+    system_topic: SystemTopicConfig
+    connections: Connections
+    config_hash: str
+    execute: bool = False
+    from_json: str | Path | None = None
+    from_topic: bool = False
+    now_ms: int | None = None  # the decision clock; tests move it
+
+    @classmethod
+    def from_config(cls, config: SweeperConfig, *, execute: bool = False, from_json: str | Path | None = None,
+                    from_topic: bool = False, now_ms: int | None = None) -> DeleteSettings:
+        return cls(config.bookkeeper, config.pulsar, config.delete, config.safety, config.gates, config.offload,
+                   config.scan, config.retention, config.system_topic, Connections.from_config(config),
+                   config.hash(), execute, from_json, from_topic, now_ms)
+
+    def hash(self) -> str:
+        return self.config_hash
 
 
 @dataclass
@@ -323,7 +364,7 @@ def delete_partition(items: Iterator[list[PendingRecord]], target: DeleteTarget)
         else:
             decoded.append((item, record))
     rng = random.Random(hash(items[0].record_key))
-    client = zkutil.connect(target.zk_hosts, timeout=target.session_timeout_s, security=target.zk_security)
+    client = target.bookkeeper.connect()
     reader: WireReader | None = None
     peer_clients: list[Any] = []
     try:
@@ -331,16 +372,15 @@ def delete_partition(items: Iterator[list[PendingRecord]], target: DeleteTarget)
         if ledgers:
             # Bulk verification reads on a second session; a missing one only makes verification slower.
             with contextlib.suppress(Exception):
-                reader = WireReader(target.zk_hosts, timeout=target.session_timeout_s, multi_read=target.multi_read,
-                                    security=target.zk_security)
+                reader = target.bookkeeper.wire_reader(target.multi_read)
         objects = [(i, r) for i, r in decoded if r["ledgerType"] != "LEDGER"]
         if ledgers:
             rules, peers = target.rules, []
             try:
-                for name in target.peers:
-                    peer_client = zkutil.connect(name, timeout=target.session_timeout_s, security=target.peer_security)
+                for peer in target.peers:
+                    peer_client = peer.connect()
                     peer_clients.append(peer_client)
-                    peers.append((name, LedgerDeleter(
+                    peers.append((peer.hosts, LedgerDeleter(
                         peer_client, ledgers_root=target.ledgers_root, layout=LedgerLayout(target.layout),
                         managed_ledgers_root=target.ml_root, schemas_root=target.schemas_root,
                         min_age_ms=target.min_age_ms, now_ms=target.now_ms, op_timeout_s=target.op_timeout_s)))
@@ -385,7 +425,7 @@ def _check_emitted(store: TableStore, run_id: str) -> None:
                  f"run {run_id} has no successful emit: nothing was marked for deletion")
 
 
-def _buckets(store: TableStore, config: SweeperConfig, run_id: str | None) -> tuple[tuple[str, str, str], ...]:
+def _buckets(store: TableStore, settings: DeleteSettings, run_id: str | None) -> tuple[tuple[str, str, str], ...]:
     """Buckets named by the offload contexts of the run's snapshot (or the latest), plus the configured extras."""
     found: dict[str, tuple[str, str, str]] = {}
     if store.exists("ml_ledgers"):
@@ -394,9 +434,9 @@ def _buckets(store: TableStore, config: SweeperConfig, run_id: str | None) -> tu
             frame = frame.where(F.col("run_id") == run_id)
         for r in frame.select("offload_bucket", "offload_region", "offload_endpoint").distinct().collect():
             found[r["offload_bucket"]] = (r["offload_bucket"], r["offload_region"] or "", r["offload_endpoint"] or "")
-    for bucket in (b.strip() for b in config.offload.extra_buckets.split(",")):
+    for bucket in (b.strip() for b in settings.offload.extra_buckets.split(",")):
         if bucket and bucket not in found:
-            found[bucket] = (bucket, config.offload.region, "")
+            found[bucket] = (bucket, settings.offload.region, "")
     return tuple(found[b] for b in sorted(found))
 
 
@@ -438,54 +478,59 @@ def _shadows(store: TableStore) -> tuple[tuple[str, tuple[str, ...]], ...] | Non
     return tuple((source, tuple(sorted(names))) for source, names in sorted(by_source.items()))
 
 
-def _partitions(spark: SparkSession, config: SweeperConfig, records: int) -> int:
-    wanted = config.delete.tasks or 2 * spark.sparkContext.defaultParallelism
+def _partitions(spark: SparkSession, settings: DeleteSettings, records: int) -> int:
+    wanted = settings.delete.tasks or 2 * spark.sparkContext.defaultParallelism
     return max(1, min(wanted, (records + 999) // 1000))
 
 
 def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str, *, execute: bool = False,
                from_json: str | Path | None = None, from_topic: bool = False,
                now_ms: int | None = None) -> DeleteRunResult:
+    return run(spark, store, run_id, DeleteSettings.from_config(config, execute=execute, from_json=from_json,
+                                                               from_topic=from_topic, now_ms=now_ms))
+
+
+def run(spark: SparkSession, store: TableStore, run_id: str, settings: DeleteSettings) -> DeleteRunResult:
     """One delete run. Input: the run's emitted records and due retries; or an operator's JSON list; or
     (`from_topic`) up to `max_deletes_per_run` messages drained from the system topic's Shared
     subscription, acknowledged only once their outcomes are committed (never in a dry run)."""
+    execute, from_json, from_topic, now_ms = settings.execute, settings.from_json, settings.from_topic, settings.now_ms
     t0 = time.monotonic()
     now = datetime.now(UTC) if now_ms is None else datetime.fromtimestamp(now_ms / 1000, UTC)
-    d = config.delete
-    if config.pulsar.zookeeper and config.pulsar.zookeeper != config.bookkeeper.zookeeper and execute:
+    d = settings.delete
+    if settings.pulsar.zookeeper and settings.pulsar.zookeeper != settings.bookkeeper.zookeeper and execute:
         # The compare-and-set multi must cover the ledger znode and its referrers in one ensemble.
         raise DeleteRefused("Pulsar and BookKeeper metadata are in different ZooKeeper ensembles; deleting "
                             "needs one multi-operation across both, so only dry runs are possible")
-    security = bookkeeper_security(config)
-    client = zkutil.connect(config.bookkeeper.zookeeper, timeout=config.bookkeeper.session_timeout_s,
-                            security=security)
+    connections = settings.connections
+    client = connections.bookkeeper.connect()
     lock: DeleteRunLock | None = None
     drain: TopicDrain | None = None
     journal: Journal | None = None
     never_seen: frozenset[int] = frozenset()  # snapshots and the system topic name only ids Pulsar had
     try:
-        layout = read_layout(client, config.bookkeeper.ledgers_root)
+        layout = read_layout(client, settings.bookkeeper.ledgers_root)
         if from_topic:
-            drain = TopicDrain(config.system_topic, d.subscription, d.max_deletes_per_run)
+            drain = TopicDrain(settings.system_topic, connections.broker(), d.subscription, d.max_deletes_per_run)
             inputs = drain.receive()
             counts = {"from_topic": len(drain.messages)}
-            buckets = _buckets(store, config, None)
+            buckets = _buckets(store, settings, None)
         elif from_json is not None:
             listed = read_operator_list(from_json)
-            inputs = records_from_json(listed, client, config.bookkeeper.ledgers_root, layout)
+            inputs = records_from_json(listed, client, settings.bookkeeper.ledgers_root, layout)
             counts = {"from_json": len(inputs)}
             never_seen = _never_seen(store, listed_ledger_ids(listed))
-            buckets = _buckets(store, config, None)
+            buckets = _buckets(store, settings, None)
         else:
             _check_emitted(store, run_id)
             inputs, counts = load_inputs(store, run_id, now, limit=d.max_deletes_per_run)
-            buckets = _buckets(store, config, run_id)
+            buckets = _buckets(store, settings, run_id)
         cap = d.max_deletes_per_run
         counts["deferred_by_cap"] = max(0, counts.pop("selected", len(inputs)) - cap)
         inputs = inputs[:cap]
         counts["records"] = len(inputs)
         guards = {"execute": execute, "max_deletes_per_run": cap, "deletes_per_second_per_task": d.deletes_per_second,
-                  "min_age_hours": config.safety.min_age_hours, "lock": d.lock_path if execute else None}
+                  "min_age_hours": settings.safety.min_age_hours, "lock": d.lock_path if execute else None}
         shadows = _shadows(store)
         if shadows is None and execute and inputs:
             raise DeleteRefused("no snapshot in the tables: run `sweeper snapshot` first, so that shadow topics "
@@ -493,11 +538,11 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
         counts["shadow_topics"] = sum(len(names) for _, names in shadows or ())
         if inputs:
             allowed = permissions.check(
-                config.bookkeeper.zookeeper, security, config.bookkeeper.session_timeout_s,
-                [item.payload for item in inputs], ledgers_root=config.bookkeeper.ledgers_root, layout=layout,
-                ml_root=config.pulsar.managed_ledgers_root, schemas_root=config.pulsar.schemas_root,
-                shadows=dict(shadows or ()), reads_per_second=config.scan.reads_per_second,
-                multi_read=config.scan.multi_read)
+                connections.bookkeeper, [item.payload for item in inputs],
+                ledgers_root=settings.bookkeeper.ledgers_root, layout=layout,
+                ml_root=settings.pulsar.managed_ledgers_root, schemas_root=settings.pulsar.schemas_root,
+                shadows=dict(shadows or ()), reads_per_second=settings.scan.reads_per_second,
+                multi_read=settings.scan.multi_read)
             guards["permission_check"] = allowed.status
             counts["missing_permissions"] = len(allowed.missing)
             if allowed.missing:
@@ -516,46 +561,45 @@ def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
                     "lock_path)"))) from exc
             # Under the lock, an attempt the journal shows unclosed has stopped: its deletes go on record (with its
             # run id) before this attempt could take them for its own `already_gone`.
-            journal = open_journal(store, run_id, config.bookkeeper.ledgers_root, layout)
+            journal = open_journal(store, run_id, settings.bookkeeper.ledgers_root, layout)
             resolution = resolve_interrupted(store, lambda path: client.exists(path) is not None, journal.attempt_id)
             if resolution.attempts:
                 counts.update(resolution.counts())
                 guards["interrupted_attempts"] = resolution.attempts
                 inputs = [item for item in inputs if item.record_key not in resolution.settled]
                 counts["records"] = len(inputs)
-            skew = clock_problem(lock.clock_skew_ms, config.safety.max_clock_skew_seconds)
+            skew = clock_problem(lock.clock_skew_ms, settings.safety.max_clock_skew_seconds)
             guards["clock_skew_ms"] = lock.clock_skew_ms
             if skew:
                 # Every grace-period decision compares this host's clock with ledger times: refuse.
                 raise DeleteRefused(skew)
-            if config.gates.require_live_brokers:
+            if settings.gates.require_live_brokers:
                 # The liveness gate reconcile's snapshot passed, again now: a record from a stale copy of the
                 # metadata (a cluster moved elsewhere) would be checked against references nobody updates.
-                pulsar = client if config.pulsar_zookeeper == config.bookkeeper.zookeeper else None
-                brokers = _live_brokers(config, pulsar)
+                pulsar = client if connections.pulsar.hosts == connections.bookkeeper.hosts else None
+                brokers = _live_brokers(settings, pulsar)
                 guards["live_brokers"] = brokers
                 if not brokers:
-                    raise DeleteRefused(f"no live broker registered under {config.pulsar.brokers_path}: this metadata "
-                                        "may be a stale copy; pass --allow-no-brokers for a cleanup with the brokers "
-                                        "stopped")
-        grace = GracePeriod.of(int(config.safety.min_age_hours * HOUR_MS), force=config.safety.force_min_age)
+                    raise DeleteRefused(f"no live broker registered under {settings.pulsar.brokers_path}: this "
+                                        "metadata may be a stale copy; pass --allow-no-brokers for a cleanup with the "
+                                        "brokers stopped")
+        grace = GracePeriod.of(int(settings.safety.min_age_hours * HOUR_MS), force=settings.safety.force_min_age)
         target = DeleteTarget(
-            zk_hosts=config.bookkeeper.zookeeper, session_timeout_s=config.bookkeeper.session_timeout_s,
-            ledgers_root=config.bookkeeper.ledgers_root, layout=layout.value,
-            ml_root=config.pulsar.managed_ledgers_root, schemas_root=config.pulsar.schemas_root,
+            bookkeeper=connections.bookkeeper, ledgers_root=settings.bookkeeper.ledgers_root, layout=layout.value,
+            ml_root=settings.pulsar.managed_ledgers_root, schemas_root=settings.pulsar.schemas_root,
             min_age_ms=grace.min_age_ms, now_ms=now_ms, execute=execute,
             batch_size=d.batch_size, deletes_per_second=d.deletes_per_second, op_timeout_s=d.op_timeout_s,
-            multi_read=config.scan.multi_read,
+            multi_read=settings.scan.multi_read,
             policy=RetryPolicy(max_attempts=d.max_attempts, in_task_attempts=d.in_task_attempts,
                                retry_after_s=d.retry_after_s),
-            endpoint_override=config.offload.endpoint_override, buckets=buckets, shadows=shadows or (),
-            local_cluster=config.pulsar.cluster_name, zk_security=security, rules=acting_rules(config),
-            peers=config.safety.peer_metadata, peer_security=pulsar_security(config),
-            offload_enabled=config.offload.enabled, journal=journal,
+            endpoint_override=settings.offload.endpoint_override, buckets=buckets, shadows=shadows or (),
+            local_cluster=settings.pulsar.cluster_name, rules=acting_rules(settings),
+            peers=connections.peers,
+            offload_enabled=settings.offload.enabled, journal=journal,
             never_seen=never_seen)
         rows: list[TaskRow] = []
         if inputs:
-            parts = _partitions(spark, config, len(inputs))
+            parts = _partitions(spark, settings, len(inputs))
             # Grouped by ledger id on the driver, one group per Spark partition: no shuffle of the payloads.
             groups: list[list[PendingRecord]] = [[] for _ in range(parts)]
             for item in inputs:
@@ -613,22 +657,21 @@ def offload_checker(target: DeleteTarget) -> OffloadCheck | None:
     return check
 
 
-def acting_rules(config: SweeperConfig) -> ActingRules:
-    """The rules of today's config, as reconcile applies them (sweeper.pipeline.safety_settings)."""
-    sharing = (Sharing.DEDICATED if config.safety.bookkeeper_dedicated
-               else Sharing.PEERS_READ if config.safety.peer_metadata else Sharing.UNVERIFIED)
-    return ActingRules(Scope.of(config.safety.allow, config.safety.deny),
-                       Protection.of(config.retention.protected_subscriptions, config.retention.protected_topics),
+def acting_rules(settings: DeleteSettings) -> ActingRules:
+    """The rules of today's settings, as reconcile applies them (sweeper.reconcile.SafetySettings.from_config)."""
+    sharing = (Sharing.DEDICATED if settings.safety.bookkeeper_dedicated
+               else Sharing.PEERS_READ if settings.safety.peer_metadata else Sharing.UNVERIFIED)
+    return ActingRules(Scope.of(settings.safety.allow, settings.safety.deny),
+                       Protection.of(settings.retention.protected_subscriptions, settings.retention.protected_topics),
                        sharing)
 
 
-def _live_brokers(config: SweeperConfig, client: Any) -> int:
+def _live_brokers(settings: DeleteSettings, client: Any) -> int:
     own = client is None
     if own:
-        client = zkutil.connect(config.pulsar_zookeeper, timeout=config.bookkeeper.session_timeout_s,
-                                security=pulsar_security(config))
+        client = settings.connections.pulsar.connect()
     try:
-        return len(live_brokers(client, config.pulsar.brokers_path))
+        return len(live_brokers(client, settings.pulsar.brokers_path))
     finally:
         if own:
             zkutil.close(client)
