@@ -1,42 +1,55 @@
-"""Shared fixtures: one real ZooKeeper server per test session, one chroot per test.
+"""Shared fixtures: one real ZooKeeper server per test session, one chroot per test; one Spark session; the
+sandbox's Pulsar endpoint, moto's S3 and a secured ZooKeeper for the tests that ask; a seeded snapshot.
 
 Each test gets its own chroot (`/t-<n>`) on the shared server, so tests stay isolated without
-paying a server start each.
+paying a server start each. Helpers that are not fixtures live in tests/support/, which also says how to run
+the unit tests alone (`-m "not integration"`): `pytest_collection_modifyitems` below marks the others.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
 from harness.zkserver import FAKETIME_LIB, ServerClock, ZooKeeperServerInfo, start_zookeeper, stop_zookeeper
-from sweeper.config import PulsarMetadataConfig, SafetyConfig, ScanConfig, SweeperConfig
 from sweeper.zk import client as zkutil
+from tests.support.config import ZkTarget
+
+# Imported inside the fixtures that use them, as `spark` and `secure_zk` do: conftest, which every unit test loads,
+# stays clear of the stages, the Pulsar endpoint and moto.
+if TYPE_CHECKING:
+    from harness.s3server import S3ServerInfo
+    from harness.sandbox.model import SandboxCluster, SandboxSpec
+    from tests.support.broker import Broker
+    from tests.support.seeded import SeededSnapshot, SeededSnapshotMaker
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_FIXTURES = REPO.parent / "shared" / "fixtures"
 
 _chroots = itertools.count(1)
 
-# Defaults plus the sandbox's cluster name ([pulsar] cluster_name is required while offload is on).
-# One cluster on its own bookies, as the sandbox declares it; the shared-BookKeeper tests say otherwise.
-# A Spark JVM a test starts lives a minute or two and spends much of its CPU in C2 compiles on two cores; C1 alone
-# serves a test's few hundred rows (measured 11% faster on test_spark_submit). Not for the session's own JVM.
-SHORT_LIVED_JVM = "-XX:TieredStopAtLevel=1"
-# For a CLI process a test starts: pyspark passes these to the spark-submit that launches its JVM.
-SHORT_LIVED_SPARK_ENV = {"PYSPARK_SUBMIT_ARGS": f"--driver-java-options={SHORT_LIVED_JVM} pyspark-shell"}
+# A test that uses one of these, itself or through another fixture, talks to a server or a JVM: an integration
+# test. The last three are module-local fixtures: the sandbox's Pulsar endpoint (test_pulsar_endpoint*.py,
+# test_pulsar_security.py), a Spark standalone cluster (test_cluster.py), an HTTP sink (test_metrics.py).
+SERVER_FIXTURES = frozenset({"zk_server", "secure_zk", "spark", "s3_server", "broker", "testbed_world",
+                             "endpoint", "spark_cluster", "pushgateway"})
 
-# Two scan sessions: one wave of tasks on local[2], still more than one session to merge (the default, 8, is four
-# waves of Python tasks for the few hundred znodes a test seeds).
-BASE_CONFIG = SweeperConfig(pulsar=PulsarMetadataConfig(cluster_name="sandbox"),
-                            safety=SafetyConfig(bookkeeper_dedicated=True), scan=ScanConfig(max_sessions=2))
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark `integration` every test that starts or reaches a server, a JVM or another process: through a fixture
+    above, by being `slow` (the end-to-end cases), or against the real Pulsar testbed. The tests that start one
+    in their own body say so with `@pytest.mark.integration` themselves."""
+    for item in items:
+        if (SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+                or item.get_closest_marker("slow") or item.get_closest_marker("real_pulsar")):
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture(scope="session")
@@ -44,17 +57,6 @@ def zk_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ZooKeeperSer
     info = start_zookeeper(tmp_path_factory.mktemp("zookeeper"))
     yield info
     stop_zookeeper(info)
-
-
-@dataclass(frozen=True)
-class ZkTarget:
-    server: ZooKeeperServerInfo
-    chroot: str
-
-    @property
-    def hosts(self) -> str:
-        """Connect string including the chroot, as an operator would give it."""
-        return f"{self.server.connect_string}{self.chroot}"
 
 
 @pytest.fixture
@@ -117,11 +119,45 @@ def spark() -> Iterator[SparkSession]:
 # ---- end spark -------------------------------------------------------------------------------
 
 
+@pytest.fixture
+def seeded_snapshot(zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path) -> SeededSnapshotMaker:
+    """`seeded_snapshot(spec_or_cluster, reseed=True, **config_sections)`: the sandbox seeded into this test's
+    chroot and snapshotted into tmp_path/tables (tests/support/seeded.py); (cluster, cfg, store, run_id)."""
+    from tests.support.seeded import seed_and_snapshot
+
+    def make(sandbox: SandboxSpec | SandboxCluster, *, reseed: bool = True,
+             **sections: dict[str, Any]) -> SeededSnapshot:
+        return seed_and_snapshot(zk, zk_target.hosts, spark, tmp_path / "tables", sandbox, reseed=reseed,
+                                 **sections)
+
+    return make
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    """The sandbox's Pulsar endpoint and admin API on this test's data directory (tests/support/broker.py)."""
+    from tests.support.broker import Broker
+
+    b = Broker(tmp_path / "pulsar").start()
+    yield b
+    b.stop()
+
+
+@pytest.fixture(scope="module")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3ServerInfo]:
+    """moto's S3 server: one per test module that asks for it (each module makes its own buckets)."""
+    from harness.s3server import start_s3, stop_s3
+
+    info = start_s3(tmp_path_factory.mktemp("moto"))
+    yield info
+    stop_s3(info)
+
+
 # ---- a secured ZooKeeper (TLS, SASL DIGEST-MD5, ACLs): one per session, chroots per test --------
 
 
 @pytest.fixture(scope="session")
 def secure_zk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    from tests.secure_zk import start_secure_zookeeper
+    from tests.support.secure_zk import start_secure_zookeeper
 
     yield from start_secure_zookeeper(tmp_path_factory.mktemp("secure-zk"))

@@ -15,11 +15,12 @@ from harness.sandbox.model import SandboxSpec, build_cluster
 from harness.sandbox.seed import seed_zookeeper
 from harness.zkserver import free_port, free_port_block
 from sweeper.cli import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, main
-from tests.conftest import SHORT_LIVED_SPARK_ENV, ZkTarget
+from tests.support.config import SHORT_LIVED_SPARK_ENV, ZkTarget
 
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # four sweeps of a sandbox of its own, CLI processes killed and restarted
 def test_sweep_on_the_sandbox_end_to_end(spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     home, tables, port = tmp_path / "sandbox", tmp_path / "tables", free_port_block(PORT_SPAN)
@@ -255,6 +256,7 @@ def test_sweep_refuses_execute_with_an_earlier_until_in_the_api_too() -> None:
         sweep(None, None, None, until="emit", execute=True)  # type: ignore[arg-type]
 
 
+@pytest.mark.integration  # its snapshot command starts Spark
 def test_bad_config_and_unreachable_server_exit_codes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[safety]\nmax_orphan_fraction = 5\n")

@@ -20,7 +20,7 @@ from harness.sandbox.model import SandboxSpec, build_cluster
 from harness.sandbox.seed import seed_zookeeper
 from harness.zkserver import free_port, free_port_block
 from sweeper.cli import EXIT_OK, EXIT_REFUSED, EXIT_USAGE, main
-from tests.conftest import ZkTarget
+from tests.support.config import ZkTarget
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -76,6 +76,7 @@ def test_operator_lists_that_cannot_be_read_are_exit_2(tmp_path: Path, capsys: p
     _one_line(capsys, "absent.json")
 
 
+@pytest.mark.integration  # its snapshot command starts Spark
 def test_wrong_host_taken_port_and_contradictory_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = _config(tmp_path, f'[bookkeeper]\nzookeeper = "127.0.0.1:{free_port()}"\nsession_timeout_s = 2\n'
                                f'[tables]\nroot = "{tmp_path / "t"}"\n[offload]\nenabled = false\n')

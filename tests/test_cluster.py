@@ -27,7 +27,7 @@ from harness.spark_standalone import StandaloneCluster, start_cluster, stop_clus
 from harness.zkserver import free_port_block
 from sweeper.layout import LedgerLayout, ledger_path
 from sweeper.zk import client as zkutil
-from tests.conftest import SHORT_LIVED_JVM
+from tests.support.config import SHORT_LIVED_JVM
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -37,6 +37,9 @@ TABLE_BUCKET = "sweeper-tables"
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "cluster-test", "AWS_SECRET_ACCESS_KEY": "cluster-test-secret",
            "AWS_REGION": "us-east-1"}
 STAGES = ("snapshot", "reconcile", "retention_debt", "emit", "delete")  # a sweep reports retention debt too
+
+# Minutes: a master, two workers and spark-submit, each its own JVM.
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

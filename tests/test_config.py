@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from sweeper.config import ConfigError, SweeperConfig, load
-from tests.conftest import BASE_CONFIG
+from tests.support.config import BASE_CONFIG
 
 REPO = Path(__file__).resolve().parents[1]
 

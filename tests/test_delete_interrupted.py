@@ -27,7 +27,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,21 +40,17 @@ from sweeper.config import SweeperConfig
 from sweeper.delete.stage import FAILPOINT_BEFORE_OUTCOMES_ENV
 from sweeper.emit import FAILPOINT_BEFORE_RECORDING_ENV
 from sweeper.layout import ledger_path
-from tests.conftest import SHORT_LIVED_SPARK_ENV, ZkTarget
-from tests.test_delete_stage import _planned
-from tests.test_emit import Broker
+from tests.support.broker import Broker
+from tests.support.config import SHORT_LIVED_SPARK_ENV, ZkTarget
+from tests.support.seeded import planned_delete
 
 REPO = Path(__file__).resolve().parents[1]
 KILL_POINTS = int(os.environ.get("SWEEPER_KILL_POINTS", "1"))
 EMIT_KILL_POINTS = int(os.environ.get("SWEEPER_EMIT_KILL_POINTS", "1"))
 SEED = int(os.environ.get("SWEEPER_KILL_SEED", "2211"))
 
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Broker]:
-    b = Broker(tmp_path / "pulsar").start()
-    yield b
-    b.stop()
+# Minutes: CLI processes started, stopped and started again.
+pytestmark = pytest.mark.slow
 
 
 def _toml(cfg: SweeperConfig) -> str:
@@ -105,7 +100,7 @@ def _group_alive(pgid: int) -> bool:
 def test_delete_killed_at_random_points_leaves_every_deletion_on_record(
         zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
     spec = SandboxSpec(seed=22, topics=30)
-    cluster, cfg, store, run_id = _planned(zk, zk_target.hosts, spark, tmp_path, broker, spec, emit=False)
+    cluster, cfg, store, run_id = planned_delete(zk, zk_target.hosts, spark, tmp_path, broker, spec, emit=False)
     cfg = cfg.replace(delete={"deletes_per_second": 2.0, "tasks": 2},
                       bookkeeper={"session_timeout_s": 4.0}, system_topic={"records_per_producer": 3})
     config_file = tmp_path / "sweeper.toml"

@@ -12,14 +12,14 @@ import pytest
 from botocore.config import Config
 from kazoo.client import KazooClient
 
-from harness.s3server import S3ServerInfo, start_s3, stop_s3
+from harness.s3server import S3ServerInfo
 from harness.zkserver import free_port
 from sweeper.codecs import pulsar as codec
 from sweeper.delete import ALREADY_GONE, DELETED, FAILED, IN_USE, INVALID, MISMATCH, WOULD_DELETE, ObjectDeleter
 from sweeper.delete.retry import RetryPolicy, is_transient_code, run_with_retries
 from sweeper.offload import S3Target, s3_client
 from sweeper.vocabulary import DAY_MS
-from tests.s3_faults import KeyFault, S3FaultProxy
+from tests.support.s3_faults import KeyFault, S3FaultProxy
 
 ML_ROOT = "/managed-ledgers"
 ML = "t/ns/persistent/topic-a"
@@ -28,13 +28,6 @@ U1 = (0x123E4567E89B12D3, -0x5B9BD9EBBFFFFFFF)  # referenced by the managed ledg
 U1_TEXT = codec.offload_uuid(*U1)
 U2 = "22222222-2222-4222-8222-222222222222"  # orphan copy of ledger 10
 U3 = "33333333-3333-4333-8333-333333333333"  # orphan copy of ledger 11, data object only
-
-
-@pytest.fixture(scope="module")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3ServerInfo]:
-    info = start_s3(tmp_path_factory.mktemp("moto-delete"))
-    yield info
-    stop_s3(info)
 
 
 CLUSTER = "east"
@@ -229,11 +222,12 @@ def test_an_offload_record_deletes_only_objects_that_name_this_cluster_and_its_m
 def test_a_bookkeeper_copy_goes_only_with_its_offloaded_copy(world: tuple[Any, str, str],
                                                               s3_server: S3ServerInfo) -> None:
     # Issue 26 (7): the delete HEADs both objects of the copy that replaces the BookKeeper ledger.
+    from sweeper.connections import ZooKeeperEndpoint
     from sweeper.delete.stage import DeleteTarget, offload_checker
 
     s3, a, _ = world
     target = DeleteTarget(
-        zk_hosts="", session_timeout_s=1.0, ledgers_root="/ledgers", layout="hierarchical", ml_root=ML_ROOT,
+        bookkeeper=ZooKeeperEndpoint("", 1.0), ledgers_root="/ledgers", layout="hierarchical", ml_root=ML_ROOT,
         schemas_root="/schemas", min_age_ms=0, now_ms=None, execute=True, batch_size=1, deletes_per_second=1.0,
         op_timeout_s=1.0, multi_read=1, policy=RetryPolicy(), endpoint_override=s3_server.endpoint, buckets=(),
         local_cluster=CLUSTER, offload_enabled=True)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -14,42 +12,23 @@ import pytest
 from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
-from harness.s3server import S3ServerInfo, start_s3, stop_s3
-from harness.sandbox.model import OrphanKind, SandboxCluster, SandboxSpec, Status, build_cluster
-from harness.sandbox.seed import seed_s3, seed_zookeeper
+from harness.s3server import S3ServerInfo
+from harness.sandbox.model import OrphanKind, SandboxCluster, SandboxSpec, Status
 from harness.zkserver import free_port, start_zookeeper, stop_zookeeper
 from sweeper.codecs import pulsar as codec
-from sweeper.config import SweeperConfig
 from sweeper.delete.lock import DeleteRunLock, RunLockHeld
 from sweeper.delete.stage import DeleteRefused, dead_letters, redrive, retry_states, run_delete
-from sweeper.emit import run_emit
 from sweeper.layout import ledger_path
 from sweeper.offload import S3Target, s3_client
-from sweeper.pipeline import delete_summary, reconcile_stage, safety_settings
-from sweeper.reconcile import run_reconcile
-from sweeper.runs import record as record_run
-from sweeper.snapshot import run_snapshot
-from sweeper.tables import TableStore, open_table_store
+from sweeper.pipeline import delete_summary
+from sweeper.tables import open_table_store
 from sweeper.zk import client as zkutil
-from tests.conftest import BASE_CONFIG, ZkTarget
-from tests.s3_faults import KeyFault, S3FaultProxy
-from tests.test_emit import Broker
+from tests.support.broker import Broker
+from tests.support.config import ZkTarget
+from tests.support.s3_faults import KeyFault, S3FaultProxy
+from tests.support.seeded import LATER_MS, later, planned_delete
 
 DAY_MS = 86_400_000
-
-
-@pytest.fixture(scope="module")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3ServerInfo]:
-    info = start_s3(tmp_path_factory.mktemp("moto"))
-    yield info
-    stop_s3(info)
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Broker]:
-    b = Broker(tmp_path / "pulsar").start()
-    yield b
-    b.stop()
 
 
 def dump(zk: KazooClient, path: str = "/") -> dict[str, tuple[bytes, int]]:
@@ -66,47 +45,6 @@ def dump(zk: KazooClient, path: str = "/") -> dict[str, tuple[bytes, int]]:
     return out
 
 
-def _planned(zk: KazooClient, hosts: str, spark: SparkSession, tmp_path: Path, broker: Broker,
-             spec: SandboxSpec, s3: S3ServerInfo | None = None, emit: bool = True) -> Planned:
-    """Seed, snapshot, reconcile and emit: what the delete stage starts from.
-
-    With S3, reconcile looks LATER_MS ahead: moto cannot backdate objects, so only then are its
-    orphan objects past the grace period (the delete stage is then run with the same clock).
-    """
-    cluster = build_cluster(spec)
-    seed_zookeeper(zk, cluster)
-    # A live broker, as the liveness gate asks (its session is this test's client's).
-    zk.create("/loadbalance/brokers/127.0.0.1:8080", b"{}", ephemeral=True, makepath=True)
-    if s3 is not None:
-        seed_s3(s3_client(S3Target(spec.offload_bucket), s3.endpoint), cluster)
-    cfg = BASE_CONFIG.replace(
-        bookkeeper={"zookeeper": hosts}, offload={"enabled": s3 is not None,
-                                                  "endpoint_override": s3.endpoint if s3 else ""},
-        tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"},
-        safety={"max_orphan_fraction": 1.0}, system_topic=broker.config(read_in_snapshot=False),
-        delete={"deletes_per_second": 100_000.0, "in_task_attempts": 2, "op_timeout_s": 3.0})
-    store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
-    run_id = run_snapshot(spark, cfg, store).run_id
-    if s3 is None:
-        reconcile_stage(spark, cfg, store, run_id)
-    else:
-        started = datetime.now(UTC)
-        rec = run_reconcile(spark, store, run_id, safety_settings(cfg), now_ms=_later())
-        record_run(store, run_id, "reconcile", "succeeded", started, rec.counts, cfg)
-    if emit:
-        emitted = run_emit(spark, cfg, store, run_id)
-        record_run(store, run_id, "emit", "succeeded", datetime.now(UTC), emitted.counts, cfg)
-    return cluster, cfg, store, run_id
-
-
-LATER_MS = 8 * DAY_MS
-Planned = tuple[SandboxCluster, SweeperConfig, TableStore, str]
-
-
-def _later() -> int:
-    return int(time.time() * 1000) + LATER_MS
-
-
 def _orphan_ids(cluster: SandboxCluster, later_ms: int = 0, offloads_listed: bool = False) -> set[int]:
     """Orphans past the 7-day grace period, `later_ms` from now (young orphans age into candidates). Without
     the offload buckets listed, a BookKeeper copy released by an offload is never one (issue 26, 7)."""
@@ -120,20 +58,20 @@ def test_sandbox_orphans_deleted_and_nothing_else_touched(
         zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker,
         s3_server: S3ServerInfo) -> None:
     spec = SandboxSpec(seed=5, topics=30, offload_bucket=f"offload-{free_port()}")
-    cluster, cfg, store, run_id = _planned(zk, zk_target.hosts, spark, tmp_path, broker, spec, s3_server)
+    cluster, cfg, store, run_id = planned_delete(zk, zk_target.hosts, spark, tmp_path, broker, spec, s3_server)
     orphans = _orphan_ids(cluster, LATER_MS, offloads_listed=True)
     before = dump(zk)
     objects = s3_client(S3Target(spec.offload_bucket), s3_server.endpoint)
     seeded = {o["Key"] for o in objects.list_objects_v2(Bucket=spec.offload_bucket).get("Contents", [])}
 
-    dry = run_delete(spark, cfg, store, run_id, now_ms=_later())  # dry run is the default
+    dry = run_delete(spark, cfg, store, run_id, now_ms=later())  # dry run is the default
     assert dump(zk) == before
     not_planned = [(r.ledger_id, r.outcome, r.detail, r.error) for r in dry.results
                    if r.ledger_type == "LEDGER" and r.outcome != "would_delete"]
     assert not not_planned
     assert {r.ledger_id for r in dry.results if r.outcome == "would_delete" and r.ledger_type == "LEDGER"} == orphans
 
-    done = run_delete(spark, cfg, store, run_id, execute=True, now_ms=_later())
+    done = run_delete(spark, cfg, store, run_id, execute=True, now_ms=later())
     deleted = {r.ledger_id for r in done.results if r.outcome == "deleted" and r.ledger_type == "LEDGER"}
     assert deleted == orphans
     after = dump(zk)
@@ -150,14 +88,14 @@ def test_sandbox_orphans_deleted_and_nothing_else_touched(
     assert done.counts.get("failed", 0) == 0 and done.counts.get("in_use", 0) == 0
 
     # A rerun is a no-op: every record has its final result for this run.
-    again = run_delete(spark, cfg, store, run_id, execute=True, now_ms=_later())
+    again = run_delete(spark, cfg, store, run_id, execute=True, now_ms=later())
     assert again.counts["records"] == 0 and dump(zk) == after
 
 
 def test_reference_regained_or_new_ledger_between_plan_and_delete_is_left_alone(
         zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
     spec = SandboxSpec(seed=8, topics=30)
-    cluster, cfg, store, run_id = _planned(zk, zk_target.hosts, spark, tmp_path, broker, spec)
+    cluster, cfg, store, run_id = planned_delete(zk, zk_target.hosts, spark, tmp_path, broker, spec)
     # An orphan dropped from a live topic's list: put it back, as if the metadata update had been rolled back.
     live_mls = {m.name: m for m in cluster.managed_ledgers}
     regained = min(i for i in _orphan_ids(cluster)
@@ -184,7 +122,7 @@ def test_reference_regained_or_new_ledger_between_plan_and_delete_is_left_alone(
 def test_operator_list_forged_and_bad_entries_get_final_outcomes(
         zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
     spec = SandboxSpec(seed=9, topics=20)
-    cluster, cfg, store, _ = _planned(zk, zk_target.hosts, spark, tmp_path, broker, spec)
+    cluster, cfg, store, _ = planned_delete(zk, zk_target.hosts, spark, tmp_path, broker, spec)
     orphan = min(_orphan_ids(cluster))
     in_use = min(i for i, x in cluster.ledgers.items() if x.status is Status.IN_USE)
     in_use_ml = cluster.ledgers[in_use].custom.get("pulsar/managed-ledger", b"").decode()
@@ -248,7 +186,7 @@ def test_zookeeper_down_refuses_cleanly_and_the_run_completes_once_it_is_back(
     client = zkutil.connect(server.connect_string)
     try:
         spec = SandboxSpec(seed=12, topics=15)
-        cluster, cfg, store, run_id = _planned(client, server.connect_string, spark, tmp_path, broker, spec)
+        cluster, cfg, store, run_id = planned_delete(client, server.connect_string, spark, tmp_path, broker, spec)
         zkutil.close(client)
         cfg = cfg.replace(delete={"max_attempts": 3, "retry_after_s": 60}, bookkeeper={"session_timeout_s": 4.0})
         # The driver reads the layout, then ZooKeeper goes away before the tasks connect.
@@ -270,13 +208,13 @@ def test_failures_are_queued_with_backoff_then_dead_lettered_and_redriven(
         zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker,
         s3_server: S3ServerInfo) -> None:
     spec = SandboxSpec(seed=4, topics=20, offload_bucket=f"offload-{free_port()}")
-    cluster, cfg, store, run_id = _planned(zk, zk_target.hosts, spark, tmp_path, broker, spec, s3_server)
+    cluster, cfg, store, run_id = planned_delete(zk, zk_target.hosts, spark, tmp_path, broker, spec, s3_server)
     objects = {o.key for o in cluster.offload_objects if o.status == "orphan"}
     assert objects, "the sandbox should have orphan offloaded objects"
     # S3 unreachable: transient errors, retried in the task, then queued with back-off.
     broken = cfg.replace(offload={"endpoint_override": f"http://127.0.0.1:{free_port()}"},
                          delete={"max_attempts": 4, "in_task_attempts": 2, "retry_after_s": 60})
-    first = run_delete(spark, broken, store, run_id, execute=True, now_ms=_later())
+    first = run_delete(spark, broken, store, run_id, execute=True, now_ms=later())
     assert first.counts["queued_for_retry"] > 0
     assert first.counts.get("deleted", 0) == len(_orphan_ids(cluster, LATER_MS))
     queued = {k for k, v in retry_states(store).items() if v["state"] == "queued"}
@@ -284,8 +222,8 @@ def test_failures_are_queued_with_backoff_then_dead_lettered_and_redriven(
     released = _orphan_ids(cluster, LATER_MS, offloads_listed=True) - _orphan_ids(cluster, LATER_MS)
     assert queued and all(k.startswith("OFFLOAD_LEDGER/") or int(k.split("/")[1]) in released for k in queued)
     # Not due yet: a rerun now does nothing.
-    assert run_delete(spark, broken, store, run_id, execute=True, now_ms=_later()).counts["records"] == 0
-    second = run_delete(spark, broken, store, run_id, execute=True, now_ms=_later() + 61_000)
+    assert run_delete(spark, broken, store, run_id, execute=True, now_ms=later()).counts["records"] == 0
+    second = run_delete(spark, broken, store, run_id, execute=True, now_ms=later() + 61_000)
     assert second.counts["dead_lettered"] == len(queued)  # 2 + 2 attempts = max_attempts
     assert {r["record_key"] for r in dead_letters(store)} == queued
 
@@ -297,7 +235,7 @@ def test_failures_are_queued_with_backoff_then_dead_lettered_and_redriven(
         proxy.faults.update({key: KeyFault("SlowDown", times=1) for key in objects})
         throttled = cfg.replace(offload={"endpoint_override": proxy.endpoint},
                                 delete={"in_task_attempts": 3})
-        healed = run_delete(spark, throttled, store, run_id, execute=True, now_ms=_later() + 61_000)
+        healed = run_delete(spark, throttled, store, run_id, execute=True, now_ms=later() + 61_000)
     finally:
         proxy.stop()
     assert sorted(proxy.refused) == sorted(objects)
@@ -311,7 +249,7 @@ def test_failures_are_queued_with_backoff_then_dead_lettered_and_redriven(
 def test_a_second_delete_run_is_locked_out_and_config_cannot_switch_deleting_on(
         zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
     spec = SandboxSpec(seed=2, topics=10)
-    cluster, cfg, store, run_id = _planned(zk, zk_target.hosts, spark, tmp_path, broker, spec)
+    cluster, cfg, store, run_id = planned_delete(zk, zk_target.hosts, spark, tmp_path, broker, spec)
     before = dump(zk)
     with DeleteRunLock(zk, cfg.delete.lock_path, run_id="someone-else"), pytest.raises(RunLockHeld):
         run_delete(spark, cfg, store, run_id, execute=True)
@@ -333,7 +271,7 @@ def test_a_second_delete_run_is_locked_out_and_config_cannot_switch_deleting_on(
 def test_draining_the_topic_acknowledges_only_committed_outcomes(
         zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
     spec = SandboxSpec(seed=6, topics=20)
-    cluster, cfg, store, run_id = _planned(zk, zk_target.hosts, spark, tmp_path, broker, spec)
+    cluster, cfg, store, run_id = planned_delete(zk, zk_target.hosts, spark, tmp_path, broker, spec)
     emitted = store.read("emitted").where(f"run_id = '{run_id}'").count()
     before = dump(zk)
 

@@ -13,7 +13,6 @@ from kazoo.client import KazooClient
 
 from harness.zkserver import ServerClock, start_zookeeper, stop_zookeeper
 from sweeper.codecs import pulsar as codec
-from sweeper.codecs.bookkeeper import LedgerMetadata, Segment, encode_ledger_metadata
 from sweeper.delete import (
     ALREADY_GONE,
     DELETED,
@@ -31,12 +30,12 @@ from sweeper.delete import (
 from sweeper.layout import LedgerLayout, layout_znode, ledger_path
 from sweeper.vocabulary import DAY_MS
 from sweeper.zk import client as zkutil
+from tests.support.ledgers import CREATED, ledger_bytes
 
 ROOT = "/ledgers"
 ML_ROOT = "/managed-ledgers"
 SCHEMAS = "/schemas"
 LAYOUT = LedgerLayout.HIERARCHICAL
-CREATED = 1_700_000_000_000
 NOW = CREATED + 10 * DAY_MS
 MIN_AGE = 7 * DAY_MS
 TOPIC = "persistent://t/ns/topic-a"
@@ -66,15 +65,6 @@ COMPACTED_CUSTOM = {"application": "pulsar", "component": "compacted-ledger", "p
 BUCKET_CUSTOM = {"application": "pulsar", "component": "delayed-index-bucket",
                  "pulsar/delayedIndexBucketKey": BUCKET_KEY, "pulsar/delayedIndexTopic": TOPIC,
                  "pulsar/delayedIndexCursor": "sub2"}
-
-
-def ledger_bytes(custom: Mapping[str, str], state: str = "CLOSED", ctime: int | None = CREATED) -> bytes:
-    md = LedgerMetadata(
-        format_version=3, ensemble_size=1, write_quorum_size=1, ack_quorum_size=1, state=state,
-        last_entry_id=9 if state == "CLOSED" else -1, length=100, segments=(Segment(0, ("bookie-1:3181",)),),
-        digest_type="CRC32C", password=b"", ctime=ctime, ctoken=None,
-        custom_metadata={k: v.encode() for k, v in custom.items()})
-    return encode_ledger_metadata(md)
 
 
 def put_ledger(zk: KazooClient, ledger_id: int, custom: Mapping[str, str], **kw: Any) -> str:
@@ -420,6 +410,7 @@ def private_zk(tmp_path: Path) -> Iterator[tuple[Path, Any]]:
     stop_zookeeper(holder["info"])
 
 
+@pytest.mark.integration  # a ZooKeeper of its own (private_zk)
 def test_zookeeper_restart_mid_run_ends_in_success(private_zk: tuple[Path, Any]) -> None:
     data_dir, holder = private_zk
     info = holder["info"]

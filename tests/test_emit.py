@@ -7,20 +7,15 @@ import io
 import json
 import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import fastavro
 import pytest
-from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
-from harness.sandbox.model import SandboxSpec, build_cluster
-from harness.sandbox.pulsar_endpoint import PulsarEndpoint
-from harness.sandbox.pulsar_endpoint.admin import AdminServer
-from harness.sandbox.seed import seed_zookeeper
+from harness.sandbox.model import SandboxSpec
 from harness.zkserver import free_port
 from sweeper import pending_delete
 from sweeper.config import SweeperConfig
@@ -39,62 +34,18 @@ from sweeper.emit import (
 from sweeper.reconcile import CANDIDATE, SafetySettings, run_reconcile
 from sweeper.runs import record as record_run
 from sweeper.safety import CircuitBreaker
-from sweeper.snapshot import run_snapshot
 from sweeper.system_topic import BrokerSettings, partition_for, partition_topic
 from sweeper.tables import TableStore, open_table_store
-from tests.conftest import BASE_CONFIG, ZkTarget
-from tests.tls_certs import make_tls_files
-
-TOPIC = "persistent://pulsar/system/__ledger_deletion"
-
-
-class Broker:
-    """The local endpoint plus its admin REST sliver, restartable on the same ports and data."""
-
-    def __init__(self, data_dir: Path, token: str | None = None, tls: tuple[Path, Path] | None = None) -> None:
-        self.data_dir, self.token = data_dir, token
-        self.tls = (str(tls[0]), str(tls[1])) if tls else (None, None)
-        self.port, self.admin_port = free_port(), free_port()
-        self.endpoint: PulsarEndpoint | None = None
-        self.admin: AdminServer | None = None
-
-    def start(self) -> Broker:
-        self.endpoint = PulsarEndpoint(self.data_dir, port=self.port, token=self.token, tls_cert_file=self.tls[0],
-                                       tls_key_file=self.tls[1]).start()
-        self.admin = AdminServer(self.endpoint, port=self.admin_port, token=self.token, tls_cert_file=self.tls[0],
-                                 tls_key_file=self.tls[1]).start()
-        return self
-
-    def stop(self) -> None:
-        assert self.endpoint and self.admin
-        self.admin.stop()
-        self.endpoint.stop()
-
-    def messages(self, partitions: int = 4) -> list[Any]:
-        assert self.endpoint
-        return [m for p in range(partitions) for m in self.endpoint.messages(partition_topic(TOPIC, p))]
-
-    def config(self, **overrides: Any) -> dict[str, Any]:
-        assert self.endpoint and self.admin
-        return {"service_url": self.endpoint.service_url, "admin_url": self.admin.url, "operation_timeout_s": 5,
-                **overrides}
+from tests.support.broker import TOPIC, Broker
+from tests.support.config import BASE_CONFIG
+from tests.support.seeded import SeededSnapshotMaker
+from tests.support.tls_certs import make_tls_files
 
 
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Broker]:
-    b = Broker(tmp_path / "pulsar").start()
-    yield b
-    b.stop()
-
-
-def _reconciled(zk: KazooClient, target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker,
+def _reconciled(seeded_snapshot: SeededSnapshotMaker, broker: Broker, spark: SparkSession,
                 topics: int = 40) -> tuple[SweeperConfig, TableStore, str]:
-    seed_zookeeper(zk, build_cluster(SandboxSpec(seed=3, topics=topics)))
-    cfg = BASE_CONFIG.replace(bookkeeper={"zookeeper": target.hosts}, offload={"enabled": False},
-                                  tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"},
-                                  system_topic=broker.config(read_in_snapshot=False))
-    store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
-    run_id = run_snapshot(spark, cfg, store).run_id
+    _, cfg, store, run_id = seeded_snapshot(SandboxSpec(seed=3, topics=topics),
+                                            system_topic=broker.config(read_in_snapshot=False))
     run_reconcile(spark, store, run_id, SafetySettings(breaker=CircuitBreaker(1.0), bookkeeper_dedicated=True))
     record_run(store, run_id, "reconcile", "succeeded", datetime.now(UTC), {}, cfg)
     return cfg, store, run_id
@@ -108,8 +59,8 @@ def _decode_all(broker: Broker) -> list[dict[str, Any]]:
 
 
 def test_emitted_records_decode_and_match_candidates_one_to_one(
-        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
-    cfg, store, run_id = _reconciled(zk, zk_target, spark, tmp_path, broker)
+        seeded_snapshot: SeededSnapshotMaker, spark: SparkSession, broker: Broker) -> None:
+    cfg, store, run_id = _reconciled(seeded_snapshot, broker, spark)
     candidates = {r["ledger_id"] for r in store.read("orphans").where(
         f"run_id = '{run_id}' AND status = '{CANDIDATE}' AND object_type = 'ledger'").collect()}
     assert candidates
@@ -133,8 +84,8 @@ def test_emitted_records_decode_and_match_candidates_one_to_one(
 
 
 def test_rerun_and_killed_task_publish_no_duplicates(
-        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
-    cfg, store, run_id = _reconciled(zk, zk_target, spark, tmp_path, broker)
+        seeded_snapshot: SeededSnapshotMaker, spark: SparkSession, broker: Broker) -> None:
+    cfg, store, run_id = _reconciled(seeded_snapshot, broker, spark)
     records = candidate_records(spark, store, run_id)
     planned = plan_messages(records, 4, cfg.system_topic.records_per_producer)
     # A task that died after sending part of its slot, before anything reached `emitted`.
@@ -164,6 +115,7 @@ def _synthetic_records(n: int) -> list[dict[str, Any]]:
              "properties": {}, "reason": "dropped_from_ledger_list", "runId": "r-restart"} for i in range(n)]
 
 
+@pytest.mark.integration  # a broker of its own
 def test_broker_restart_mid_emit_loses_nothing_and_duplicates_nothing(tmp_path: Path) -> None:
     broker = Broker(tmp_path / "pulsar").start()
     planned = [m for m in plan_messages(_synthetic_records(20_000), 1, 100_000)]
@@ -199,8 +151,8 @@ def test_broker_restart_mid_emit_loses_nothing_and_duplicates_nothing(tmp_path: 
 
 
 def test_unreachable_broker_refuses_and_marks_nothing(
-        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
-    cfg, store, run_id = _reconciled(zk, zk_target, spark, tmp_path, broker, topics=10)
+        seeded_snapshot: SeededSnapshotMaker, spark: SparkSession, broker: Broker) -> None:
+    cfg, store, run_id = _reconciled(seeded_snapshot, broker, spark, topics=10)
     down = cfg.replace(system_topic={"service_url": f"pulsar://127.0.0.1:{free_port()}", "admin_url": ""})
     with pytest.raises(EmitRefused, match="unreachable"):
         run_emit(spark, down, store, run_id)
@@ -208,8 +160,8 @@ def test_unreachable_broker_refuses_and_marks_nothing(
 
 
 def test_partition_count_mismatch_missing_topic_and_auth_refusal(
-        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
-    cfg, store, run_id = _reconciled(zk, zk_target, spark, tmp_path, broker, topics=10)
+        seeded_snapshot: SeededSnapshotMaker, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
+    cfg, store, run_id = _reconciled(seeded_snapshot, broker, spark, topics=10)
     no_create = cfg.replace(system_topic={"create_if_missing": False})
     with pytest.raises(EmitRefused, match="create-partitioned-topic"):
         run_emit(spark, no_create, store, run_id)
@@ -232,9 +184,9 @@ def test_partition_count_mismatch_missing_topic_and_auth_refusal(
 
 
 def test_emit_over_tls_with_a_token_publishes_everything_and_never_writes_the_token(
-        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker,
+        seeded_snapshot: SeededSnapshotMaker, spark: SparkSession, tmp_path: Path, broker: Broker,
         caplog: pytest.LogCaptureFixture) -> None:
-    cfg, store, run_id = _reconciled(zk, zk_target, spark, tmp_path, broker, topics=10)
+    cfg, store, run_id = _reconciled(seeded_snapshot, broker, spark, topics=10)
     tls = make_tls_files(tmp_path / "tls")
     token = "tls-token-5e1d"
     secured = Broker(tmp_path / "secured", token=token, tls=(tls.cert, tls.key)).start()
@@ -254,8 +206,7 @@ def test_emit_over_tls_with_a_token_publishes_everything_and_never_writes_the_to
     assert not any(token in str(row) for row in store.read("emitted").collect())
 
 
-def test_emit_refuses_a_run_that_was_not_reconciled(
-        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
+def test_emit_refuses_a_run_that_was_not_reconciled(spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
     cfg = BASE_CONFIG.replace(tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"},
                                   system_topic=broker.config())
     store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
@@ -263,6 +214,7 @@ def test_emit_refuses_a_run_that_was_not_reconciled(
         run_emit(spark, cfg, store, "r-never")
 
 
+@pytest.mark.integration  # a broker of its own
 def test_an_oversize_record_is_reported_and_never_holds_up_the_rest(tmp_path: Path) -> None:
     broker = Broker(tmp_path / "pulsar").start()
     try:
@@ -279,12 +231,12 @@ def test_an_oversize_record_is_reported_and_never_holds_up_the_rest(tmp_path: Pa
 
 
 def test_a_candidate_no_record_can_be_made_for_is_reported_and_the_rest_is_sent(
-        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
+        seeded_snapshot: SeededSnapshotMaker, spark: SparkSession, broker: Broker) -> None:
     # Issue 11 (9): an offloaded object with no owner metadata (no topic for its record) made emit raise for the
     # whole stage. Reconcile no longer makes such candidates; emit must not fall over one all the same.
     from sweeper.table_schemas import ORPHANS
 
-    cfg, store, run_id = _reconciled(zk, zk_target, spark, tmp_path, broker)
+    cfg, store, run_id = _reconciled(seeded_snapshot, broker, spark)
     candidates = store.read("orphans").where(f"run_id = '{run_id}' AND status = '{CANDIDATE}'").count()
     store.append_rows("orphans", [{
         "run_id": run_id, "captured_at": datetime.now(UTC), "object_type": "offload_object", "ledger_id": 7,

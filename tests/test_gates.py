@@ -10,30 +10,21 @@ from pyspark.sql import functions as F
 
 from harness.sandbox.model import SandboxSpec, build_cluster
 from harness.sandbox.seed import seed_zookeeper
-from sweeper.config import GatesConfig, SweeperConfig
+from sweeper.config import GatesConfig
 from sweeper.gates import GateFailed, run_gates
 from sweeper.layout import LedgerLayout, layout_znode
 from sweeper.snapshot import run_snapshot
 from sweeper.table_schemas import BK_LEDGERS
-from sweeper.tables import TableStore, open_table_store
-from tests.conftest import BASE_CONFIG, ZkTarget
-
-
-def _store_and_config(target: ZkTarget, spark: SparkSession, tmp_path: Path) -> tuple[TableStore, SweeperConfig]:
-    cfg = BASE_CONFIG.replace(bookkeeper={"zookeeper": target.hosts},
-                                  tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"},
-                                  offload={"enabled": False})
-    return open_table_store(cfg.tables.root, spark, engine="delta-rs"), cfg
+from sweeper.tables import open_table_store
+from tests.support.config import ZkTarget
+from tests.support.seeded import SeededSnapshotMaker, sandbox_config
 
 
 def test_good_snapshot_passes_and_a_sharp_drop_fails(
-    zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, live_broker: str
+    zk: KazooClient, seeded_snapshot: SeededSnapshotMaker, spark: SparkSession, live_broker: str
 ) -> None:
-    cluster = build_cluster(SandboxSpec(seed=8, topics=20))
-    seed_zookeeper(zk, cluster)
-    store, cfg = _store_and_config(zk_target, spark, tmp_path)
-    first = run_snapshot(spark, cfg, store)
-    good = run_gates(store, first.run_id, GatesConfig())
+    _, cfg, store, first = seeded_snapshot(SandboxSpec(seed=8, topics=20))
+    good = run_gates(store, first, GatesConfig())
     assert good.passed, good.failures
     assert good.checked > 10
 
@@ -50,7 +41,8 @@ def test_good_snapshot_passes_and_a_sharp_drop_fails(
 def test_empty_snapshot_fails(zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path) -> None:
     zk.create("/ledgers/LAYOUT", layout_znode(LedgerLayout.HIERARCHICAL), makepath=True)
     zk.ensure_path("/managed-ledgers")
-    store, cfg = _store_and_config(zk_target, spark, tmp_path)
+    cfg = sandbox_config(zk_target.hosts, tmp_path / "tables")
+    store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
     result = run_snapshot(spark, cfg, store)
     gate = run_gates(store, result.run_id, GatesConfig())
     assert any("bk_ledgers" in f for f in gate.failures), gate.failures
@@ -58,15 +50,13 @@ def test_empty_snapshot_fails(zk: KazooClient, zk_target: ZkTarget, spark: Spark
 
 
 def test_mixed_or_tampered_snapshot_fails(
-    zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path
+    seeded_snapshot: SeededSnapshotMaker, spark: SparkSession
 ) -> None:
-    seed_zookeeper(zk, build_cluster(SandboxSpec(seed=4, topics=10)))
-    store, cfg = _store_and_config(zk_target, spark, tmp_path)
-    result = run_snapshot(spark, cfg, store)
+    _, _, store, run_id = seeded_snapshot(SandboxSpec(seed=4, topics=10))
     # Rows of the run appended again by mistake: duplicates, and counts that no longer match.
-    again = store.read("bk_ledgers").where(F.col("run_id") == result.run_id).limit(3)
+    again = store.read("bk_ledgers").where(F.col("run_id") == run_id).limit(3)
     store.append("bk_ledgers", again, BK_LEDGERS)
-    gate = run_gates(store, result.run_id, GatesConfig())
+    gate = run_gates(store, run_id, GatesConfig())
     assert any("partial or mixed" in f for f in gate.failures), gate.failures
     assert any("unique" in f for f in gate.failures), gate.failures
 
@@ -79,7 +69,8 @@ def test_metadata_with_no_live_broker_or_lagging_the_ledgers_is_refused(
     cluster = build_cluster(SandboxSpec(seed=8, topics=20))
     seed_zookeeper(zk, cluster)
     zk.create("/loadbalance/brokers/10.0.0.9:8080", b"{}", makepath=True)  # left behind: no session holds it
-    store, cfg = _store_and_config(zk_target, spark, tmp_path)
+    cfg = sandbox_config(zk_target.hosts, tmp_path / "tables")
+    store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
     run = run_snapshot(spark, cfg, store)
     gate = run_gates(store, run.run_id, GatesConfig())
     assert [f for f in gate.failures if "/loadbalance/brokers" in f and "--allow-no-brokers" in f], gate.failures

@@ -11,6 +11,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "sweeper"
 HARNESS_PACKAGE = REPO / "harness"
@@ -165,6 +167,7 @@ def test_the_harness_check_finds_a_leak(tmp_path: Path) -> None:
     assert _imports(leaky, {"harness.sandbox": leaky}) == {"harness.sandbox"}
 
 
+@pytest.mark.integration  # pip builds the wheel
 def test_neither_the_wheel_nor_the_executor_zip_carries_the_harness(tmp_path: Path) -> None:
     """The wheel built from pyproject.toml as it is (in a copy of the sources, so the checkout gets no build/
     directory), and the zip spark-submit ships: the product's packages only."""
@@ -195,6 +198,7 @@ def test_neither_the_wheel_nor_the_executor_zip_carries_the_harness(tmp_path: Pa
     assert "sweeper/cli.py" in shipped and not [n for n in shipped if n.startswith("harness/")]
 
 
+@pytest.mark.integration  # the CLI as a process
 def test_the_commands_that_start_the_harness_find_it_from_any_directory(tmp_path: Path) -> None:
     """The harness is not installed: `sweeper sandbox` run elsewhere than the checkout still reaches it."""
     import os

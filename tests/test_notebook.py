@@ -7,13 +7,17 @@ import sys
 from pathlib import Path
 
 import nbformat
+import pytest
 
 from harness.sandbox import PORT_SPAN, sandbox_down
 from harness.zkserver import free_port_block
 from sweeper.cli import EXIT_OK, main
-from tests.conftest import SHORT_LIVED_SPARK_ENV
+from tests.support.config import SHORT_LIVED_SPARK_ENV
 
 REPO = Path(__file__).resolve().parents[1]
+
+# A sandbox, a sweep and the notebook's own kernel with its own Spark.
+pytestmark = pytest.mark.slow
 
 
 def test_audit_notebook_executes_and_plots(tmp_path: Path) -> None:

@@ -3,31 +3,20 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-import pytest
 from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
-from harness.s3server import S3ServerInfo, start_s3, stop_s3
+from harness.s3server import S3ServerInfo
 from harness.sandbox.model import SandboxSpec, build_cluster
 from harness.sandbox.seed import seed_s3, seed_zookeeper
 from sweeper.offload import S3Target, listing_units, parse_offload_key, s3_client
 from sweeper.reconcile import CANDIDATE, OTHER_CLUSTER, UNKNOWN, YOUNG, SafetySettings, run_reconcile
 from sweeper.safety import DAY_MS, CircuitBreaker
-from sweeper.snapshot import run_snapshot
-from sweeper.tables import open_table_store
-from tests.conftest import BASE_CONFIG, ZkTarget
-
-
-@pytest.fixture(scope="module")
-def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3ServerInfo]:
-    info = start_s3(tmp_path_factory.mktemp("moto"))
-    yield info
-    stop_s3(info)
+from tests.support.config import BASE_CONFIG
+from tests.support.seeded import SeededSnapshotMaker
 
 
 def test_key_parsing() -> None:
@@ -51,25 +40,21 @@ def test_listing_units_cover_every_key(s3_server: S3ServerInfo) -> None:
     assert sorted(seen) == sorted(keys)
 
 
-def _run(zk_target: ZkTarget, spark: SparkSession, tables: Path, endpoint: str, extra: str = "") -> tuple[Any, str]:
-    cfg = BASE_CONFIG.replace(
-        bookkeeper={"zookeeper": zk_target.hosts},
-        tables={"root": str(tables), "engine": "delta-rs"},
-        offload={"endpoint_override": endpoint, "extra_buckets": extra},
-    )
-    store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
-    return store, run_snapshot(spark, cfg, store).run_id
+def _offload(endpoint: str, extra: str = "") -> dict[str, Any]:
+    """The buckets listed, through `endpoint` (moto, or a proxy in front of it)."""
+    return {"enabled": True, "endpoint_override": endpoint, "extra_buckets": extra}
 
 
 def test_offloaded_objects_snapshot_and_reconcile(
-    zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, s3_server: S3ServerInfo, tmp_path: Path
+    zk: KazooClient, seeded_snapshot: SeededSnapshotMaker, spark: SparkSession, s3_server: S3ServerInfo
 ) -> None:
     cluster = build_cluster(SandboxSpec(seed=5, topics=50, offload_bucket="offload-a"))
     seed_zookeeper(zk, cluster)
     seed_s3(s3_client(S3Target("offload-a"), s3_server.endpoint), cluster)
     assert {o.status for o in cluster.offload_objects} == {"in_use", "in_flight", "orphan", "other_cluster", "unknown"}
 
-    store, run_id = _run(zk_target, spark, tmp_path / "tables", s3_server.endpoint, extra="no-such-bucket")
+    _, _, store, run_id = seeded_snapshot(cluster, reseed=False,
+                                          offload=_offload(s3_server.endpoint, extra="no-such-bucket"))
     objects = {r["key"]: r for r in (x.asDict() for x in store.read("offload_objects").collect())}
     assert set(objects) == {o.key for o in cluster.offload_objects}
     some = cluster.offload_objects[0]
@@ -95,7 +80,7 @@ def test_offloaded_objects_snapshot_and_reconcile(
     assert not {o.key for o in cluster.offload_objects if o.status in ("in_use", "in_flight")} & set(listed)
 
     # Eight days on: the same objects are candidates; the in-flight offloads are now stale, never candidates.
-    _, later_run = _run(zk_target, spark, tmp_path / "tables", s3_server.endpoint)
+    *_, later_run = seeded_snapshot(cluster, reseed=False, offload=_offload(s3_server.endpoint))
     run_reconcile(spark, store, later_run, permissive, now_ms=int(time.time() * 1000) + 8 * DAY_MS)
     rows = [r.asDict() for r in store.read("orphans").where(f"run_id = '{later_run}'").collect()]
     listed = {r["s3_key"]: r for r in rows if r["object_type"] == "offload_object"}
@@ -107,7 +92,7 @@ def test_offloaded_objects_snapshot_and_reconcile(
 
 
 def test_a_bucket_listed_only_in_part_fails_the_gate_and_proves_no_delete_done(
-    zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, s3_server: S3ServerInfo, tmp_path: Path,
+    zk: KazooClient, seeded_snapshot: SeededSnapshotMaker, spark: SparkSession, s3_server: S3ServerInfo,
     live_broker: str
 ) -> None:
     # Issue 11 (11): listing errors on slices other than the first were dropped, so a bucket listed in part
@@ -115,7 +100,7 @@ def test_a_bucket_listed_only_in_part_fails_the_gate_and_proves_no_delete_done(
     from sweeper.gates import run_gates
     from sweeper.reconcile import pending_delete_states, references, snapshot_frames
     from sweeper.table_schemas import PENDING_DELETES
-    from tests.s3_faults import S3FaultProxy
+    from tests.support.s3_faults import S3FaultProxy
 
     cluster = build_cluster(SandboxSpec(seed=5, topics=50, offload_bucket="offload-p"))
     seed_zookeeper(zk, cluster)
@@ -123,7 +108,7 @@ def test_a_bucket_listed_only_in_part_fails_the_gate_and_proves_no_delete_done(
     victim = next(o for o in cluster.offload_objects if o.status == "orphan" and o.key[0] != "0")
     proxy = S3FaultProxy(s3_server.endpoint, list_faults={victim.key[0]}).start()
     try:
-        store, run_id = _run(zk_target, spark, tmp_path / "tables", proxy.endpoint)
+        _, _, store, run_id = seeded_snapshot(cluster, reseed=False, offload=_offload(proxy.endpoint))
     finally:
         proxy.stop()
     listed = {r["key"] for r in store.read("offload_objects").where(f"run_id = '{run_id}'").collect()}

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pulsar
-import pytest
 from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
-from harness.sandbox.model import SandboxSpec, build_cluster
-from harness.sandbox.seed import seed_zookeeper
+from harness.sandbox.model import SandboxSpec
 from sweeper import pending_delete
 from sweeper.codecs import pulsar as codec
 from sweeper.delete.stage import run_delete
@@ -22,17 +18,9 @@ from sweeper.pipeline import reconcile_stage
 from sweeper.runs import record as record_run
 from sweeper.snapshot import run_snapshot
 from sweeper.system_topic import partition_topic
-from sweeper.tables import open_table_store
 from sweeper.zk import client as zkutil
-from tests.conftest import BASE_CONFIG, ZkTarget
-from tests.test_emit import TOPIC, Broker
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Broker]:
-    b = Broker(tmp_path / "pulsar").start()
-    yield b
-    b.stop()
+from tests.support.broker import TOPIC, Broker
+from tests.support.seeded import SeededSnapshotMaker
 
 
 def _publish_raw(broker: Broker, partition: int, payloads: list[bytes]) -> None:
@@ -44,18 +32,12 @@ def _publish_raw(broker: Broker, partition: int, payloads: list[bytes]) -> None:
 
 
 def test_pending_deletes_are_read_quarantined_and_classified(
-        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker,
+        zk: KazooClient, seeded_snapshot: SeededSnapshotMaker, spark: SparkSession, broker: Broker,
         live_broker: str) -> None:
     spec = SandboxSpec(seed=21, topics=30)
-    cluster = build_cluster(spec)
-    seed_zookeeper(zk, cluster)
-    cfg = BASE_CONFIG.replace(
-        bookkeeper={"zookeeper": zk_target.hosts}, offload={"enabled": False},
-        tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"}, safety={"max_orphan_fraction": 1.0},
-        system_topic=broker.config(), delete={"deletes_per_second": 100_000.0})
-    store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
-
-    first = run_snapshot(spark, cfg, store).run_id  # the topic does not exist yet: nothing to read
+    # The topic does not exist yet: the first snapshot has nothing to read.
+    cluster, cfg, store, first = seeded_snapshot(spec, safety={"max_orphan_fraction": 1.0},
+                                                 system_topic=broker.config(), delete={"deletes_per_second": 100_000.0})
     assert store.read("pending_deletes").where(f"run_id = '{first}'").count() == 0
     reconcile_stage(spark, cfg, store, first)
     emitted = run_emit(spark, cfg, store, first)

@@ -130,6 +130,7 @@ def test_avro_producer_payload_decodes(endpoint: PulsarEndpoint) -> None:
     assert fastavro.schemaless_reader(io.BytesIO(msg.payload), parsed) == {"name": "probe", "value": 42}
 
 
+@pytest.mark.integration  # an endpoint of its own
 def test_restart_keeps_messages_and_dedups_by_producer_name(tmp_path: Path) -> None:
     data = tmp_path / "pulsar"
     ep = PulsarEndpoint(data).start()
@@ -209,6 +210,7 @@ def test_compressed_batches_unpack(endpoint: PulsarEndpoint, compression: pulsar
     assert [m.key for m in msgs] == [str(i) for i in range(20)]
 
 
+@pytest.mark.integration  # an endpoint of its own
 def test_torn_tail_record_is_ignored_on_reopen(tmp_path: Path) -> None:
     data = tmp_path / "pulsar"
     with PulsarEndpoint(data) as ep:
@@ -278,6 +280,7 @@ def test_bad_checksum_gets_send_error_and_is_not_stored(endpoint: PulsarEndpoint
     assert [m.payload for m in endpoint.messages("raw")] == [b"payload"]
 
 
+@pytest.mark.integration  # an endpoint of its own
 def test_persist_latency_holds_receipts_in_order(tmp_path: Path) -> None:
     with PulsarEndpoint(tmp_path / "slow", persist_latency_ms=50) as ep:
         client = pulsar.Client(ep.service_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))

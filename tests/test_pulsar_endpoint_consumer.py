@@ -149,6 +149,7 @@ def test_shared_subscription_splits_and_acked_are_not_redelivered(endpoint: Puls
     assert endpoint.subscriptions("shared") == ["workers"]
 
 
+@pytest.mark.integration  # an endpoint of its own
 def test_durable_subscription_survives_restart(tmp_path: Path) -> None:
     data = tmp_path / "pulsar"
     ep = PulsarEndpoint(data).start()

@@ -8,7 +8,7 @@ from kazoo.client import KazooClient
 
 from sweeper.ratelimit import TokenBucket
 from sweeper.zk.wire import WireReader
-from tests.conftest import ZkTarget
+from tests.support.config import ZkTarget
 
 
 class FakeClock:

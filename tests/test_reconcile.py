@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
-from harness.sandbox.model import OrphanKind, SandboxCluster, SandboxSpec, Status, build_cluster
+from harness.sandbox.model import OrphanKind, SandboxSpec, Status, build_cluster
 from harness.sandbox.seed import seed_zookeeper
 from sweeper.layout import LedgerLayout
 from sweeper.reconcile import (
@@ -24,24 +23,12 @@ from sweeper.reconcile import (
     run_reconcile,
 )
 from sweeper.safety import CircuitBreaker, GracePeriod, Scope
-from sweeper.snapshot import run_snapshot
-from sweeper.tables import TableStore, open_table_store
-from tests.conftest import BASE_CONFIG, ZkTarget
+from sweeper.tables import TableStore
+from tests.support.ledgers import CREATED, ledger_bytes
+from tests.support.seeded import SeededSnapshotMaker
 
 PERMISSIVE = SafetySettings(breaker=CircuitBreaker(1.0),
                    bookkeeper_dedicated=True)
-
-
-def _snapshot(zk: KazooClient, target: ZkTarget, spark: SparkSession, tmp_path: Path,
-              spec: SandboxSpec, reseed: bool = True) -> tuple[SandboxCluster, TableStore, str]:
-    cluster = build_cluster(spec)
-    if reseed:
-        seed_zookeeper(zk, cluster)
-    cfg = BASE_CONFIG.replace(bookkeeper={"zookeeper": target.hosts},
-                                  tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"},
-                                  offload={"enabled": False})
-    store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
-    return cluster, store, run_snapshot(spark, cfg, store).run_id
 
 
 def _orphans(store: TableStore, run_id: str) -> dict[tuple[str, int], dict[str, Any]]:
@@ -55,11 +42,9 @@ def _orphans(store: TableStore, run_id: str) -> dict[tuple[str, int], dict[str, 
     (5, 50, LedgerLayout.FLAT),
 ])
 def test_every_injected_orphan_found_and_nothing_in_use_listed(
-    seed: int, topics: int, layout: LedgerLayout, zk: KazooClient, zk_target: ZkTarget, spark: SparkSession,
-    tmp_path: Path,
+    seed: int, topics: int, layout: LedgerLayout, seeded_snapshot: SeededSnapshotMaker, spark: SparkSession,
 ) -> None:
-    cluster, store, run_id = _snapshot(zk, zk_target, spark, tmp_path, SandboxSpec(seed=seed, topics=topics,
-                                                                                    layout=layout))
+    cluster, _, store, run_id = seeded_snapshot(SandboxSpec(seed=seed, topics=topics, layout=layout))
     result = run_reconcile(spark, store, run_id, PERMISSIVE)
     found = _orphans(store, run_id)
     ledgers = {lid: row for (kind, lid), row in found.items() if kind == "ledger"}
@@ -93,9 +78,9 @@ def test_every_injected_orphan_found_and_nothing_in_use_listed(
 
 
 def test_circuit_breaker_stops_the_run_and_writes_nothing(
-    zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path
+    seeded_snapshot: SeededSnapshotMaker, spark: SparkSession
 ) -> None:
-    _, store, run_id = _snapshot(zk, zk_target, spark, tmp_path, SandboxSpec(seed=3, topics=20))
+    _, _, store, run_id = seeded_snapshot(SandboxSpec(seed=3, topics=20))
     with pytest.raises(ReconcileRefused, match="circuit breaker"):
         run_reconcile(spark, store, run_id, SafetySettings(breaker=CircuitBreaker(0.01),
                    bookkeeper_dedicated=True))
@@ -103,9 +88,9 @@ def test_circuit_breaker_stops_the_run_and_writes_nothing(
 
 
 def test_grace_period_holds_back_every_candidate(
-    zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path
+    seeded_snapshot: SeededSnapshotMaker, spark: SparkSession
 ) -> None:
-    _, store, run_id = _snapshot(zk, zk_target, spark, tmp_path, SandboxSpec(seed=11, topics=30))
+    _, _, store, run_id = seeded_snapshot(SandboxSpec(seed=11, topics=30))
     # A grace period longer than any orphan's age: nothing may be a candidate.
     settings = SafetySettings(grace=GracePeriod.of(10_000 * 86_400_000), breaker=CircuitBreaker(1.0),
                    bookkeeper_dedicated=True)
@@ -115,9 +100,9 @@ def test_grace_period_holds_back_every_candidate(
 
 
 def test_scope_deny_list_holds_back_a_tenant(
-    zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path
+    seeded_snapshot: SeededSnapshotMaker, spark: SparkSession
 ) -> None:
-    _, store, run_id = _snapshot(zk, zk_target, spark, tmp_path, SandboxSpec(seed=11, topics=30))
+    _, _, store, run_id = seeded_snapshot(SandboxSpec(seed=11, topics=30))
     deny = Scope(deny=("tenant-1", "sandbox-peer-tenant"))
     run_reconcile(spark, store, run_id, SafetySettings(breaker=CircuitBreaker(1.0), scope=deny,
                                                        bookkeeper_dedicated=True))
@@ -127,22 +112,22 @@ def test_scope_deny_list_holds_back_a_tenant(
 
 
 def test_reconcile_twice_for_one_run_is_refused(
-    zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path
+    seeded_snapshot: SeededSnapshotMaker, spark: SparkSession
 ) -> None:
-    _, store, run_id = _snapshot(zk, zk_target, spark, tmp_path, SandboxSpec(seed=2, topics=10))
+    _, _, store, run_id = seeded_snapshot(SandboxSpec(seed=2, topics=10))
     run_reconcile(spark, store, run_id, PERMISSIVE)
     with pytest.raises(ReconcileRefused, match="already"):
         run_reconcile(spark, store, run_id, PERMISSIVE)
 
 
-def test_unknown_run_is_refused(zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path) -> None:
-    _, store, _ = _snapshot(zk, zk_target, spark, tmp_path, SandboxSpec(seed=2, topics=5))
+def test_unknown_run_is_refused(seeded_snapshot: SeededSnapshotMaker, spark: SparkSession) -> None:
+    _, _, store, _ = seeded_snapshot(SandboxSpec(seed=2, topics=5))
     with pytest.raises(ReconcileRefused, match="no successful snapshot"):
         run_reconcile(spark, store, "no-such-run", PERMISSIVE)
 
 
 def test_a_quarantined_managed_ledger_makes_its_bucket_and_compacted_ledgers_unknown(
-    zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path
+    zk: KazooClient, seeded_snapshot: SeededSnapshotMaker, spark: SparkSession
 ) -> None:
     # Issue 11 (5): bucket and compacted ledgers name their topic, not their managed ledger; the quarantine
     # join went through a managed-ledger row that a quarantined znode does not have, so they looked deleted.
@@ -155,11 +140,7 @@ def test_a_quarantined_managed_ledger_makes_its_bucket_and_compacted_ledgers_unk
     owned = {i for i, x in cluster.ledgers.items() if x.status is not Status.IN_USE and special.topic_name.encode()
              in (x.custom.get("pulsar/delayedIndexTopic"), x.custom.get("pulsar/compactedTopic"))}
     assert len(owned) >= 2
-    cfg = BASE_CONFIG.replace(bookkeeper={"zookeeper": zk_target.hosts},
-                              tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"},
-                              offload={"enabled": False})
-    store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
-    run_id = run_snapshot(spark, cfg, store).run_id
+    _, _, store, run_id = seeded_snapshot(cluster, reseed=False)
     run_reconcile(spark, store, run_id, PERMISSIVE)
     found = _orphans(store, run_id)
     assert {found[("ledger", i)]["status"] for i in owned} == {UNKNOWN}
@@ -167,10 +148,10 @@ def test_a_quarantined_managed_ledger_makes_its_bucket_and_compacted_ledgers_unk
 
 
 def test_a_deleted_namespaces_ledgers_are_orphans_only_on_a_dedicated_bookkeeper(
-    zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path
+    seeded_snapshot: SeededSnapshotMaker, spark: SparkSession
 ) -> None:
     # Issue 11 (3): ledger metadata names no cluster; a namespace unknown here may be another cluster's.
-    cluster, store, run_id = _snapshot(zk, zk_target, spark, tmp_path, SandboxSpec(seed=2, topics=10))
+    cluster, _, store, run_id = seeded_snapshot(SandboxSpec(seed=2, topics=10))
     foreign = {i for i, x in cluster.ledgers.items()
                if x.custom.get("pulsar/managed-ledger", b"").startswith(b"sandbox-peer-tenant/")}
     assert len(foreign) == 1
@@ -184,7 +165,7 @@ def test_a_deleted_namespaces_ledgers_are_orphans_only_on_a_dedicated_bookkeeper
     assert result.counts.get("candidate.ledger", 0) == 0 and result.counts["shared_bookkeeper_unverified"] == 1
     assert sum(r["reason"] == "shared_bookkeeper_unverified" for r in ledgers) > 10
     assert "peer_metadata" in result.sharing
-    _, _, again = _snapshot(zk, zk_target, spark, tmp_path, SandboxSpec(seed=2, topics=10), reseed=False)
+    _, _, _, again = seeded_snapshot(SandboxSpec(seed=2, topics=10), reseed=False)
     run_reconcile(spark, store, again, SafetySettings(breaker=CircuitBreaker(1.0),
                    bookkeeper_dedicated=True))
     row = _orphans(store, again)[("ledger", *foreign)]
@@ -192,13 +173,12 @@ def test_a_deleted_namespaces_ledgers_are_orphans_only_on_a_dedicated_bookkeeper
 
 
 def test_cursor_ledgers_of_protected_cursors_on_a_live_topic_are_protected(
-    zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, zk_clock: Any
+    zk: KazooClient, seeded_snapshot: SeededSnapshotMaker, spark: SparkSession, zk_clock: Any
 ) -> None:
     # Issue 26 (1): an unreferenced cursor ledger of a cursor Pulsar (or the operator) protects is never a
     # candidate while its topic lives; the same leftover of an ordinary subscription is.
     from sweeper.layout import ledger_path
     from sweeper.protection import Protection
-    from tests.test_delete_zk import CREATED, ledger_bytes
 
     spec = SandboxSpec(seed=11, topics=30)
     cluster = build_cluster(spec)
@@ -210,7 +190,7 @@ def test_cursor_ledgers_of_protected_cursors_on_a_live_topic_are_protected(
             custom = {"application": "pulsar", "component": "managed-ledger", "pulsar/managed-ledger": live,
                       "pulsar/cursor": cursor}
             zk.create(ledger_path(spec.ledgers_root, ledger_id, spec.layout), ledger_bytes(custom), makepath=True)
-    _, store, run_id = _snapshot(zk, zk_target, spark, tmp_path, spec, reseed=False)
+    _, _, store, run_id = seeded_snapshot(spec, reseed=False)
     settings = SafetySettings(breaker=CircuitBreaker(1.0), bookkeeper_dedicated=True,
                               protection=Protection.of(subscriptions="audit-*"))
     run_reconcile(spark, store, run_id, settings)

@@ -12,28 +12,17 @@ import pytest
 from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
-from harness.sandbox.model import SandboxCluster, SandboxSpec, build_cluster
+from harness.sandbox.model import SandboxSpec, build_cluster
 from harness.sandbox.retention_scenarios import FOREVER_NS, SIZE_NS, TIME_NS
-from harness.sandbox.seed import seed_zookeeper
 from harness.zkserver import ServerClock
 from sweeper.reconcile import SafetySettings, run_reconcile
 from sweeper.retention_debt import RetentionDebtRefused, RetentionSettings, run_retention_debt
 from sweeper.safety import CircuitBreaker, Scope
-from sweeper.snapshot import run_snapshot
 from sweeper.tables import TableStore, open_table_store
 from sweeper.vocabulary import DAY_MS
-from tests.admin_server import AdminServer
-from tests.conftest import BASE_CONFIG, ZkTarget
-
-
-def _snapshot(zk: KazooClient, target: ZkTarget, spark: SparkSession, tmp_path: Path,
-              spec: SandboxSpec) -> tuple[SandboxCluster, TableStore, str]:
-    cluster = build_cluster(spec)
-    seed_zookeeper(zk, cluster)
-    cfg = BASE_CONFIG.replace(bookkeeper={"zookeeper": target.hosts}, offload={"enabled": False},
-                              tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"})
-    store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
-    return cluster, store, run_snapshot(spark, cfg, store).run_id
+from tests.support.admin_server import AdminServer
+from tests.support.config import BASE_CONFIG
+from tests.support.seeded import SeededSnapshotMaker
 
 
 def _debt(store: TableStore, run_id: str) -> tuple[dict[str, dict[str, Any]], dict[tuple[str, str], dict[str, Any]]]:
@@ -46,9 +35,9 @@ def _debt(store: TableStore, run_id: str) -> tuple[dict[str, dict[str, Any]], di
 
 @pytest.mark.parametrize(("seed", "topics"), [(11, 30), (23, 250)])
 def test_retention_debt_is_the_sandboxs_ground_truth(
-        seed: int, topics: int, zk: KazooClient, zk_target: ZkTarget, zk_clock: ServerClock, spark: SparkSession,
-        tmp_path: Path) -> None:
-    cluster, store, run_id = _snapshot(zk, zk_target, spark, tmp_path, SandboxSpec(seed=seed, topics=topics))
+        seed: int, topics: int, seeded_snapshot: SeededSnapshotMaker, zk_clock: ServerClock,
+        spark: SparkSession) -> None:
+    cluster, _, store, run_id = seeded_snapshot(SandboxSpec(seed=seed, topics=topics))
     run_reconcile(spark, store, run_id, SafetySettings(breaker=CircuitBreaker(1.0), bookkeeper_dedicated=True))
     settings = RetentionSettings(delete_after_ms=30 * DAY_MS)
     result = run_retention_debt(spark, store, run_id, settings)
@@ -97,14 +86,14 @@ def test_retention_debt_is_the_sandboxs_ground_truth(
 
 
 def test_a_bundle_nobody_owns_has_no_topic_loaded(
-        zk: KazooClient, zk_target: ZkTarget, zk_clock: ServerClock, spark: SparkSession, tmp_path: Path) -> None:
+        zk: KazooClient, seeded_snapshot: SeededSnapshotMaker, zk_clock: ServerClock, spark: SparkSession) -> None:
     """With ownership readable (a live broker owns bundles), a topic whose bundle nobody owns is unloaded even
     when its list changed a minute ago; in an owned bundle only the clocks can tell."""
     size_tenant, size_ns = SIZE_NS.split("/")
     zk.create(f"/namespace/{size_tenant}/{size_ns}/0x00000000_0xffffffff", b'{"nativeUrl": "pulsar://b:6650"}',
               ephemeral=True, makepath=True)
     zk.create("/namespace/tenant-0/retention-time/0x80000000_0xc0000000", b"{}", makepath=True)  # not ephemeral
-    cluster, store, run_id = _snapshot(zk, zk_target, spark, tmp_path, SandboxSpec(seed=5, topics=10))
+    cluster, _, store, run_id = seeded_snapshot(SandboxSpec(seed=5, topics=10))
     run_retention_debt(spark, store, run_id, RetentionSettings())
     found, _ = _debt(store, run_id)
     loaded = next(e.managed_ledger for e in cluster.retention if e.scenario == "expired_loaded")
@@ -116,8 +105,8 @@ def test_a_bundle_nobody_owns_has_no_topic_loaded(
 
 
 def test_repairs_outside_the_allow_list_are_out_of_scope(
-        zk: KazooClient, zk_target: ZkTarget, zk_clock: ServerClock, spark: SparkSession, tmp_path: Path) -> None:
-    _, store, run_id = _snapshot(zk, zk_target, spark, tmp_path, SandboxSpec(seed=5, topics=10))
+        seeded_snapshot: SeededSnapshotMaker, zk_clock: ServerClock, spark: SparkSession) -> None:
+    _, _, store, run_id = seeded_snapshot(SandboxSpec(seed=5, topics=10))
     settings = RetentionSettings(delete_after_ms=DAY_MS, scope=Scope(allow=("tenant-1",)))
     run_retention_debt(spark, store, run_id, settings)
     found, cursors = _debt(store, run_id)
@@ -188,9 +177,11 @@ class _TopicPolicyBroker(AdminServer):
         return status, {}, body
 
 
+@pytest.mark.integration  # an HTTP server answering as the broker
 def test_the_broker_is_asked_for_local_and_global_topic_policies_of_the_partitioned_topic() -> None:
     from sweeper.retention_debt import NOT_SET, SET, UNREAD
-    from sweeper.retention_repair import BrokerAdmin, TopicPolicyLookup
+    from sweeper.retention_repair import TopicPolicyLookup
+    from sweeper.system_topic import AdminClient
 
     broker = _TopicPolicyBroker({
         "t/ns/ttl/messageTTL?isGlobal=true": (200, b"3600"),
@@ -198,7 +189,7 @@ def test_the_broker_is_asked_for_local_and_global_topic_policies_of_the_partitio
         "t/ns/nulls/retention?isGlobal=false": (200, b"null"),
     })
     try:
-        admin = BrokerAdmin(BASE_CONFIG.replace(system_topic={"admin_url": broker.url}).system_topic)
+        admin = AdminClient(BASE_CONFIG.replace(system_topic={"admin_url": broker.url}).system_topic)
         assert admin.topic_policy("persistent://t/ns/plain-partition-3")[0] == NOT_SET
         assert [p for p in broker.seen if p.startswith("/owner")] == [
             f"/owner/admin/v2/persistent/t/ns/plain/{s}?isGlobal={g}"
@@ -220,7 +211,7 @@ def test_the_broker_is_asked_for_local_and_global_topic_policies_of_the_partitio
 
 
 def test_admin_mode_asks_the_broker_only_about_owned_topics_whose_policies_may_be_overridden(
-        zk: KazooClient, zk_target: ZkTarget, zk_clock: ServerClock, spark: SparkSession, tmp_path: Path) -> None:
+        zk: KazooClient, seeded_snapshot: SeededSnapshotMaker, zk_clock: ServerClock, spark: SparkSession) -> None:
     """[retention] topic_policies = "admin": in the namespace whose __change_events holds events, a topic in an
     owned bundle is judged under its namespace's policy once the broker says it has none of its own; namespaces
     whose __change_events holds no event are never asked about (the unowned case: the finalize test above)."""
@@ -229,7 +220,7 @@ def test_admin_mode_asks_the_broker_only_about_owned_topics_whose_policies_may_b
 
     tenant, ns = TOPIC_POLICY_NS.split("/")
     zk.create(f"/namespace/{tenant}/{ns}/0x00000000_0xffffffff", b"{}", ephemeral=True, makepath=True)
-    cluster, store, run_id = _snapshot(zk, zk_target, spark, tmp_path, SandboxSpec(seed=5, topics=10))
+    cluster, _, store, run_id = seeded_snapshot(SandboxSpec(seed=5, topics=10))
     asked: list[str] = []
 
     def broker(topic: str) -> tuple[str, str]:
@@ -261,7 +252,7 @@ def test_admin_mode_asks_the_broker_only_about_owned_topics_whose_policies_may_b
 
 @pytest.mark.parametrize("regular_retention", [(-1, -1), (60 * 24 * 60, 20)], ids=["forever", "60d-20MiB"])
 def test_skipping_topics_that_cannot_owe_changes_no_row(
-        regular_retention: tuple[int, int], zk: KazooClient, zk_target: ZkTarget, zk_clock: ServerClock,
+        regular_retention: tuple[int, int], seeded_snapshot: SeededSnapshotMaker, zk_clock: ServerClock,
         spark: SparkSession, tmp_path: Path) -> None:
     """The step judges only the topics `may_owe` lets through, on the driver when they are few; on the same
     snapshot, judging every topic, or judging in Spark tasks after the semi-join on names, gives exactly the same
@@ -269,7 +260,7 @@ def test_skipping_topics_that_cannot_owe_changes_no_row(
     many of their topics owe through the time or the size rule and many are held by a cursor on their first
     ledger, so both sides of every rule are crossed."""
     spec = SandboxSpec(seed=31, topics=120, regular_retention=regular_retention)
-    _, store, run_id = _snapshot(zk, zk_target, spark, tmp_path, spec)
+    _, _, store, run_id = seeded_snapshot(spec)
     variants = {"everything in Spark": {"skip_topics_that_cannot_owe": False, "driver_assess_max_rows": 0},
                 "skipping in Spark": {"driver_assess_max_rows": 0}}
     stores = {}
@@ -378,8 +369,8 @@ def test_the_column_wise_summaries_are_retention_summarize_of_each_topic() -> No
 
 @pytest.mark.parametrize("driver_assess_max_rows", [500_000, 0], ids=["driver", "spark"])
 def test_what_pulsar_protects_is_protected_with_its_reason_never_a_candidate(
-        driver_assess_max_rows: int, zk: KazooClient, zk_target: ZkTarget, zk_clock: ServerClock,
-        spark: SparkSession, tmp_path: Path) -> None:
+        driver_assess_max_rows: int, seeded_snapshot: SeededSnapshotMaker, zk_clock: ServerClock,
+        spark: SparkSession) -> None:
     """Issue 26, item 1: with subscription deletion on (30 days) every 60-day idle subscription would be a
     candidate. A replicated subscription (its cursor's `pulsar.replicated.subscription` = 1, as
     PersistentSubscription writes it), the pending-ack stores of both spellings
@@ -413,13 +404,9 @@ def test_what_pulsar_protects_is_protected_with_its_reason_never_a_candidate(
     copy_of("idle-forever-0-stale-sub__transaction_pending_ack", "__pending_ack_state")
     copy_of("idle-forever-0-stale-sub-transaction-pendingack", "pendingack")
     copy_of("ledger-audit", "reader")
-    seed_zookeeper(zk, cluster)
-    cfg = BASE_CONFIG.replace(bookkeeper={"zookeeper": zk_target.hosts}, offload={"enabled": False},
-                              tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"},
-                              retention={"cursor_idle_days": 30, "protected_subscriptions": "audit-*",
-                                         "protected_topics": f"{base.tenant}/{base.namespace}/ledger-*"})
-    store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
-    run_id = run_snapshot(spark, cfg, store).run_id
+    _, cfg, store, run_id = seeded_snapshot(
+        cluster, retention={"cursor_idle_days": 30, "protected_subscriptions": "audit-*",
+                            "protected_topics": f"{base.tenant}/{base.namespace}/ledger-*"})
     settings = dataclasses.replace(RetentionSettings.from_config(cfg.retention, cfg.safety),
                                    driver_assess_max_rows=driver_assess_max_rows)
     result = run_retention_debt(spark, store, run_id, settings)

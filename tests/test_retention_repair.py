@@ -14,11 +14,11 @@ import pytest
 from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
-from harness.sandbox.model import SandboxSpec, build_cluster
-from harness.sandbox.seed import seed_zookeeper
+from harness.sandbox.model import SandboxSpec
 from harness.zkserver import ServerClock
 from sweeper.codecs import pulsar as codec
 from sweeper.config import ConfigError
+from sweeper.connections import Connections
 from sweeper.names import encode_local_name
 from sweeper.protection import REPLICATED_SUBSCRIPTION_PROPERTY
 from sweeper.ratelimit import TokenBucket
@@ -34,10 +34,8 @@ from sweeper.retention_repair import (
     TRIMMED,
     WOULD_DELETE,
     WOULD_LOAD,
-    BrokerAdmin,
     RetentionRepairRefused,
     TopicPolicyLookup,
-    cluster_admin,
     plan_actions,
     plan_age_refusal,
     replication_refusal,
@@ -45,12 +43,12 @@ from sweeper.retention_repair import (
     subscription_activity,
 )
 from sweeper.runs import record as record_run
-from sweeper.snapshot import run_snapshot
 from sweeper.system_topic import AdminClient, RedirectRefused, broker_web_origins, redirect_target
 from sweeper.table_schemas import RETENTION_DEBT
 from sweeper.tables import open_table_store
-from tests.admin_server import AdminServer, Answer
-from tests.conftest import BASE_CONFIG, ZkTarget
+from tests.support.admin_server import AdminServer, Answer
+from tests.support.config import BASE_CONFIG, ZkTarget
+from tests.support.seeded import SeededSnapshotMaker, sandbox_config
 
 
 def row(kind: str, ml: str, status: str = "candidate", cursor: str | None = None, size: int = 10,
@@ -86,7 +84,7 @@ def test_the_brokers_live_stats_veto_a_deletion() -> None:
 
 
 def test_admin_paths_encode_names_as_pulsar_decodes_them() -> None:
-    admin = BrokerAdmin(BASE_CONFIG.system_topic.__class__(admin_url="http://broker:8080"))
+    admin = AdminClient(BASE_CONFIG.system_topic.__class__(admin_url="http://broker:8080"))
     assert admin.topic_url("persistent://t/ns/odd:name with space%x", "/trim") == (
         "http://broker:8080/admin/v2/persistent/t/ns/odd%3Aname%20with%20space%25x/trim")
     assert admin.topic_url("persistent://t/c/ns/old") == "http://broker:8080/admin/persistent/t/c/ns/old"
@@ -102,14 +100,8 @@ def test_calls_are_paced() -> None:
 
 
 def test_a_dry_run_rechecks_each_znode_and_respects_the_cap(
-        zk: KazooClient, zk_target: ZkTarget, zk_clock: ServerClock, spark: SparkSession, tmp_path: Path) -> None:
-    cluster = build_cluster(SandboxSpec(seed=4, topics=20))
-    seed_zookeeper(zk, cluster)
-    cfg = BASE_CONFIG.replace(bookkeeper={"zookeeper": zk_target.hosts}, offload={"enabled": False},
-                              tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"},
-                              retention={"cursor_idle_days": 30.0})
-    store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
-    run_id = run_snapshot(spark, cfg, store).run_id
+        zk: KazooClient, seeded_snapshot: SeededSnapshotMaker, zk_clock: ServerClock, spark: SparkSession) -> None:
+    cluster, cfg, store, run_id = seeded_snapshot(SandboxSpec(seed=4, topics=20), retention={"cursor_idle_days": 30.0})
     run_retention_debt(spark, store, run_id, RetentionSettings.from_config(cfg.retention, cfg.safety))
     by_scenario = {e.scenario: e for e in cluster.retention}
 
@@ -182,8 +174,6 @@ def servers() -> Iterator[list[AdminServer]]:
         server.close()
 
 
-
-
 def _serve(servers: list[AdminServer], answer: Answer) -> AdminServer:
     server = AdminServer(answer)
     servers.append(server)
@@ -231,10 +221,9 @@ def _plan_row(plan: str, ml: str, cursor: str | None = None, size: int = 100, ma
 
 def _repair_setup(zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, admin_url: str = "",
                   **retention: Any) -> tuple[Any, Any]:
-    cfg = BASE_CONFIG.replace(bookkeeper={"zookeeper": zk_target.hosts}, offload={"enabled": False},
-                              tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"},
-                              system_topic={"admin_url": admin_url, "auth_token_env": "SWEEPER_TEST_TOKEN"},
-                              retention={"cursor_idle_days": 30.0, "actions_per_second": 1000.0, **retention})
+    cfg = sandbox_config(zk_target.hosts, tmp_path / "tables",
+                         system_topic={"admin_url": admin_url, "auth_token_env": "SWEEPER_TEST_TOKEN"},
+                         retention={"cursor_idle_days": 30.0, "actions_per_second": 1000.0, **retention})
     return cfg, open_table_store(cfg.tables.root, spark, engine="delta-rs")
 
 
@@ -408,7 +397,7 @@ def test_every_action_is_on_disk_before_the_next_call_to_the_broker(
                                     for t, s in (("a", 300), ("b", 200), ("c", 100))])
     on_disk_at_call: list[int] = []
 
-    class DyingAdmin(BrokerAdmin):
+    class DyingAdmin(AdminClient):
         """The real client; the process is killed at its third mutating call."""
 
         def _call(self, method: str, url: str, body: bytes | None = None, hops: int = 3) -> tuple[int, bytes]:
@@ -438,7 +427,7 @@ def test_topic_policy_lookups_follow_redirects_to_this_clusters_brokers_only(
     _register_broker(zk, ours.url)
     _register_broker(zk, owner.url)
     cfg = BASE_CONFIG.replace(bookkeeper={"zookeeper": zk_target.hosts}, system_topic={"admin_url": ours.url})
-    lookup = TopicPolicyLookup(cluster_admin(cfg), 1000.0)
+    lookup = TopicPolicyLookup(Connections.from_config(cfg).cluster_admin(), 1000.0)
 
     far = lookup("persistent://t/global/far")
     near = lookup("persistent://t/ns/near")

@@ -22,18 +22,11 @@ from harness.sandbox.seed import seed_zookeeper
 from sweeper.cli import EXIT_OK, EXIT_REFUSED, main
 from sweeper.tables import open_table_store
 from sweeper.zk import client as zkutil
-from tests.secure_zk import CREATOR_ALL_WORLD_READ, USERS, WORLD_READ, SecureZk, sasl
-from tests.test_emit import Broker
+from tests.support.broker import Broker
+from tests.support.secure_zk import CREATOR_ALL_WORLD_READ, USERS, WORLD_READ, SecureZk, sasl
 
 STRICT = [sasl("bookie", Permissions.ALL), sasl("sweeper", Permissions.READ)]
 SWEEPER_DELETES = [*STRICT, sasl("sweeper", Permissions.DELETE)]
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[Broker]:
-    b = Broker(tmp_path / "pulsar").start()
-    yield b
-    b.stop()
 
 
 def _toml(sections: dict[str, dict[str, Any]]) -> str:

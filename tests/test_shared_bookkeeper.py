@@ -20,12 +20,12 @@ from sweeper.codecs import pulsar as codec
 from sweeper.config import SweeperConfig
 from sweeper.delete.stage import run_delete
 from sweeper.layout import ledger_path
-from sweeper.pipeline import safety_settings
-from sweeper.reconcile import CANDIDATE, OTHER_CLUSTER, ReconcileRefused, run_reconcile
+from sweeper.reconcile import CANDIDATE, OTHER_CLUSTER, ReconcileRefused, SafetySettings, run_reconcile
 from sweeper.snapshot import run_snapshot
 from sweeper.tables import TableStore, open_table_store
 from sweeper.zk import client as zkutil
-from tests.conftest import BASE_CONFIG, ZkTarget
+from tests.support.config import ZkTarget
+from tests.support.seeded import sandbox_config
 
 SPEC = SandboxSpec(seed=4, topics=12)
 
@@ -59,9 +59,7 @@ def _peer(zk: KazooClient, lists: dict[str, list[int]], live: bool = True) -> No
 
 
 def _config(target: ZkTarget, tmp_path: Path, **safety: object) -> SweeperConfig:
-    return BASE_CONFIG.replace(
-        bookkeeper={"zookeeper": target.hosts}, tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"},
-        offload={"enabled": False}, safety={"max_orphan_fraction": 1.0, **safety})
+    return sandbox_config(target.hosts, tmp_path / "tables", safety={"max_orphan_fraction": 1.0, **safety})
 
 
 def _orphans(store: TableStore, run_id: str) -> dict[int, dict[str, object]]:
@@ -87,7 +85,7 @@ def test_a_peer_on_the_same_bookies_is_read_and_its_ledgers_never_candidates(
     # Shared, and nobody said who else writes here: nothing is a candidate, the run completes.
     shared = _config(zk_target, tmp_path, bookkeeper_dedicated=False)
     run_id = run_snapshot(spark, shared, store).run_id
-    result = run_reconcile(spark, store, run_id, safety_settings(shared))
+    result = run_reconcile(spark, store, run_id, SafetySettings.from_config(shared))
     rows = _orphans(store, run_id)
     assert result.counts.get("candidate", 0) == 0
     assert {rows[i]["reason"] for i in expected} <= {"shared_bookkeeper_unverified", "namespace_unknown"}
@@ -96,7 +94,7 @@ def test_a_peer_on_the_same_bookies_is_read_and_its_ledgers_never_candidates(
     # Every peer read: the union of references decides; the peer's ledger and its topic's are never ours.
     with_peer = _config(zk_target, tmp_path, bookkeeper_dedicated=False, peer_metadata=[peer])
     run_id = run_snapshot(spark, with_peer, store).run_id
-    result = run_reconcile(spark, store, run_id, safety_settings(with_peer))
+    result = run_reconcile(spark, store, run_id, SafetySettings.from_config(with_peer))
     rows = _orphans(store, run_id)
     candidates = {i for i, r in rows.items() if r["status"] == CANDIDATE}
     assert dropped not in rows  # referenced by the peer: in use
@@ -107,7 +105,7 @@ def test_a_peer_on_the_same_bookies_is_read_and_its_ledgers_never_candidates(
     # A peer whose store shows no live broker may be a stale copy: unread, so nothing is a candidate again.
     zk.delete("/peer/loadbalance/brokers/peer-broker:8080")
     run_id = run_snapshot(spark, with_peer, store).run_id
-    result = run_reconcile(spark, store, run_id, safety_settings(with_peer))
+    result = run_reconcile(spark, store, run_id, SafetySettings.from_config(with_peer))
     assert result.counts.get("candidate", 0) == 0
     assert peer in result.sharing and "no live broker" in result.sharing
 
@@ -161,6 +159,6 @@ def test_a_wrong_chroot_for_bookkeeper_is_refused_on_a_first_run(
     store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
     run_id = run_snapshot(spark, cfg, store).run_id
     with pytest.raises(ReconcileRefused, match="max_missing_reference_fraction") as refused:
-        run_reconcile(spark, store, run_id, safety_settings(cfg))
+        run_reconcile(spark, store, run_id, SafetySettings.from_config(cfg))
     assert "/ledgers" in str(refused.value)
     assert not store.exists("orphans") or not store.read("orphans").where(f"run_id = '{run_id}'").count()

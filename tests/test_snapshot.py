@@ -13,21 +13,14 @@ from harness.sandbox.model import SandboxCluster, SandboxSpec, Status, build_clu
 from harness.sandbox.seed import ledger_metadata, seed_zookeeper
 from harness.zkserver import free_port
 from sweeper.codecs.bookkeeper import decode_ledger_metadata, encode_ledger_metadata
-from sweeper.config import SweeperConfig
 from sweeper.layout import LedgerLayout, ledger_path
 from sweeper.scan import bookkeeper as bk_scan
 from sweeper.snapshot import run_snapshot
 from sweeper.tables import open_table_store
 from sweeper.zk.client import KazooReader
 from sweeper.zk.errors import WrongRootError, ZooKeeperUnavailableError
-from tests.conftest import BASE_CONFIG, ZkTarget
-
-
-def _config(target: ZkTarget, tables: Path) -> SweeperConfig:
-    return BASE_CONFIG.replace(
-        bookkeeper={"zookeeper": target.hosts}, tables={"root": str(tables), "engine": "delta-rs"},
-        offload={"enabled": False},
-    )
+from tests.support.config import ZkTarget
+from tests.support.seeded import sandbox_config
 
 
 def _rows(store: Any, table: str) -> list[dict[str, Any]]:
@@ -60,7 +53,7 @@ def test_every_seeded_ledger_and_reference_lands_in_its_table(
 ) -> None:
     cluster = _seeded(zk, layout)
     store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
-    result = run_snapshot(spark, _config(zk_target, tmp_path / "tables"), store)
+    result = run_snapshot(spark, sandbox_config(zk_target.hosts, tmp_path / "tables"), store)
 
     assert result.layout == layout.value
     assert result.counts["quarantine"] == 0, _rows(store, "quarantine")
@@ -171,7 +164,7 @@ def test_bad_znodes_are_quarantined_and_the_rest_is_scanned(
     _put(zk, "/schemas/tenant-0/ns-0/broken", b"\xff\xff\xff")
 
     store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
-    result = run_snapshot(spark, _config(zk_target, tmp_path / "tables"), store)
+    result = run_snapshot(spark, sandbox_config(zk_target.hosts, tmp_path / "tables"), store)
 
     quarantine = {row["path"]: row for row in _rows(store, "quarantine")}
     for ledger_id, (data, kind) in bad_ledgers.items():
@@ -210,7 +203,7 @@ def test_wrong_root_fails_the_run_naming_the_path(
     zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path
 ) -> None:
     _seeded(zk, LedgerLayout.HIERARCHICAL, seed=2, topics=3)
-    cfg = _config(zk_target, tmp_path / "tables").replace(bookkeeper={"ledgers_root": "/bookkeeper/ledgers"})
+    cfg = sandbox_config(zk_target.hosts, tmp_path / "tables", bookkeeper={"ledgers_root": "/bookkeeper/ledgers"})
     store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
     with pytest.raises(WrongRootError, match="/bookkeeper/ledgers"):
         run_snapshot(spark, cfg, store)
@@ -238,7 +231,7 @@ def test_a_table_committed_short_of_the_scan_fails_the_run(
     _seeded(zk, LedgerLayout.HIERARCHICAL, seed=2, topics=5)
     store = LosingStore(str(tmp_path / "tables"), spark)
     with pytest.raises(SnapshotIncomplete, match="ml_cursors"):
-        run_snapshot(spark, _config(zk_target, tmp_path / "tables"), store)
+        run_snapshot(spark, sandbox_config(zk_target.hosts, tmp_path / "tables"), store)
     [run] = _rows(store, "runs")
     assert run["status"] == "failed" and "ml_cursors" in run["message"]
     with pytest.raises(ReconcileRefused):
@@ -251,16 +244,12 @@ def test_a_root_without_layout_is_refused(zk: KazooClient, zk_target: ZkTarget, 
     zk.ensure_path("/ledgers/00/0000")
     store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
     with pytest.raises(Exception, match="LAYOUT"):
-        run_snapshot(spark, _config(zk_target, tmp_path / "tables"), store)
+        run_snapshot(spark, sandbox_config(zk_target.hosts, tmp_path / "tables"), store)
 
 
 def test_unreachable_zookeeper_is_a_clear_error(spark: SparkSession, tmp_path: Path) -> None:
     hosts = f"127.0.0.1:{free_port()}"
-    cfg = BASE_CONFIG.replace(
-        bookkeeper={"zookeeper": hosts, "session_timeout_s": 2.0},
-        tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"},
-        offload={"enabled": False},
-    )
+    cfg = sandbox_config(hosts, tmp_path / "tables", bookkeeper={"session_timeout_s": 2.0})
     store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
     with pytest.raises(ZooKeeperUnavailableError, match=hosts):
         run_snapshot(spark, cfg, store)
@@ -333,7 +322,7 @@ def test_snapshot_records_namespaces_brokers_and_the_clock(
     zk.create("/loadbalance/brokers/10.0.0.1:8080", b"{}", ephemeral=True, makepath=True)
     zk.create("/loadbalance/brokers/10.0.0.2:8080", b"{}", makepath=True)  # left over: no live session
     store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
-    result = run_snapshot(spark, _config(zk_target, tmp_path / "tables"), store)
+    result = run_snapshot(spark, sandbox_config(zk_target.hosts, tmp_path / "tables"), store)
     namespaces = {r["namespace"]: set(r["sources"]) for r in _rows(store, "namespaces")}
     assert set(namespaces) == set(cluster.namespaces) | {"tenant-9/ns-empty"}
     assert namespaces["tenant-9/ns-empty"] == {"policies"}
@@ -349,7 +338,7 @@ def test_a_host_clock_far_from_zookeepers_refuses_the_snapshot(
     store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
     with zk_clock.back_in_time(1.0), pytest.raises(ClockSkewRefused, match="ahead of ZooKeeper"):
         # ZooKeeper a day behind this host: ledgers would look a day older than they are.
-        run_snapshot(spark, _config(zk_target, tmp_path / "tables"), store)
+        run_snapshot(spark, sandbox_config(zk_target.hosts, tmp_path / "tables"), store)
     assert [r["status"] for r in _rows(store, "runs")] == ["refused"]
 
 

@@ -9,9 +9,11 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from harness.sandbox import PORT_SPAN, sandbox_down
 from harness.zkserver import free_port_block
-from tests.conftest import SHORT_LIVED_JVM
+from tests.support.config import SHORT_LIVED_JVM
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -22,6 +24,7 @@ def _build_zip(out: Path) -> None:
                    capture_output=True)
 
 
+@pytest.mark.integration  # builds the zip and runs a fresh interpreter
 def test_the_zip_alone_is_enough_for_executors_to_encode_and_decode_records(tmp_path: Path) -> None:
     shipped = tmp_path / "ledger_sweeper.zip"
     _build_zip(shipped)
@@ -49,6 +52,7 @@ def test_the_zip_alone_is_enough_for_executors_to_encode_and_decode_records(tmp_
     assert "PendingDeleteLedgerInfo" in done.stdout
 
 
+@pytest.mark.slow  # a sandbox and a sweep under real spark-submit
 def test_spark_submit_runs_a_sandbox_sweep_and_reports_exit_codes(tmp_path: Path) -> None:
     # Without the fetched jars: the delta-rs engine under spark-submit (tests/test_cluster.py runs delta-spark).
     env = {**os.environ, "SPARK_MASTER": "local[2]", "DELTA_JARS": "", "S3A_JARS": "",

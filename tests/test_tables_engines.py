@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
@@ -18,21 +17,14 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, StructField, StructType
 
-from harness.s3server import S3ServerInfo, start_s3, stop_s3
+from harness.s3server import S3ServerInfo
 from sweeper.tables import TableStore, open_table_store
 from sweeper.tables.storage import TableStorage, delta_rs_options
-from tests.test_tables_contract import SCHEMA, big_frame, canon, sample_rows
+from tests.support.tables import SCHEMA, big_frame, canon, sample_rows
 
 REPO = Path(__file__).resolve().parents[1]
 OTHER = {"delta-rs": "delta-spark", "delta-spark": "delta-rs"}
 PARTITIONED = StructType([StructField("shard", IntegerType()), *SCHEMA.fields])
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3ServerInfo]:
-    info = start_s3(tmp_path_factory.mktemp("moto"))
-    yield info
-    stop_s3(info)
 
 
 def _bucket(s3: S3ServerInfo, name: str) -> str:
@@ -99,17 +91,17 @@ def test_a_table_written_by_one_engine_is_read_by_the_other(spark: SparkSession,
 
 
 @pytest.mark.parametrize("writer_engine", ["delta-rs", "delta-spark"])
-def test_tables_on_s3_with_either_engine(spark: SparkSession, s3: S3ServerInfo, writer_engine: str) -> None:
-    bucket = _bucket(s3, f"tables-{writer_engine}")
+def test_tables_on_s3_with_either_engine(spark: SparkSession, s3_server: S3ServerInfo, writer_engine: str) -> None:
+    bucket = _bucket(s3_server, f"tables-{writer_engine}")
     root = f"s3://{bucket}/ledger-sweeper/tables"
-    writer = open_table_store(root, spark, engine=writer_engine, s3_endpoint=s3.endpoint)
-    reader = open_table_store(root, spark, engine=OTHER[writer_engine], s3_endpoint=s3.endpoint)
+    writer = open_table_store(root, spark, engine=writer_engine, s3_endpoint=s3_server.endpoint)
+    reader = open_table_store(root, spark, engine=OTHER[writer_engine], s3_endpoint=s3_server.endpoint)
     assert "sandbox" not in repr(writer) and "sandbox" not in repr(reader)  # no key in logs
     result = writer.append("runs", big_frame(spark, 300, 3, "r"), SCHEMA, commit_metadata={"stage": "snapshot"})
     assert result.rows == 300 and writer.read("runs").count() == 300
     _check_both_ways(spark, writer, reader)
     # Everything is in the bucket, under the prefix; nothing on the local disk.
-    keys = [o["Key"] for o in boto3.client("s3", endpoint_url=s3.endpoint, aws_access_key_id="sandbox",
+    keys = [o["Key"] for o in boto3.client("s3", endpoint_url=s3_server.endpoint, aws_access_key_id="sandbox",
                                            aws_secret_access_key="sandbox", region_name="us-east-1")
             .list_objects_v2(Bucket=bucket)["Contents"]]
     assert {k.split("/")[2] for k in keys} == {"runs", "shared"}
@@ -119,7 +111,7 @@ def test_tables_on_s3_with_either_engine(spark: SparkSession, s3: S3ServerInfo, 
 _WRITER = textwrap.dedent("""
     import json, sys
     from sweeper.tables.delta_rs import DeltaRsTableStore
-    from tests.test_tables_contract import SCHEMA, sample_rows
+    from tests.support.tables import SCHEMA, sample_rows
     root, who, commits, options = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4])
     store = DeltaRsTableStore(root, None, options)  # driver-side commits need no Spark session
     versions = [store.append_rows("shared", sample_rows(2, run_id=f"{who}-{i}"), SCHEMA,
@@ -128,11 +120,11 @@ _WRITER = textwrap.dedent("""
 """)
 
 
-def test_two_writers_on_s3_lose_no_commit(s3: S3ServerInfo, tmp_path: Path) -> None:
+def test_two_writers_on_s3_lose_no_commit(s3_server: S3ServerInfo, tmp_path: Path) -> None:
     """Two processes commit to one table on S3 at once (delta-rs: conditional PUT of each commit)."""
-    bucket = _bucket(s3, "concurrent-writers")
+    bucket = _bucket(s3_server, "concurrent-writers")
     root = f"s3://{bucket}/tables"
-    options = delta_rs_options(TableStorage(root, s3.endpoint))
+    options = delta_rs_options(TableStorage(root, s3_server.endpoint))
     assert options["aws_conditional_put"] == "etag"
     commits = 8
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -159,6 +151,7 @@ _NO_JARS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.integration  # the CLI and its Spark in a process
 def test_missing_jars_are_named_not_a_java_stack_trace(tmp_path: Path) -> None:
     """A session without the fetched jars (SWEEPER_JARS_DIR points at nothing): engine delta-spark,
     then a table root on S3, each refused with exit 2 and a message naming the jar to fetch."""

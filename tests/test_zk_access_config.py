@@ -59,7 +59,7 @@ def test_cluster_example_is_a_secured_configuration(monkeypatch: pytest.MonkeyPa
 
 
 def test_kazoo_is_given_tls_sasl_digest_and_a_private_default_acl(tmp_path: Path) -> None:
-    from tests.tls_certs import make_mutual_tls
+    from tests.support.tls_certs import make_mutual_tls
 
     pki = make_mutual_tls(tmp_path / "pki")
     (tmp_path / "pw").write_text("s3cret\n")

@@ -13,7 +13,7 @@ from sweeper.system_topic import Secret
 from sweeper.zk import client as zkutil
 from sweeper.zk.errors import ZooKeeperPermissionError, ZooKeeperSecurityError, ZooKeeperUnavailableError
 from sweeper.zk.wire import WireReader
-from tests.secure_zk import SecureZk, sasl
+from tests.support.secure_zk import SecureZk, sasl
 
 STRICT = [sasl("bookie", Permissions.ALL), sasl("sweeper", Permissions.READ)]
 

@@ -8,6 +8,7 @@ from harness.zkserver import free_port_block, running_server, start_zookeeper, s
 from sweeper.zk import client as zkutil
 
 
+@pytest.mark.integration  # starts ZooKeeper itself
 def test_restart_keeps_data_and_stop_frees_the_port(tmp_path: Path) -> None:
     info = start_zookeeper(tmp_path)
     assert running_server(tmp_path) == info

@@ -1,6 +1,9 @@
 """The sandbox stays faithful: what `harness.sandbox` writes is compared with what a real Pulsar broker wrote
 on the testbed (znode paths, ledger custom metadata per component, cursor property names, offload
 object names, object user metadata, offload driver metadata). A drift fails here, not in production.
+
+What the broker wrote is read as the workload left it (the session's `as_built`, before any sweep or consumer
+changes it) where a later test changes it: the ledgers' metadata and the delayed subscription's bucket snapshots.
 """
 
 from __future__ import annotations
@@ -16,12 +19,12 @@ from kazoo.client import KazooClient
 from harness.sandbox.model import SandboxSpec, Status, build_cluster, encode_name
 from harness.sandbox.seed import cluster_znodes, managed_ledger_info_bytes, offload_object_metadata
 from harness.testbed.orphans import COMPACT_LEAK, ml_path
-from harness.testbed.workload import DELAYED, DELAYED_SUBSCRIPTION, ODD_NAME, OFFLOADED, SHADOW
+from harness.testbed.workload import ODD_NAME, OFFLOADED, SHADOW
 from harness.testbed.world import World, s3_client_for, zk_for
 from sweeper.codecs import pulsar as codec
-from sweeper.codecs.bookkeeper import decode_ledger_metadata
+from tests.support.real_pulsar import AsBuilt
 
-pytestmark = [pytest.mark.real_pulsar, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.real_pulsar, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 OFFLOAD_KEY = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}-ledger-\d+(-index)?$")
 BUCKET_PROPERTY = re.compile(r"^#pulsar\.internal\.delayed\.bucket_\d+_\d+$")
@@ -44,21 +47,9 @@ def _kind(custom: dict[str, bytes]) -> str:
     return f"{component}/cursor" if "pulsar/cursor" in custom else component
 
 
-def _real_ledgers(zk: KazooClient) -> dict[int, dict[str, bytes]]:
-    out: dict[int, dict[str, bytes]] = {}
-    for top in zk.get_children("/ledgers"):
-        if not (len(top) == 2 and top.isdigit()):
-            continue
-        for middle in zk.get_children(f"/ledgers/{top}"):
-            for leaf in zk.get_children(f"/ledgers/{top}/{middle}"):
-                data, _ = zk.get(f"/ledgers/{top}/{middle}/{leaf}")
-                out[int(top + middle + leaf[1:])] = decode_ledger_metadata(data).custom_metadata
-    return out
-
-
-def test_custom_metadata_keys_per_component(zk: KazooClient, sandbox: Any) -> None:
+def test_custom_metadata_keys_per_component(as_built: AsBuilt, sandbox: Any) -> None:
     real: dict[str, set[frozenset[str]]] = {}
-    for custom in _real_ledgers(zk).values():
+    for custom in as_built.ledgers.values():
         real.setdefault(_kind(custom), set()).add(frozenset(custom))
     assert {"managed-ledger", "managed-ledger/cursor", "schema", "compacted-ledger",
             "delayed-index-bucket"} <= set(real), sorted(real)
@@ -72,7 +63,8 @@ def test_custom_metadata_keys_per_component(zk: KazooClient, sandbox: Any) -> No
         assert modeled[kind].most_common(1)[0][0] == keys, kind
 
 
-def test_custom_metadata_values_name_the_owner_as_the_broker_does(zk: KazooClient, sandbox: Any) -> None:
+def test_custom_metadata_values_name_the_owner_as_the_broker_does(zk: KazooClient, as_built: AsBuilt,
+                                                                  sandbox: Any) -> None:
     """managed-ledger: the znode path below /managed-ledgers; cursor: the cursor's znode name (encoded);
     schema: the path below /schemas; compacted and bucket ledgers: the full persistent:// topic name."""
     def check(custom: dict[str, bytes], exists: Any) -> None:
@@ -91,7 +83,7 @@ def test_custom_metadata_values_name_the_owner_as_the_broker_does(zk: KazooClien
             assert BUCKET_PROPERTY.match(text["pulsar/delayedIndexBucketKey"]), text
 
     # Real: only ledgers whose owner the broker still has (the induced orphans name gone owners).
-    for custom in _real_ledgers(zk).values():
+    for custom in as_built.ledgers.values():
         if _kind(custom) in ("managed-ledger/cursor",) and not zk.exists(
                 f"/managed-ledgers/{custom['pulsar/managed-ledger'].decode()}/{custom['pulsar/cursor'].decode()}"):
             continue  # a cursor ledger left behind (an induced orphan)
@@ -118,11 +110,11 @@ def test_znode_names_are_url_encoded_like_the_broker(zk: KazooClient) -> None:
     assert zk.exists(f"{real}/{encode_name('s:1 %')}")
 
 
-def test_cursor_property_names(zk: KazooClient, sandbox: Any) -> None:
+def test_cursor_property_names(zk: KazooClient, as_built: AsBuilt, sandbox: Any) -> None:
     compaction = codec.decode_managed_cursor_info(zk.get(f"{ml_path(COMPACT_LEAK)}/__compaction")[0])
     real_long = {p.name for p in compaction.properties}
     assert real_long == {"CompactedTopicLedger"}
-    delayed = codec.decode_managed_cursor_info(zk.get(f"{ml_path(DELAYED)}/{DELAYED_SUBSCRIPTION}")[0])
+    delayed = codec.decode_managed_cursor_info(as_built.delayed_cursor)
     real_string = {p.name for p in delayed.cursorProperties}
     assert real_string and all(BUCKET_PROPERTY.match(name) for name in real_string), real_string
     modeled_long = {name for ml in sandbox.managed_ledgers for c in ml.cursors for name in c.long_properties}

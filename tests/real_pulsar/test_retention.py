@@ -36,8 +36,8 @@ topics in owned bundles), then `sweeper retention --execute`'s repair:
   unsubscribing it is the broker's way to drop its store): here the operator protects it
   ([retention] protected_subscriptions = "txn-*"), which is that rule's end-to-end check.
 
-Cost: the set-up and its ~72 s of waiting (after test_sweep: see below), one snapshot, the step and
-the repair.
+Cost: the set-up and its ~72 s of waiting (after the orphan sweep's plan: see `repaired`), one snapshot, the step
+and the repair.
 """
 
 from __future__ import annotations
@@ -63,9 +63,9 @@ from sweeper.pipeline import retention_stage
 from sweeper.retention_repair import DELETED, NOT_NEEDED, SKIPPED_ACTIVE, TRIMMED, run_repair
 from sweeper.snapshot import run_snapshot
 from sweeper.tables import open_table_store
-from tests.real_pulsar.conftest import COST, GRACE_S
+from tests.support.real_pulsar import COST, GRACE_S, AsBuilt, Reconciled
 
-pytestmark = [pytest.mark.real_pulsar, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.real_pulsar, pytest.mark.slow, pytest.mark.timeout(900)]
 
 EXPIRING, SUBS = f"{TENANT}/retention-expiring", f"{TENANT}/retention-subs"
 EXPIRED, WOKEN = topic("expired", EXPIRING), topic("woken", EXPIRING)
@@ -157,9 +157,11 @@ def _prepare(admin: Admin, client: pulsar.Client, world: World) -> tuple[dict[st
 
 
 # Not run in the testbed's background thread: its topics' first schema registrations make Pulsar 4.0.8 leak
-# schema ledgers (real orphans the world's manifest does not know), so this module runs after test_sweep.
+# schema ledgers (real orphans the world's manifest does not know). `reconciled`, the orphan sweep's plan, is
+# therefore taken before they exist, and `as_built` before these topics change the broker's metadata.
 @pytest.fixture(scope="module")
-def repaired(testbed_world: World, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Repaired]:
+def repaired(testbed_world: World, reconciled: Reconciled, as_built: AsBuilt, spark: SparkSession,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Repaired]:
     started = time.monotonic()
     world = testbed_world
     admin = admin_for(world.info)

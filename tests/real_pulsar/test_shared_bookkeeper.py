@@ -4,8 +4,9 @@ The peer is a real broker with its own metadata in a chroot of the same ZooKeepe
 shares a BookKeeper (`initialize-cluster-metadata --existing-bk-metadata-service-uri`). Nothing in the
 testbed cluster's metadata refers to its ledgers, so a sweeper that read only its own cluster would delete them:
 the control run (BookKeeper declared dedicated) shows it would, and the runs that follow the rules show they
-do not. These tests run after the orphan sweep and the retention tests (conftest orders them last), since
-the peer's ledgers would be orphans to those tests' dedicated-BookKeeper configuration.
+do not. The peer comes up after the orphan sweep (its fixture requests the session's `swept`): the peer's
+ledgers would be orphans to that sweep's dedicated-BookKeeper configuration, and the peer's own sweep, which drains
+the deletion topic and deletes, would take the orphans that sweep must delete itself.
 """
 
 from __future__ import annotations
@@ -32,10 +33,9 @@ from sweeper.delete.stage import run_delete
 from sweeper.pipeline import delete_stage, emit_stage, reconcile_stage
 from sweeper.snapshot import run_snapshot
 from sweeper.tables import TableStore, open_table_store
-from tests.real_pulsar.conftest import COST, GRACE_S
-from tests.real_pulsar.test_sweep import sweeper_config
+from tests.support.real_pulsar import COST, GRACE_S, Swept, sweeper_config
 
-pytestmark = [pytest.mark.real_pulsar, pytest.mark.timeout(1200)]
+pytestmark = [pytest.mark.real_pulsar, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 PEER_TOPIC = "persistent://public/default/written-by-the-peer"
 
@@ -59,7 +59,7 @@ def _peer_references(peer: PeerInfo) -> dict[int, str]:
 
 
 @pytest.fixture(scope="module")
-def peer(testbed_world: World) -> Iterator[Peer]:
+def peer(testbed_world: World, swept: Swept) -> Iterator[Peer]:
     started = time.monotonic()
     info = peer_up(testbed_world.info)
     COST["peer_up_s"] = time.monotonic() - started

@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pulsar
 import pytest
@@ -38,79 +35,14 @@ from harness.testbed.world import (
     s3_client_for,
     zk_for,
 )
-from sweeper import config as config_mod
-from sweeper.config import SweeperConfig
 from sweeper.pipeline import delete_stage, emit_stage, reconcile_stage
 from sweeper.snapshot import run_snapshot
-from sweeper.tables import TableStore, open_table_store
-from tests.real_pulsar.conftest import COST, GRACE_S
+from sweeper.tables import open_table_store
+from tests.support.real_pulsar import COST, Reconciled, Swept, sweeper_config
 
-# The first test also pays for the testbed (start, workload, orphans, grace) and the snapshot.
-pytestmark = [pytest.mark.real_pulsar, pytest.mark.timeout(1800)]
-
-
-def sweeper_config(info: TestbedInfo, tables: Path, **sections: dict[str, Any]) -> SweeperConfig:
-    return config_mod.load(info.sweeper_config).replace(
-        tables={"root": str(tables), "engine": "delta-rs"},
-        safety={"min_age_hours": GRACE_S / 3600, "force_min_age": True, "max_orphan_fraction": 1.0},
-        delete={"deletes_per_second": 1000.0, "op_timeout_s": 10.0},
-        **sections)
-
-
-MAX_PULSAR_LEAKS = 3
-
-
-@dataclass
-class Reconciled:
-    world: World
-    cfg: SweeperConfig
-    store: TableStore
-    run_id: str
-    rows: list[dict[str, Any]]
-    referenced_before: dict[int, str]
-    bk_before: set[int]
-
-    def pulsar_leaks(self) -> set[int]:
-        """Ledgers Pulsar itself left behind during the workload, by the broker's own view (not the sweeper's):
-        in BookKeeper, referenced by no topic stats-internal shows (system topics included), and not induced
-        by the world. Pulsar 4.0.8 makes them now and then, e.g. a ledger created for a topic just before
-        its broker is killed, never added to the topic's list. Real orphans, so the sweep must find them."""
-        return self.bk_before - set(self.referenced_before) - set(self.world.manifest.orphan_ledgers())
-
-    def expected_ledgers(self) -> set[int]:
-        leaks = self.pulsar_leaks()
-        # A few at most: more would mean the broker's view and the manifest disagree for another reason.
-        assert len(leaks) <= MAX_PULSAR_LEAKS, {r["ledger_id"]: (r["reason"], r["managed_ledger"])
-                                               for r in self.rows if r["ledger_id"] in leaks}
-        return set(self.world.manifest.orphan_ledgers()) | leaks
-
-    def candidates(self, object_type: str) -> dict[Any, str]:
-        key = "ledger_id" if object_type == "ledger" else "s3_key"
-        return {r[key]: r["reason"] for r in self.rows
-                if r["status"] == "candidate" and r["object_type"] == object_type}
-
-
-@pytest.fixture(scope="module")
-def reconciled(testbed_world: World, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Reconciled:
-    info = testbed_world.info
-    cfg = sweeper_config(info, tmp_path_factory.mktemp("tables"))
-    store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
-    bk = bookkeeper_ledgers(info)  # first: a ledger the broker creates after this is in neither view
-    zk = zk_for(info)
-    try:
-        referenced = broker_references(admin_for(info), zk)
-        # A ledger the broker deleted in between (an old compacted or cursor ledger) is in neither either.
-        bk = {ledger for ledger in bk if zk.exists(ledger_znode(ledger))}
-    finally:
-        zk.stop()
-    started = time.monotonic()
-    snap = run_snapshot(spark, cfg, store)
-    COST["snapshot_s"] = time.monotonic() - started
-    started = time.monotonic()
-    reconcile_stage(spark, cfg, store, snap.run_id)
-    COST["reconcile_s"] = time.monotonic() - started
-    rows = [r.asDict() for r in store.read("orphans").where(f"run_id = '{snap.run_id}'").collect()]
-    return Reconciled(testbed_world, cfg, store, snap.run_id, rows, referenced, bk)
+# The first test also pays for the testbed (start, workload, orphans, grace) and the snapshot (the session's
+# `reconciled` and `swept` fixtures, tests/real_pulsar/conftest.py).
+pytestmark = [pytest.mark.real_pulsar, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 def test_candidates_are_exactly_the_induced_orphans(reconciled: Reconciled) -> None:
@@ -146,33 +78,6 @@ def test_current_compacted_ledgers_are_never_candidates(reconciled: Reconciled) 
     rows = {r["ledger_id"]: r for r in reconciled.rows if r["object_type"] == "ledger"}
     wrong = {name: rows[ledger] for name, ledger in current.items() if ledger in reconciled.candidates("ledger")}
     assert not wrong
-
-
-@dataclass
-class Swept:
-    reconciled: Reconciled
-    deleted: set[int]
-    results: list[Any] = field(default_factory=list)
-
-
-@pytest.fixture(scope="module")
-def swept(reconciled: Reconciled, spark: SparkSession) -> Swept:
-    """Emit the plan to the real broker's partitioned __ledger_deletion topic, then drain it and delete."""
-    cfg, store, run_id = reconciled.cfg, reconciled.store, reconciled.run_id
-    started = time.monotonic()
-    emitted = emit_stage(spark, cfg, store, run_id)
-    COST["emit_s"] = time.monotonic() - started
-    offloaded = {key.rsplit("-ledger-", 1)[1].removesuffix("-index") for key in reconciled.candidates("offload_object")}
-    # One record per ledger, one per offloaded ledger (its data and index objects together).
-    assert emitted.counts.get("published", 0) == len(reconciled.candidates("ledger")) + len(offloaded), emitted.counts
-    admin = admin_for(reconciled.world.info)
-    assert admin.partitions(cfg.system_topic.topic) == cfg.system_topic.partitions
-    started = time.monotonic()
-    result = delete_stage(spark, cfg, store, f"topic-{datetime.now(UTC):%Y%m%dT%H%M%SZ}", execute=True,
-                          from_topic=True)
-    COST["delete_s"] = time.monotonic() - started
-    deleted = {r.ledger_id for r in result.results if r.outcome == "deleted" and r.ledger_type == "LEDGER"}
-    return Swept(reconciled, deleted, list(result.results))
 
 
 def test_sweep_deletes_exactly_the_orphans(swept: Swept) -> None:
@@ -339,6 +244,8 @@ class Churn:
 
 
 def test_delayed_messages_are_delivered(swept: Swept) -> None:
+    # Its consumer makes the broker deliver the bucket snapshots and delete them: `swept` requests `as_built`,
+    # so what test_fidelity.py compares was read before.
     world = swept.reconciled.world
     client = client_for(world.info)
     consumer = client.subscribe(DELAYED, DELAYED_SUBSCRIPTION, consumer_type=pulsar.ConsumerType.Shared)

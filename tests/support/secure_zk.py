@@ -15,7 +15,7 @@ from kazoo.security import ACL, Id, Permissions
 from harness.zkserver import ServerSecurity, ZooKeeperServerInfo, start_zookeeper, stop_zookeeper
 from sweeper.system_topic import Secret
 from sweeper.zk.security import ZkSecurity
-from tests.tls_certs import MutualTls, make_mutual_tls
+from tests.support.tls_certs import MutualTls, make_mutual_tls
 
 # Test-only credentials of a throwaway server.
 USERS = {"bookie": "bookie-secret", "sweeper": "sweeper-secret", "stranger": "stranger-secret"}
