@@ -10,6 +10,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from sweeper.metastore.urls import (
+    ZOOKEEPER,
+    StoreUrl,
+    StoreUrlError,
+    parse_bookkeeper_service_uri,
+    parse_pulsar_store_url,
+)
+
 
 class ConfigError(ValueError):
     pass
@@ -44,6 +52,9 @@ class BookKeeperConfig(ZooKeeperAccessConfig):
     zookeeper: str = "127.0.0.1:2181"  # may carry a chroot: host:port/chroot
     ledgers_root: str = "/ledgers"
     session_timeout_s: float = 15.0
+    # bookkeeper.conf's metadataServiceUri, copied as is: zk+hierarchical://zk1:2181;zk2:2181/ledgers or
+    # metadata-store:oxia://host:6648/namespace. Set, it stands for `zookeeper` and `ledgers_root`.
+    metadata_service_uri: str = ""
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,10 @@ class PulsarMetadataConfig(ZooKeeperAccessConfig):
     # and objects of any other cluster sharing the bucket are never candidates. Required with offload.
     cluster_name: str = ""
     configuration_store: str = ""  # connect string of the configuration store; empty: the metadata store
+    # broker.conf's metadataStoreUrl / configurationMetadataStoreUrl, copied as is: zk:zk1:2181/chroot or
+    # oxia://host:6648/namespace. Set, they stand for `zookeeper` / `configuration_store`.
+    metadata_store_url: str = ""
+    configuration_metadata_store_url: str = ""
     policies_root: str = "/admin/policies"  # namespace policies in the configuration store
     brokers_path: str = "/loadbalance/brokers"  # where live brokers register (ephemeral znodes)
 
@@ -115,6 +130,9 @@ class SafetyConfig:
     peer_metadata: tuple[str, ...] = ()
     max_clock_skew_seconds: float = 300.0  # this host's clock against ZooKeeper's, checked at snapshot and delete
     clock_probe_path: str = "/ledger-sweeper/clock"  # an ephemeral znode is created here to read ZooKeeper's clock
+    # A PIP-454 migration flag in its own target store saying PREPARATION or COPYING may be the copy the migration
+    # made of it: true confirms that the source's flag says COMPLETED (sweeper.metastore.migration).
+    acknowledge_migration_completed: bool = False
 
 
 @dataclass(frozen=True)
@@ -236,6 +254,27 @@ class SweeperConfig:
     def pulsar_zookeeper(self) -> str:
         return self.pulsar.zookeeper or self.bookkeeper.zookeeper
 
+    def bookkeeper_store(self) -> StoreUrl:
+        """Where BookKeeper's ledger metadata is: a ZooKeeper (with chroot) or an Oxia namespace."""
+        if self.bookkeeper.metadata_service_uri:
+            return parse_bookkeeper_service_uri(self.bookkeeper.metadata_service_uri)
+        return StoreUrl(ZOOKEEPER, self.bookkeeper.zookeeper, ledgers_root=self.bookkeeper.ledgers_root)
+
+    def pulsar_store(self) -> StoreUrl:
+        """Where Pulsar's metadata is; unset, the same store as BookKeeper's (a broker that does not separate
+        them keeps BookKeeper's metadata in its own store)."""
+        if self.pulsar.metadata_store_url:
+            return parse_pulsar_store_url(self.pulsar.metadata_store_url)
+        if self.pulsar.zookeeper:
+            return StoreUrl(ZOOKEEPER, self.pulsar.zookeeper)
+        bookkeeper = self.bookkeeper_store()
+        return StoreUrl(bookkeeper.kind, bookkeeper.hosts, bookkeeper.namespace)
+
+    def configuration_store_url(self) -> StoreUrl | None:
+        if self.pulsar.configuration_metadata_store_url:
+            return parse_pulsar_store_url(self.pulsar.configuration_metadata_store_url)
+        return StoreUrl(ZOOKEEPER, self.pulsar.configuration_store) if self.pulsar.configuration_store else None
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -291,9 +330,47 @@ def from_dict(data: dict[str, Any]) -> SweeperConfig:
                 raise ConfigError(f"unknown option [{name}] {key}; known: {', '.join(sorted(field_types))}")
             kwargs[key] = _coerce(name, key, value, field_types[key])
         sections[name] = cls(**kwargs)
-    config = SweeperConfig(**sections)
+    config = resolve_store_urls(SweeperConfig(**sections))
     validate(config)
     return config
+
+
+_DEFAULT_ZOOKEEPER = BookKeeperConfig.zookeeper
+
+
+def resolve_store_urls(config: SweeperConfig) -> SweeperConfig:
+    """Pulsar's and BookKeeper's own address spellings, turned into the options the stages read: a ZooKeeper URL
+    fills `zookeeper` (and the ledgers root), an Oxia one empties it, so nothing reaches a ZooKeeper by default.
+
+    An address given both ways must agree; a config that says two different things is refused, not guessed.
+    """
+    bookkeeper, pulsar = config.bookkeeper, config.pulsar
+    try:
+        if bookkeeper.metadata_service_uri:
+            url = parse_bookkeeper_service_uri(bookkeeper.metadata_service_uri)
+            hosts = "" if url.is_oxia else url.hosts
+            if bookkeeper.zookeeper not in ("", _DEFAULT_ZOOKEEPER, hosts):
+                raise ConfigError("[bookkeeper] metadata_service_uri and zookeeper name different stores: keep one")
+            if bookkeeper.ledgers_root not in (BookKeeperConfig.ledgers_root, url.ledgers_root):
+                raise ConfigError(f"[bookkeeper] ledgers_root {bookkeeper.ledgers_root} disagrees with "
+                                  f"metadata_service_uri, whose ledgers root is {url.ledgers_root}: keep one")
+            bookkeeper = dataclasses.replace(bookkeeper, zookeeper=hosts, ledgers_root=url.ledgers_root)
+        if pulsar.metadata_store_url:
+            url = parse_pulsar_store_url(pulsar.metadata_store_url)
+            hosts = "" if url.is_oxia else url.hosts
+            if pulsar.zookeeper not in ("", hosts):
+                raise ConfigError("[pulsar] metadata_store_url and zookeeper name different stores: keep one")
+            pulsar = dataclasses.replace(pulsar, zookeeper=hosts)
+        if pulsar.configuration_metadata_store_url:
+            url = parse_pulsar_store_url(pulsar.configuration_metadata_store_url)
+            hosts = "" if url.is_oxia else url.hosts
+            if pulsar.configuration_store not in ("", hosts):
+                raise ConfigError("[pulsar] configuration_metadata_store_url and configuration_store name different "
+                                  "stores: keep one")
+            pulsar = dataclasses.replace(pulsar, configuration_store=hosts)
+    except StoreUrlError as exc:
+        raise ConfigError(str(exc)) from None
+    return dataclasses.replace(config, bookkeeper=bookkeeper, pulsar=pulsar)
 
 
 SASL_MECHANISMS = ("", "DIGEST-MD5", "GSSAPI")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sweeper.config import SweeperConfig, SystemTopicConfig
+from sweeper.metastore.urls import StoreUrl, parse_pulsar_store_url
 from sweeper.offload import S3Target, s3_client
 from sweeper.system_topic import AdminClient, BrokerSettings, open_client
 from sweeper.zk import client as zkutil
@@ -24,6 +25,7 @@ from sweeper.zk.security import ZkSecurity, bookkeeper_security, pulsar_security
 if TYPE_CHECKING:
     from kazoo.client import KazooClient
 
+    from sweeper.metastore.oxia import OxiaReader, OxiaStore
     from sweeper.ratelimit import TokenBucket
     from sweeper.zk.wire import WireReader
 
@@ -47,9 +49,9 @@ class ZooKeeperEndpoint:
         finally:
             zkutil.close(client)
 
-    def elsewhere(self, hosts: str) -> ZooKeeperEndpoint:
-        """Another ensemble reached with the same settings (a peer cluster's store, with [pulsar]'s access)."""
-        return ZooKeeperEndpoint(hosts, self.timeout_s, self.security)
+    def elsewhere(self, hosts: str) -> MetadataEndpoint:
+        """Another store reached with the same settings (a peer cluster's store, with [pulsar]'s access)."""
+        return endpoint_of(parse_pulsar_store_url(hosts), self.timeout_s, self.security)
 
     def wire_reader(self, multi_read: int = 1, limiter: TokenBucket | None = None) -> WireReader:
         """The bulk reader (pipelined, multiRead where the server has it) on a session of its own."""
@@ -60,13 +62,60 @@ class ZooKeeperEndpoint:
 
 
 @dataclass(frozen=True)
+class OxiaEndpoint:
+    """One Oxia namespace (issue 24): the same three ways in as a ZooKeeper ensemble, so a stage never asks which
+    store it reads. Oxia has no TLS/SASL settings here: the PyPI client speaks plaintext gRPC."""
+
+    address: str  # host:port
+    namespace: str
+    timeout_s: float
+    security: None = None  # no ZooKeeper ACL identity: the delete's ACL check does not apply
+
+    @property
+    def hosts(self) -> str:
+        return f"oxia://{self.address}/{self.namespace}"
+
+    def connect(self) -> OxiaStore:
+        from sweeper.metastore.oxia import OxiaStore
+
+        return OxiaStore(self.address, self.namespace, self.timeout_s)
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[OxiaStore]:
+        client = self.connect()
+        try:
+            yield client
+        finally:
+            client.close()
+
+    def elsewhere(self, hosts: str) -> MetadataEndpoint:
+        return endpoint_of(parse_pulsar_store_url(hosts), self.timeout_s, None)
+
+    def wire_reader(self, multi_read: int = 1, limiter: TokenBucket | None = None) -> OxiaReader:
+        """The bulk reader: a directory's children with their values in one range scan."""
+        from sweeper.metastore.oxia import OxiaReader
+
+        return OxiaReader(self.connect())
+
+
+MetadataEndpoint = ZooKeeperEndpoint | OxiaEndpoint
+
+
+def endpoint_of(url: StoreUrl, timeout_s: float, security: ZkSecurity | None) -> MetadataEndpoint:
+    """The endpoint an address names; ZooKeeper's carries `security` (TLS/SASL/digest), Oxia's none."""
+    if url.is_oxia:
+        return OxiaEndpoint(url.hosts, url.namespace, timeout_s)
+    return ZooKeeperEndpoint(url.hosts, timeout_s, security)
+
+
+@dataclass(frozen=True)
 class Connections:
     """Every store of one cluster, as the config names them."""
 
-    bookkeeper: ZooKeeperEndpoint
-    pulsar: ZooKeeperEndpoint
-    configuration_store: ZooKeeperEndpoint | None  # None: policies live in `pulsar`'s ensemble
-    peers: tuple[ZooKeeperEndpoint, ...]  # [safety] peer_metadata, reached with [pulsar]'s access settings
+    bookkeeper: MetadataEndpoint
+    pulsar: MetadataEndpoint
+    configuration_store: MetadataEndpoint | None  # None: policies live in `pulsar`'s store
+    peers: tuple[MetadataEndpoint, ...]  # [safety] peer_metadata, reached with [pulsar]'s access settings
     brokers_path: str  # where this cluster's brokers register (liveness, and the hosts a redirect may reach)
     s3_endpoint_override: str
     system_topic: SystemTopicConfig
@@ -77,19 +126,20 @@ class Connections:
         # The configuration store and the peers are Pulsar stores: [pulsar]'s access options (or
         # [bookkeeper]'s, which pulsar_security falls back to) reach them.
         access = pulsar_security(config)
-        store = config.pulsar.configuration_store
+        store = config.configuration_store_url()
         return cls(
-            bookkeeper=ZooKeeperEndpoint(config.bookkeeper.zookeeper, timeout, bookkeeper_security(config)),
-            pulsar=ZooKeeperEndpoint(config.pulsar_zookeeper, timeout, access),
-            configuration_store=ZooKeeperEndpoint(store, timeout, access) if store else None,
-            peers=tuple(ZooKeeperEndpoint(peer, timeout, access) for peer in config.safety.peer_metadata),
+            bookkeeper=endpoint_of(config.bookkeeper_store(), timeout, bookkeeper_security(config)),
+            pulsar=endpoint_of(config.pulsar_store(), timeout, access),
+            configuration_store=endpoint_of(store, timeout, access) if store is not None else None,
+            peers=tuple(endpoint_of(parse_pulsar_store_url(peer), timeout, access)
+                        for peer in config.safety.peer_metadata),
             brokers_path=config.pulsar.brokers_path,
             s3_endpoint_override=config.offload.endpoint_override,
             system_topic=config.system_topic,
         )
 
     @property
-    def policies(self) -> ZooKeeperEndpoint:
+    def policies(self) -> MetadataEndpoint:
         """Where namespace policies live: the configuration store when there is one."""
         return self.configuration_store or self.pulsar
 

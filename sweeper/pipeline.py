@@ -24,6 +24,7 @@ from sweeper.delete.stage import DeleteRefused, DeleteRunResult, run_delete
 from sweeper.emit import EmitFailed, EmitRefused, EmitResult, run_emit
 from sweeper.errors import Refused
 from sweeper.gates import GateFailed, run_gates
+from sweeper.metastore.migration import MigrationRefused
 from sweeper.metrics import MetricsError, publish, render
 from sweeper.reconcile import ReconcileRefused, ReconcileResult, SafetySettings, run_reconcile
 from sweeper.retention_debt import RetentionDebtRefused, RetentionDebtResult, RetentionSettings, run_retention_debt
@@ -190,7 +191,8 @@ def delete_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, 
                        runs.PARTIAL if is_partial(result) else runs.SUCCEEDED, json.dumps({"guards": result.guards}))
 
     # An interrupted delete is recorded by its next attempt, from the journal, with what it did (issue 22).
-    return _stage(store, config, run_id, "delete", body, ending, (DeleteRefused, RunLockHeld, SystemTopicError),
+    return _stage(store, config, run_id, "delete", body, ending,
+                  (DeleteRefused, RunLockHeld, SystemTopicError, MigrationRefused),
                   record_interrupt=False)
 
 

@@ -35,9 +35,11 @@ from sweeper.config import (
     SweeperConfig,
     SystemTopicConfig,
 )
-from sweeper.connections import Connections, ZooKeeperEndpoint
+from sweeper.connections import Connections, MetadataEndpoint
 from sweeper.errors import Refused, RunIdTaken
 from sweeper.liveness import ClockReading, clock_problem, live_brokers, probe_clock
+from sweeper.metastore.migration import MigrationRefused, check_migration
+from sweeper.metastore.urls import StoreUrl
 from sweeper.offload import S3Target, list_offload_objects, listing_units, s3_client
 from sweeper.ratelimit import TokenBucket
 from sweeper.references import PEER_NAMESPACE, PEER_READ, PEER_UNREAD, peer_rows
@@ -87,11 +89,13 @@ class SnapshotSettings:
     spark: SparkConfig
     connections: Connections
     config_hash: str
+    pulsar_store: StoreUrl
 
     @classmethod
     def from_config(cls, config: SweeperConfig) -> SnapshotSettings:
         return cls(config.bookkeeper, config.pulsar, config.scan, config.offload, config.safety, config.retention,
-                   config.system_topic, config.spark, Connections.from_config(config), config.hash())
+                   config.system_topic, config.spark, Connections.from_config(config), config.hash(),
+                   config.pulsar_store())
 
     def hash(self) -> str:
         """The whole config's hash, which `runs` records."""
@@ -102,9 +106,9 @@ class SnapshotSettings:
 class ScanTarget:
     """What a scan task needs, small and picklable."""
 
-    bookkeeper: ZooKeeperEndpoint
+    bookkeeper: MetadataEndpoint
     ledgers_root: str
-    pulsar: ZooKeeperEndpoint  # a peer's scan replaces it with the peer's store
+    pulsar: MetadataEndpoint  # a peer's scan replaces it with the peer's store
     ml_root: str
     schemas_root: str
     window: int
@@ -147,7 +151,7 @@ class ScanReader:
     a snapshot missing what it may not read would look like orphans.
     """
 
-    def __init__(self, endpoint: ZooKeeperEndpoint, multi_read: int, limiter: TokenBucket | None = None) -> None:
+    def __init__(self, endpoint: MetadataEndpoint, multi_read: int, limiter: TokenBucket | None = None) -> None:
         self.reader = endpoint.wire_reader(multi_read, limiter)
         self.reads = 0
 
@@ -174,11 +178,11 @@ def _scan_partition(target: ScanTarget, batches: Iterator[pa.RecordBatch]) -> It
         batch.column("kind").to_pylist(), batch.column("payload").to_pylist(), strict=True)]
     if not tasks:
         return
-    readers: dict[ZooKeeperEndpoint, ScanReader] = {}
+    readers: dict[MetadataEndpoint, ScanReader] = {}
     # One budget for the task, whichever ensemble its reads go to.
     limiter = TokenBucket(target.reads_per_task) if target.reads_per_task > 0 else None
 
-    def client(endpoint: ZooKeeperEndpoint) -> zkutil.ZnodeReader:
+    def client(endpoint: MetadataEndpoint) -> zkutil.ZnodeReader:
         if endpoint not in readers:
             readers[endpoint] = ScanReader(endpoint, target.multi_read, limiter)
         return readers[endpoint]
@@ -302,6 +306,10 @@ class SnapshotPlan:
 
 def plan_tasks(settings: SnapshotSettings) -> SnapshotPlan:
     connections = settings.connections
+    # A store PIP-454 migrated away from is a stale copy: refused before anything is read (issue 24).
+    with connections.pulsar.session() as pulsar_client:
+        check_migration(pulsar_client, settings.pulsar_store, deleting=False,
+                        acknowledged_completed=settings.safety.acknowledge_migration_completed)
     bk_client = connections.bookkeeper.connect()
     try:
         root = settings.bookkeeper.ledgers_root
@@ -342,7 +350,7 @@ def _pulsar_tasks(plan: pulsar_scan.PulsarScanPlan, chunk: int) -> list[tuple[st
             + [(TASK_SCHEMA, _shard_payload(*s)) for s in pulsar_scan.shards(plan.schema_namespaces, chunk)])
 
 
-def plan_peer(settings: SnapshotSettings, peer: ZooKeeperEndpoint) -> PeerPlan:
+def plan_peer(settings: SnapshotSettings, peer: MetadataEndpoint) -> PeerPlan:
     """A peer's scan, planned like ours (same roots, [pulsar]'s TLS/SASL settings), or why it cannot be trusted.
 
     A peer store without a live broker may be a stale copy (a cluster moved elsewhere, a backup): its
@@ -604,6 +612,9 @@ def run(spark: SparkSession, store: TableStore, run_id: str, settings: SnapshotS
     t0 = time.monotonic()
     try:
         plan = plan_tasks(settings)
+    except MigrationRefused as exc:
+        runs.record(store, run_id, "snapshot", runs.REFUSED, started, {}, settings, str(exc))
+        raise
     except Exception as exc:
         runs.record(store, run_id, "snapshot", runs.FAILED, started, {}, settings, exc)
         raise

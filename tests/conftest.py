@@ -38,7 +38,7 @@ _chroots = itertools.count(1)
 # test. The last three are module-local fixtures: the sandbox's Pulsar endpoint (test_pulsar_endpoint*.py,
 # test_pulsar_security.py), a Spark standalone cluster (test_cluster.py), an HTTP sink (test_metrics.py).
 SERVER_FIXTURES = frozenset({"zk_server", "secure_zk", "spark", "s3_server", "broker", "testbed_world",
-                             "endpoint", "spark_cluster", "pushgateway"})
+                             "endpoint", "spark_cluster", "pushgateway", "oxia_server"})
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
@@ -154,6 +154,19 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3ServerInfo
 
 
 # ---- a secured ZooKeeper (TLS, SASL DIGEST-MD5, ACLs): one per session, chroots per test --------
+
+
+@pytest.fixture
+def oxia_server(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A fresh single-node Oxia store for one test (it starts in well under a second); `@pytest.mark.parametrize`
+    with `indirect=True` asks for N shards. Skips, naming what is missing, where there is no server binary."""
+    from harness.oxiaserver import missing_binary_reason, oxia_binary, start_oxia, stop_oxia
+
+    if oxia_binary() is None:
+        pytest.skip(missing_binary_reason())
+    info = start_oxia(tmp_path / "oxia", shards=getattr(request, "param", 1))
+    yield info
+    stop_oxia(info)
 
 
 @pytest.fixture(scope="session")

@@ -105,6 +105,14 @@ def test_orphan_reasons(facts: dict[str, object], expected: Reason) -> None:
         ({"component": "managed-ledger", "managed_ledger": "t/ns/persistent/bad%zz"}, Reason.OWNER_NAME_INVALID),
         ({"component": "compacted-ledger", "owner_topic": "not-a-topic"}, Reason.OWNER_NAME_INVALID),
         ({"component": "schema", "schema_id": "justone"}, Reason.OWNER_NAME_INVALID),
+        # Issue 24 (4): layouts newer than this version stay unknown. Pulsar 5.0's scalable topics name their
+        # segments' managed ledgers t/ns/segment/<topic>/<descriptor> (TopicName.getPersistenceNamingEncoding of
+        # a segment:// name), an owner root this version does not read; and a component it does not know.
+        ({"component": "managed-ledger", "managed_ledger": "t/ns/segment/orders/0000-7fff-1"},
+         Reason.OWNER_NAME_INVALID),
+        ({"component": "managed-ledger", "managed_ledger": "t/ns/segment/orders/0000-7fff-1", "owner_exists": True,
+          "namespace_known": True}, Reason.OWNER_NAME_INVALID),
+        ({"component": "scalable-topic-segment", "managed_ledger": ML}, Reason.UNKNOWN_COMPONENT),
     ],
 )
 def test_what_cannot_be_established_is_unknown_never_orphan(facts: dict[str, object], expected: Reason) -> None:

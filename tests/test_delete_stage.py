@@ -13,7 +13,7 @@ from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
 from harness.s3server import S3ServerInfo
-from harness.sandbox.model import OrphanKind, SandboxCluster, SandboxSpec, Status
+from harness.sandbox.model import SandboxSpec, Status
 from harness.zkserver import free_port, start_zookeeper, stop_zookeeper
 from sweeper.codecs import pulsar as codec
 from sweeper.delete.lock import DeleteRunLock, RunLockHeld
@@ -26,9 +26,7 @@ from sweeper.zk import client as zkutil
 from tests.support.broker import Broker
 from tests.support.config import ZkTarget
 from tests.support.s3_faults import KeyFault, S3FaultProxy
-from tests.support.seeded import LATER_MS, later, planned_delete
-
-DAY_MS = 86_400_000
+from tests.support.seeded import LATER_MS, later, orphans_past_grace, planned_delete
 
 
 def dump(zk: KazooClient, path: str = "/") -> dict[str, tuple[bytes, int]]:
@@ -45,21 +43,12 @@ def dump(zk: KazooClient, path: str = "/") -> dict[str, tuple[bytes, int]]:
     return out
 
 
-def _orphan_ids(cluster: SandboxCluster, later_ms: int = 0, offloads_listed: bool = False) -> set[int]:
-    """Orphans past the 7-day grace period, `later_ms` from now (young orphans age into candidates). Without
-    the offload buckets listed, a BookKeeper copy released by an offload is never one (issue 26, 7)."""
-    now = int(time.time() * 1000) + later_ms
-    return {i for i, x in cluster.ledgers.items() if (x.status is Status.ORPHAN or (
-        later_ms and x.status is Status.YOUNG_ORPHAN and x.ctime_ms is not None and now - x.ctime_ms >= 7 * DAY_MS))
-        and (offloads_listed or x.orphan_kind is not OrphanKind.BOOKKEEPER_DELETED_BUT_PRESENT)}
-
-
 def test_sandbox_orphans_deleted_and_nothing_else_touched(
         zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker,
         s3_server: S3ServerInfo) -> None:
     spec = SandboxSpec(seed=5, topics=30, offload_bucket=f"offload-{free_port()}")
     cluster, cfg, store, run_id = planned_delete(zk, zk_target.hosts, spark, tmp_path, broker, spec, s3_server)
-    orphans = _orphan_ids(cluster, LATER_MS, offloads_listed=True)
+    orphans = orphans_past_grace(cluster, LATER_MS, offloads_listed=True)
     before = dump(zk)
     objects = s3_client(S3Target(spec.offload_bucket), s3_server.endpoint)
     seeded = {o["Key"] for o in objects.list_objects_v2(Bucket=spec.offload_bucket).get("Contents", [])}
@@ -98,7 +87,7 @@ def test_reference_regained_or_new_ledger_between_plan_and_delete_is_left_alone(
     cluster, cfg, store, run_id = planned_delete(zk, zk_target.hosts, spark, tmp_path, broker, spec)
     # An orphan dropped from a live topic's list: put it back, as if the metadata update had been rolled back.
     live_mls = {m.name: m for m in cluster.managed_ledgers}
-    regained = min(i for i in _orphan_ids(cluster)
+    regained = min(i for i in orphans_past_grace(cluster)
                    if cluster.ledgers[i].orphan_kind.value == "dropped_from_list"  # type: ignore[union-attr]
                    and cluster.ledgers[i].custom.get("pulsar/managed-ledger", b"").decode() in live_mls)
     ml = live_mls[cluster.ledgers[regained].custom["pulsar/managed-ledger"].decode()]
@@ -116,14 +105,14 @@ def test_reference_regained_or_new_ledger_between_plan_and_delete_is_left_alone(
     assert outcome[regained].outcome == "in_use" and "listed in managed ledger" in outcome[regained].detail
     assert zk.exists(ledger_path(spec.ledgers_root, regained, spec.layout))
     assert zk.exists(fresh)
-    assert {i for i, r in outcome.items() if r.outcome == "deleted"} == _orphan_ids(cluster) - {regained}
+    assert {i for i, r in outcome.items() if r.outcome == "deleted"} == orphans_past_grace(cluster) - {regained}
 
 
 def test_operator_list_forged_and_bad_entries_get_final_outcomes(
         zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
     spec = SandboxSpec(seed=9, topics=20)
     cluster, cfg, store, _ = planned_delete(zk, zk_target.hosts, spark, tmp_path, broker, spec)
-    orphan = min(_orphan_ids(cluster))
+    orphan = min(orphans_past_grace(cluster))
     in_use = min(i for i, x in cluster.ledgers.items() if x.status is Status.IN_USE)
     in_use_ml = cluster.ledgers[in_use].custom.get("pulsar/managed-ledger", b"").decode()
     non_pulsar = min(i for i, x in cluster.ledgers.items() if x.status is Status.NON_PULSAR)
@@ -197,7 +186,7 @@ def test_zookeeper_down_refuses_cleanly_and_the_run_completes_once_it_is_back(
         client = zkutil.connect(server.connect_string)  # a broker registers again, as Pulsar's would
         client.create("/loadbalance/brokers/127.0.0.1:8080", b"{}", ephemeral=True, makepath=True)
         first = run_delete(spark, cfg, store, run_id, execute=True)
-        assert first.counts.get("deleted", 0) == len(_orphan_ids(cluster))
+        assert first.counts.get("deleted", 0) == len(orphans_past_grace(cluster))
         assert retry_states(store) == {}
     finally:
         zkutil.close(client)
@@ -216,10 +205,10 @@ def test_failures_are_queued_with_backoff_then_dead_lettered_and_redriven(
                          delete={"max_attempts": 4, "in_task_attempts": 2, "retry_after_s": 60})
     first = run_delete(spark, broken, store, run_id, execute=True, now_ms=later())
     assert first.counts["queued_for_retry"] > 0
-    assert first.counts.get("deleted", 0) == len(_orphan_ids(cluster, LATER_MS))
+    assert first.counts.get("deleted", 0) == len(orphans_past_grace(cluster, LATER_MS))
     queued = {k for k, v in retry_states(store).items() if v["state"] == "queued"}
     # Offloaded copies, and the BookKeeper copies whose offloaded copy could not be checked: S3 is unreachable.
-    released = _orphan_ids(cluster, LATER_MS, offloads_listed=True) - _orphan_ids(cluster, LATER_MS)
+    released = orphans_past_grace(cluster, LATER_MS, offloads_listed=True) - orphans_past_grace(cluster, LATER_MS)
     assert queued and all(k.startswith("OFFLOAD_LEDGER/") or int(k.split("/")[1]) in released for k in queued)
     # Not due yet: a rerun now does nothing.
     assert run_delete(spark, broken, store, run_id, execute=True, now_ms=later()).counts["records"] == 0
@@ -260,7 +249,7 @@ def test_a_second_delete_run_is_locked_out_and_config_cannot_switch_deleting_on(
         run_delete(spark, cfg, store, "r-unknown", execute=True)
     # Tables with no snapshot at all: shadow topics are unknown, so an operator's list is not executed.
     listing = tmp_path / "one.json"
-    listing.write_text(json.dumps([min(_orphan_ids(cluster))]))
+    listing.write_text(json.dumps([min(orphans_past_grace(cluster))]))
     bare = open_table_store(str(tmp_path / "bare-tables"), spark, engine="delta-rs")
     with pytest.raises(DeleteRefused, match="run `sweeper snapshot` first"):
         run_delete(spark, cfg, bare, "operator", execute=True, from_json=listing)
@@ -277,13 +266,13 @@ def test_draining_the_topic_acknowledges_only_committed_outcomes(
 
     dry = run_delete(spark, cfg, store, "drain-dry", from_topic=True)
     assert dry.counts["from_topic"] == emitted and "acknowledged" not in dry.counts
-    assert {r.ledger_id for r in dry.results if r.outcome == "would_delete"} == _orphan_ids(cluster)
+    assert {r.ledger_id for r in dry.results if r.outcome == "would_delete"} == orphans_past_grace(cluster)
     assert dump(zk) == before
 
     # The dry run acknowledged nothing: the same messages come back, now to be executed.
     done = run_delete(spark, cfg, store, "drain-1", from_topic=True, execute=True)
     assert done.counts["from_topic"] == emitted and done.counts["acknowledged"] == emitted
-    assert {r.ledger_id for r in done.results if r.outcome == "deleted"} == _orphan_ids(cluster)
+    assert {r.ledger_id for r in done.results if r.outcome == "deleted"} == orphans_past_grace(cluster)
     assert set(store.read("delete_results").where("run_id = 'drain-1'").toPandas().source) == {"topic"}
 
     again = run_delete(spark, cfg, store, "drain-2", from_topic=True, execute=True)

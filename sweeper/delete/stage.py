@@ -42,7 +42,7 @@ from sweeper.config import (
     SweeperConfig,
     SystemTopicConfig,
 )
-from sweeper.connections import Connections, ZooKeeperEndpoint
+from sweeper.connections import Connections, MetadataEndpoint, OxiaEndpoint
 from sweeper.delete import permissions
 from sweeper.delete.decide import LiveObject, object_mismatch
 from sweeper.delete.drain import TopicDrain
@@ -56,6 +56,8 @@ from sweeper.delete.zk_executor import LedgerDeleter, OffloadCheck
 from sweeper.errors import Refused
 from sweeper.layout import LedgerLayout, ledger_path
 from sweeper.liveness import clock_problem, live_brokers
+from sweeper.metastore.migration import check_migration
+from sweeper.metastore.urls import StoreUrl
 from sweeper.names import managed_ledger_for_topic, topic_for_managed_ledger
 from sweeper.offload import S3Target, object_metadata, s3_client
 from sweeper.protection import Protection
@@ -67,7 +69,6 @@ from sweeper.tables import TableStore
 from sweeper.vocabulary import HOUR_MS
 from sweeper.zk import client as zkutil
 from sweeper.zk.errors import ZooKeeperPermissionError
-from sweeper.zk.wire import WireReader
 
 QUEUED, RESOLVED, DEAD_LETTERED = "queued", "resolved", "dead_lettered"
 
@@ -80,7 +81,7 @@ class DeleteRefused(Refused):
 class DeleteTarget:
     """What a delete task needs: small and picklable."""
 
-    bookkeeper: ZooKeeperEndpoint  # [bookkeeper]'s ensemble, with its TLS / SASL / digest settings
+    bookkeeper: MetadataEndpoint  # [bookkeeper]'s store, with its TLS / SASL / digest settings
     ledgers_root: str
     layout: str
     ml_root: str
@@ -98,7 +99,9 @@ class DeleteTarget:
     shadows: tuple[tuple[str, tuple[str, ...]], ...] = ()  # source managed ledger -> its shadow topics' ones
     local_cluster: str = ""  # [pulsar] cluster_name: an object must carry it to be deleted
     rules: ActingRules = field(default_factory=ActingRules)  # today's rules, re-applied to every record
-    peers: tuple[ZooKeeperEndpoint, ...] = ()  # [safety] peer_metadata: re-read before each ledger delete
+    peers: tuple[MetadataEndpoint, ...] = ()  # [safety] peer_metadata: re-read before each ledger delete
+    # Pulsar's store when it is not BookKeeper's: an Oxia namespace of its own (on ZooKeeper the delete refuses)
+    pulsar: MetadataEndpoint | None = None
     offload_enabled: bool = False  # [offload] enabled: offloaded copies can be checked before a BookKeeper delete
     journal: Journal | None = None  # with execute: intents and outcomes, committed by the tasks chunk by chunk
     never_seen: frozenset[int] = frozenset()  # operator-listed ids no snapshot lists: `not_found` when gone
@@ -121,6 +124,7 @@ class DeleteSettings:
     system_topic: SystemTopicConfig
     connections: Connections
     config_hash: str
+    pulsar_store: StoreUrl
     execute: bool = False
     from_json: str | Path | None = None
     from_topic: bool = False
@@ -131,7 +135,7 @@ class DeleteSettings:
                     from_topic: bool = False, now_ms: int | None = None) -> DeleteSettings:
         return cls(config.bookkeeper, config.pulsar, config.delete, config.safety, config.gates, config.offload,
                    config.scan, config.retention, config.system_topic, Connections.from_config(config),
-                   config.hash(), execute, from_json, from_topic, now_ms)
+                   config.hash(), config.pulsar_store(), execute, from_json, from_topic, now_ms)
 
     def hash(self) -> str:
         return self.config_hash
@@ -351,6 +355,17 @@ def _failpoint_before_outcomes() -> None:
 TaskRow = tuple[str, str, str | None, bytes | None, DeleteResult]
 
 
+def _store_for_the_task(target: DeleteTarget) -> Any:
+    """BookKeeper's store, or on Oxia with Pulsar in a namespace of its own, both behind one client that sends
+    each path to its store (the delete's referrers are Pulsar's records, its ledgers BookKeeper's)."""
+    client = target.bookkeeper.connect()
+    if target.pulsar is None:
+        return client
+    from sweeper.metastore.oxia import SplitStore
+
+    return SplitStore(client, target.pulsar.connect(), target.ledgers_root)
+
+
 def delete_partition(items: Iterator[list[PendingRecord]], target: DeleteTarget) -> Iterator[TaskRow]:
     items = [item for group in items for item in group]
     if not items:
@@ -364,8 +379,8 @@ def delete_partition(items: Iterator[list[PendingRecord]], target: DeleteTarget)
         else:
             decoded.append((item, record))
     rng = random.Random(hash(items[0].record_key))
-    client = target.bookkeeper.connect()
-    reader: WireReader | None = None
+    client = _store_for_the_task(target)
+    reader: Any = None
     peer_clients: list[Any] = []
     try:
         ledgers = [(i, r) for i, r in decoded if r["ledgerType"] == "LEDGER"]
@@ -498,17 +513,27 @@ def run(spark: SparkSession, store: TableStore, run_id: str, settings: DeleteSet
     t0 = time.monotonic()
     now = datetime.now(UTC) if now_ms is None else datetime.fromtimestamp(now_ms / 1000, UTC)
     d = settings.delete
-    if settings.pulsar.zookeeper and settings.pulsar.zookeeper != settings.bookkeeper.zookeeper and execute:
+    connections = settings.connections
+    split = connections.pulsar.hosts != connections.bookkeeper.hosts
+    if split and execute and not isinstance(connections.pulsar, OxiaEndpoint):
         # The compare-and-set multi must cover the ledger znode and its referrers in one ensemble.
         raise DeleteRefused("Pulsar and BookKeeper metadata are in different ZooKeeper ensembles; deleting "
                             "needs one multi-operation across both, so only dry runs are possible")
-    connections = settings.connections
+    if split and execute and isinstance(connections.pulsar, OxiaEndpoint) != isinstance(connections.bookkeeper,
+                                                                                         OxiaEndpoint):
+        raise DeleteRefused("Pulsar's metadata and BookKeeper's are in different kinds of store (one ZooKeeper, "
+                            "one Oxia): a cluster midway through a migration; only dry runs are possible")
     client = connections.bookkeeper.connect()
     lock: DeleteRunLock | None = None
     drain: TopicDrain | None = None
     journal: Journal | None = None
     never_seen: frozenset[int] = frozenset()  # snapshots and the system topic name only ids Pulsar had
     try:
+        # PIP-454: no delete while a migration copies the store, none on a store migrated away from (issue 24);
+        # checked before anything else is read.
+        with connections.pulsar.session() as pulsar_store:
+            check_migration(pulsar_store, settings.pulsar_store, deleting=execute,
+                            acknowledged_completed=settings.safety.acknowledge_migration_completed)
         layout = read_layout(client, settings.bookkeeper.ledgers_root)
         if from_topic:
             drain = TopicDrain(settings.system_topic, connections.broker(), d.subscription, d.max_deletes_per_run)
@@ -536,7 +561,9 @@ def run(spark: SparkSession, store: TableStore, run_id: str, settings: DeleteSet
             raise DeleteRefused("no snapshot in the tables: run `sweeper snapshot` first, so that shadow topics "
                                 "(which list their source topics' ledgers) are known and re-checked")
         counts["shadow_topics"] = sum(len(names) for _, names in shadows or ())
-        if inputs:
+        if inputs and isinstance(connections.bookkeeper, OxiaEndpoint):
+            guards["permission_check"] = "not applicable: Oxia has no per-record ACLs"
+        elif inputs:
             allowed = permissions.check(
                 connections.bookkeeper, [item.payload for item in inputs],
                 ledgers_root=settings.bookkeeper.ledgers_root, layout=layout,
@@ -585,7 +612,8 @@ def run(spark: SparkSession, store: TableStore, run_id: str, settings: DeleteSet
                                         "brokers stopped")
         grace = GracePeriod.of(int(settings.safety.min_age_hours * HOUR_MS), force=settings.safety.force_min_age)
         target = DeleteTarget(
-            bookkeeper=connections.bookkeeper, ledgers_root=settings.bookkeeper.ledgers_root, layout=layout.value,
+            bookkeeper=connections.bookkeeper, pulsar=connections.pulsar if split else None,
+            ledgers_root=settings.bookkeeper.ledgers_root, layout=layout.value,
             ml_root=settings.pulsar.managed_ledgers_root, schemas_root=settings.pulsar.schemas_root,
             min_age_ms=grace.min_age_ms, now_ms=now_ms, execute=execute,
             batch_size=d.batch_size, deletes_per_second=d.deletes_per_second, op_timeout_s=d.op_timeout_s,

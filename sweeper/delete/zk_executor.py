@@ -43,6 +43,7 @@ from sweeper.delete.results import (
 )
 from sweeper.delete.retry import is_transient
 from sweeper.layout import LayoutError, LedgerLayout, is_middle, is_tree_top, ledger_path, tree_depth
+from sweeper.metastore.oxia import capabilities_of
 from sweeper.protection import cursor_protection, describe
 from sweeper.rules import OTHER_CLUSTER, PROTECTED, ActingRules, Owner, refusal
 from sweeper.vocabulary import BUCKET_PREFIX, COMPACTED_TOPIC_LEDGER, COMPACTION_CURSOR
@@ -534,7 +535,10 @@ class LedgerDeleter:
     def delete(self, verified: Sequence[Verified]) -> dict[int, DeleteResult]:
         """Results by record index. Batches of compare-and-set deletes; a failed batch is retried one by one."""
         results: dict[int, DeleteResult] = {}
-        batches = [list(verified[i:i + self.batch_size]) for i in range(0, len(verified), self.batch_size)]
+        # Without an atomic multi (Oxia), one ledger per compare-and-set: a batch whose later delete failed would
+        # otherwise stay half applied, and its retried members would read as deleted by someone else.
+        size = self.batch_size if capabilities_of(self.client).atomic_multi else 1
+        batches = [list(verified[i:i + size]) for i in range(0, len(verified), size)]
         for start in range(0, len(batches), self.IN_FLIGHT):
             if self.refusal is not None:
                 for item in (i for batch in batches[start:] for i in batch):
@@ -556,7 +560,10 @@ class LedgerDeleter:
                         single = self._settle([item], *self._send([item]))
                         results[item.index] = single or self._done(item, DELETED,
                                                                    "deleted with the verified version")
-        self.remove_empty_parents(r.zk_path for r in results.values() if r.outcome == DELETED and r.zk_path)
+        if capabilities_of(self.client).tidies_empty_parents:
+            # On Oxia a parent key deleted under a ledger BookKeeper is creating would hide that ledger from every
+            # listing; BookKeeper leaves them there too (PulsarLedgerManager.removeLedgerMetadata).
+            self.remove_empty_parents(r.zk_path for r in results.values() if r.outcome == DELETED and r.zk_path)
         return results
 
     def _done(self, item: Verified, outcome: str, detail: str, error: str | None = None) -> DeleteResult:

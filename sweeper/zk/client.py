@@ -78,7 +78,7 @@ def require_node(client: KazooClient, path: str, what: str) -> None:
     if client.exists(path) is None:
         hosts = getattr(client, "hosts", "?")
         raise WrongRootError(
-            f"{what} root {path!r} does not exist in ZooKeeper {hosts}: check the root path and chroot"
+            f"{what} root {path!r} does not exist in {hosts}: check the root path and chroot (or namespace)"
         )
 
 

@@ -16,7 +16,7 @@ from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
 from harness.s3server import S3ServerInfo
-from harness.sandbox.model import SandboxCluster, SandboxSpec, build_cluster
+from harness.sandbox.model import OrphanKind, SandboxCluster, SandboxSpec, Status, build_cluster
 from harness.sandbox.seed import seed_s3, seed_zookeeper
 from sweeper.config import SweeperConfig
 from sweeper.emit import run_emit
@@ -112,3 +112,12 @@ def planned_delete(zk: KazooClient, hosts: str, spark: SparkSession, tmp_path: P
         emitted = run_emit(spark, cfg, store, run_id)
         record_run(store, run_id, "emit", "succeeded", datetime.now(UTC), emitted.counts, cfg)
     return planned
+
+
+def orphans_past_grace(cluster: SandboxCluster, later_ms: int = 0, offloads_listed: bool = False) -> set[int]:
+    """Orphans past the 7-day grace period, `later_ms` from now (young orphans age into candidates). Without
+    the offload buckets listed, a BookKeeper copy released by an offload is never one (issue 26, 7)."""
+    now = int(time.time() * 1000) + later_ms
+    return {i for i, x in cluster.ledgers.items() if (x.status is Status.ORPHAN or (
+        later_ms and x.status is Status.YOUNG_ORPHAN and x.ctime_ms is not None and now - x.ctime_ms >= 7 * DAY_MS))
+        and (offloads_listed or x.orphan_kind is not OrphanKind.BOOKKEEPER_DELETED_BUT_PRESENT)}

@@ -1,0 +1,463 @@
+"""Oxia, through the same interface as ZooKeeper: a kazoo-shaped client (`OxiaStore`) and a bulk reader
+(`OxiaReader`), over the PyPI `oxia` client (0.2.1, synchronous).
+
+How Pulsar keeps its metadata in Oxia, which this mirrors (`org.apache.pulsar.metadata.impl.oxia.OxiaMetadataStore`,
+Pulsar 4.0.8 and master):
+- a metadata path is the Oxia key, unchanged; parents are keys with an empty value (`createParents`);
+- the children of `P` are the keys in `[P/, P//)` under the namespace's hierarchical sort (`getChildren`), which
+  holds exactly the direct children;
+- a record's `Stat` is Oxia's version: `version` = `version_id`, creation and modification times =
+  `created_timestamp` / `modified_timestamp`, ephemeral = it has a session (`convertStat`);
+- `delete(path, expectedVersion)` is a delete with `IfVersionIdEquals`, refused while the key has children;
+- there is no multi-key transaction.
+BookKeeper on Oxia (`org.apache.pulsar.metadata.bookkeeper.PulsarLedgerManager`) writes ledger metadata with the
+same `LedgerMetadataSerDe` as on ZooKeeper, at the same hybrid-hierarchical paths, and deletes it with the
+version alone, leaving empty parent keys behind.
+
+What this store does not do, it declares in `capabilities` rather than emulating: the delete then sends one
+ledger per compare-and-set and leaves empty parents (as BookKeeper does here), and the ACL check is skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError, RolledBackError
+from kazoo.protocol.states import ZnodeStat
+
+from sweeper.errors import Refused
+from sweeper.zk.reads import ChildrenRead, ZnodeRead
+
+DEFAULT_WINDOW = 1000
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a metadata store offers beyond single-key reads and versioned writes."""
+
+    atomic_multi: bool = True  # one multi checks every referrer's version and deletes, all or nothing
+    acls: bool = True  # per-node ACLs, which the delete checks before its lock
+    tidies_empty_parents: bool = True  # BookKeeper removes emptied layout directories itself
+
+
+ZOOKEEPER_CAPABILITIES = Capabilities()
+OXIA_CAPABILITIES = Capabilities(atomic_multi=False, acls=False, tidies_empty_parents=False)
+
+
+def capabilities_of(client: Any) -> Capabilities:
+    """A kazoo client is ZooKeeper; an `OxiaStore` says what it lacks."""
+    return getattr(client, "capabilities", ZOOKEEPER_CAPABILITIES)
+
+
+class OxiaUnavailableError(Refused, ConnectionError):
+    """The Oxia server cannot be reached, or answers in a way this client cannot use."""
+
+
+# ---- shard routing ---------------------------------------------------------------------------------------------
+
+# The server routes a key to the shard whose hash range holds xxh3_64(key) & 0xffffffff (oxia-db/oxia
+# common/hash/hash.go `Xxh332`; its test vectors: foo 125730186, bar 2687685474, baz 862947621). PyPI's
+# `oxia` 0.2.1 hashes with xxh64 instead (internal/service_discovery.py `get_shard`), so on a namespace of more
+# than one shard its `get`, `put` and `delete` reach the wrong shard: a ledger Pulsar wrote reads as absent.
+# Range scans ask every shard and are unaffected. The client's router is replaced, once, by the server's rule,
+# and `_check_routing` proves it on the server's vectors before any store is used.
+_ROUTING_VECTORS = {"foo": 125730186, "bar": 2687685474, "baz": 862947621}
+_routing_lock = threading.Lock()
+_routing_fixed = False
+
+
+def _server_hash(key: str) -> int:
+    import xxhash
+
+    return int(xxhash.xxh3_64(key).intdigest()) & 0xFFFFFFFF
+
+
+def _route_like_the_server() -> None:
+    global _routing_fixed
+    with _routing_lock:
+        if _routing_fixed:
+            return
+        from oxia.internal import service_discovery
+
+        def get_shard(self: Any, key: str) -> Any:
+            h = _server_hash(key)
+            with self._lock:
+                for shard in self._assignments.values():
+                    if shard.contains(h):
+                        return shard
+            raise OxiaUnavailableError(f"no Oxia shard holds the hash of key {key!r}: shard assignments incomplete")
+
+        if not hasattr(service_discovery.ServiceDiscovery, "get_shard"):
+            raise OxiaUnavailableError("the installed oxia client has no ServiceDiscovery.get_shard to route keys "
+                                       "with: install the version pyproject.toml pins")
+        service_discovery.ServiceDiscovery.get_shard = get_shard
+        _routing_fixed = True
+    wrong = {k: _server_hash(k) for k, v in _ROUTING_VECTORS.items() if _server_hash(k) != v}
+    if wrong:
+        raise OxiaUnavailableError(f"this host's xxhash routes keys unlike the Oxia server ({wrong}): refusing to "
+                                   "read a store whose records would look absent")
+
+
+# ---- records ---------------------------------------------------------------------------------------------------
+
+
+def _ms(value: datetime | None) -> int:
+    # The client turns the server's epoch milliseconds into a naive local datetime; timestamp() undoes that.
+    return 0 if value is None else round(value.timestamp() * 1000)
+
+
+def stat_of(version: Any, data_length: int, children: int = 0) -> ZnodeStat:
+    """Oxia's version as the `ZnodeStat` every rule reads (Pulsar's `OxiaMetadataStore.convertStat`)."""
+    session = version.session_id() or 0
+    return ZnodeStat(czxid=0, mzxid=0, ctime=_ms(version.created_timestamp()),
+                     mtime=_ms(version.modified_timestamp()), version=version.version_id(), cversion=0, aversion=0,
+                     ephemeralOwner=session, dataLength=data_length, numChildren=children, pzxid=0)
+
+
+def children_range(path: str) -> tuple[str, str]:
+    """The key range of `path`'s direct children under Oxia's hierarchical sort (`OxiaMetadataStore.getChildren`)."""
+    prefix = "/" if path == "/" else path.rstrip("/") + "/"
+    return prefix, prefix + "/"
+
+
+class _Done:
+    """An already-settled call, in kazoo's async result shape (`.get(timeout)`)."""
+
+    def __init__(self, value: Any = None, error: BaseException | None = None) -> None:
+        self.value, self.error = value, error
+
+    def get(self, timeout: float | None = None) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def _settled(call: Any) -> _Done:
+    try:
+        return _Done(call())
+    except Exception as exc:
+        return _Done(error=exc)
+
+
+# ---- the store -------------------------------------------------------------------------------------------------
+
+
+class OxiaStore:
+    """One Oxia namespace as a kazoo-shaped client: what the snapshot's planning, the gates, the delete and the
+    retention step call. Errors are kazoo's (`NoNodeError`, `NodeExistsError`, `BadVersionError`,
+    `NotEmptyError`), so the rules that handle them on ZooKeeper handle them here. `numChildren` is counted
+    only for keys with an empty value (directories)."""
+
+    capabilities = OXIA_CAPABILITIES
+
+    def __init__(self, address: str, namespace: str, timeout_s: float = 15.0) -> None:
+        _route_like_the_server()
+        import oxia
+
+        self.address, self.namespace = address, namespace
+        self.hosts = f"oxia://{address}/{namespace}"
+        try:
+            self._client = oxia.Client(address, namespace=namespace, session_timeout_ms=int(timeout_s * 1000))
+        except Exception as exc:  # the client raises RuntimeError after waiting for its shard assignments
+            raise OxiaUnavailableError(f"cannot connect to Oxia at {address} (namespace {namespace!r}): "
+                                       f"{type(exc).__name__}: {exc}") from None
+        self.connected = True
+        self._session_id = 0
+        self._sequence = itertools.count()
+
+    # -- reads --
+
+    def get(self, path: str) -> tuple[bytes, ZnodeStat]:
+        from oxia.ex import KeyNotFound
+
+        try:
+            _, value, version = self._client.get(path)
+        except KeyNotFound:
+            raise NoNodeError(path) from None
+        data = bytes(value or b"")
+        # Children are counted for empty-valued keys only: those are the directories (a plan sizes its shards by
+        # them); a ledger's or a referrer's read, which the delete makes for each record, costs one call.
+        children = 0 if data else len(self._client.list(*children_range(path)))
+        return data, stat_of(version, len(data), children)
+
+    def exists(self, path: str) -> ZnodeStat | None:
+        if path == "/":
+            return stat_of(_RootVersion(), 0)
+        try:
+            return self.get(path)[1]
+        except NoNodeError:
+            return None
+
+    def get_children(self, path: str) -> list[str]:
+        start, _ = children_range(path)
+        names = [key[len(start):] for key in self._client.list(*children_range(path))]
+        if not names and path != "/" and self.exists(path) is None:
+            raise NoNodeError(path)  # kazoo's answer for a missing parent, which callers rely on
+        return names
+
+    def get_async(self, path: str) -> _Done:
+        return _settled(lambda: self.get(path))
+
+    def get_children_async(self, path: str) -> _Done:
+        return _settled(lambda: self.get_children(path))
+
+    # -- writes --
+
+    def create(self, path: str, value: bytes = b"", ephemeral: bool = False, sequence: bool = False,
+               makepath: bool = False, include_data: bool = False, **_: Any) -> Any:
+        from oxia.ex import UnexpectedVersionId
+
+        if sequence:
+            # Only the clock probe creates sequential records; a unique suffix stands for ZooKeeper's counter.
+            path = f"{path}{time.time_ns():020d}{next(self._sequence):04d}"
+        if makepath:
+            self.ensure_path(path.rsplit("/", 1)[0] or "/")
+        try:
+            _, version = self._client.put(path, value, expected_version_id=-1, ephemeral=ephemeral)
+        except UnexpectedVersionId:
+            raise NodeExistsError(path) from None
+        if ephemeral:
+            self._session_id = version.session_id() or self._session_id
+        return (path, stat_of(version, len(value))) if include_data else path
+
+    def ensure_path(self, path: str) -> None:
+        """Every missing ancestor as an empty record, as Pulsar's `createParents` writes them."""
+        parts = [p for p in path.split("/") if p]
+        for depth in range(1, len(parts) + 1):
+            prefix = "/" + "/".join(parts[:depth])
+            if self.exists(prefix) is None:
+                with contextlib.suppress(NodeExistsError):  # created meanwhile: what was wanted
+                    self.create(prefix, b"")
+
+    def set(self, path: str, value: bytes, version: int = -1) -> ZnodeStat:
+        from oxia.ex import UnexpectedVersionId
+
+        if self.exists(path) is None:
+            raise NoNodeError(path)
+        try:
+            _, new = self._client.put(path, value, expected_version_id=None if version == -1 else version)
+        except UnexpectedVersionId:
+            raise BadVersionError(path) from None
+        return stat_of(new, len(value))
+
+    def delete(self, path: str, version: int = -1, recursive: bool = False) -> bool:
+        from oxia.ex import UnexpectedVersionId
+
+        if recursive:
+            raise NotImplementedError("the sweeper never deletes recursively")
+        if self._client.list(*children_range(path)):
+            raise NotEmptyError(path)  # as OxiaMetadataStore.delete refuses
+        try:
+            deleted = self._client.delete(path, expected_version_id=None if version == -1 else version)
+        except UnexpectedVersionId:
+            raise BadVersionError(path) from None
+        if not deleted:
+            raise NoNodeError(path)
+        return True
+
+    def delete_async(self, path: str, version: int = -1) -> _Done:
+        return _settled(lambda: self.delete(path, version))
+
+    def transaction(self) -> OxiaTransaction:
+        return OxiaTransaction(self)
+
+    # -- session --
+
+    @property
+    def client_id(self) -> tuple[int, bytes]:
+        """The session that owns this client's ephemeral records (known once one was written)."""
+        return self._session_id, b""
+
+    def stop(self) -> None:
+        self.connected = False
+
+    def close(self) -> None:
+        self.connected = False
+        self._client.close()
+
+    # -- bulk --
+
+    def scan(self, path: str) -> list[tuple[str, bytes, ZnodeStat]]:
+        """Every direct child of `path` with its value and version, in one range scan."""
+        start, _ = children_range(path)
+        return [(key[len(start):], bytes(value or b""), stat_of(version, len(value or b"")))
+                for key, value, version in self._client.range_scan(*children_range(path))]
+
+
+class _RootVersion:
+    def session_id(self) -> None:
+        return None
+
+    def created_timestamp(self) -> None:
+        return None
+
+    def modified_timestamp(self) -> None:
+        return None
+
+    def version_id(self) -> int:
+        return 0
+
+
+class OxiaTransaction:
+    """The delete's compare-and-set on a store without multi-key transactions.
+
+    `commit` first re-reads every referrer it was asked to check and compares its version with the one the
+    verification read; only when all still match does it delete, each record with the version verified. A
+    referrer that changed since the verification therefore stops the delete, as ZooKeeper's multi would. What
+    no single-key store can close is the one round trip between that re-read and the delete; Pulsar never adds
+    an existing ledger to a referrer in it: a managed ledger lists only ledgers it has just created
+    (`ManagedLedgerImpl.ledgerCreated` / `createLedgerAfterClosed`), a cursor switches to a new ledger
+    (`ManagedCursorImpl.createNewMetadataLedger`), and schema, compaction and bucket snapshots are new ledgers
+    too (`BookkeeperSchemaStorage.createLedger`, `AbstractTwoPhaseCompactor`, `BookkeeperBucketSnapshotStorage`),
+    all younger than the grace period no candidate is within. The delete sends one ledger per transaction on
+    such a store (`capabilities.atomic_multi` is false), so a failed check never leaves half a batch deleted.
+    """
+
+    def __init__(self, store: OxiaStore | SplitStore) -> None:
+        self.store = store
+        self.checks: list[tuple[str, int]] = []
+        self.deletes: list[tuple[str, int]] = []
+
+    def check(self, path: str, version: int) -> None:
+        self.checks.append((path, version))
+
+    def delete(self, path: str, version: int = -1) -> None:
+        self.deletes.append((path, version))
+
+    def commit(self) -> list[Any]:
+        results: list[Any] = []
+        failed = False
+        for path, version in self.checks:
+            stat = self.store.exists(path)
+            error = NoNodeError(path) if stat is None else BadVersionError(path) if stat.version != version else None
+            failed = failed or error is not None
+            results.append(error if error is not None else True)
+        if failed:
+            return [r if isinstance(r, Exception) else RolledBackError() for r in results] + [
+                RolledBackError() for _ in self.deletes]
+        for path, version in self.deletes:
+            try:
+                self.store.delete(path, version)
+                results.append(True)
+            except Exception as exc:
+                results.append(exc)
+        return results
+
+    def commit_async(self) -> _Done:
+        return _settled(self.commit)
+
+
+class OxiaReader:
+    """The scan's bulk reader (`ZnodeReader`) on Oxia: a directory is listed with its children's values in one
+    range scan, and the reads that follow are answered from it, so a scan costs a round trip per directory rather
+    than per ledger (a `get` loop does ~1,700 keys/s here, a range scan ~20,000)."""
+
+    def __init__(self, store: OxiaStore) -> None:
+        self.store = store
+        self._values: dict[str, tuple[bytes, ZnodeStat]] = {}
+        self.reads = 0
+
+    def children_many(self, paths: Iterable[str], window: int = DEFAULT_WINDOW,
+                      multi_read: int = 1) -> Iterator[ChildrenRead]:
+        for path in paths:
+            try:
+                entries = self.store.scan(path)
+                if not entries and path != "/" and self.store.exists(path) is None:
+                    yield ChildrenRead(path, None)
+                    continue
+            except Exception as exc:
+                yield ChildrenRead(path, None, exc)
+                continue
+            parent = path.rstrip("/")
+            for name, data, stat in entries:
+                self._values[f"{parent}/{name}"] = (data, stat)
+            yield ChildrenRead(path, sorted(name for name, _, _ in entries))
+
+    def get_many(self, paths: Iterable[str], window: int = DEFAULT_WINDOW) -> Iterator[ZnodeRead]:
+        for path in paths:
+            cached = self._values.pop(path, None)
+            if cached is not None:
+                yield ZnodeRead(path, cached[0], cached[1])
+                continue
+            try:
+                data, stat = self.store.get(path)
+                yield ZnodeRead(path, data, stat)
+            except NoNodeError:
+                yield ZnodeRead(path, None, None)
+            except Exception as exc:
+                yield ZnodeRead(path, None, None, exc)
+
+    def close(self) -> None:
+        """The reader owns its store (`OxiaEndpoint.wire_reader` opened it for this reader alone)."""
+        self._values.clear()
+        self.store.close()
+
+    def __enter__(self) -> OxiaReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SplitStore:
+    """BookKeeper's records in one Oxia namespace and Pulsar's in another (Pulsar's documented layout, with
+    `bookkeeperMetadataServiceUri=metadata-store:oxia://host:6648/bookkeeper`): what lies under the ledgers root
+    is read and deleted in the first, every referrer is read in the second. Only for stores without a multi-key
+    transaction, where the split loses nothing atomic (on ZooKeeper the delete refuses two ensembles instead)."""
+
+    capabilities = OXIA_CAPABILITIES
+
+    def __init__(self, bookkeeper: OxiaStore, pulsar: OxiaStore, ledgers_root: str) -> None:
+        self.bookkeeper, self.pulsar, self.ledgers_root = bookkeeper, pulsar, ledgers_root.rstrip("/")
+        self.hosts = f"{bookkeeper.hosts} (ledgers), {pulsar.hosts} (Pulsar)"
+
+    def _for(self, path: str) -> OxiaStore:
+        inside = path == self.ledgers_root or path.startswith(self.ledgers_root + "/")
+        return self.bookkeeper if inside else self.pulsar
+
+    @property
+    def connected(self) -> bool:
+        return self.bookkeeper.connected and self.pulsar.connected
+
+    @property
+    def client_id(self) -> tuple[int, bytes]:
+        return self.bookkeeper.client_id
+
+    def get(self, path: str) -> tuple[bytes, ZnodeStat]:
+        return self._for(path).get(path)
+
+    def exists(self, path: str) -> ZnodeStat | None:
+        return self._for(path).exists(path)
+
+    def get_children(self, path: str) -> list[str]:
+        return self._for(path).get_children(path)
+
+    def get_async(self, path: str) -> _Done:
+        return self._for(path).get_async(path)
+
+    def get_children_async(self, path: str) -> _Done:
+        return self._for(path).get_children_async(path)
+
+    def delete(self, path: str, version: int = -1) -> bool:
+        return self._for(path).delete(path, version)
+
+    def delete_async(self, path: str, version: int = -1) -> _Done:
+        return self._for(path).delete_async(path, version)
+
+    def transaction(self) -> OxiaTransaction:
+        return OxiaTransaction(self)
+
+    def stop(self) -> None:
+        self.bookkeeper.stop()
+        self.pulsar.stop()
+
+    def close(self) -> None:
+        self.bookkeeper.close()
+        self.pulsar.close()

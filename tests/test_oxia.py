@@ -1,0 +1,237 @@
+"""The sweeper on an Oxia metadata store (issue 24), against a real `oxia standalone` server: the sandbox seeded
+into it, snapshot, reconcile, emit and delete as on ZooKeeper; the delete's compare-and-set without a multi-key
+transaction; BookKeeper and Pulsar in separate namespaces (here: separate servers); keys routed to the shard
+the server would put them in; the PIP-454 migration refusals."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from harness.oxiaserver import OxiaServerInfo, start_oxia, stop_oxia
+from harness.sandbox.model import SandboxCluster, SandboxSpec, Status, build_cluster
+from harness.sandbox.seed import seed_oxia
+from sweeper.config import SweeperConfig
+from sweeper.delete.stage import run_delete
+from sweeper.emit import run_emit
+from sweeper.errors import Refused
+from sweeper.layout import ledger_path
+from sweeper.metastore import oxia as oxia_store
+from sweeper.metastore.migration import MIGRATION_FLAG_PATH, MigrationRefused
+from sweeper.metastore.oxia import OxiaStore
+from sweeper.reconcile import SafetySettings, run_reconcile
+from sweeper.runs import record as record_run
+from sweeper.snapshot import run_snapshot
+from sweeper.tables import TableStore, open_table_store
+from sweeper.vocabulary import CANDIDATE
+from tests.support.broker import Broker
+from tests.support.config import BASE_CONFIG
+from tests.support.seeded import LATER_MS, later, orphans_past_grace
+
+SPEC = SandboxSpec(seed=11, topics=12)
+
+
+def dump(store: OxiaStore, path: str = "/") -> dict[str, tuple[bytes, int]]:
+    """Every record below `path` with its value and version, but the sweeper's own lock and clock probes."""
+    out: dict[str, tuple[bytes, int]] = {}
+    stack = [path]
+    while stack:
+        node = stack.pop()
+        for name in store.get_children(node):
+            child = f"{node.rstrip('/')}/{name}"
+            if child.startswith("/ledger-sweeper"):
+                continue
+            data, stat = store.get(child)
+            out[child] = (data, stat.version)
+            stack.append(child)
+    return out
+
+
+def oxia_config(bookkeeper: OxiaServerInfo, pulsar: OxiaServerInfo, tables: Path, **sections: Any) -> SweeperConfig:
+    """The config an operator copies from bookkeeper.conf and broker.conf for a cluster on Oxia."""
+    merged: dict[str, dict[str, Any]] = {
+        "bookkeeper": {"metadata_service_uri": f"metadata-store:{bookkeeper.url()}"},
+        "pulsar": {"metadata_store_url": pulsar.url()},
+        "tables": {"root": str(tables), "engine": "delta-rs"}, "offload": {"enabled": False},
+        "safety": {"max_orphan_fraction": 1.0}}
+    for name, values in sections.items():
+        merged[name] = {**merged.get(name, {}), **values}
+    return BASE_CONFIG.replace(**merged)
+
+
+@pytest.fixture
+def seeded(oxia_server: OxiaServerInfo) -> Iterator[tuple[OxiaStore, SandboxCluster]]:
+    """The sandbox in one Oxia namespace, with a live broker registered for as long as the test runs."""
+    store = OxiaStore(oxia_server.address, "default")
+    cluster = build_cluster(SPEC)
+    seed_oxia(store, cluster)
+    store.create("/loadbalance/brokers/127.0.0.1:8080", b"{}", ephemeral=True, makepath=True)
+    yield store, cluster
+    store.close()
+
+
+def _planned(spark: SparkSession, cfg: SweeperConfig, broker: Broker) -> tuple[TableStore, str]:
+    """Snapshot, reconcile past the grace period (Oxia stamps each record's creation itself, so every seeded
+    ledger is as new as the seeding), emit."""
+    from datetime import UTC, datetime
+
+    store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
+    run_id = run_snapshot(spark, cfg, store).run_id
+    started = datetime.now(UTC)
+    rec = run_reconcile(spark, store, run_id, SafetySettings.from_config(cfg), now_ms=later())
+    record_run(store, run_id, "reconcile", "succeeded", started, rec.counts, cfg)
+    emitted = run_emit(spark, cfg, store, run_id)
+    record_run(store, run_id, "emit", "succeeded", datetime.now(UTC), emitted.counts, cfg)
+    return store, run_id
+
+
+def test_the_sweep_on_oxia_deletes_exactly_the_orphans_with_bookkeeper_and_pulsar_apart(
+        seeded: tuple[OxiaStore, SandboxCluster], oxia_server: OxiaServerInfo, spark: SparkSession,
+        tmp_path: Path, broker: Broker) -> None:
+    """Snapshot, reconcile, emit and delete on Oxia, in Pulsar's documented layout: BookKeeper's ledgers in a
+    namespace of their own (here a second server holds Pulsar's records, the first keeps only /ledgers), so every
+    referrer the delete re-reads is found in the other store. The candidates are the sandbox's orphans; the dry
+    run changes nothing; the delete removes exactly them and nothing else, in either store."""
+    oxia, cluster = seeded
+    pulsar_server = start_oxia(tmp_path / "pulsar-oxia")
+    pulsar = OxiaStore(pulsar_server.address, "default")
+    try:
+        seeded_records = dump(oxia)
+        for path, (data, _) in sorted(seeded_records.items(), key=lambda kv: kv[0].count("/")):
+            if not path.startswith(("/ledgers", "/loadbalance/brokers/")):  # the broker registers itself below
+                pulsar.create(path, data)
+        for path in sorted((p for p in seeded_records if not p.startswith(("/ledgers", "/loadbalance"))),
+                           key=lambda p: -p.count("/")):
+            oxia.delete(path)
+        pulsar.create("/loadbalance/brokers/127.0.0.1:8080", b"{}", ephemeral=True, makepath=True)
+        cfg = oxia_config(oxia_server, pulsar_server, tmp_path / "tables",
+                          system_topic=broker.config(read_in_snapshot=False),
+                          delete={"deletes_per_second": 100_000.0, "in_task_attempts": 2, "op_timeout_s": 3.0})
+        store, run_id = _planned(spark, cfg, broker)
+        orphans = orphans_past_grace(cluster, LATER_MS)
+        candidates = {r["ledger_id"] for r in store.read_arrow("orphans", where={"run_id": run_id}).to_pylist()
+                      if r["status"] == CANDIDATE and r["object_type"] == "ledger"}
+        assert candidates == orphans and orphans
+        before = (dump(oxia), dump(pulsar))
+
+        dry = run_delete(spark, cfg, store, run_id, now_ms=later())
+        assert (dump(oxia), dump(pulsar)) == before
+        assert {r.ledger_id for r in dry.results if r.outcome == "would_delete"} == orphans
+        assert dry.guards["permission_check"].startswith("not applicable")
+
+        done = run_delete(spark, cfg, store, run_id, execute=True, now_ms=later())
+        assert {r.ledger_id for r in done.results if r.outcome == "deleted"} == orphans
+        assert done.counts.get("in_use", 0) == 0 and done.counts.get("failed", 0) == 0
+        after = dump(oxia)
+        gone = set(before[0]) - set(after)
+        assert gone == {ledger_path(SPEC.ledgers_root, i, SPEC.layout) for i in orphans}  # parents stay, as BK's do
+        assert all(after[p] == before[0][p] for p in after) and dump(pulsar) == before[1]  # nothing else changed
+        in_use = [i for i, x in cluster.ledgers.items() if x.status is Status.IN_USE]
+        assert in_use and all(oxia.exists(ledger_path(SPEC.ledgers_root, i, SPEC.layout)) for i in in_use)
+    finally:
+        pulsar.close()
+        stop_oxia(pulsar_server)
+
+
+def test_a_referrer_changed_between_the_check_and_the_delete_keeps_the_ledger(oxia_server: OxiaServerInfo) -> None:
+    """Oxia has no multi-key transaction: the delete re-reads each referrer's version right before the versioned
+    delete of the ledger (`OxiaTransaction.commit`). A referrer written after the verification read it stops the
+    delete; without that re-read (the control), the ledger goes."""
+    store = OxiaStore(oxia_server.address, "default")
+    try:
+        store.ensure_path("/managed-ledgers/t/ns/persistent")
+        store.create("/managed-ledgers/t/ns/persistent/topic", b"ledgers 1, 2")
+        store.ensure_path("/ledgers/00/0000")
+        store.create("/ledgers/00/0000/L0003", b"ledger 3")
+        ml_version = store.get("/managed-ledgers/t/ns/persistent/topic")[1].version
+        ledger_version = store.get("/ledgers/00/0000/L0003")[1].version
+        # Verified; then, before the commit, the broker rewrites the managed ledger (a rollback restoring 3).
+        store.set("/managed-ledgers/t/ns/persistent/topic", b"ledgers 1, 2, 3", version=ml_version)
+        tx = store.transaction()
+        tx.check("/managed-ledgers/t/ns/persistent/topic", ml_version)
+        tx.delete("/ledgers/00/0000/L0003", version=ledger_version)
+        assert not any(r is True for r in tx.commit())
+        assert store.exists("/ledgers/00/0000/L0003") is not None
+
+        class NoRecheck(oxia_store.OxiaTransaction):
+            def commit(self) -> list[Any]:
+                self.checks = []
+                return super().commit()
+
+        control = NoRecheck(store)
+        control.check("/managed-ledgers/t/ns/persistent/topic", ml_version)
+        control.delete("/ledgers/00/0000/L0003", version=ledger_version)
+        assert control.commit() == [True] and store.exists("/ledgers/00/0000/L0003") is None
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("oxia_server", [4], indirect=True)
+def test_keys_reach_the_shard_the_server_routes_them_to(oxia_server: OxiaServerInfo) -> None:
+    """On a namespace of several shards, a key must be read where the server's own routing (xxh3, the Java and Go
+    clients') put it. PyPI's client 0.2.1 routes with xxh64: the control shows how many of a ledger tree's keys
+    it would look for in the wrong shard (a ledger Pulsar wrote would read as absent)."""
+    assert {k: oxia_store._server_hash(k) for k in ("foo", "bar", "baz")} == oxia_store._ROUTING_VECTORS
+    store = OxiaStore(oxia_server.address, "default")
+    try:
+        keys = [f"/ledgers/00/{i // 100:04d}/L{i % 10_000:04d}" for i in range(200)]
+        store.ensure_path("/ledgers/00/0000")
+        store.ensure_path("/ledgers/00/0001")
+        for key in keys:
+            store.create(key, b"metadata")
+        discovery = store._client._service_discovery
+        shards = {key: discovery.get_shard(key).shard for key in keys}
+        import xxhash
+
+        def legacy(key: str) -> int:
+            h = xxhash.xxh64(key).intdigest() & 0xFFFFFFFF
+            return next(s.shard for s in discovery._assignments.values() if s.contains(h))
+
+        assert sum(legacy(key) != shards[key] for key in keys) > 100  # the control: most would be missed
+        assert all(store.get(key)[0] == b"metadata" for key in keys)
+        assert sorted(store.get_children("/ledgers/00/0000")) == sorted(k.rsplit("/", 1)[1] for k in keys[:100])
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(("phase", "deleting", "refused"), [
+    ("PREPARATION", True, True), ("COPYING", True, True), ("COPYING", False, False), ("FAILED", True, False)])
+def test_a_migration_in_flight_stops_the_delete(
+        oxia_server: OxiaServerInfo, spark: SparkSession, tmp_path: Path, phase: str, deleting: bool,
+        refused: bool) -> None:
+    """PIP-454: while the coordinator copies the store nothing is deleted, checked before anything else is read
+    (a dry run still reports; a failed migration leaves the source authoritative)."""
+    oxia = OxiaStore(oxia_server.address, "default")
+    try:
+        oxia.ensure_path(MIGRATION_FLAG_PATH.rsplit("/", 1)[0])
+        oxia.create(MIGRATION_FLAG_PATH, f'{{"phase":"{phase}","targetUrl":"oxia://elsewhere:6648/x"}}'.encode())
+    finally:
+        oxia.close()
+    cfg = oxia_config(oxia_server, oxia_server, tmp_path / "tables")
+    store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
+    if refused:
+        with pytest.raises(MigrationRefused, match=phase):
+            run_delete(spark, cfg, store, "some-run", execute=deleting)
+    else:
+        with pytest.raises(Refused) as stopped:  # past the migration check, the empty tables stop it
+            run_delete(spark, cfg, store, "some-run", execute=deleting)
+        assert not isinstance(stopped.value, MigrationRefused)
+
+
+def test_a_store_migrated_away_from_is_refused_naming_the_target(
+        oxia_server: OxiaServerInfo, spark: SparkSession, tmp_path: Path) -> None:
+    oxia = OxiaStore(oxia_server.address, "default")
+    try:
+        oxia.ensure_path(MIGRATION_FLAG_PATH.rsplit("/", 1)[0])
+        oxia.create(MIGRATION_FLAG_PATH, b'{"phase":"COMPLETED","targetUrl":"oxia://new-oxia:6648/pulsar"}')
+    finally:
+        oxia.close()
+    cfg = oxia_config(oxia_server, oxia_server, tmp_path / "tables")
+    store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
+    with pytest.raises(MigrationRefused, match="oxia://new-oxia:6648/pulsar"):
+        run_snapshot(spark, cfg, store)
+    assert [r["status"] for r in store.read_arrow("runs").to_pylist()] == ["refused"]
