@@ -132,7 +132,9 @@ def main() -> None:
             bookkeeper={"zookeeper": server.connect_string}, offload={"enabled": False},
             tables={"root": str(work / "tables"), "engine": "delta-rs"},
             delete={"max_deletes_per_run": len(records), "deletes_per_second": 1e9, "tasks": args.tasks},
-            scan={"reads_per_second": 0.0})  # the permission check's reads, unpaced like the deletes
+            scan={"reads_per_second": 0.0},  # the permission check's reads, unpaced like the deletes
+            # No broker runs here (the delete's liveness check would refuse), and no other cluster shares it.
+            gates={"require_live_brokers": False}, safety={"bookkeeper_dedicated": True})
         store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
         now = datetime.now(UTC)
         store.append_rows("emitted", [{

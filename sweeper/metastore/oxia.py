@@ -24,7 +24,9 @@ import contextlib
 import itertools
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -359,26 +361,37 @@ class OxiaReader:
     range scan, and the reads that follow are answered from it, so a scan costs a round trip per directory rather
     than per ledger (a `get` loop does ~1,700 keys/s here, a range scan ~20,000)."""
 
+    IN_FLIGHT = 16
+
     def __init__(self, store: OxiaStore) -> None:
         self.store = store
         self._values: dict[str, tuple[bytes, ZnodeStat]] = {}
+        self._pool = ThreadPoolExecutor(self.IN_FLIGHT, thread_name_prefix="oxia-scan")
         self.reads = 0
 
     def children_many(self, paths: Iterable[str], window: int = DEFAULT_WINDOW,
                       multi_read: int = 1) -> Iterator[ChildrenRead]:
+        """Listings in input order; `IN_FLIGHT` range scans at once (one is a round trip, and a scan task lists
+        a directory per managed ledger for its cursors)."""
+        pending: deque[tuple[str, Future[list[tuple[str, bytes, ZnodeStat]]]]] = deque()
         for path in paths:
-            try:
-                entries = self.store.scan(path)
-                if not entries and path != "/" and self.store.exists(path) is None:
-                    yield ChildrenRead(path, None)
-                    continue
-            except Exception as exc:
-                yield ChildrenRead(path, None, exc)
-                continue
-            parent = path.rstrip("/")
-            for name, data, stat in entries:
-                self._values[f"{parent}/{name}"] = (data, stat)
-            yield ChildrenRead(path, sorted(name for name, _, _ in entries))
+            pending.append((path, self._pool.submit(self.store.scan, path)))
+            if len(pending) >= self.IN_FLIGHT:
+                yield self._listed(*pending.popleft())
+        while pending:
+            yield self._listed(*pending.popleft())
+
+    def _listed(self, path: str, scan: Future[list[tuple[str, bytes, ZnodeStat]]]) -> ChildrenRead:
+        try:
+            entries = scan.result()
+            if not entries and path != "/" and self.store.exists(path) is None:
+                return ChildrenRead(path, None)
+        except Exception as exc:
+            return ChildrenRead(path, None, exc)
+        parent = path.rstrip("/")
+        for name, data, stat in entries:
+            self._values[f"{parent}/{name}"] = (data, stat)
+        return ChildrenRead(path, sorted(name for name, _, _ in entries))
 
     def get_many(self, paths: Iterable[str], window: int = DEFAULT_WINDOW) -> Iterator[ZnodeRead]:
         for path in paths:
@@ -397,6 +410,7 @@ class OxiaReader:
     def close(self) -> None:
         """The reader owns its store (`OxiaEndpoint.wire_reader` opened it for this reader alone)."""
         self._values.clear()
+        self._pool.shutdown(wait=False, cancel_futures=True)
         self.store.close()
 
     def __enter__(self) -> OxiaReader:
