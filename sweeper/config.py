@@ -206,6 +206,9 @@ class RetentionConfig:
     check_interval_seconds: int = 120  # broker.conf retentionCheckIntervalInSeconds
     expiry_check_minutes: int = 5  # broker.conf messageExpiryCheckIntervalInMinutes (TTL runs this often)
     cursor_rollover_seconds: int = 14400  # broker.conf managedLedgerCursorRolloverTimeInSeconds
+    # A topic counts as unloaded once its trimmable ledgers waited two retention checks plus this margin (the
+    # broker's trim and its metadata write); larger is more cautious.
+    untrimmed_margin_seconds: int = 60
     # Topic-level policies live in each namespace's __change_events system topic. "system_topic": ZooKeeper's
     # evidence of whether that topic holds any event; topics of a namespace whose events cannot be ruled out
     # are `unknown`. "admin": those topics' topic-level retention/TTL are asked of the broker
@@ -496,6 +499,9 @@ def _validate_retention(r: RetentionConfig) -> None:
     for key in ("check_interval_seconds", "expiry_check_minutes", "cursor_rollover_seconds"):
         if getattr(r, key) < 1:
             raise ConfigError(f"[retention] {key} must be positive (it is the broker's setting)")
+    if r.untrimmed_margin_seconds < 5:
+        raise ConfigError("[retention] untrimmed_margin_seconds must be at least 5: the broker's trim and its "
+                          "metadata write take time")
     if r.topic_policies not in ("system_topic", "admin", "none"):
         raise ConfigError(f"[retention] topic_policies must be system_topic, admin or none, got {r.topic_policies!r}")
     if not r.bundle_owners_root.startswith("/") or r.bundle_owners_root == "/":

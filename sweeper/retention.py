@@ -143,6 +143,7 @@ class BrokerRetention:
     check_interval_ms: int = 120_000
     expiry_check_ms: int = 5 * MINUTE_MS
     cursor_rollover_ms: int = 14_400_000
+    untrimmed_margin_ms: int = MINUTE_MS  # [retention] untrimmed_margin_seconds
 
 
 # --- policies ---------------------------------------------------------------------------------------
@@ -577,14 +578,14 @@ def unloaded_evidence(since_ms: int | None, now_ms: int, bundle_owned: bool | No
     """Why a topic holding trimmable ledgers is not loaded anywhere, or None when it may be.
 
     A loaded topic is trimmed every check interval; ledgers trimmable for longer than two intervals
-    (plus a TTL pass when TTL had to move a cursor, and a minute for the write) mean no broker ran its
+    (plus a TTL pass when TTL had to move a cursor, and a margin for the write) mean no broker ran its
     retention. A bundle nobody owns (modular load manager) has no topic loaded at all.
     """
     if bundle_owned is False:
         return "bundle_not_owned"
     if since_ms is None:
         return None
-    slack = 2 * broker.check_interval_ms + 60_000 + (broker.expiry_check_ms if ttl_involved else 0)
+    slack = 2 * broker.check_interval_ms + broker.untrimmed_margin_ms + (broker.expiry_check_ms if ttl_involved else 0)
     return "not_trimmed_since" if now_ms - since_ms > slack else None
 
 

@@ -120,7 +120,7 @@ class RetentionSettings:
     def from_config(cls, r: RetentionConfig, safety: SafetyConfig) -> RetentionSettings:
         broker = BrokerRetention(r.default_retention_minutes, r.default_retention_size_mb, r.default_ttl_seconds,
                                 r.check_interval_seconds * 1000, r.expiry_check_minutes * MINUTE_MS,
-                                r.cursor_rollover_seconds * 1000)
+                                r.cursor_rollover_seconds * 1000, r.untrimmed_margin_seconds * 1000)
         scope = retention_scope(r.allow, r.deny, safety.allow, safety.deny)
         return cls(broker, int(r.report_idle_days * DAY_MS), int(r.cursor_idle_days * DAY_MS), scope, r.topic_policies,
                    protection=Protection.of(r.protected_subscriptions, r.protected_topics))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import zlib
@@ -317,6 +318,10 @@ def test_trimmable_ledgers_untouched_past_the_retention_check_mean_unloaded() ->
     assert unloaded_evidence(NOW - slack - 1, NOW, None, True, BROKER) is None  # TTL passes take longer
     assert unloaded_evidence(NOW, NOW, False, False, BROKER) == "bundle_not_owned"
     assert unloaded_evidence(NOW, NOW, True, False, BROKER) is None
+    # [retention] untrimmed_margin_seconds replaces the minute for the broker's write.
+    narrow, since = dataclasses.replace(BROKER, untrimmed_margin_ms=5_000), NOW - 2 * BROKER.check_interval_ms - 5_001
+    assert unloaded_evidence(since, NOW, None, False, narrow) == "not_trimmed_since"
+    assert unloaded_evidence(since, NOW, None, False, BROKER) is None
 
 
 def test_expired_ledgers_are_a_candidate_only_on_a_topic_that_looks_unloaded() -> None:

@@ -36,7 +36,7 @@ topics in owned bundles), then `sweeper retention --execute`'s repair:
   unsubscribing it is the broker's way to drop its store): here the operator protects it
   ([retention] protected_subscriptions = "txn-*"), which is that rule's end-to-end check.
 
-Cost: the set-up and its ~72 s of waiting (after the orphan sweep's plan: see `repaired`), one snapshot, the step
+Cost: the set-up and its ~32 s of waiting (after the orphan sweep's plan: see `repaired`), one snapshot, the step
 and the repair.
 """
 
@@ -72,8 +72,10 @@ EXPIRED, WOKEN = topic("expired", EXPIRING), topic("woken", EXPIRING)
 PINNED, VETOED, OWN_POLICY = topic("pinned", SUBS), topic("vetoed", SUBS), topic("own-policy", SUBS)
 PROTECTED = topic("protected", SUBS)
 PENDING_ACK_STORE = f"{PROTECTED}-txn-sub__transaction_pending_ack"  # SystemTopicNames.PENDING_ACK_STORE_SUFFIX
-# A loaded topic is trimmed every check interval: untrimmed for 2 x 5 s + 60 s means nobody runs its retention.
-UNTRIMMED_S = 2 * 5 + 60
+# A loaded topic is trimmed every check interval: untrimmed for 2 x 5 s + the margin means nobody runs its
+# retention. The margin is the config's smallest (the default's 60 s would be most of this module's time).
+UNTRIMMED_MARGIN_S = 5
+UNTRIMMED_S = 2 * 5 + UNTRIMMED_MARGIN_S
 IDLE_S = 30.0  # [retention] cursor_idle_days, as a fraction of a day
 
 
@@ -91,6 +93,7 @@ def retention_config(world: World, tables: Path) -> SweeperConfig:
         tables={"root": str(tables), "engine": "delta-rs"},
         safety={"min_age_hours": GRACE_S / 3600, "force_min_age": True, "max_orphan_fraction": 1.0},
         retention={"topic_policies": "admin", "cursor_idle_days": IDLE_S / 86400, "force_cursor_idle": True,
+                   "untrimmed_margin_seconds": UNTRIMMED_MARGIN_S,
                    "report_idle_days": IDLE_S / 86400, "protected_subscriptions": "txn-*",
                    "allow": f"{EXPIRING},{SUBS}", "actions_per_second": 50.0})
 
@@ -171,8 +174,9 @@ def repaired(testbed_world: World, reconciled: Reconciled, as_built: AsBuilt, sp
     holders: list[Any] = []  # consumers kept connected through the repair
     try:
         stats, unloaded_at = _prepare(admin, client, world)
-        # Untrimmed for longer than a loaded topic could be (nothing may touch the topics meanwhile).
-        time.sleep(max(0.0, unloaded_at + UNTRIMMED_S + 1.5 - time.time()))
+        # Untrimmed for longer than a loaded topic could be, and `idle` idle past cursor_idle_days (nothing may
+        # touch the topics meanwhile).
+        time.sleep(max(0.0, unloaded_at + max(UNTRIMMED_S, IDLE_S) + 1.5 - time.time()))
         # `active` is back: its consumer loads `pinned` (a load writes no cursor znode) and stays connected.
         holders.append(client.subscribe(PINNED, "active"))
         COST["retention_setup_s"] = time.monotonic() - started
