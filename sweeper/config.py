@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import json
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -348,31 +349,39 @@ def resolve_store_urls(config: SweeperConfig) -> SweeperConfig:
     An address given both ways must agree; a config that says two different things is refused, not guessed.
     """
     bookkeeper, pulsar = config.bookkeeper, config.pulsar
-    try:
-        if bookkeeper.metadata_service_uri:
-            url = parse_bookkeeper_service_uri(bookkeeper.metadata_service_uri)
-            hosts = "" if url.is_oxia else url.hosts
-            if bookkeeper.zookeeper not in ("", _DEFAULT_ZOOKEEPER, hosts):
-                raise ConfigError("[bookkeeper] metadata_service_uri and zookeeper name different stores: keep one")
-            if bookkeeper.ledgers_root not in (BookKeeperConfig.ledgers_root, url.ledgers_root):
-                raise ConfigError(f"[bookkeeper] ledgers_root {bookkeeper.ledgers_root} disagrees with "
-                                  f"metadata_service_uri, whose ledgers root is {url.ledgers_root}: keep one")
-            bookkeeper = dataclasses.replace(bookkeeper, zookeeper=hosts, ledgers_root=url.ledgers_root)
-        if pulsar.metadata_store_url:
-            url = parse_pulsar_store_url(pulsar.metadata_store_url)
-            hosts = "" if url.is_oxia else url.hosts
-            if pulsar.zookeeper not in ("", hosts):
-                raise ConfigError("[pulsar] metadata_store_url and zookeeper name different stores: keep one")
-            pulsar = dataclasses.replace(pulsar, zookeeper=hosts)
-        if pulsar.configuration_metadata_store_url:
-            url = parse_pulsar_store_url(pulsar.configuration_metadata_store_url)
-            hosts = "" if url.is_oxia else url.hosts
-            if pulsar.configuration_store not in ("", hosts):
-                raise ConfigError("[pulsar] configuration_metadata_store_url and configuration_store name different "
-                                  "stores: keep one")
-            pulsar = dataclasses.replace(pulsar, configuration_store=hosts)
-    except StoreUrlError as exc:
-        raise ConfigError(str(exc)) from None
+
+    def parsed(key: str, parse: Callable[[str], StoreUrl], text: str) -> StoreUrl:
+        try:
+            return parse(text)
+        except StoreUrlError as exc:
+            raise ConfigError(f"{key}: {exc}") from None
+
+    if bookkeeper.metadata_service_uri:
+        url = parsed("[bookkeeper] metadata_service_uri", parse_bookkeeper_service_uri,
+                     bookkeeper.metadata_service_uri)
+        hosts = "" if url.is_oxia else url.hosts
+        if bookkeeper.zookeeper not in ("", _DEFAULT_ZOOKEEPER, hosts):
+            raise ConfigError("[bookkeeper] metadata_service_uri and zookeeper name different stores: keep one")
+        if bookkeeper.ledgers_root not in (BookKeeperConfig.ledgers_root, url.ledgers_root):
+            raise ConfigError(f"[bookkeeper] ledgers_root {bookkeeper.ledgers_root} disagrees with "
+                              f"metadata_service_uri, whose ledgers root is {url.ledgers_root}: keep one")
+        bookkeeper = dataclasses.replace(bookkeeper, zookeeper=hosts, ledgers_root=url.ledgers_root)
+    if pulsar.metadata_store_url:
+        url = parsed("[pulsar] metadata_store_url", parse_pulsar_store_url, pulsar.metadata_store_url)
+        hosts = "" if url.is_oxia else url.hosts
+        if pulsar.zookeeper not in ("", hosts):
+            raise ConfigError("[pulsar] metadata_store_url and zookeeper name different stores: keep one")
+        pulsar = dataclasses.replace(pulsar, zookeeper=hosts)
+    if pulsar.configuration_metadata_store_url:
+        url = parsed("[pulsar] configuration_metadata_store_url", parse_pulsar_store_url,
+                     pulsar.configuration_metadata_store_url)
+        hosts = "" if url.is_oxia else url.hosts
+        if pulsar.configuration_store not in ("", hosts):
+            raise ConfigError("[pulsar] configuration_metadata_store_url and configuration_store name different "
+                              "stores: keep one")
+        pulsar = dataclasses.replace(pulsar, configuration_store=hosts)
+    for peer in config.safety.peer_metadata:
+        parsed("[safety] peer_metadata", parse_pulsar_store_url, peer)  # checked here rather than at use
     return dataclasses.replace(config, bookkeeper=bookkeeper, pulsar=pulsar)
 
 
