@@ -13,8 +13,9 @@ import pytest
 from pyspark.sql import SparkSession
 
 from harness.oxiaserver import OxiaServerInfo, start_oxia, stop_oxia
-from harness.sandbox.model import SandboxCluster, SandboxSpec, Status, build_cluster
+from harness.sandbox.model import OrphanKind, SandboxCluster, SandboxSpec, Status, build_cluster
 from harness.sandbox.seed import seed_oxia
+from sweeper.codecs import pulsar as codec
 from sweeper.config import SweeperConfig
 from sweeper.delete.stage import run_delete
 from sweeper.emit import run_emit
@@ -74,6 +75,20 @@ def seeded(oxia_server: OxiaServerInfo) -> Iterator[tuple[OxiaStore, SandboxClus
     store.close()
 
 
+def _regain_one(pulsar: OxiaStore, cluster: SandboxCluster) -> tuple[int, str]:
+    """An orphan dropped from a live topic's list, put back in that list; its id and the managed ledger's path."""
+    live = {m.name for m in cluster.managed_ledgers}
+    regained = min(i for i in orphans_past_grace(cluster, LATER_MS)
+                   if cluster.ledgers[i].orphan_kind is OrphanKind.DROPPED_FROM_LIST
+                   and cluster.ledgers[i].custom.get("pulsar/managed-ledger", b"").decode() in live)
+    ml_path = f"{SPEC.managed_ledgers_root}/{cluster.ledgers[regained].custom['pulsar/managed-ledger'].decode()}"
+    data, stat = pulsar.get(ml_path)
+    info = codec.decode_managed_ledger_info(data)
+    info.ledgerInfo.add(ledgerId=regained, entries=1, size=1)
+    pulsar.set(ml_path, codec.encode_managed_ledger_info(info), version=stat.version)
+    return regained, ml_path
+
+
 def _planned(spark: SparkSession, cfg: SweeperConfig, broker: Broker) -> tuple[TableStore, str]:
     """Snapshot, reconcile past the grace period (Oxia stamps each record's creation itself, so every seeded
     ledger is as new as the seeding), emit."""
@@ -116,19 +131,24 @@ def test_the_sweep_on_oxia_deletes_exactly_the_orphans_with_bookkeeper_and_pulsa
         candidates = {r["ledger_id"] for r in store.read_arrow("orphans", where={"run_id": run_id}).to_pylist()
                       if r["status"] == CANDIDATE and r["object_type"] == "ledger"}
         assert candidates == orphans and orphans
+        # After the plan, one orphan is listed again in its managed ledger, in Pulsar's namespace (a rolled-back
+        # metadata update): the delete's re-verification must read it there and keep the ledger.
+        regained, ml_path = _regain_one(pulsar, cluster)
         before = (dump(oxia), dump(pulsar))
 
         dry = run_delete(spark, cfg, store, run_id, now_ms=later())
         assert (dump(oxia), dump(pulsar)) == before
-        assert {r.ledger_id for r in dry.results if r.outcome == "would_delete"} == orphans
+        assert {r.ledger_id for r in dry.results if r.outcome == "would_delete"} == orphans - {regained}
         assert dry.guards["permission_check"].startswith("not applicable")
 
         done = run_delete(spark, cfg, store, run_id, execute=True, now_ms=later())
-        assert {r.ledger_id for r in done.results if r.outcome == "deleted"} == orphans
-        assert done.counts.get("in_use", 0) == 0 and done.counts.get("failed", 0) == 0
+        outcome = {r.ledger_id: r for r in done.results}
+        assert {i for i, r in outcome.items() if r.outcome == "deleted"} == orphans - {regained}
+        assert outcome[regained].outcome == "in_use" and ml_path.split("/", 2)[2] in outcome[regained].detail
+        assert done.counts.get("failed", 0) == 0
         after = dump(oxia)
         gone = set(before[0]) - set(after)
-        assert gone == {ledger_path(SPEC.ledgers_root, i, SPEC.layout) for i in orphans}  # parents stay, as BK's do
+        assert gone == {ledger_path(SPEC.ledgers_root, i, SPEC.layout) for i in orphans - {regained}}  # parents stay
         assert all(after[p] == before[0][p] for p in after) and dump(pulsar) == before[1]  # nothing else changed
         in_use = [i for i, x in cluster.ledgers.items() if x.status is Status.IN_USE]
         assert in_use and all(oxia.exists(ledger_path(SPEC.ledgers_root, i, SPEC.layout)) for i in in_use)

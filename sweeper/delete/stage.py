@@ -366,6 +366,17 @@ def _store_for_the_task(target: DeleteTarget) -> Any:
     return SplitStore(client, target.pulsar.connect(), target.ledgers_root)
 
 
+def _reader_for_the_task(target: DeleteTarget) -> Any:
+    """The bulk reader that reads each path where `_store_for_the_task` would: ledgers in BookKeeper's store,
+    referrers in Pulsar's."""
+    reader = target.bookkeeper.wire_reader(target.multi_read)
+    if target.pulsar is None:
+        return reader
+    from sweeper.metastore.oxia import SplitReader
+
+    return SplitReader(reader, target.pulsar.wire_reader(target.multi_read), target.ledgers_root)
+
+
 def delete_partition(items: Iterator[list[PendingRecord]], target: DeleteTarget) -> Iterator[TaskRow]:
     items = [item for group in items for item in group]
     if not items:
@@ -387,7 +398,7 @@ def delete_partition(items: Iterator[list[PendingRecord]], target: DeleteTarget)
         if ledgers:
             # Bulk verification reads on a second session; a missing one only makes verification slower.
             with contextlib.suppress(Exception):
-                reader = target.bookkeeper.wire_reader(target.multi_read)
+                reader = _reader_for_the_task(target)
         objects = [(i, r) for i, r in decoded if r["ledgerType"] != "LEDGER"]
         if ledgers:
             rules, peers = target.rules, []

@@ -475,3 +475,35 @@ class SplitStore:
     def close(self) -> None:
         self.bookkeeper.close()
         self.pulsar.close()
+
+
+class SplitReader:
+    """The bulk reader of a `SplitStore`: each path read in its own namespace, results in input order. The
+    delete's verification prefetches ledgers and referrers through one reader; a reader of BookKeeper's namespace
+    alone would find no managed ledger there and take a listed ledger for unreferenced."""
+
+    def __init__(self, bookkeeper: OxiaReader, pulsar: OxiaReader, ledgers_root: str) -> None:
+        self.bookkeeper, self.pulsar, self.ledgers_root = bookkeeper, pulsar, ledgers_root.rstrip("/")
+
+    def _inside(self, path: str) -> bool:
+        return path == self.ledgers_root or path.startswith(self.ledgers_root + "/")
+
+    def _routed(self, paths: Iterable[str], read: Any) -> Iterator[Any]:
+        ordered = list(paths)
+        ours = [p for p in ordered if self._inside(p)]
+        theirs = [p for p in ordered if not self._inside(p)]
+        by_path: dict[str, Any] = {}
+        for result in [*read(self.bookkeeper, ours), *read(self.pulsar, theirs)]:
+            by_path[result.path] = result
+        return (by_path[p] for p in ordered)
+
+    def get_many(self, paths: Iterable[str], window: int = DEFAULT_WINDOW) -> Iterator[ZnodeRead]:
+        return self._routed(paths, lambda reader, some: list(reader.get_many(some, window)))
+
+    def children_many(self, paths: Iterable[str], window: int = DEFAULT_WINDOW,
+                      multi_read: int = 1) -> Iterator[ChildrenRead]:
+        return self._routed(paths, lambda reader, some: list(reader.children_many(some, window)))
+
+    def close(self) -> None:
+        self.bookkeeper.close()
+        self.pulsar.close()
