@@ -795,12 +795,14 @@ def main(argv: list[str] | None = None) -> int:
 def _main(args: argparse.Namespace, log_path: Path | None) -> int:
     import signal
 
+    from sweeper.errors import caused_by_interrupt
+
     previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     interrupted = _stop_on_signals()
     try:
         code = _run(args)
     except BaseException as exc:
-        if not interrupted and not isinstance(exc, KeyboardInterrupt):
+        if not interrupted and not caused_by_interrupt(exc):
             raise
         logging.getLogger(__name__).warning("interrupted", exc_info=exc)
         interrupted.append("SIGINT")  # PySpark's own SIGINT handler (SparkContext) raised it, not ours

@@ -27,3 +27,19 @@ def one_line(exc: BaseException, limit: int = 500) -> str:
     text = str(exc).strip().splitlines()
     first = text[0] if text else ""
     return f"{type(exc).__name__}: {first}"[:limit]
+
+
+def caused_by_interrupt(exc: BaseException) -> bool:
+    """Whether `exc` is, or was raised while handling, an interrupt. PySpark's own SIGINT handler (SparkContext)
+    raises KeyboardInterrupt and cancels every running job; the call that was waiting on a job then fails with a
+    py4j error (SPARK_JOB_CANCELLED) raised during the handling of that interrupt: still an interrupt (exit 130,
+    `interrupted` in runs), never a failure with a Java trace."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, KeyboardInterrupt):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+

@@ -22,7 +22,7 @@ from sweeper.console import human_bytes, plural
 from sweeper.delete.lock import RunLockHeld
 from sweeper.delete.stage import DeleteRefused, DeleteRunResult, run_delete
 from sweeper.emit import EmitFailed, EmitRefused, EmitResult, run_emit
-from sweeper.errors import Refused
+from sweeper.errors import Refused, caused_by_interrupt
 from sweeper.gates import GateFailed, run_gates
 from sweeper.metastore.migration import MigrationRefused
 from sweeper.metrics import MetricsError, publish, render
@@ -85,6 +85,12 @@ def _stage(store: TableStore, config: SweeperConfig, run_id: str, stage: str, bo
                             f"interrupted during {stage}; re-run the stage (or the sweep) to do it again")
         raise
     except Exception as exc:
+        if caused_by_interrupt(exc):  # a Spark job cancelled by PySpark's SIGINT handler: the interrupt, not a failure
+            if record_interrupt:
+                with contextlib.suppress(Exception):
+                    runs.record(store, run_id, stage, runs.INTERRUPTED, started, {}, config,
+                                f"interrupted during {stage}; re-run the stage (or the sweep) to do it again")
+            raise KeyboardInterrupt from exc
         # The `runs` status and the exit code say the same thing: an escalated failure is a refusal in both.
         refusal = escalate(exc)
         runs.record(store, run_id, stage, runs.FAILED if refusal is None else runs.REFUSED, started, {}, config,

@@ -36,7 +36,7 @@ from sweeper.config import (
     SystemTopicConfig,
 )
 from sweeper.connections import Connections, MetadataEndpoint
-from sweeper.errors import Refused, RunIdTaken
+from sweeper.errors import Refused, RunIdTaken, caused_by_interrupt
 from sweeper.liveness import ClockReading, clock_problem, live_brokers, probe_clock
 from sweeper.metastore.migration import MigrationRefused, check_migration
 from sweeper.metastore.urls import StoreUrl
@@ -722,6 +722,11 @@ def run(spark: SparkSession, store: TableStore, run_id: str, settings: SnapshotS
                         "interrupted during the snapshot: its rows are never reconciled; start a new run")
         raise
     except Exception as exc:
+        if caused_by_interrupt(exc):  # a Spark job cancelled by PySpark's SIGINT handler
+            with contextlib.suppress(Exception):
+                runs.record(store, run_id, "snapshot", runs.INTERRUPTED, started, {}, settings,
+                            "interrupted during the snapshot: its rows are never reconciled; start a new run")
+            raise KeyboardInterrupt from exc
         runs.record(store, run_id, "snapshot", runs.FAILED, started, {}, settings, exc)
         raise
     finally:

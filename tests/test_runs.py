@@ -77,3 +77,26 @@ def test_the_runs_status_agrees_with_the_exit_code_a_stage_ends_with(tmp_path: P
     assert [(r["run_id"], r["status"]) for r in runs.rows(store, stage="emit")] == [
         ("r1", runs.REFUSED), ("r2", runs.FAILED)]
     assert runs.rows(store, run_id="r1")[0]["message"] == "emit failed: producer p-1: 3 sends failed"
+
+
+def test_a_spark_job_cancelled_by_an_interrupt_is_the_interrupt(tmp_path: Path) -> None:
+    """PySpark's SIGINT handler raises KeyboardInterrupt and cancels the running jobs; the collect that waited on
+    one then fails with a py4j error raised while handling the interrupt. That is `interrupted` (exit 130), never
+    `failed` with a Java trace (the kill test's SIGINT landed there once)."""
+    from sweeper.errors import caused_by_interrupt
+    from sweeper.pipeline import _stage
+
+    store, cfg = _store(tmp_path), SweeperConfig()
+
+    def cancelled() -> None:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise RuntimeError("[SPARK_JOB_CANCELLED] Job 6 cancelled as part of cancellation of all jobs") from None
+
+    with pytest.raises(RuntimeError) as raised:
+        cancelled()
+    assert caused_by_interrupt(raised.value) and not caused_by_interrupt(RuntimeError("boom"))
+    with pytest.raises(KeyboardInterrupt):
+        _stage(store, cfg, "r1", "reconcile", cancelled, lambda result: None, ())  # type: ignore[arg-type]
+    assert [(r["run_id"], r["status"]) for r in runs.rows(store, stage="reconcile")] == [("r1", runs.INTERRUPTED)]
