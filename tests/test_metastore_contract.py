@@ -77,6 +77,9 @@ def test_a_delete_needs_the_version_it_read_and_no_children(store: Any) -> None:
     assert store.exists("/root/ledger") is None
     with pytest.raises(NoNodeError):
         store.delete("/root/ledger")
+    # Gone with a version in hand is "someone deleted it", not "it changed" (Oxia itself answers a version mismatch).
+    with pytest.raises(NoNodeError):
+        store.delete("/root/ledger", version=stat.version)
     store.ensure_path("/root/parent/child")
     with pytest.raises(NotEmptyError):
         store.delete("/root/parent")

@@ -5,6 +5,7 @@ the server would put them in; the PIP-454 migration refusals."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,11 @@ from harness.sandbox.model import OrphanKind, SandboxCluster, SandboxSpec, Statu
 from harness.sandbox.seed import seed_oxia
 from sweeper.codecs import pulsar as codec
 from sweeper.config import SweeperConfig
+from sweeper.delete import DELETED, IN_USE, LedgerDeleter
 from sweeper.delete.stage import run_delete
 from sweeper.emit import run_emit
 from sweeper.errors import Refused
-from sweeper.layout import ledger_path
+from sweeper.layout import LedgerLayout, layout_znode, ledger_path
 from sweeper.metastore import oxia as oxia_store
 from sweeper.metastore.migration import MIGRATION_FLAG_PATH, MigrationRefused
 from sweeper.metastore.oxia import OxiaStore
@@ -28,9 +30,10 @@ from sweeper.reconcile import SafetySettings, run_reconcile
 from sweeper.runs import record as record_run
 from sweeper.snapshot import run_snapshot
 from sweeper.tables import TableStore, open_table_store
-from sweeper.vocabulary import CANDIDATE
+from sweeper.vocabulary import CANDIDATE, DAY_MS
 from tests.support.broker import Broker
 from tests.support.config import BASE_CONFIG
+from tests.support.ledgers import ledger_bytes
 from tests.support.seeded import LATER_MS, later, orphans_past_grace
 
 SPEC = SandboxSpec(seed=11, topics=12)
@@ -255,3 +258,38 @@ def test_a_store_migrated_away_from_is_refused_naming_the_target(
     with pytest.raises(MigrationRefused, match="oxia://new-oxia:6648/pulsar"):
         run_snapshot(spark, cfg, store)
     assert [r["status"] for r in store.read_arrow("runs").to_pylist()] == ["refused"]
+
+
+def test_on_oxia_each_ledger_is_its_own_compare_and_set(oxia_server: OxiaServerInfo) -> None:
+    """Oxia deletes key by key, so a batch of deletes is not atomic there: ledger A deleted, then ledger B refused
+    because BookKeeper rewrote its metadata after the verification. Were they sent as one batch, the failed batch's
+    members would be retried one by one and A, gone by this run's own hand, filed `already_gone`: a deletion no
+    table attributes to the run that made it. One ledger per compare-and-set files A `deleted` and keeps B."""
+    store = OxiaStore(oxia_server.address, "default")
+    now = int(time.time() * 1000) + 10 * DAY_MS  # ten days on: Oxia's created time and the ledgers' are old enough
+    custom = {"application": "pulsar", "component": "managed-ledger", "pulsar/managed-ledger": "t/ns/persistent/a"}
+    first, second = (ledger_path("/ledgers", ledger, LedgerLayout.HIERARCHICAL) for ledger in (20, 21))
+    try:
+        store.create("/ledgers/LAYOUT", layout_znode(LedgerLayout.HIERARCHICAL), makepath=True)
+        store.ensure_path("/managed-ledgers/t/ns/persistent")
+        store.create("/managed-ledgers/t/ns/persistent/a", codec.encode_managed_ledger_info(
+            codec.pb.ManagedLedgerInfo()))
+        for path in (first, second):
+            store.create(path, ledger_bytes(custom, ctime=now - 30 * DAY_MS), makepath=True)
+
+        class BookKeeperRewritesTheSecond(LedgerDeleter):
+            def delete(self, verified: Any) -> Any:
+                store.set(second, ledger_bytes(custom, ctime=now - 30 * DAY_MS))  # e.g. a recovery: a new version
+                return super().delete(verified)
+
+        deleter = BookKeeperRewritesTheSecond(store, ledgers_root="/ledgers", layout=LedgerLayout.HIERARCHICAL,
+                                              min_age_ms=7 * DAY_MS, now_ms=lambda: now, execute=True,
+                                              batch_size=100)
+        records = [{"topicName": "persistent://t/ns/a", "ledgerComponent": "MANAGED_LEDGER", "ledgerType": "LEDGER",
+                    "ledgerId": ledger, "cursorName": None, "schemaId": None, "offloadContext": None,
+                    "properties": {}, "reason": "test", "runId": "run-1"} for ledger in (20, 21)]
+        outcomes = {r.ledger_id: r.outcome for r in deleter.process(records)}
+        assert outcomes == {20: DELETED, 21: IN_USE}, outcomes
+        assert store.exists(first) is None and store.exists(second) is not None
+    finally:
+        store.close()

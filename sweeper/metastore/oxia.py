@@ -250,7 +250,7 @@ class OxiaStore:
         return stat_of(new, len(value))
 
     def delete(self, path: str, version: int = -1, recursive: bool = False) -> bool:
-        from oxia.ex import UnexpectedVersionId
+        from oxia.ex import KeyNotFound, UnexpectedVersionId
 
         if recursive:
             raise NotImplementedError("the sweeper never deletes recursively")
@@ -259,6 +259,12 @@ class OxiaStore:
         try:
             deleted = self._client.delete(path, expected_version_id=None if version == -1 else version)
         except UnexpectedVersionId:
+            # Oxia answers a versioned delete of a missing key with a version mismatch; kazoo's callers tell
+            # "someone deleted it" (NoNode) from "it changed" (BadVersion), so ask which it was.
+            try:
+                self._client.get(path, include_value=False)
+            except KeyNotFound:
+                raise NoNodeError(path) from None
             raise BadVersionError(path) from None
         if not deleted:
             raise NoNodeError(path)
