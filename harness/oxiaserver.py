@@ -50,7 +50,7 @@ def oxia_binary() -> Path | None:
     if not packed:
         return None
     UNPACKED.parent.mkdir(parents=True, exist_ok=True)
-    partial = UNPACKED.with_suffix(".partial")
+    partial = UNPACKED.with_suffix(f".{os.getpid()}.partial")  # two test processes may unpack at once
     with lzma.open(packed[-1]) as source, open(partial, "wb") as target:
         shutil.copyfileobj(source, target)
     partial.chmod(0o755)

@@ -180,11 +180,26 @@ def free_port(host: str = "127.0.0.1") -> int:
     return free_port_block(1, host)
 
 
-def free_port_block(count: int, host: str = "127.0.0.1", low: int = 20000, high: int = 32000) -> int:
+PORT_RANGE_ENV = "SWEEPER_PORT_RANGE"  # "low-high": processes picking ports at once each take their own range
+
+
+def port_range() -> tuple[int, int]:
+    named = os.environ.get(PORT_RANGE_ENV)
+    if named:
+        low, high = (int(part) for part in named.split("-"))
+        return low, high
+    return 20000, 32000
+
+
+def free_port_block(count: int, host: str = "127.0.0.1", low: int | None = None, high: int | None = None) -> int:
     """The first of `count` consecutive ports that are all free, for servers that take `port + k`.
 
     Chosen below Linux's ephemeral range (32768+), where the kernel never places outgoing connections:
-    on a busy machine one can hold `free_port() + 1`."""
+    on a busy machine one can hold `free_port() + 1`. Two test processes (pytest-xdist workers) each pick from
+    their own part of that range ($SWEEPER_PORT_RANGE): a port one has picked but not yet bound looks free
+    to the other."""
+    default_low, default_high = port_range()
+    low, high = low if low is not None else default_low, high if high is not None else default_high
     rng = random.Random(os.getpid() ^ time.monotonic_ns())
     for _ in range(200):
         base = rng.randrange(low, high - count)

@@ -9,6 +9,8 @@ the unit tests alone (`-m "not integration"`): `pytest_collection_modifyitems` b
 from __future__ import annotations
 
 import itertools
+import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,7 +19,14 @@ import pytest
 from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
-from harness.zkserver import FAKETIME_LIB, ServerClock, ZooKeeperServerInfo, start_zookeeper, stop_zookeeper
+from harness.zkserver import (
+    FAKETIME_LIB,
+    PORT_RANGE_ENV,
+    ServerClock,
+    ZooKeeperServerInfo,
+    start_zookeeper,
+    stop_zookeeper,
+)
 from sweeper.zk import client as zkutil
 from tests.support.config import ZkTarget
 
@@ -30,9 +39,30 @@ if TYPE_CHECKING:
     from tests.support.seeded import SeededSnapshot, SeededSnapshotMaker
 
 REPO = Path(__file__).resolve().parents[1]
+
+# pytest-xdist's workers run with a `__main__` that has neither a spec nor a file, which pyspark's Spark Connect
+# import (pulled in by great_expectations) takes for a doctest run and answers with sys.exit(0)
+# (pyspark.sql.connect.utils.check_dependencies). Name the worker's main module so it does not.
+_main_module = sys.modules["__main__"]
+if getattr(_main_module, "__spec__", None) is None and not hasattr(_main_module, "__file__"):
+    _main_module.__file__ = "<pytest worker>"
 SHARED_FIXTURES = REPO.parent / "shared" / "fixtures"
 
 _chroots = itertools.count(1)
+
+
+def _take_a_port_range(worker: str | None, workers: int) -> None:
+    """Each of `workers` xdist workers picks server ports from its own slice of the harness's range, the controller
+    (which serves the real-Pulsar testbed) from the first slice; a serial session keeps the whole range."""
+    if workers <= 0:
+        return
+    low, high = 20000, 32000
+    index = int(worker.removeprefix("gw")) + 1 if worker else 0
+    size = (high - low) // (workers + 1)
+    os.environ[PORT_RANGE_ENV] = f"{low + index * size}-{low + (index + 1) * size}"
+
+
+_take_a_port_range(os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")))
 
 # A test that uses one of these, itself or through another fixture, talks to a server or a JVM: an integration
 # test. The last three are module-local fixtures: the sandbox's Pulsar endpoint (test_pulsar_endpoint*.py,
@@ -50,6 +80,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if (SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ()))
                 or item.get_closest_marker("slow") or item.get_closest_marker("real_pulsar")):
             item.add_marker(pytest.mark.integration)
+        if "testbed_world" in getattr(item, "fixturenames", ()):
+            # Under `pytest -n 2 --dist loadgroup` the real-Pulsar tests run in one worker, in order, on one
+            # testbed (tests/support/testbed_session.py); before xdist reads the group marks into node ids.
+            item.add_marker(pytest.mark.xdist_group("real_pulsar"))
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        # Workers take tests in collection order as they free up: the longest first, the unit tests last as the
+        # filler that evens out the workers' ends (tests/real_pulsar/conftest.py then puts its group last).
+        items.sort(key=lambda i: (not i.get_closest_marker("slow"), not i.get_closest_marker("integration")))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """An xdist controller (`-n N`, not a worker) serves the one real-Pulsar testbed its workers share."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        from tests.support.testbed_session import ControllerPlugin
+
+        _take_a_port_range(None, int(config.option.numprocesses))
+        config.pluginmanager.register(ControllerPlugin(), "real-pulsar-testbed-controller")
 
 
 @pytest.fixture(scope="session")
@@ -174,3 +221,4 @@ def secure_zk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from tests.support.secure_zk import start_secure_zookeeper
 
     yield from start_secure_zookeeper(tmp_path_factory.mktemp("secure-zk"))
+

@@ -63,8 +63,10 @@ class WorkloadResult:
 
 
 def client_for(info: TestbedInfo) -> pulsar.Client:
+    # Errors only: the workload may run outside pytest's capture (an xdist controller prepares the testbed), where
+    # the C++ client's INFO lines would fill the terminal.
     return pulsar.Client(info.service_url, authentication=pulsar.AuthenticationToken(info.superuser_token()),
-                         operation_timeout_seconds=30)
+                         operation_timeout_seconds=30, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
 
 
 def admin_for(info: TestbedInfo) -> Admin:

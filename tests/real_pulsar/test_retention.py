@@ -131,7 +131,7 @@ def _prepare(admin: Admin, client: pulsar.Client, world: World) -> tuple[dict[st
     perf = transactional_acknowledge(world.info, PROTECTED, "txn-sub", 6)  # a few seconds: one small JVM
     zk = zk_for(world.info)
     try:  # the broker created the store and its cursor (what the repair must then leave alone)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60  # seconds on a quiet machine; a loaded one (CI saw 20 s) takes longer
         while not zk.exists(f"{ml_path(PENDING_ACK_STORE)}/__pending_ack_state"):
             assert time.monotonic() < deadline, f"no pending-ack store after pulsar-perf consume -txn: {perf[-2000:]}"
             time.sleep(0.5)

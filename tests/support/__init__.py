@@ -9,11 +9,13 @@
 - `secure_zk`, `tls_certs`: a ZooKeeper with TLS and SASL users; a throwaway certificate authority.
 - `s3_faults`: a fault-injecting proxy in front of moto; `admin_server`: a stand-in for a broker's admin REST API.
 - `real_pulsar`: what the real-Pulsar tests share besides their fixtures (grace period, costs, records).
+- `testbed_session`: the real-Pulsar testbed's life in a session, serial or served by an xdist controller.
 
 Test modules import from here, never from one another or from a conftest.
 
-Running the tests: `pytest -q` runs everything, about 24 minutes on two cores, the real Apache Pulsar testbed
-included (`SWEEPER_SKIP_REAL_PULSAR=1` skips that part). `pytest -m "not integration" -q` runs the unit tests
+Running the tests: `pytest -q -n 2 --dist loadgroup` (README's command) runs everything on two xdist workers, the
+real Apache Pulsar testbed included (`SWEEPER_SKIP_REAL_PULSAR=1` skips that part; `testbed_session` serves it to
+the workers); `pytest -q` runs the same serially. `pytest -m "not integration" -q` runs the unit tests
 alone in under a minute: classification, safety rules, retry policy, codecs, config parsing and the like, with no
 ZooKeeper, Spark, S3, broker or other process started. tests/conftest.py marks `integration` every test that
 uses a server or Spark fixture, is `slow` or runs against the testbed; a test that starts a server or a process
