@@ -224,9 +224,9 @@ def cmd_testbed(args: argparse.Namespace) -> int:
     home = Path(args.home)
     try:
         if args.action == "up":
-            info = testbed_up(home, pulsar_home=args.pulsar_home)
+            info = testbed_up(home, pulsar_home=args.pulsar_home, metadata=args.metadata)
             print(f"Pulsar {info.pulsar_version} testbed serving: broker {info.service_url}, admin {info.admin_url}, "
-                  f"ZooKeeper {info.zookeeper}, S3 {info.s3_endpoint} (bucket {info.offload_bucket})")
+                  f"metadata {info.metadata_store_url}, S3 {info.s3_endpoint} (bucket {info.offload_bucket})")
             print(f"superuser token: {info.superuser_token_file}; sweeper config: {info.sweeper_config}; "
                   f"broker log: {info.log_file}")
         elif args.action == "seed":
@@ -245,7 +245,7 @@ def cmd_testbed(args: argparse.Namespace) -> int:
             _print_counts("induced orphans:", kinds)
         elif args.action == "crash":
             testbed_crash(home)
-            print("broker killed (-9); ZooKeeper and the bookie still run; `sweeper testbed up` restarts it")
+            print("broker killed (-9); the metadata store and the bookie still run; `sweeper testbed up` restarts it")
         elif args.action == "down":
             stopped = testbed_down(home, wipe=args.wipe)
             print("testbed stopped" if stopped else "no testbed was running", "(data wiped)" if args.wipe else "")
@@ -620,6 +620,10 @@ def build_parser() -> argparse.ArgumentParser:
                          help="up: start; seed: workload + orphans + manifest; crash: kill -9 the broker")
     testbed.add_argument("--home", default="var/testbed", help="testbed state, data and logs")
     testbed.add_argument("--pulsar-home", help="a Pulsar distribution (default: the one jvm/pom.xml fetches)")
+    testbed.add_argument("--metadata", choices=["zookeeper", "oxia"],
+                         help="with `up`: where broker and bookie keep their metadata (default zookeeper; a broker "
+                              "restarted after `crash` keeps its store). oxia needs the Oxia server binary "
+                              "(docs/development.md)")
     testbed.add_argument("--wipe", action="store_true", help="with `down`: delete the testbed data too")
     common(testbed)
     testbed.set_defaults(func=cmd_testbed)

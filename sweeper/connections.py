@@ -64,7 +64,7 @@ class ZooKeeperEndpoint:
 @dataclass(frozen=True)
 class OxiaEndpoint:
     """One Oxia namespace (issue 24): the same three ways in as a ZooKeeper ensemble, so a stage never asks which
-    store it reads. Oxia has no TLS/SASL settings here: the PyPI client speaks plaintext gRPC."""
+    store it reads. Oxia has no TLS/SASL settings here: the PyPI client and our read client speak plaintext gRPC."""
 
     address: str  # host:port
     namespace: str
@@ -92,10 +92,11 @@ class OxiaEndpoint:
         return endpoint_of(parse_pulsar_store_url(hosts), self.timeout_s, None)
 
     def wire_reader(self, multi_read: int = 1, limiter: TokenBucket | None = None) -> OxiaReader:
-        """The bulk reader: a directory's children with their values in one range scan."""
+        """The bulk reader: a directory's children with their values in one range scan, over gRPC of its own."""
         from sweeper.metastore.oxia import OxiaReader
+        from sweeper.metastore.oxia_grpc import OxiaReadClient
 
-        return OxiaReader(self.connect())
+        return OxiaReader(OxiaReadClient(self.address, self.namespace, self.timeout_s))
 
 
 MetadataEndpoint = ZooKeeperEndpoint | OxiaEndpoint

@@ -80,14 +80,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if (SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ()))
                 or item.get_closest_marker("slow") or item.get_closest_marker("real_pulsar")):
             item.add_marker(pytest.mark.integration)
-        if "testbed_world" in getattr(item, "fixturenames", ()):
-            # Under `pytest -n 2 --dist loadgroup` the real-Pulsar tests run in one worker, in order, on one
-            # testbed (tests/support/testbed_session.py); before xdist reads the group marks into node ids.
-            item.add_marker(pytest.mark.xdist_group("real_pulsar"))
     if "PYTEST_XDIST_WORKER" in os.environ:
         # Workers take tests in collection order as they free up: the longest first, the unit tests last as the
         # filler that evens out the workers' ends (tests/real_pulsar/conftest.py then puts its group last).
         items.sort(key=lambda i: (not i.get_closest_marker("slow"), not i.get_closest_marker("integration")))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Each test is its own unit of work but for the real-Pulsar tests: those of one testbed run in one worker, in
+    order (tests/support/testbed_session.py). Not through `xdist_group` marks: xdist 3.8 writes the group into
+    `item._nodeid`, which pytest 9.2 no longer reads (node ids live in `item._id`), so the marks group nothing."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    from tests.support.testbed_session import testbed_of_test
+
+    # Units in collection order (tests/real_pulsar/conftest.py puts the testbeds' last, when they are ready), not
+    # the largest first, which xdist does by default and which would hand out the testbeds' groups at the start.
+    config.option.loadscopereorder = False
+
+    class OneWorkerPerTestbed(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return testbed_of_test(nodeid) or nodeid
+
+    return OneWorkerPerTestbed(config, log)
 
 
 def pytest_configure(config: pytest.Config) -> None:

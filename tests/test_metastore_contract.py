@@ -19,8 +19,10 @@ from kazoo.exceptions import (
 )
 
 from sweeper.connections import OxiaEndpoint, ZooKeeperEndpoint
+from sweeper.layout import LayoutError, LedgerLayout, layout_znode
 from sweeper.metastore.migration import MIGRATION_FLAG_PATH, MigrationState, read_migration
 from sweeper.metastore.oxia import capabilities_of
+from sweeper.scan.bookkeeper import read_layout
 from tests.support.config import ZkTarget
 
 
@@ -141,7 +143,36 @@ def test_the_migration_flag_reads_the_same_on_both(store: Any) -> None:
 
 def test_what_oxia_lacks_is_declared(store: Any, endpoint: Any) -> None:
     caps = capabilities_of(store)
+    declared = (caps.atomic_multi, caps.acls, caps.tidies_empty_parents, caps.layout_record)
     if isinstance(endpoint, OxiaEndpoint):
-        assert (caps.atomic_multi, caps.acls, caps.tidies_empty_parents) == (False, False, False)
+        assert declared == (False, False, False, False)
     else:
-        assert (caps.atomic_multi, caps.acls, caps.tidies_empty_parents) == (True, True, True)
+        assert declared == (True, True, True, True)
+
+
+def test_a_ledgers_root_without_a_layout_record_is_hierarchical_on_oxia_only(store: Any, endpoint: Any) -> None:
+    """A real Pulsar 4.0.8 on Oxia writes no /ledgers/LAYOUT (its metadata-store driver keeps every ledger at the
+    hybrid hierarchical path, tests/real_pulsar/test_oxia_testbed.py); on ZooKeeper BookKeeper always writes one,
+    so a root without it is still refused there (a wrong root, not a layout to guess)."""
+    store.ensure_path("/root/ledgers/00/0000")
+    if isinstance(endpoint, OxiaEndpoint):
+        assert read_layout(store, "/root/ledgers") is LedgerLayout.HIERARCHICAL
+    else:
+        with pytest.raises(LayoutError, match="no LAYOUT"):
+            read_layout(store, "/root/ledgers")
+    store.create("/root/ledgers/LAYOUT", layout_znode(LedgerLayout.FLAT))
+    assert read_layout(store, "/root/ledgers") is LedgerLayout.FLAT  # a record, where there is one, decides
+
+
+def test_stopping_a_client_ends_its_session_and_its_ephemeral_records(endpoint: Any, store: Any) -> None:
+    """kazoo's `stop` closes the session: a client's ephemeral records (the run lock) go at once rather than when
+    the session expires, and the `close` that usually follows has nothing left to do."""
+    holder = endpoint.connect()
+    holder.create("/root/held", b"holder", ephemeral=True)
+    assert store.exists("/root/held") is not None
+    holder.stop()
+    deadline = time.monotonic() + 5
+    while store.exists("/root/held") is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert store.exists("/root/held") is None
+    holder.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from pyspark.sql import SparkSession
 from harness.oxiaserver import OxiaServerInfo, start_oxia, stop_oxia
 from harness.sandbox.model import OrphanKind, SandboxCluster, SandboxSpec, Status, build_cluster
 from harness.sandbox.seed import seed_oxia
+from harness.zkserver import free_port
 from sweeper.codecs import pulsar as codec
 from sweeper.config import SweeperConfig
 from sweeper.delete import DELETED, IN_USE, LedgerDeleter
@@ -24,8 +26,10 @@ from sweeper.emit import run_emit
 from sweeper.errors import Refused
 from sweeper.layout import LedgerLayout, layout_znode, ledger_path
 from sweeper.metastore import oxia as oxia_store
+from sweeper.metastore import oxia_grpc
 from sweeper.metastore.migration import MIGRATION_FLAG_PATH, MigrationRefused
-from sweeper.metastore.oxia import OxiaStore
+from sweeper.metastore.oxia import OxiaStore, OxiaUnavailableError, children_range
+from sweeper.metastore.oxia_grpc import OxiaReadClient
 from sweeper.reconcile import SafetySettings, run_reconcile
 from sweeper.runs import record as record_run
 from sweeper.snapshot import run_snapshot
@@ -291,5 +295,271 @@ def test_on_oxia_each_ledger_is_its_own_compare_and_set(oxia_server: OxiaServerI
         outcomes = {r.ledger_id: r.outcome for r in deleter.process(records)}
         assert outcomes == {20: DELETED, 21: IN_USE}, outcomes
         assert store.exists(first) is None and store.exists(second) is not None
+    finally:
+        store.close()
+
+
+# ---- the snapshot's read path: our gRPC client against the PyPI client ------------------------------------------
+
+
+def _records_in_every_shard(store: OxiaStore, client: OxiaReadClient) -> dict[str, bytes]:
+    """A directory whose children land in every shard: ledgers, one rewritten (so its version and modified time
+    move on), an empty parent, an ephemeral record (a session id), and deeper keys no listing of it may show."""
+    written = {f"/ledgers/00/0000/L{i:04d}": f"ledger {i}".encode() * (i % 7) for i in range(400)}
+    store.ensure_path("/ledgers/00/0000/sub")
+    for key, value in written.items():
+        store.create(key, value)
+    time.sleep(0.01)
+    written["/ledgers/00/0000/L0007"] = b"rewritten"
+    store.set("/ledgers/00/0000/L0007", written["/ledgers/00/0000/L0007"])
+    store.create("/ledgers/00/0000/sub/L9999", b"one level down")
+    store.create("/ledgers/00/0000/lock", b"holder", ephemeral=True)
+    assert {client._current().shard_of(key).id for key in written} == {s.id for s in client._current().shards}
+    return written
+
+
+@pytest.mark.parametrize("oxia_server", [4], indirect=True)
+def test_the_grpc_reader_reads_exactly_what_the_pypi_range_scan_reads(oxia_server: OxiaServerInfo) -> None:
+    """The snapshot reads Oxia through a client generated from the server's proto (the PyPI client decodes too
+    slowly): on a namespace of four shards, every range scan returns the PyPI client's records, in its order, with
+    its values, versions, both timestamps and session ids; the reader's listings and reads agree with the store."""
+    store = OxiaStore(oxia_server.address, "default")
+    client = OxiaReadClient(oxia_server.address, "default")
+    try:
+        written = _records_in_every_shard(store, client)
+        for start, end in [children_range("/ledgers/00/0000"), children_range("/ledgers/00"), ("/", "/~"),
+                           ("/ledgers/00/0000/L0100", "/ledgers/00/0000/L0200"), ("", "~")]:
+            theirs = list(store._client.range_scan(start, end))
+            ours = client.range_scan(start, end)
+            assert [key for key, _, _ in ours] == [key for key, _, _ in theirs]
+            for (key, value, stat), (_, their_value, version) in zip(ours, theirs, strict=True):
+                their_value = bytes(their_value or b"")
+                assert value == their_value, key
+                assert stat == oxia_store.stat_of(version, len(their_value)), key
+                assert (stat.version, stat.ctime, stat.mtime, stat.ephemeralOwner) == (
+                    version.version_id(), round(version.created_timestamp().timestamp() * 1000),
+                    round(version.modified_timestamp().timestamp() * 1000), version.session_id() or 0), key
+        listed = client.range_scan(*children_range("/ledgers/00/0000"))
+        assert len(listed) == len(written) + 2  # the ledgers, `sub` and `lock`; nothing from below `sub`
+        rewritten = next(stat for key, _, stat in listed if key.endswith("/L0007"))
+        assert rewritten.version > 0 and rewritten.mtime > rewritten.ctime
+        assert next(stat for key, _, stat in listed if key.endswith("/lock")).ephemeralOwner != 0
+
+        keys = [*written, "/ledgers/00/0000/absent", "/ledgers/00/0000/sub"]
+        gets = client.get_many(keys)
+        for key, got in zip(keys, gets, strict=True):
+            if key.endswith("absent"):
+                assert got is None
+                continue
+            data, stat = store.get(key)
+            assert got == (data, stat._replace(numChildren=0)), key
+
+        with oxia_store.OxiaReader(OxiaReadClient(oxia_server.address, "default")) as reader:
+            [listing, gone] = list(reader.children_many(["/ledgers/00/0000", "/ledgers/00/0009"]))
+            assert listing.children == sorted([k.rsplit("/", 1)[1] for k in written] + ["lock", "sub"])
+            assert gone.children is None and gone.error is None  # kazoo's NoNode: the directory is not there
+            reads = list(reader.get_many(keys))
+        assert [r.data for r in reads] == [written[k] for k in written] + [None, b""]
+    finally:
+        client.close()
+        store.close()
+
+
+def _unreachable_leader(kind: str, elsewhere: OxiaServerInfo) -> str:
+    # `down`: no server at that address (a leader that crashed); `not_leader`: a live Oxia server that does not
+    # lead the shard (a leadership that moved): it refuses by shard id.
+    return f"127.0.0.1:{free_port()}" if kind == "down" else elsewhere.address
+
+
+@pytest.mark.parametrize("oxia_server", [4], indirect=True)
+@pytest.mark.parametrize("kind", ["down", "not_leader"])
+def test_a_scan_with_a_shard_unreachable_fails_instead_of_returning_fewer_records(
+        oxia_server: OxiaServerInfo, tmp_path: Path, kind: str) -> None:
+    """A range scan asks every shard; when one shard's leader cannot answer, the listing must fail, not come back
+    with the other shards' records only: a ledger whose referrer lived in the missing shard would look orphaned.
+    The reader reports the failure as the listing's and the read's error (which fails the scan task)."""
+    store = OxiaStore(oxia_server.address, "default")
+    other = start_oxia(tmp_path / "other-oxia")  # one shard: it leads shard 0 only
+    client = OxiaReadClient(oxia_server.address, "default")
+    try:
+        written = _records_in_every_shard(store, client)
+        healthy = client._current()
+        assert len(client.range_scan(*children_range("/ledgers/00/0000"))) == len(written) + 2  # the control
+        victim = healthy.shards[2]
+        broken = oxia_grpc.ShardMap(tuple(
+            replace(s, leader=_unreachable_leader(kind, other)) if s is victim else s for s in healthy.shards))
+        client._map = broken  # the standalone server sends its map once: nothing overwrites this one
+        with pytest.raises(OxiaUnavailableError, match=f"shard {victim.id} at "):
+            client.range_scan(*children_range("/ledgers/00/0000"))
+        routed = [k for k in written if healthy.shard_of(k) is victim]
+        with pytest.raises(OxiaUnavailableError, match=f"shard {victim.id} at "):
+            client.get_many(routed[:3])
+
+        with oxia_store.OxiaReader(client) as reader:  # closes the client too
+            [listing] = list(reader.children_many(["/ledgers/00/0000"]))
+            reads = list(reader.get_many(routed[:3]))
+        assert listing.children is None and isinstance(listing.error, OxiaUnavailableError)
+        assert all(r.data is None and isinstance(r.error, OxiaUnavailableError) for r in reads)
+    finally:
+        client.close()
+        stop_oxia(other)
+        store.close()
+
+
+@pytest.mark.parametrize("oxia_server", [2], indirect=True)
+def test_a_shard_map_that_changes_during_a_scan_fails_it(oxia_server: OxiaServerInfo) -> None:
+    """A leader that moves (or a shard that splits) while a scan is under way: the records read may be from a shard
+    that no longer holds them all, so the scan fails rather than answer with them."""
+    store = OxiaStore(oxia_server.address, "default")
+    client = OxiaReadClient(oxia_server.address, "default")
+    try:
+        _records_in_every_shard(store, client)
+        before = client._current()
+        moved = oxia_grpc.ShardMap(tuple(replace(s, leader=f"localhost:{s.leader.rsplit(':', 1)[1]}")
+                                         for s in before.shards))
+        records = oxia_grpc.OxiaReadClient._records
+
+        def then_the_leader_moves(call: Any, shard: oxia_grpc.Shard, what: str) -> Any:
+            client._map = moved
+            return records(call, shard, what)
+
+        client._records = then_the_leader_moves  # type: ignore[method-assign]
+        with pytest.raises(OxiaUnavailableError, match="changed during the range scan"):
+            client.range_scan(*children_range("/ledgers/00/0000"))
+        assert len(client.range_scan(*children_range("/ledgers/00/0000"))) > 400  # read again on the new map
+    finally:
+        client.close()
+        store.close()
+
+
+def _assignments(*shards: tuple[int, str, int, int], router: int = 1) -> Any:
+    from sweeper._proto import oxia_client_pb2 as pb
+
+    message = pb.ShardAssignments()
+    ns = message.namespaces["default"]
+    ns.shard_key_router = router
+    for shard, leader, low, high in shards:
+        ns.assignments.add(shard=shard, leader=leader,
+                           int32_hash_range=pb.Int32HashRange(min_hash_inclusive=low, max_hash_inclusive=high))
+    return message
+
+
+@pytest.mark.parametrize(("shards", "router", "refusal"), [
+    ([(0, "a:1", 0, 0x7FFFFFFF), (1, "a:1", 0x80000000, 0xFFFFFFFF)], 1, None),
+    ([(0, "a:1", 0, 0x7FFFFFFF)], 1, "gap"),
+    ([(0, "a:1", 0, 0x7FFFFFFF), (1, "a:1", 0x90000000, 0xFFFFFFFF)], 1, "gap"),
+    ([(0, "a:1", 0, 0x8FFFFFFF), (1, "a:1", 0x80000000, 0xFFFFFFFF)], 1, "overlap"),
+    ([(0, "a:1", 0, 0x7FFFFFFF), (1, "", 0x80000000, 0xFFFFFFFF)], 1, "no leader"),
+    ([(0, "a:1", 0, 0xFFFFFFFF)], 0, "not xxh3"),
+    ([], 1, "gap"),
+])
+def test_a_shard_map_that_does_not_cover_the_hash_space_once_is_refused(
+        shards: list[tuple[int, str, int, int]], router: int, refusal: str | None) -> None:
+    """Only a map whose shards cover every key hash exactly once, each with a leader, is read with: a missing
+    shard would be a scan with records missing, an overlap one with records twice (a split not yet cut over)."""
+    message = _assignments(*shards, router=router)
+    if refusal is None:
+        assert [s.id for s in oxia_grpc.shard_map("default", message).shards] == [0, 1]
+        return
+    with pytest.raises(OxiaUnavailableError, match=refusal):
+        oxia_grpc.shard_map("default", message)
+    with pytest.raises(OxiaUnavailableError, match="no namespace"):
+        oxia_grpc.shard_map("elsewhere", _assignments((0, "a:1", 0, 0xFFFFFFFF)))
+
+
+ORDER_KEYS = ["/a", "/b", "/a/b", "/ab/c", "/a-b/c", "/a/b/c", "/b/c", "/a/", "/a//", "/a/b/", "/x-y/z", "/x/z", "/é/q",
+              "/z/q", "/.x/y", "/-x", "a", "b/c", "/a/b/c/d"]
+
+
+def test_records_come_in_the_servers_order_and_several_shards_merge_into_it(
+        oxia_server: OxiaServerInfo, tmp_path: Path) -> None:
+    """The order a shard returns its records in is the server's hierarchical encoding (by depth, then bytes with '/'
+    last: `oxia_store.hierarchical_key`), not the `CompareWithSlash` order the PyPI client merges shards with. A
+    scan of a whole four-shard namespace merges into exactly the one-shard order, with the PyPI client's records."""
+    import functools
+
+    from oxia.internal.compare import compare_with_slash
+
+    # The two orders do differ on these keys (`/ab/c` before `/a/`, `/b` before `/a/b`, ...).
+    assert sorted(ORDER_KEYS, key=oxia_store.hierarchical_key) != sorted(
+        ORDER_KEYS, key=functools.cmp_to_key(compare_with_slash))
+    four = start_oxia(tmp_path / "four-shards", shards=4)
+    orders = []
+    try:
+        for server in (oxia_server, four):
+            store = OxiaStore(server.address, "default")
+            client = OxiaReadClient(server.address, "default")
+            try:
+                for key in ORDER_KEYS:
+                    store.create(key, key.encode())
+                ours = client.range_scan("", "")
+                theirs = list(store._client.range_scan("", ""))
+                assert sorted((k, v) for k, v, _ in ours) == sorted((k, bytes(v)) for k, v, _ in theirs)
+                orders.append([key for key, _, _ in ours])
+                assert len({client._current().shard_of(key).id for key in ORDER_KEYS}) == server.shards
+            finally:
+                client.close()
+                store.close()
+    finally:
+        stop_oxia(four)
+    assert orders[0] == orders[1] == sorted(ORDER_KEYS, key=oxia_store.hierarchical_key)
+
+
+@pytest.mark.parametrize("oxia_server", [4], indirect=True)
+def test_a_directorys_children_are_listed_from_one_scan_of_its_grandchildren(oxia_server: OxiaServerInfo) -> None:
+    """A scan task lists a namespace's managed ledgers, then each one's cursors: the reader answers the cursor
+    listings from one range scan of the namespace's grandchildren. The listings are the ones a scan per managed
+    ledger gives (names that sort around '/', an empty one, one gone since, deeper keys and a look-alike sibling
+    kept out), over four shards; where the range holds no grandchildren the reader lists each one itself."""
+    namespace = "/managed-ledgers/t/ns/persistent"
+    cursors = {"topic-a": ["sub-1", "sub-2"], "topic-a-b": ["c"], "-x": ["dash"], ".y": ["dot", "dot2"],
+               "t%2Fz": ["pct"], "empty": [], "gone": ["x"]}
+    cursors.update({f"topic-{i:03d}": [f"s{j}" for j in range(i % 3)] for i in range(40)})
+    store = OxiaStore(oxia_server.address, "default")
+    try:
+        store.ensure_path(namespace)
+        for topic, names in cursors.items():
+            store.create(f"{namespace}/{topic}", b"ml")
+            for name in names:
+                store.create(f"{namespace}/{topic}/{name}", f"cursor {name}".encode())
+        store.create(f"{namespace}/topic-a/sub-1/deeper", b"not a cursor")
+        store.ensure_path(f"{namespace}-look-alike/topic-a")
+        store.create(f"{namespace}-look-alike/topic-a/other", b"elsewhere")
+        empty_namespace = "/managed-ledgers/t/quiet/persistent"
+        store.ensure_path(empty_namespace)
+        for i in range(20):
+            store.create(f"{empty_namespace}/topic-{i}", b"ml")
+
+        client = OxiaReadClient(oxia_server.address, "default")
+        scans: list[tuple[str, str]] = []
+        scan = client.range_scan
+
+        def counted(start: str, end: str) -> list[Any]:
+            scans.append((start, end))
+            return scan(start, end)
+
+        client.range_scan = counted  # type: ignore[method-assign]
+        with oxia_store.OxiaReader(client) as reader:
+            [listing] = list(reader.children_many([namespace]))
+            topics = [f"{namespace}/{name}" for name in listing.children or []]
+            assert sorted(topics) == sorted(f"{namespace}/{t}" for t in cursors)
+            store.delete(f"{namespace}/gone/x")
+            store.delete(f"{namespace}/gone")  # listed a moment ago, gone now
+            scans.clear()
+            listings = {r.path: r for r in reader.children_many(topics)}
+            assert scans == [oxia_store.grandchildren_range(namespace)]  # one scan for all the cursor listings
+            for topic, names in cursors.items():
+                got = listings[f"{namespace}/{topic}"]
+                assert got.error is None, got
+                assert got.children == (None if topic == "gone" else sorted(names)), topic
+            cursor_paths = [f"{namespace}/{t}/{c}" for t, names in cursors.items() if t != "gone" for c in names]
+            assert [r.data for r in reader.get_many(cursor_paths)] == [
+                f"cursor {p.rsplit('/', 1)[1]}".encode() for p in cursor_paths]  # the listing's values, in order
+
+            [quiet] = list(reader.children_many([empty_namespace]))
+            scans.clear()
+            quiet_listings = list(reader.children_many(f"{empty_namespace}/{t}" for t in quiet.children or []))
+            assert [r.children for r in quiet_listings] == [[]] * 20 and all(r.error is None for r in quiet_listings)
+            assert len(scans) == 21  # no grandchildren to take: each topic listed on its own
     finally:
         store.close()

@@ -6,6 +6,7 @@ import base64
 import hashlib
 import hmac
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,39 @@ def test_names_as_pulsar_encodes_them() -> None:
     assert ml_path(odd) == "/managed-ledgers/sweep/app/persistent/odd%3Aname+with+space%25x"
     assert schema_path(odd) == "/schemas/sweep/app/odd:name with space%x"
     assert topic_path(odd) == "persistent/sweep/app/odd%3Aname%20with%20space%25x"
+
+
+def _oxia_info(home: Path) -> TestbedInfo:
+    return TestbedInfo(**{**asdict(_info(home)), "zk_port": 0, "metadata": "oxia", "oxia_address": "127.0.0.1:6"})
+
+
+def test_the_oxia_flavour_names_oxia_where_pulsar_and_bookkeeper_read_it(tmp_path: Path) -> None:
+    """The broker started with --only-broker takes its store from the config file, and the sweeper's config spells
+    the store as broker.conf and bookkeeper.conf do (docs/operations.md), with no ZooKeeper anywhere."""
+    info = _oxia_info(tmp_path)
+    settings = broker_settings(info, tmp_path / "secret.key", tmp_path / "offloaders")
+    assert settings["metadataStoreUrl"] == settings["configurationMetadataStoreUrl"] == "oxia://127.0.0.1:6/default"
+    assert "metadataStoreUrl" not in broker_settings(_info(tmp_path), tmp_path / "secret.key", tmp_path / "o")
+    path = tmp_path / "sweeper.toml"
+    path.write_text(sweeper_toml(info))
+    cfg = config_mod.load(path)
+    assert cfg.bookkeeper.metadata_service_uri == "metadata-store:oxia://127.0.0.1:6/default"
+    assert cfg.pulsar.metadata_store_url == "oxia://127.0.0.1:6/default"
+    assert cfg.bookkeeper_store().is_oxia and cfg.pulsar_store().is_oxia
+    assert cfg.bookkeeper_store().ledgers_root == "/ledgers" and cfg.pulsar.zookeeper == ""
+    with pytest.raises(server.TestbedError, match="Oxia"):
+        _ = info.zookeeper  # a helper that would talk ZooKeeper to it is told so, not refused a connection
+
+
+def test_a_state_file_from_before_the_oxia_flavour_loads_as_zookeeper(tmp_path: Path) -> None:
+    old = {k: v for k, v in asdict(_info(tmp_path)).items() if k not in ("metadata", "oxia_address", "oxia_pid")}
+    info = TestbedInfo(**json.loads(json.dumps(old)))
+    assert not info.on_oxia and info.zookeeper == "127.0.0.1:1"
+    assert info.bookkeeper_metadata_service_uri == "zk+hierarchical://127.0.0.1:1/ledgers"
+
+
+def test_an_unknown_metadata_store_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(server.TestbedError, match="zookeeper, oxia"):
+        server.testbed_up(tmp_path / "home", metadata="etcd")
+    with pytest.raises(SystemExit):
+        main(["testbed", "up", "--home", str(tmp_path), "--metadata", "etcd"])

@@ -355,7 +355,8 @@ def seed_s3(client: Any, cluster: SandboxCluster, stray_keys: int = 1) -> int:
 
 def seed_oxia(store: Any, cluster: SandboxCluster, threads: int = 16) -> SeedResult:
     """Write the cluster into an Oxia namespace (`sweeper.metastore.oxia.OxiaStore`), parents first as empty
-    records, as Pulsar's `OxiaMetadataStore.createParents` leaves them (issue 24).
+    records, as Pulsar's `OxiaMetadataStore.createParents` leaves them (issue 24), and without BookKeeper's LAYOUT
+    record, which Pulsar's driver never writes there.
 
     Oxia stamps every record's creation time itself, so nothing here can be backdated: every ledger is as new as
     the seeding, and a test looks past the grace period with a later clock. Puts go on `threads` at once (one
@@ -364,6 +365,11 @@ def seed_oxia(store: Any, cluster: SandboxCluster, threads: int = 16) -> SeedRes
 
     started = time.monotonic()
     leaves = list(cluster_znodes(cluster))
+    if cluster.spec.layout is LedgerLayout.HIERARCHICAL:
+        # As a real Pulsar on Oxia leaves it: its metadata-store driver writes no LAYOUT record (always hybrid
+        # hierarchical paths). Other layouts keep theirs, which only a store written by hand would have.
+        layout_record = f"{cluster.spec.ledgers_root.rstrip('/')}/LAYOUT"
+        leaves = [(path, data) for path, data in leaves if path != layout_record]
     leaf_paths = {path for path, _ in leaves}
     parents: set[str] = set()
     for path, _ in leaves:

@@ -2,8 +2,9 @@
 
 Each orphan is the state a lost second step leaves: Pulsar (or an operator) changed the metadata,
 and the BookKeeper or S3 deletion that should have followed never happened. The metadata edits
-are made like the broker's own: the topic is unloaded (or the broker is down) and the znode is
-rewritten with compare-and-set on the version just read (ZooKeeper's version check).
+are made like the broker's own: the topic is unloaded (or the broker is down) and the record is
+rewritten with compare-and-set on the version just read (ZooKeeper's version check, Oxia's
+expected version id), through a kazoo client or the sweeper's kazoo-shaped `OxiaStore`.
 
 Orphans Pulsar makes by itself are recorded too (today: schema ledgers written by concurrent
 first-time schema registrations that lost the locator update, `BookkeeperSchemaStorage`).
@@ -15,7 +16,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import pulsar
 from kazoo.client import KazooClient
@@ -33,6 +34,13 @@ from harness.testbed.workload import (
 )
 from sweeper.codecs import pulsar as codec
 from sweeper.codecs.bookkeeper import decode_ledger_metadata, pulsar_custom_metadata
+
+if TYPE_CHECKING:
+    from sweeper.metastore.oxia import OxiaStore
+
+# What the harness reads and edits the testbed's metadata with (harness.testbed.world.metadata_for): a kazoo
+# client on ZooKeeper, an OxiaStore on Oxia; only the part of kazoo's client both implement is used.
+Metadata: TypeAlias = "KazooClient | OxiaStore"
 
 ML_ROOT = "/managed-ledgers"
 SCHEMAS_ROOT = "/schemas"
@@ -103,7 +111,7 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _cas(zk: KazooClient, path: str, mutate: Any, decode: Any, encode: Any) -> None:
+def _cas(zk: Metadata, path: str, mutate: Any, decode: Any, encode: Any) -> None:
     """Read, change, write back only if nobody wrote in between (the broker's own discipline)."""
     data, stat = zk.get(path)
     message = decode(data)
@@ -111,11 +119,11 @@ def _cas(zk: KazooClient, path: str, mutate: Any, decode: Any, encode: Any) -> N
     zk.set(path, encode(message), version=stat.version)
 
 
-def _ml_ledgers(zk: KazooClient, name: str) -> list[Any]:
+def _ml_ledgers(zk: Metadata, name: str) -> list[Any]:
     return list(codec.decode_managed_ledger_info(zk.get(ml_path(name))[0]).ledgerInfo)
 
 
-def drop_ledger_from_list(zk: KazooClient, client: pulsar.Client, admin: Admin) -> InducedOrphan:
+def drop_ledger_from_list(zk: Metadata, client: pulsar.Client, admin: Admin) -> InducedOrphan:
     """A consumed ledger leaves the managed ledger's list; its BookKeeper deletion is lost."""
     admin.create_subscription(DROP_ONE, "s1")
     produce(client, DROP_ONE, 30, prefix="drop")
@@ -133,7 +141,7 @@ def drop_ledger_from_list(zk: KazooClient, client: pulsar.Client, admin: Admin) 
                          [first], made_at_ms=_now_ms())
 
 
-def forget_topic(zk: KazooClient, client: pulsar.Client, admin: Admin) -> InducedOrphan:
+def forget_topic(zk: Metadata, client: pulsar.Client, admin: Admin) -> InducedOrphan:
     """The topic's metadata is deleted (managed ledger and cursors), its ledgers are not."""
     admin.create_subscription(FORGOTTEN, "s1")
     produce(client, FORGOTTEN, 25, prefix="gone")
@@ -176,7 +184,7 @@ def prepare_cursor_switch(client: pulsar.Client, admin: Admin) -> dict[str, Any]
     return {"cursor_ledger": cursor["cursorLedger"], "mark_delete": (ledger, entry)}
 
 
-def switch_cursor_while_down(zk: KazooClient, prepared: dict[str, Any]) -> InducedOrphan:
+def switch_cursor_while_down(zk: Metadata, prepared: dict[str, Any]) -> InducedOrphan:
     """With the broker killed: the first step of a cursor-ledger switch (the znode now keeps the position
     and names no cursor ledger, as `ManagedCursorImpl` writes it when it moves the position to the
     metadata store), without the second (deleting the old cursor ledger)."""
@@ -196,7 +204,7 @@ def switch_cursor_while_down(zk: KazooClient, prepared: dict[str, Any]) -> Induc
                          [old], made_at_ms=_now_ms())
 
 
-def drop_schema_version(zk: KazooClient, client: pulsar.Client, admin: Admin) -> InducedOrphan:
+def drop_schema_version(zk: Metadata, client: pulsar.Client, admin: Admin) -> InducedOrphan:
     """The oldest schema version leaves the locator's index; its schema ledger is not deleted."""
     for version, cls in enumerate(SCHEMA_VERSIONS):
         produce(client, SCHEMA_DROP, 3, schema=AvroSchema(cls), make=lambda i, cls=cls, v=version: cls(sensor=f"{v}"))
@@ -216,7 +224,7 @@ def drop_schema_version(zk: KazooClient, client: pulsar.Client, admin: Admin) ->
                          [oldest.position.ledgerId], made_at_ms=_now_ms())
 
 
-def leak_compacted_ledger(zk: KazooClient, client: pulsar.Client, admin: Admin) -> tuple[InducedOrphan, int]:
+def leak_compacted_ledger(zk: Metadata, client: pulsar.Client, admin: Admin) -> tuple[InducedOrphan, int]:
     """The compaction pointer moves to a new compacted ledger; the old one's deletion is lost."""
     produce(client, COMPACT_LEAK, 20, prefix="leak", key_mod=4)
     admin.compact(COMPACT_LEAK)
@@ -243,7 +251,7 @@ def leak_compacted_ledger(zk: KazooClient, client: pulsar.Client, admin: Admin) 
                           [old], made_at_ms=_now_ms()), current)
 
 
-def lose_offload_context(zk: KazooClient, client: pulsar.Client, admin: Admin, bucket: str,
+def lose_offload_context(zk: Metadata, client: pulsar.Client, admin: Admin, bucket: str,
                          s3: Any) -> InducedOrphan:
     """An offloaded ledger leaves the managed ledger's list; its S3 objects stay."""
     produce(client, OFFLOAD_LOST, 30, prefix="ol")
@@ -266,7 +274,7 @@ def lose_offload_context(zk: KazooClient, client: pulsar.Client, admin: Admin, b
                          objects=keys, made_at_ms=_now_ms())
 
 
-def pulsar_made_schema_orphans(zk: KazooClient) -> list[InducedOrphan]:
+def pulsar_made_schema_orphans(zk: Metadata) -> list[InducedOrphan]:
     """Schema ledgers no locator lists: left by Pulsar itself (concurrent first registrations race on
     the locator; the losers' ledgers are never deleted)."""
     listed: set[int] = set()
@@ -290,7 +298,7 @@ def pulsar_made_schema_orphans(zk: KazooClient) -> list[InducedOrphan]:
             for schema_id, ids in sorted(found.items())]
 
 
-def all_ledgers(zk: KazooClient) -> dict[int, dict[str, str]]:
+def all_ledgers(zk: Metadata) -> dict[int, dict[str, str]]:
     """Every BookKeeper ledger with its custom metadata (hierarchical layout)."""
     out: dict[int, dict[str, str]] = {}
     for top in zk.get_children(LEDGERS_ROOT):
@@ -343,4 +351,4 @@ def induce_orphans(info: TestbedInfo, client_factory: Any, admin: Admin, zk_fact
     return manifest, info
 
 
-__all__ = ["NAMESPACE", "InducedOrphan", "Manifest", "induce_orphans", "ml_path"]
+__all__ = ["NAMESPACE", "InducedOrphan", "Manifest", "Metadata", "induce_orphans", "ml_path"]

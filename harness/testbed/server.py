@@ -1,8 +1,14 @@
-"""Start, inspect and stop the real Pulsar testbed (standalone broker + bookie + ZooKeeper, moto S3).
+"""Start, inspect and stop the real Pulsar testbed (standalone broker + bookie + ZooKeeper or Oxia, moto S3).
 
 Everything lives under one home directory (default `var/testbed/`): the config this module
-writes, the token secret and tokens, ZooKeeper's and the bookie's data, the logs, and
+writes, the token secret and tokens, the metadata store's and the bookie's data, the logs, and
 `testbed.json`, the state file with the ports (free loopback ports chosen at start) and PIDs.
+
+Two flavours of metadata store (`testbed_up(metadata=...)`):
+- `zookeeper` (the default): Pulsar's standalone runs ZooKeeper itself, in the storage JVM;
+- `oxia` (issue 24): a real `oxia standalone` server (harness.oxiaserver) with several shards, started here
+  before the JVMs; broker and bookie keep all their metadata in its `default` namespace, BookKeeper through
+  Pulsar's `metadata-store:` driver.
 """
 
 from __future__ import annotations
@@ -21,8 +27,10 @@ import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from harness.lifecycle import kill_process, pid_alive, stop_process
+from harness.oxiaserver import OxiaServerInfo, missing_binary_reason, oxia_binary, start_oxia, stop_oxia
 from harness.s3server import S3ServerInfo, start_s3, stop_s3
 from harness.zkserver import free_port_block
 
@@ -36,6 +44,12 @@ SWEEPER_ROLE = "ledger-sweeper"
 # moto accepts any credentials; jclouds reads them from the standard AWS environment variables.
 S3_ACCESS_KEY = "testbed"
 S3_SECRET_KEY = "testbed-secret"
+ZOOKEEPER, OXIA = "zookeeper", "oxia"
+METADATA_STORES = (ZOOKEEPER, OXIA)
+# Several shards, so the keys the broker and the bookie write spread over them and every read the sweeper makes
+# proves it routes a key to the shard the server put it in (the PyPI client alone does not: sweeper.metastore.oxia).
+OXIA_SHARDS = 3
+OXIA_NAMESPACE = "default"  # `oxia standalone` serves this one namespace only
 
 
 class TestbedError(RuntimeError):
@@ -58,11 +72,36 @@ class TestbedInfo:
     pid: int
     offload_bucket: str
     started_at: float = field(default=0.0)
-    storage_pid: int = 0  # ZooKeeper + bookie JVM; `pid` is the broker's
+    storage_pid: int = 0  # ZooKeeper + bookie JVM (the bookie alone on Oxia); `pid` is the broker's
+    # With defaults, so a state file an older version wrote still loads (as the ZooKeeper flavour).
+    metadata: str = ZOOKEEPER
+    oxia_address: str = ""  # host:port of the Oxia server (flavour `oxia`)
+    oxia_pid: int = 0
+
+    @property
+    def on_oxia(self) -> bool:
+        return self.metadata == OXIA
 
     @property
     def zookeeper(self) -> str:
+        if self.on_oxia:
+            # A caller that would talk ZooKeeper to an Oxia testbed is a bug to be told, not a connection refused.
+            raise TestbedError("this testbed keeps its metadata in Oxia, not ZooKeeper: use metadata_for(info)")
         return f"127.0.0.1:{self.zk_port}"
+
+    @property
+    def metadata_store_url(self) -> str:
+        """The brokers' `metadataStoreUrl`, in Pulsar's spelling."""
+        if self.on_oxia:
+            return f"oxia://{self.oxia_address}/{OXIA_NAMESPACE}"
+        return f"zk:127.0.0.1:{self.zk_port}"
+
+    @property
+    def bookkeeper_metadata_service_uri(self) -> str:
+        """BookKeeper's `metadataServiceUri` for this testbed's bookie, as its clients spell it."""
+        if self.on_oxia:
+            return f"metadata-store:{self.metadata_store_url}"
+        return f"zk+hierarchical://127.0.0.1:{self.zk_port}/ledgers"
 
     @property
     def service_url(self) -> str:
@@ -90,7 +129,11 @@ class TestbedInfo:
 
     @property
     def storage_log_file(self) -> Path:
-        return Path(self.home) / "logs" / "zookeeper-bookie.out"
+        return Path(self.home) / "logs" / ("bookie.out" if self.on_oxia else "zookeeper-bookie.out")
+
+    @property
+    def oxia_home(self) -> Path:
+        return Path(self.home) / "data" / "oxia"
 
     def superuser_token(self) -> str:
         return self.superuser_token_file.read_text().strip()
@@ -179,6 +222,22 @@ def broker_settings(info: TestbedInfo, secret_file: Path, offloaders_dir: Path) 
         "numOrderedExecutorThreads": "2",
         "managedLedgerNumSchedulerThreads": "2",
         "bookkeeperNumberOfChannelsPerBookie": "1",
+        **_metadata_settings(info),
+    }
+
+
+def _metadata_settings(info: TestbedInfo) -> dict[str, str]:
+    if not info.on_oxia:
+        return {}  # PulsarStandalone points the broker at its own ZooKeeper (PULSAR_STANDALONE_USE_ZOOKEEPER)
+    return {
+        # The broker started with --only-broker takes its store from here: PulsarStandalone applies
+        # --metadata-url only where it starts the bookie (startBookieWithMetadataStore).
+        "metadataStoreUrl": info.metadata_store_url,
+        "configurationMetadataStoreUrl": info.metadata_store_url,
+        # Off ZooKeeper, PulsarStandalone's bookie (BKCluster) takes the --bookkeeper-port only when ephemeral
+        # ports are allowed; otherwise it binds a random free port. (On data a previous `up` left, it keeps the
+        # port its cookie names, whatever this says.)
+        "allowEphemeralPorts": "true",
     }
 
 
@@ -198,15 +257,25 @@ def write_broker_conf(template: Path, target: Path, settings: dict[str, str]) ->
     target.write_text("\n".join(lines) + "\n")
 
 
+def _store_toml(info: TestbedInfo) -> tuple[str, str]:
+    """The [bookkeeper] and [pulsar] keys naming the metadata store, spelled as the testbed's own config does."""
+    if info.on_oxia:
+        # As bookkeeper.conf and broker.conf spell them (docs/operations.md, "Pulsar on Oxia"): one namespace holds
+        # both, as it does for a standalone that does not separate them.
+        return (f'metadata_service_uri = "{info.bookkeeper_metadata_service_uri}"',
+                f'metadata_store_url = "{info.metadata_store_url}"')
+    return f'zookeeper = "{info.zookeeper}"\nledgers_root = "/ledgers"', 'zookeeper = ""'
+
+
 def sweeper_toml(info: TestbedInfo) -> str:
     home = Path(info.home).resolve()
+    bookkeeper, pulsar = _store_toml(info)
     return f"""# Written by `sweeper testbed up`: the sweeper pointed at the real Pulsar testbed.
 [bookkeeper]
-zookeeper = "{info.zookeeper}"
-ledgers_root = "/ledgers"
+{bookkeeper}
 
 [pulsar]
-zookeeper = ""
+{pulsar}
 managed_ledgers_root = "/managed-ledgers"
 schemas_root = "/schemas"
 cluster_name = "{info.cluster}"   # the brokers' clusterName: offloaded objects carry it as pulsarClusterName
@@ -297,11 +366,20 @@ def testbed_up(
     heap: str = "-Xms512m -Xmx1g -XX:MaxDirectMemorySize=512m",
     storage_heap: str = "-Xms128m -Xmx384m -XX:MaxDirectMemorySize=256m",
     timeout: float = 240.0,
+    metadata: str | None = None,
 ) -> TestbedInfo:
-    """Start the testbed (idempotent: a running one is returned as it is)."""
+    """Start the testbed (idempotent: a running one is returned as it is).
+
+    `metadata` is the metadata store, `zookeeper` or `oxia`; None keeps the one recorded under `home` (so a
+    broker restarted after a crash comes back on the store it left), and is ZooKeeper for a new home."""
+    if metadata is not None and metadata not in METADATA_STORES:
+        raise TestbedError(f"unknown metadata store {metadata!r}: one of {', '.join(METADATA_STORES)}")
     home = Path(home).resolve()
     existing = running_testbed(home)
     if existing is not None:
+        if metadata is not None and existing.metadata != metadata:
+            raise TestbedError(f"a testbed on {existing.metadata} runs under {home}: stop it first "
+                               "(`sweeper testbed down`)")
         return existing
     pulsar = Path(pulsar_home) if pulsar_home else default_pulsar_home()
     offloaders = Path(offloaders_dir) if offloaders_dir else default_offloaders_dir()
@@ -324,29 +402,36 @@ def testbed_up(
         token_file.chmod(0o600)
 
     previous = _previous_state(home)
+    flavour = metadata or (previous.metadata if previous is not None else ZOOKEEPER)
+    if flavour == OXIA and oxia_binary() is None:
+        raise TestbedError(missing_binary_reason())
     version = pulsar.name.removeprefix("apache-pulsar-")
-    if previous is not None and pid_alive(previous.s3_pid) and pid_alive(previous.storage_pid):
-        # A broker restart after a crash (kill -9): same ports and data; ZooKeeper, the bookie and
+    if (previous is not None and previous.metadata == flavour and pid_alive(previous.s3_pid)
+            and pid_alive(previous.storage_pid) and (not previous.on_oxia or pid_alive(previous.oxia_pid))):
+        # A broker restart after a crash (kill -9): same ports and data; the metadata store, the bookie and
         # S3 kept running.
         info = TestbedInfo(**{**asdict(previous), "pid": 0, "started_at": time.time()})
     else:
         if previous is not None:
             testbed_down(home, previous)
         # Below the ephemeral range: the JVM binds them seconds later, while the machine is busy connecting.
-        base = free_port_block(5)
+        # The sixth port is Oxia's; on Oxia nothing listens on the first (no ZooKeeper).
+        base = free_port_block(6 if flavour == OXIA else 5)
         s3 = start_s3(home / "logs", port=base + 4)
         info = TestbedInfo(
             home=str(home), pulsar_home=str(pulsar.resolve()), pulsar_version=version, cluster=CLUSTER_NAME,
-            zk_port=base, bk_port=base + 1, broker_port=base + 2, web_port=base + 3,
-            s3_endpoint=s3.endpoint, s3_pid=s3.pid, pid=0, offload_bucket=OFFLOAD_BUCKET, started_at=time.time())
+            zk_port=0 if flavour == OXIA else base, bk_port=base + 1, broker_port=base + 2, web_port=base + 3,
+            s3_endpoint=s3.endpoint, s3_pid=s3.pid, pid=0, offload_bucket=OFFLOAD_BUCKET, started_at=time.time(),
+            metadata=flavour, oxia_address=f"127.0.0.1:{base + 5}" if flavour == OXIA else "")
     try:
+        if info.on_oxia and not info.oxia_pid:
+            oxia = start_oxia(info.oxia_home, shards=OXIA_SHARDS, port=int(info.oxia_address.rsplit(":", 1)[1]))
+            info = TestbedInfo(**{**asdict(info), "oxia_pid": oxia.pid})
+            _state_file(home).write_text(json.dumps(asdict(info), indent=2))
         conf = home / "conf" / "standalone.conf"
         write_broker_conf(pulsar / "conf" / "standalone.conf", conf, broker_settings(info, secret_file, offloaders))
         env = {
             **os.environ,
-            # Upstream PulsarStandalone: this forces the ZooKeeper metadata store (LocalBookkeeperEnsemble)
-            # instead of the RocksDB one new standalones default to (PIP-117).
-            "PULSAR_STANDALONE_USE_ZOOKEEPER": "1",
             "PULSAR_STANDALONE_CONF": str(conf),
             "PULSAR_GC": "-XX:+UseG1GC",
             "PULSAR_GC_LOG": "-Xlog:disable",
@@ -355,21 +440,23 @@ def testbed_up(
             "ACCESS_KEY_ID": S3_ACCESS_KEY,
             "ACCESS_KEY_SECRET": S3_SECRET_KEY,
         }
+        if info.on_oxia:
+            env.pop("PULSAR_STANDALONE_USE_ZOOKEEPER", None)  # it would win over --metadata-url
+        else:
+            # Upstream PulsarStandalone: this forces the ZooKeeper metadata store (LocalBookkeeperEnsemble)
+            # instead of the RocksDB one new standalones default to (PIP-117).
+            env["PULSAR_STANDALONE_USE_ZOOKEEPER"] = "1"
         standalone = [str(pulsar / "bin" / "pulsar"), "standalone", "--no-functions-worker", "--no-stream-storage",
-                      "--zookeeper-port", str(info.zk_port), "--bookkeeper-port", str(info.bk_port),
-                      "--zookeeper-dir", str(home / "data" / "zookeeper"),
-                      "--bookkeeper-dir", str(home / "data" / "bookkeeper")]
+                      "--bookkeeper-port", str(info.bk_port), *_store_arguments(info)]
         deadline = time.monotonic() + timeout
         if not info.storage_pid:
-            # ZooKeeper and the bookie in one JVM (`--no-broker`), the broker in another (`--only-broker`):
+            # The bookie (and ZooKeeper) in one JVM (`--no-broker`), the broker in another (`--only-broker`):
             # a broker can then be killed while the metadata store and the bookie live on, as in production.
             storage = spawn_logged([*standalone, "--no-broker"], {**env, "PULSAR_MEM": storage_heap},
                              info.storage_log_file, home)
             info = TestbedInfo(**{**asdict(info), "storage_pid": storage.pid})
             _state_file(home).write_text(json.dumps(asdict(info), indent=2))
-            while not _storage_ready(info):
-                check_starting(storage, info, info.storage_log_file, deadline, timeout, "ZooKeeper and the bookie")
-                time.sleep(0.5)
+            _wait_for_storage(info, storage, deadline, timeout)
             _create_bucket(info)
         broker = spawn_logged([*standalone, "--only-broker"], {**env, "PULSAR_MEM": heap}, info.log_file, home)
         info = TestbedInfo(**{**asdict(info), "pid": broker.pid})
@@ -383,6 +470,19 @@ def testbed_up(
         raise
     info.sweeper_config.write_text(sweeper_toml(info))
     return info
+
+
+def _store_arguments(info: TestbedInfo) -> list[str]:
+    home = Path(info.home)
+    if not info.on_oxia:
+        return ["--zookeeper-port", str(info.zk_port), "--zookeeper-dir", str(home / "data" / "zookeeper"),
+                "--bookkeeper-dir", str(home / "data" / "bookkeeper")]
+    # PulsarStandalone falls back to ZooKeeper, whatever --metadata-url says, when its --zookeeper-dir exists
+    # ("Found existing ZooKeeper metadata"): name one that never does. The bookie's data is kept apart from the
+    # ZooKeeper flavour's, whose cookie names another cluster.
+    return ["--metadata-url", info.metadata_store_url,
+            "--zookeeper-dir", str(home / "data" / "oxia-flavour-has-no-zookeeper"),
+            "--bookkeeper-dir", str(home / "data" / "bookkeeper-oxia")]
 
 
 def spawn_logged(command: list[str], env: dict[str, str], log_file: Path, cwd: Path) -> subprocess.Popen[bytes]:
@@ -410,6 +510,34 @@ def _tail(log_file: Path, chars: int = 4000) -> str:
         return "(no log)"
 
 
+def _wait_for_storage(info: TestbedInfo, storage: subprocess.Popen[bytes], deadline: float, timeout: float) -> None:
+    what = "the bookie (on Oxia)" if info.on_oxia else "ZooKeeper and the bookie"
+    if not info.on_oxia:
+        while not _storage_ready(info):
+            check_starting(storage, info, info.storage_log_file, deadline, timeout, what)
+            time.sleep(0.5)
+        return
+    from sweeper.metastore.oxia import OxiaStore
+
+    store = OxiaStore(info.oxia_address, OXIA_NAMESPACE)  # up before the JVM: one client for every poll
+    try:
+        while not _bookie_available(store):
+            check_starting(storage, info, info.storage_log_file, deadline, timeout, what)
+            time.sleep(0.5)
+    finally:
+        store.close()
+
+
+def _bookie_available(client: Any) -> bool:
+    """The bookie has registered itself as available (a kazoo client or an OxiaStore)."""
+    from kazoo.exceptions import NoNodeError
+
+    try:
+        return any(c != "readonly" for c in client.get_children("/ledgers/available"))
+    except NoNodeError:
+        return False
+
+
 def _storage_ready(info: TestbedInfo) -> bool:
     """ZooKeeper answers and the bookie has registered itself as available."""
     from kazoo.client import KazooClient
@@ -426,8 +554,7 @@ def _storage_ready(info: TestbedInfo) -> bool:
     except KazooTimeoutError:
         return False
     try:
-        return bool(zk.exists("/ledgers/available") and
-                    [c for c in zk.get_children("/ledgers/available") if c != "readonly"])
+        return _bookie_available(zk)
     finally:
         zk.stop()
         zk.close()
@@ -443,7 +570,8 @@ def _create_bucket(info: TestbedInfo) -> None:
 
 def testbed_down(home: str | Path = DEFAULT_HOME, info: TestbedInfo | None = None, wipe: bool = False,
                  timeout: float = 30.0) -> bool:
-    """Stop the broker (SIGTERM to its process group, SIGKILL after `timeout`) and moto. True if one ran."""
+    """Stop the broker and the storage JVM (SIGTERM to each process group, SIGKILL after `timeout`), Oxia and moto.
+    True if a JVM ran."""
     home = Path(home)
     state = _state_file(home)
     if state.exists():
@@ -457,6 +585,9 @@ def testbed_down(home: str | Path = DEFAULT_HOME, info: TestbedInfo | None = Non
         if info.storage_pid and pid_alive(info.storage_pid):
             stop_process(info.storage_pid, timeout)
             stopped = True
+        # Oxia after the JVMs: a broker or bookie that loses its store while stopping waits on it.
+        if info.oxia_pid and pid_alive(info.oxia_pid):
+            stop_oxia(OxiaServerInfo(info.oxia_address, info.oxia_pid, OXIA_SHARDS))
         if info.s3_pid and pid_alive(info.s3_pid):
             stop_s3(S3ServerInfo(info.s3_endpoint, info.s3_pid))
     state.unlink(missing_ok=True)
@@ -472,13 +603,13 @@ def status(home: str | Path = DEFAULT_HOME) -> dict[str, object]:
     if info is None:
         return {"running": False, "home": str(home)}
     token = info.superuser_token()
-    return {"running": True, "serving": _ready(info, token), **asdict(info), "zookeeper": info.zookeeper,
-            "service_url": info.service_url, "admin_url": info.admin_url,
+    return {"running": True, "serving": _ready(info, token), **asdict(info),
+            "metadata_store_url": info.metadata_store_url, "service_url": info.service_url, "admin_url": info.admin_url,
             "sweeper_config": str(info.sweeper_config), "log": str(info.log_file)}
 
 
 def testbed_crash(home: str | Path = DEFAULT_HOME) -> None:
-    """kill -9 the broker (ZooKeeper and the bookie live on): a crash, no clean shutdown. `testbed_up`
+    """kill -9 the broker (the metadata store and the bookie live on): a crash, no clean shutdown. `testbed_up`
     afterwards restarts it on the same ports and data."""
     info = running_testbed(home)
     if info is None:
@@ -487,10 +618,12 @@ def testbed_crash(home: str | Path = DEFAULT_HOME) -> None:
 
 
 def bookkeeper_ledgers(info: TestbedInfo, timeout: float = 120.0) -> set[int]:
-    """Every ledger BookKeeper's own shell lists (`bookkeeper shell listledgers`, from the distribution)."""
+    """Every ledger BookKeeper's own shell lists (`bookkeeper shell listledgers`, from the distribution).
+
+    On Oxia too: Pulsar's `bin/bookkeeper` loads its `metadata-store:` drivers (PulsarMetadataClientDriver)."""
     home = Path(info.home)
-    conf = home / "conf" / "bk-shell.conf"
-    conf.write_text(f"metadataServiceUri=zk+hierarchical://{info.zookeeper}/ledgers\n")
+    conf = home.resolve() / "conf" / "bk-shell.conf"  # absolute: the shell resolves a relative one against conf/
+    conf.write_text(f"metadataServiceUri={info.bookkeeper_metadata_service_uri}\n")
     env = {**os.environ, "BOOKIE_CONF": str(conf), "BOOKIE_LOG_DIR": str(home / "logs"),
            "BOOKIE_MEM": "-Xms64m -Xmx256m", "BOOKIE_GC": "-XX:+UseSerialGC", "BOOKIE_GC_LOG": "-Xlog:disable"}
     done = subprocess.run([str(Path(info.pulsar_home) / "bin" / "bookkeeper"), "shell", "listledgers"],

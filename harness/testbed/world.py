@@ -1,6 +1,8 @@
 """The whole testbed world: workload, orphans, and what every topic held, written under the testbed home.
 
-`build_world` is what `sweeper testbed seed` and the real-cluster tests run once per testbed.
+`build_world` is what `sweeper testbed seed` and the real-cluster tests run once per testbed. The metadata is read
+and edited through `metadata_for`: a kazoo client on ZooKeeper, the sweeper's kazoo-shaped `OxiaStore` on Oxia, so
+the orphans are made the same way on both.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from harness.testbed.orphans import (
     OFFLOAD_LOST,
     SCHEMA_DROP,
     Manifest,
+    Metadata,
     induce_orphans,
     ledger_znode,
 )
-from harness.testbed.server import S3_ACCESS_KEY, S3_SECRET_KEY, TestbedInfo
+from harness.testbed.server import OXIA_NAMESPACE, S3_ACCESS_KEY, S3_SECRET_KEY, TestbedInfo
 from harness.testbed.workload import (
     COMPACT_STALE,
     COMPACT_TWICE,
@@ -61,6 +64,15 @@ def zk_for(info: TestbedInfo) -> KazooClient:
     return zk
 
 
+def metadata_for(info: TestbedInfo) -> Metadata:
+    """A connected client of the testbed's metadata store; `stop()` ends it (and its session) on both."""
+    if not info.on_oxia:
+        return zk_for(info)
+    from sweeper.metastore.oxia import OxiaStore
+
+    return OxiaStore(info.oxia_address, OXIA_NAMESPACE, timeout_s=15.0)
+
+
 def snapshot_messages(client: pulsar.Client, topics: list[str],
                       compacted: bool = False) -> dict[str, list[tuple[str, str]]]:
     return {name: [(mid, data.hex()) for mid, data in read_all(client, name, compacted=compacted)] for name in topics}
@@ -70,13 +82,13 @@ def build_world(info: TestbedInfo, manifest_path: Path | None = None) -> World:
     started = time.monotonic()
     admin: Admin = admin_for(info)
     client = client_for(info)
-    zk = zk_for(info)
+    zk = metadata_for(info)
     try:
         workload = run_workload(info, client, admin, lambda ledger: bool(zk.exists(ledger_znode(ledger))))
     finally:
         client.close()
         zk.stop()
-    manifest, info = induce_orphans(info, client_for, admin, zk_for, s3_client_for(info))
+    manifest, info = induce_orphans(info, client_for, admin, metadata_for, s3_client_for(info))
     admin = admin_for(info)
     client = client_for(info)
     try:
@@ -101,12 +113,12 @@ def build_world(info: TestbedInfo, manifest_path: Path | None = None) -> World:
 
 
 def check_stale_pointer(info: TestbedInfo, live: int) -> None:
-    """The premise of the stale-pointer topic: ZooKeeper names an older compacted ledger and an active
+    """The premise of the stale-pointer topic: the metadata store names an older compacted ledger and an active
     cursor ledger; the live compacted ledger is newer and named only in that cursor ledger."""
     from harness.testbed.orphans import ml_path
     from sweeper.codecs import pulsar as codec
 
-    zk = zk_for(info)
+    zk = metadata_for(info)
     try:
         cursor = codec.decode_managed_cursor_info(zk.get(f"{ml_path(COMPACT_STALE)}/__compaction")[0])
     finally:
@@ -114,12 +126,12 @@ def check_stale_pointer(info: TestbedInfo, live: int) -> None:
     pointer = {p.name: p.value for p in cursor.properties}.get("CompactedTopicLedger")
     if pointer is None or pointer >= live or cursor.cursorsLedgerId < 0:
         raise RuntimeError(f"{COMPACT_STALE}: expected a stale CompactedTopicLedger below {live} and an active "
-                           f"cursor ledger in ZooKeeper, found pointer {pointer}, "
+                           f"cursor ledger in the metadata store, found pointer {pointer}, "
                            f"cursor ledger {cursor.cursorsLedgerId}")
 
 
-def managed_ledger_topics(zk: KazooClient) -> list[str]:
-    """Every persistent topic that has a managed ledger in ZooKeeper (system topics included)."""
+def managed_ledger_topics(zk: Metadata) -> list[str]:
+    """Every persistent topic that has a managed ledger in the metadata store (system topics included)."""
     from urllib.parse import unquote_plus
 
     topics = []
@@ -132,7 +144,7 @@ def managed_ledger_topics(zk: KazooClient) -> list[str]:
     return sorted(topics)
 
 
-def broker_references(admin: Admin, zk: KazooClient) -> dict[int, str]:
+def broker_references(admin: Admin, zk: Metadata) -> dict[int, str]:
     """The broker's own view of the ledgers in use: `stats-internal` of every topic (data ledgers, cursor
     ledgers, the compacted ledger, schema ledgers), plus the bucket-snapshot ledgers the cursors name in
     their properties (stats-internal does not show those). Ledger id -> who references it."""
@@ -169,7 +181,7 @@ def broker_references(admin: Admin, zk: KazooClient) -> dict[int, str]:
     return refs
 
 
-def _stats_from_metadata(zk: KazooClient, path: str) -> dict[str, Any]:
+def _stats_from_metadata(zk: Metadata, path: str) -> dict[str, Any]:
     from sweeper.codecs import pulsar as codec
 
     if not zk.exists(path):

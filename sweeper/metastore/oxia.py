@@ -1,5 +1,6 @@
-"""Oxia, through the same interface as ZooKeeper: a kazoo-shaped client (`OxiaStore`) and a bulk reader
-(`OxiaReader`), over the PyPI `oxia` client (0.2.1, synchronous).
+"""Oxia, through the same interface as ZooKeeper: a kazoo-shaped client (`OxiaStore`) over the PyPI `oxia` client
+(0.2.1, synchronous), and a bulk reader (`OxiaReader`) over our gRPC read client (`oxia_grpc.OxiaReadClient`,
+generated from the server's proto: the PyPI client's pure-Python decoding is too slow for a snapshot).
 
 How Pulsar keeps its metadata in Oxia, which this mirrors (`org.apache.pulsar.metadata.impl.oxia.OxiaMetadataStore`,
 Pulsar 4.0.8 and master):
@@ -12,7 +13,9 @@ Pulsar 4.0.8 and master):
 - there is no multi-key transaction.
 BookKeeper on Oxia (`org.apache.pulsar.metadata.bookkeeper.PulsarLedgerManager`) writes ledger metadata with the
 same `LedgerMetadataSerDe` as on ZooKeeper, at the same hybrid-hierarchical paths, and deletes it with the
-version alone, leaving empty parent keys behind.
+version alone, leaving empty parent keys behind. It writes no `LAYOUT` record: Pulsar's driver
+(`PulsarMetadataClientDriver`) hands out its `PulsarLedgerManagerFactory` without reading or storing one (seen on a
+real Pulsar 4.0.8 on Oxia: /ledgers holds INSTANCEID, available, cookies, idgen and the ledger tree only).
 
 What this store does not do, it declares in `capabilities` rather than emulating: the delete then sends one
 ledger per compare-and-set and leaves empty parents (as BookKeeper does here), and the ACL check is skipped.
@@ -24,18 +27,21 @@ import contextlib
 import itertools
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError, RolledBackError
 from kazoo.protocol.states import ZnodeStat
 
 from sweeper.errors import Refused
 from sweeper.zk.reads import ChildrenRead, ZnodeRead
+
+if TYPE_CHECKING:
+    from sweeper.metastore.oxia_grpc import OxiaReadClient, Record
 
 DEFAULT_WINDOW = 1000
 
@@ -47,10 +53,13 @@ class Capabilities:
     atomic_multi: bool = True  # one multi checks every referrer's version and deletes, all or nothing
     acls: bool = True  # per-node ACLs, which the delete checks before its lock
     tidies_empty_parents: bool = True  # BookKeeper removes emptied layout directories itself
+    # BookKeeper records its ledger layout in `<root>/LAYOUT`. Pulsar's `metadata-store:` driver, the only one that
+    # reaches Oxia, writes none and always uses the hybrid hierarchical paths.
+    layout_record: bool = True
 
 
 ZOOKEEPER_CAPABILITIES = Capabilities()
-OXIA_CAPABILITIES = Capabilities(atomic_multi=False, acls=False, tidies_empty_parents=False)
+OXIA_CAPABILITIES = Capabilities(atomic_multi=False, acls=False, tidies_empty_parents=False, layout_record=False)
 
 
 def capabilities_of(client: Any) -> Capabilities:
@@ -69,7 +78,7 @@ class OxiaUnavailableError(Refused, ConnectionError):
 # `oxia` 0.2.1 hashes with xxh64 instead (internal/service_discovery.py `get_shard`), so on a namespace of more
 # than one shard its `get`, `put` and `delete` reach the wrong shard: a ledger Pulsar wrote reads as absent.
 # Range scans ask every shard and are unaffected. The client's router is replaced, once, by the server's rule,
-# and `_check_routing` proves it on the server's vectors before any store is used.
+# and `check_server_hash` proves it on the server's vectors before any store or read client is used.
 _ROUTING_VECTORS = {"foo": 125730186, "bar": 2687685474, "baz": 862947621}
 _routing_lock = threading.Lock()
 _routing_fixed = False
@@ -101,6 +110,11 @@ def _route_like_the_server() -> None:
                                        "with: install the version pyproject.toml pins")
         service_discovery.ServiceDiscovery.get_shard = get_shard
         _routing_fixed = True
+    check_server_hash()
+
+
+def check_server_hash() -> None:
+    """Refuses a host whose xxhash would route keys unlike the server (the store's gets and the read client's)."""
     wrong = {k: _server_hash(k) for k, v in _ROUTING_VECTORS.items() if _server_hash(k) != v}
     if wrong:
         raise OxiaUnavailableError(f"this host's xxhash routes keys unlike the Oxia server ({wrong}): refusing to "
@@ -127,6 +141,33 @@ def children_range(path: str) -> tuple[str, str]:
     """The key range of `path`'s direct children under Oxia's hierarchical sort (`OxiaMetadataStore.getChildren`)."""
     prefix = "/" if path == "/" else path.rstrip("/") + "/"
     return prefix, prefix + "/"
+
+
+def _parent(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[0] or "/"
+
+
+def hierarchical_key(key: str) -> tuple[int, bytes]:
+    """A sort key for the order a shard returns its records in: the server's hierarchical encoding
+    (common/compare/encode.go `encoderHierarchical.Encode`, what its Pebble store compares): keys sort by their
+    number of '/' (a trailing "//" counting once), then bytewise with '/' after every other byte. The PyPI and Go
+    clients merge shards with `CompareWithSlash` instead, which orders keys of different depths otherwise; for the
+    keys of one directory listing ([P/, P//): one depth, one prefix, no '/' after it) both are plain byte order."""
+    depth = key.count("/")
+    if depth and key.endswith("//"):
+        depth -= 1
+    return depth, key.encode().replace(b"/", b"\xff")
+
+
+def grandchildren_range(path: str) -> tuple[str, str]:
+    """The keys two levels below `path` (`path/a/b`), as one range under the hierarchical encoding
+    (`hierarchical_key`): all of them have `path`'s depth + 2 and begin with `path/`, so they lie together, after
+    `path/\\x00/` and before `path///` (whose trailing "//" counts once). Only that encoding makes it so: under
+    `CompareWithSlash` the range is empty (its start sorts after its end), and under byte order it holds `path`'s
+    own children whose names sort below '/' (a topic named `-x` or `.x`) next to their children. A caller takes a
+    non-empty answer whose every key is `path/a/b` for the grandchildren, and anything else as no answer."""
+    base = path.rstrip("/")
+    return f"{base}/\x00/", f"{base}///"
 
 
 class _Done:
@@ -171,6 +212,7 @@ class OxiaStore:
             raise OxiaUnavailableError(f"cannot connect to Oxia at {address} (namespace {namespace!r}): "
                                        f"{type(exc).__name__}: {exc}") from None
         self.connected = True
+        self._closed = False
         self._session_id = 0
         self._sequence = itertools.count()
 
@@ -284,19 +326,15 @@ class OxiaStore:
         return self._session_id, b""
 
     def stop(self) -> None:
-        self.connected = False
+        """Ends the session, as kazoo's `stop` does: this client's ephemeral records (the run lock, a clock probe)
+        go now, not when the session times out; callers that only `stop` a client leak nothing."""
+        self.close()
 
     def close(self) -> None:
         self.connected = False
-        self._client.close()
-
-    # -- bulk --
-
-    def scan(self, path: str) -> list[tuple[str, bytes, ZnodeStat]]:
-        """Every direct child of `path` with its value and version, in one range scan."""
-        start, _ = children_range(path)
-        return [(key[len(start):], bytes(value or b""), stat_of(version, len(value or b"")))
-                for key, value, version in self._client.range_scan(*children_range(path))]
+        if not self._closed:  # kazoo's close after stop is the usual pair: the second call has nothing to do
+            self._closed = True
+            self._client.close()
 
 
 class _RootVersion:
@@ -363,61 +401,174 @@ class OxiaTransaction:
 
 
 class OxiaReader:
-    """The scan's bulk reader (`ZnodeReader`) on Oxia: a directory is listed with its children's values in one
-    range scan, and the reads that follow are answered from it, so a scan costs a round trip per directory rather
-    than per ledger (a `get` loop does ~1,700 keys/s here, a range scan ~20,000)."""
+    """The scan's bulk reader (`ZnodeReader`) on Oxia, over the gRPC read client (`oxia_grpc.OxiaReadClient`, not
+    the PyPI client: its pure-Python decoding halved the snapshot's speed). A directory is listed with its
+    children's values in one range scan, and the reads that follow are answered from it, so a scan costs a round
+    trip per directory rather than per ledger; the listings of many children of one directory (each managed
+    ledger's cursors) come from one scan of its grandchildren; any other read goes with up to `window` others in
+    batched gets.
+
+    Every listing and read is whole or fails (`OxiaUnavailableError` as the read's error): a shard that cannot be
+    read, or a shard map that changed meanwhile, never shows as fewer children. Stats carry Oxia's version and
+    times (`stat_of`'s fields); numChildren is 0, which no scan reads (planning counts children through the store).
+    """
 
     IN_FLIGHT = 16
+    # Listings asked for ahead of the one being yielded: the empty ones among them (a managed ledger without
+    # cursors) are told from vanished directories by one batch of gets rather than a get each.
+    LOOKAHEAD = 512
+    # A scan task lists a namespace's managed ledgers, then the cursors of its share of them: a range scan each,
+    # ~0.3 ms of client and server time apiece. When at least GRANDCHILDREN_MIN children of a directory this reader
+    # has listed are asked for at once, and at least one in GRANDCHILDREN_SHARE of its children, one scan of the
+    # directory's grandchildren answers them all (~4 us a record), even though it reads the other children's too.
+    GRANDCHILDREN_MIN = 16
+    GRANDCHILDREN_SHARE = 64
 
-    def __init__(self, store: OxiaStore) -> None:
-        self.store = store
-        self._values: dict[str, tuple[bytes, ZnodeStat]] = {}
+    def __init__(self, client: OxiaReadClient) -> None:
+        self.client = client
+        self._values: dict[str, Record] = {}  # what listings brought, by key, until a read takes it
+        self._sizes: dict[str, int] = {}  # how many children each directory this reader listed had
         self._pool = ThreadPoolExecutor(self.IN_FLIGHT, thread_name_prefix="oxia-scan")
         self.reads = 0
 
     def children_many(self, paths: Iterable[str], window: int = DEFAULT_WINDOW,
                       multi_read: int = 1) -> Iterator[ChildrenRead]:
         """Listings in input order; `IN_FLIGHT` range scans at once (one is a round trip, and a scan task lists
-        a directory per managed ledger for its cursors)."""
-        pending: deque[tuple[str, Future[list[tuple[str, bytes, ZnodeStat]]]]] = deque()
+        a directory per managed ledger for its cursors), or the grandchildren of their common parent in one."""
+        paths = list(paths)
+        grandchildren = self._grandchildren_of(paths)
+        pending: deque[tuple[str, Future[list[Record]]]] = deque()
         for path in paths:
-            pending.append((path, self._pool.submit(self.store.scan, path)))
-            if len(pending) >= self.IN_FLIGHT:
-                yield self._listed(*pending.popleft())
+            parent = _parent(path)
+            scan = (self._from(grandchildren[parent], path) if parent in grandchildren
+                    else self._pool.submit(self.client.range_scan, *children_range(path)))
+            pending.append((path, scan))
+            if len(pending) >= self.LOOKAHEAD:
+                yield from self._settle(pending)
         while pending:
-            yield self._listed(*pending.popleft())
+            yield from self._settle(pending)
 
-    def _listed(self, path: str, scan: Future[list[tuple[str, bytes, ZnodeStat]]]) -> ChildrenRead:
-        try:
-            entries = scan.result()
-            if not entries and path != "/" and self.store.exists(path) is None:
-                return ChildrenRead(path, None)
-        except Exception as exc:
-            return ChildrenRead(path, None, exc)
-        parent = path.rstrip("/")
-        for name, data, stat in entries:
-            self._values[f"{parent}/{name}"] = (data, stat)
-        return ChildrenRead(path, sorted(name for name, _, _ in entries))
+    def _grandchildren_of(self, paths: list[str]) -> dict[str, Future[dict[str, list[Record]] | None]]:
+        """One scan of the grandchildren for each parent of many of `paths` (see GRANDCHILDREN_MIN), started now:
+        each listing is read when it is asked for, never reused by a later call."""
+        asked = Counter(_parent(path) for path in paths)
+        return {parent: self._pool.submit(self._grandchildren, parent) for parent, count in asked.items()
+                if parent != "/" and parent in self._sizes and count >= self.GRANDCHILDREN_MIN
+                and count * self.GRANDCHILDREN_SHARE >= self._sizes[parent]}
+
+    def _grandchildren(self, parent: str) -> dict[str, list[Record]] | None:
+        """`parent`'s grandchildren by child, or None where the one range cannot be taken for them (see
+        `grandchildren_range`): no record at all (also what a server ordering keys otherwise answers), or a key that
+        is not two levels below `parent`."""
+        prefix = parent.rstrip("/") + "/"
+        by_child: dict[str, list[Record]] = {}
+        records = self.client.range_scan(*grandchildren_range(parent))
+        for record in records:
+            key = record[0]
+            child, slash, name = key[len(prefix):].partition("/")
+            if not key.startswith(prefix) or not slash or "/" in name:
+                return None
+            by_child.setdefault(prefix + child, []).append(record)
+        return by_child if records else None
+
+    def _from(self, grandchildren: Future[dict[str, list[Record]] | None], path: str) -> Future[list[Record]]:
+        """`path`'s listing out of its parent's grandchildren, or its own range scan where those are no answer."""
+        listing: Future[list[Record]] = Future()
+
+        def own(scan: Future[list[Record]]) -> None:
+            try:
+                listing.set_result(scan.result())
+            except Exception as exc:
+                listing.set_exception(exc)
+
+        def taken(source: Future[dict[str, list[Record]] | None]) -> None:
+            try:
+                found = source.result()
+                if found is None:
+                    self._pool.submit(self.client.range_scan, *children_range(path)).add_done_callback(own)
+                else:
+                    listing.set_result(found.get(path, []))
+            except Exception as exc:  # the grandchildren's scan failed (or the reader closed): so does the listing
+                listing.set_exception(exc)
+
+        grandchildren.add_done_callback(taken)
+        return listing
+
+    def _settle(self, pending: deque[tuple[str, Future[list[Record]]]]) -> Iterator[ChildrenRead]:
+        """The first pending listing and every finished one after it, in order."""
+        pending[0][1].exception()  # waits
+        ready = []
+        while pending and pending[0][1].done():
+            ready.append(pending.popleft())
+        # An empty range is an empty directory or none at all (kazoo's NoNode): its own key says which.
+        empty = [path for path, scan in ready if path != "/" and scan.exception() is None and not scan.result()]
+        asked, gone = set(empty), set[str]()
+        unknown: Exception | None = None
+        if empty:
+            try:
+                gone = {path for path, got in zip(empty, self.client.get_many(empty), strict=True) if got is None}
+            except Exception as exc:
+                unknown = exc
+        for path, scan in ready:
+            error = scan.exception()
+            if error is None and unknown is not None and path in asked:
+                error = unknown
+            if error is not None:
+                yield ChildrenRead(path, None, error)
+            elif path in gone:
+                yield ChildrenRead(path, None)
+            else:
+                yield self._listed(path, scan.result())
+
+    def _listed(self, path: str, records: list[Record]) -> ChildrenRead:
+        cut = len(children_range(path)[0])
+        values = self._values
+        names = []
+        for record in records:
+            key = record[0]
+            values[key] = record
+            names.append(key[cut:])
+        self._sizes[path.rstrip("/") or "/"] = len(names)
+        names.sort()  # already so from one shard, and from a merge of several
+        return ChildrenRead(path, names)
 
     def get_many(self, paths: Iterable[str], window: int = DEFAULT_WINDOW) -> Iterator[ZnodeRead]:
+        """Reads in input order: from the listings' values where a listing brought them, the rest `window` paths
+        to a batch of gets."""
+        chunk: list[str] = []
         for path in paths:
-            cached = self._values.pop(path, None)
-            if cached is not None:
-                yield ZnodeRead(path, cached[0], cached[1])
-                continue
+            chunk.append(path)
+            if len(chunk) >= max(1, window):
+                yield from self._read(chunk)
+                chunk = []
+        yield from self._read(chunk)
+
+    def _read(self, paths: list[str]) -> Iterator[ZnodeRead]:
+        cached: list[tuple[bytes, ZnodeStat] | None] = []
+        for path in paths:
+            record = self._values.pop(path, None)
+            cached.append(None if record is None else (record[1], record[2]))
+        missing = [path for path, hit in zip(paths, cached, strict=True) if hit is None]
+        fetched: dict[str, tuple[bytes, ZnodeStat] | None] = {}
+        error: Exception | None = None
+        if missing:
             try:
-                data, stat = self.store.get(path)
-                yield ZnodeRead(path, data, stat)
-            except NoNodeError:
-                yield ZnodeRead(path, None, None)
-            except Exception as exc:
-                yield ZnodeRead(path, None, None, exc)
+                fetched = dict(zip(missing, self.client.get_many(missing), strict=True))
+            except Exception as exc:  # reported per path, as one failed read is on ZooKeeper
+                error = exc
+        for path, hit in zip(paths, cached, strict=True):
+            if hit is None:
+                if error is not None:
+                    yield ZnodeRead(path, None, None, error)
+                    continue
+                hit = fetched[path]
+            yield ZnodeRead(path, None, None) if hit is None else ZnodeRead(path, hit[0], hit[1])
 
     def close(self) -> None:
-        """The reader owns its store (`OxiaEndpoint.wire_reader` opened it for this reader alone)."""
+        """The reader owns its client (`OxiaEndpoint.wire_reader` opened it for this reader alone)."""
         self._values.clear()
         self._pool.shutdown(wait=False, cancel_futures=True)
-        self.store.close()
+        self.client.close()
 
     def __enter__(self) -> OxiaReader:
         return self

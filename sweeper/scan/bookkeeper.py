@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
 
 from sweeper.codecs.bookkeeper import LedgerMetadata, decode_ledger_metadata
 from sweeper.codecs.errors import MetadataDecodeError
@@ -25,6 +26,7 @@ from sweeper.layout import (
     parse_ledger_relative_path,
     tree_depth,
 )
+from sweeper.metastore.oxia import capabilities_of
 from sweeper.safety import ledger_created_ms
 from sweeper.scan import Row, quarantine_row
 from sweeper.zk import client as zkutil
@@ -59,6 +61,14 @@ def read_layout(client: KazooClient, root: str) -> LedgerLayout:
     zkutil.require_node(client, root, "BookKeeper ledgers")
     try:
         data, _ = client.get(zkutil.join(root, "LAYOUT"))
+    except NoNodeError as exc:
+        if not capabilities_of(client).layout_record:
+            # Pulsar's metadata-store driver writes no LAYOUT and keeps every ledger at the hybrid hierarchical
+            # path (PulsarLedgerManager: StringUtils.getHybridHierarchicalLedgerPath), which HIERARCHICAL is.
+            return LedgerLayout.HIERARCHICAL
+        raise LayoutError(
+            f"no LAYOUT znode under {root!r}: is this a BookKeeper ledgers root? ({exc.__class__.__name__})"
+        ) from exc
     except Exception as exc:
         raise LayoutError(
             f"no LAYOUT znode under {root!r}: is this a BookKeeper ledgers root? ({exc.__class__.__name__})"

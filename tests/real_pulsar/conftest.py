@@ -34,21 +34,21 @@ from tests.support import testbed_session
 from tests.support.real_pulsar import COST, AsBuilt, Reconciled, Swept, real_ledgers, sweeper_config
 
 
-def _needs_testbed(item: pytest.Item) -> bool:
-    return "testbed_world" in getattr(item, "fixturenames", ())
-
-
 @pytest.hookimpl(trylast=True)  # after `-m` and `-k` deselected: a run that keeps none starts no testbed
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Real-Pulsar tests run last, and their testbed starts now, in the background."""
     # Stable: the order within each group is kept. Among the testbed's tests, test_fidelity.py and test_sweep.py
     # come first, then test_shared_bookkeeper.py, then test_retention.py: the order the suite is timed in. Nothing
     # relies on it: what must happen first is requested through the fixtures below.
-    items.sort(key=lambda i: (_needs_testbed(i), "test_retention.py" in i.nodeid,
-                              "test_shared_bookkeeper.py" in i.nodeid))
-    if (not config.option.collectonly and any(_needs_testbed(i) for i in items)
-            and testbed_session.unavailable() is None):
-        testbed_session.request_testbed()
+    # The Oxia testbed's tests come after the ZooKeeper testbed's: under xdist each testbed's tests are one unit of
+    # work, handed out last (both testbeds are prepared meanwhile), the longer first.
+    items.sort(key=lambda i: (bool(testbed_session.testbeds_needed(i)), "test_oxia_testbed.py" in i.nodeid,
+                              "test_retention.py" in i.nodeid, "test_shared_bookkeeper.py" in i.nodeid))
+    if config.option.collectonly:
+        return
+    for flavour in set().union(*(testbed_session.testbeds_needed(i) for i in items)):
+        if testbed_session.unavailable(flavour) is None:
+            testbed_session.request_testbed(flavour)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

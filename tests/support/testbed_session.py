@@ -1,4 +1,8 @@
-"""The real-Pulsar testbed's life in a test session, serial or spread over pytest-xdist workers.
+"""The real-Pulsar testbeds' life in a test session, serial or spread over pytest-xdist workers.
+
+Two flavours: Pulsar on ZooKeeper (tests/real_pulsar/, the `testbed_world` fixture) and Pulsar on Oxia
+(tests/real_pulsar/test_oxia_testbed.py, the `oxia_world` fixture); each is prepared once, only when collected
+tests need it.
 
 Starting the broker, driving the workload, making the orphans and waiting out the grace period take minutes,
 nearly all of it waiting on the JVM and the clock; the testbed is prepared in a background thread while the rest
@@ -29,9 +33,24 @@ if TYPE_CHECKING:  # harness.testbed imports pulsar-client and boto3: only a ses
 SHARE_ENV = "SWEEPER_TESTBED_SHARE"
 WANTED, WORLD, FAILED, COSTS = "wanted", "world.pickle", "failed.txt", "costs.pickle"
 WAIT_LIMIT_S = 1800.0
+ZOOKEEPER, OXIA = "zookeeper", "oxia"  # as harness.testbed.server names the metadata stores
+FLAVOUR_FIXTURES = {ZOOKEEPER: "testbed_world", OXIA: "oxia_world"}
+OXIA_TESTS = "tests/real_pulsar/test_oxia_testbed.py"
 
 
-def unavailable() -> str | None:
+def testbed_of_test(nodeid: str) -> str | None:
+    """The testbed a test runs against, from its id: its tests share one worker under xdist."""
+    if nodeid.startswith(OXIA_TESTS):
+        return OXIA
+    return ZOOKEEPER if nodeid.startswith("tests/real_pulsar/") else None
+
+
+def testbeds_needed(item: pytest.Item) -> set[str]:
+    names = getattr(item, "fixturenames", ())
+    return {flavour for flavour, fixture in FLAVOUR_FIXTURES.items() if fixture in names}
+
+
+def unavailable(flavour: str = ZOOKEEPER) -> str | None:
     from harness.testbed.server import default_pulsar_home
 
     if os.environ.get("SWEEPER_SKIP_REAL_PULSAR") == "1":
@@ -39,7 +58,16 @@ def unavailable() -> str | None:
     if not (default_pulsar_home() / "bin" / "pulsar").exists():
         return (f"no Pulsar distribution at {default_pulsar_home()}: run `mvn -B -f jvm/pom.xml package` "
                 "(scripts/setup.sh does)")
+    if flavour == OXIA:
+        from harness.oxiaserver import missing_binary_reason, oxia_binary
+
+        if oxia_binary() is None:
+            return missing_binary_reason()
     return None
+
+
+def _file(share: Path, flavour: str, name: str) -> Path:
+    return share / f"{flavour}-{name}"
 
 
 class Testbed:
@@ -47,7 +75,9 @@ class Testbed:
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, share: Path | None = None) -> None:
+    def __init__(self, flavour: str = ZOOKEEPER, share: Path | None = None) -> None:
+        self.flavour = flavour
+        self.cost_prefix = "" if flavour == ZOOKEEPER else f"{flavour}_"
         self.share = share  # set in a controller: the world is also written there for the workers
         self.home: Path | None = None
         self.info: Any = None
@@ -58,7 +88,7 @@ class Testbed:
     def start(self) -> None:
         if self.thread is not None:
             return
-        self.home = Path(tempfile.mkdtemp(prefix="sweeper-testbed-"))
+        self.home = Path(tempfile.mkdtemp(prefix=f"sweeper-testbed-{self.flavour}-"))
         self.thread = threading.Thread(target=self._prepare, name="real-pulsar-testbed", daemon=True)
         self.thread.start()
 
@@ -70,27 +100,28 @@ class Testbed:
         try:
             started = time.monotonic()
             assert self.home is not None
-            self.info = server.testbed_up(self.home)
-            COST["testbed_up_s"] = time.monotonic() - started
+            self.info = server.testbed_up(self.home, metadata=self.flavour)
+            COST[f"{self.cost_prefix}testbed_up_s"] = time.monotonic() - started
             world = build_world(self.info)
-            COST["world_s"] = world.built_s
+            COST[f"{self.cost_prefix}world_s"] = world.built_s
             # Orphans must be past the grace period before the sweeper looks.
             newest = max(o.made_at_ms for o in world.manifest.orphans) / 1000
             time.sleep(max(0.0, newest + GRACE_S + 2 - time.time()))
             self.world = world
             if self.share is not None:
-                _write_atomically(self.share / WORLD, pickle.dumps(world))
+                _write_atomically(_file(self.share, self.flavour, WORLD), pickle.dumps(world))
         except BaseException as exc:  # reported by the fixture, in the tests that need the testbed
             self.error = exc
             if self.share is not None:
-                _write_atomically(self.share / FAILED, f"{type(exc).__name__}: {exc}".encode())
+                _write_atomically(_file(self.share, self.flavour, FAILED), f"{type(exc).__name__}: {exc}".encode())
 
     def wait(self) -> World:
         self.start()
         assert self.thread is not None
         self.thread.join()
         if self.error is not None:
-            raise RuntimeError(f"the real Pulsar testbed did not come up: {self.error}") from self.error
+            raise RuntimeError(f"the real Pulsar testbed ({self.flavour}) did not come up: {self.error}") \
+                from self.error
         assert self.world is not None
         return self.world
 
@@ -103,7 +134,7 @@ class Testbed:
         self.thread.join(timeout=600)
         started = time.monotonic()
         server.testbed_down(self.home, self.world.info if self.world else self.info)
-        COST["testbed_down_s"] = time.monotonic() - started
+        COST[f"{self.cost_prefix}testbed_down_s"] = time.monotonic() - started
         shutil.rmtree(self.home, ignore_errors=True)
 
 
@@ -122,38 +153,41 @@ def in_worker() -> bool:
     return "PYTEST_XDIST_WORKER" in os.environ
 
 
-_LOCAL = Testbed()
+_LOCAL = {flavour: Testbed(flavour) for flavour in FLAVOUR_FIXTURES}
 
 
-def request_testbed() -> None:
-    """Collection found tests that need the testbed: start it here, or tell the controller that serves it."""
+def request_testbed(flavour: str = ZOOKEEPER) -> None:
+    """Collection found tests that need a testbed: start it here, or tell the controller that serves it."""
     share = _share()
     if in_worker() and share is not None:
-        (share / WANTED).touch()
+        _file(share, flavour, WANTED).touch()
     else:
-        _LOCAL.start()
+        _LOCAL[flavour].start()
 
 
-def world() -> World:
+def world(flavour: str = ZOOKEEPER) -> World:
     """The prepared world: this process's own testbed, or the controller's, once it has written it."""
     share = _share()
     if not (in_worker() and share is not None):
-        return _LOCAL.wait()
+        return _LOCAL[flavour].wait()
     deadline = time.monotonic() + WAIT_LIMIT_S
     while time.monotonic() < deadline:
-        if (share / WORLD).exists():
-            return pickle.loads((share / WORLD).read_bytes())
-        if (share / FAILED).exists():
-            raise RuntimeError(f"the real Pulsar testbed did not come up: {(share / FAILED).read_text()}")
+        if _file(share, flavour, WORLD).exists():
+            # Written by this session's controller.
+            return pickle.loads(_file(share, flavour, WORLD).read_bytes())
+        if _file(share, flavour, FAILED).exists():
+            raise RuntimeError(f"the real Pulsar testbed ({flavour}) did not come up: "
+                               f"{_file(share, flavour, FAILED).read_text()}")
         time.sleep(0.5)
-    raise RuntimeError(f"the real Pulsar testbed was not ready within {WAIT_LIMIT_S:.0f} s")
+    raise RuntimeError(f"the real Pulsar testbed ({flavour}) was not ready within {WAIT_LIMIT_S:.0f} s")
 
 
 def stop_local() -> None:
     """The end of a serial session, or of a worker's: a worker's costs go to the controller's summary."""
     from tests.support.real_pulsar import COST
 
-    _LOCAL.stop()
+    for testbed in _LOCAL.values():
+        testbed.stop()
     share = _share()
     if in_worker() and share is not None and COST:
         _write_atomically(share / f"{os.environ['PYTEST_XDIST_WORKER']}-{COSTS}", pickle.dumps(dict(COST)))
@@ -165,15 +199,17 @@ class ControllerPlugin:
     def __init__(self) -> None:
         self.share = Path(tempfile.mkdtemp(prefix="sweeper-testbed-share-"))
         os.environ[SHARE_ENV] = str(self.share)  # before the workers start: they inherit it
-        self.testbed = Testbed(self.share)
+        self.testbeds = {flavour: Testbed(flavour, self.share) for flavour in FLAVOUR_FIXTURES}
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: Any) -> None:
-        if (self.share / WANTED).exists() and unavailable() is None:
-            self.testbed.start()
+        for flavour, testbed in self.testbeds.items():
+            if _file(self.share, flavour, WANTED).exists() and unavailable(flavour) is None:
+                testbed.start()
 
     def pytest_sessionfinish(self) -> None:
-        self.testbed.stop()
+        for testbed in self.testbeds.values():
+            testbed.stop()
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         from tests.support.real_pulsar import COST
