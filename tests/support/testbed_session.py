@@ -75,8 +75,12 @@ class Testbed:
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, flavour: str = ZOOKEEPER, share: Path | None = None) -> None:
+    def __init__(self, flavour: str = ZOOKEEPER, share: Path | None = None, after: Testbed | None = None) -> None:
         self.flavour = flavour
+        # Prepared once `after` is (if it was started): two Pulsars, two workloads and the suite's first (slowest)
+        # tests at once overloaded two cores (CI saw a test pass its timeout); one after the other, both are still
+        # ready long before their tests are handed out, last.
+        self.after = after
         self.cost_prefix = "" if flavour == ZOOKEEPER else f"{flavour}_"
         self.share = share  # set in a controller: the world is also written there for the workers
         self.home: Path | None = None
@@ -98,6 +102,8 @@ class Testbed:
         from tests.support.real_pulsar import COST, GRACE_S
 
         try:
+            if self.after is not None and self.after.thread is not None:
+                self.after.thread.join()
             started = time.monotonic()
             assert self.home is not None
             self.info = server.testbed_up(self.home, metadata=self.flavour)
@@ -153,7 +159,12 @@ def in_worker() -> bool:
     return "PYTEST_XDIST_WORKER" in os.environ
 
 
-_LOCAL = {flavour: Testbed(flavour) for flavour in FLAVOUR_FIXTURES}
+def _testbeds(share: Path | None) -> dict[str, Testbed]:
+    first = Testbed(ZOOKEEPER, share)
+    return {ZOOKEEPER: first, OXIA: Testbed(OXIA, share, after=first)}
+
+
+_LOCAL = _testbeds(None)
 
 
 def request_testbed(flavour: str = ZOOKEEPER) -> None:
@@ -199,7 +210,7 @@ class ControllerPlugin:
     def __init__(self) -> None:
         self.share = Path(tempfile.mkdtemp(prefix="sweeper-testbed-share-"))
         os.environ[SHARE_ENV] = str(self.share)  # before the workers start: they inherit it
-        self.testbeds = {flavour: Testbed(flavour, self.share) for flavour in FLAVOUR_FIXTURES}
+        self.testbeds = _testbeds(self.share)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: Any) -> None:
