@@ -109,8 +109,61 @@ def _route_like_the_server() -> None:
             raise OxiaUnavailableError("the installed oxia client has no ServiceDiscovery.get_shard to route keys "
                                        "with: install the version pyproject.toml pins")
         service_discovery.ServiceDiscovery.get_shard = get_shard
+        _wait_for_the_first_map_safely(service_discovery)
         _routing_fixed = True
     check_server_hash()
+
+
+def _wait_for_the_first_map_safely(service_discovery: Any) -> None:
+    """Replaces the client's wait for its first shard map, which two races make fail or go stale.
+
+    PyPI's `oxia` 0.2.1 (internal/service_discovery.py) starts the assignments thread before it creates the barrier
+    that thread meets: on a loaded host the first map can arrive first, the thread dies on the missing attribute,
+    and the constructor gives up after 30 s (a CI run lost the Oxia testbed's tests to it). The thread also meets
+    the two-party barrier again on every later map, with nobody on the other side, so it never applies a second
+    map. An event set by each map, waited on by the constructor, has neither race.
+    """
+    import grpc
+    from oxia.internal.backoff import Backoff
+    from oxia.internal.proto.io.streamnative.oxia import proto as pb
+
+    discovery = service_discovery.ServiceDiscovery
+    log = service_discovery.log
+
+    def __init__(self: Any, service_address: str, connection_pool: Any, namespace: str,
+                 init_timeout: float = 30) -> None:
+        self._assignments = {}
+        self._service_address = service_address
+        self._connection_pool = connection_pool
+        self._namespace = namespace
+        self._closed = False
+        self._lock = threading.Lock()
+        self._has_a_map = threading.Event()
+        self._thread = threading.Thread(target=self.get_assignments, daemon=True, name="oxia-shard-assignments")
+        self._thread.start()
+        if not self._has_a_map.wait(init_timeout):
+            self._closed = True
+            raise RuntimeError(f"Timed out after {init_timeout}s waiting for initial shard assignments from "
+                               f"{service_address}")
+
+    def get_assignments(self: Any) -> None:
+        stub = self._connection_pool.get(self._service_address)
+        backoff = Backoff()
+        while not self._closed:
+            try:
+                request = pb.ShardAssignmentsRequest(namespace=self._namespace)
+                for update in stub.get_shard_assignments(request):
+                    self._parse_assignments(update.namespaces[self._namespace])
+                    self._has_a_map.set()
+                    backoff.reset()
+            except grpc.RpcError as exc:
+                if not self._closed:
+                    if exc.code() != grpc.StatusCode.CANCELLED:
+                        log.warning("Failed to get assignments: %s", exc)
+                    backoff.wait_next()
+
+    discovery.__init__ = __init__
+    discovery.get_assignments = get_assignments
 
 
 def check_server_hash() -> None:
