@@ -17,21 +17,23 @@ deletes) and `as_built` (the broker's metadata as the workload left it). No test
 from __future__ import annotations
 
 import os
-import time
-from datetime import UTC, datetime
 
 import pytest
 from pyspark.sql import SparkSession
 
-from harness.testbed.orphans import ledger_znode, ml_path
-from harness.testbed.server import bookkeeper_ledgers
-from harness.testbed.workload import DELAYED, DELAYED_SUBSCRIPTION, admin_for
-from harness.testbed.world import World, broker_references, zk_for
-from sweeper.pipeline import delete_stage, emit_stage, reconcile_stage
-from sweeper.snapshot import run_snapshot
-from sweeper.tables import open_table_store
+from harness.testbed.orphans import ml_path
+from harness.testbed.workload import DELAYED, DELAYED_SUBSCRIPTION
+from harness.testbed.world import World, zk_for
 from tests.support import testbed_session
-from tests.support.real_pulsar import COST, AsBuilt, Reconciled, Swept, real_ledgers, sweeper_config
+from tests.support.real_pulsar import (
+    COST,
+    AsBuilt,
+    Reconciled,
+    Swept,
+    real_ledgers,
+    reconcile_the_world,
+    sweep_the_plan,
+)
 
 
 @pytest.hookimpl(trylast=True)  # after `-m` and `-k` deselected: a run that keeps none starts no testbed
@@ -79,53 +81,21 @@ def as_built(testbed_world: World) -> AsBuilt:
 
 @pytest.fixture(scope="session")
 def reconciled(testbed_world: World, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Reconciled:
-    """The orphan sweep's snapshot and plan, with the broker's view and BookKeeper's taken just before it.
+    """The orphan sweep's snapshot and plan, between two views of the broker (`reconcile_the_world`).
 
     Taken on the world as the workload left it: retention's topics (whose first schema registrations make Pulsar
     4.0.8 leak schema ledgers) and the peer cluster's ledgers would be orphans its manifest does not know, so
-    their fixtures request this one first. The first test to ask also pays for the testbed and the snapshot."""
-    info = testbed_world.info
-    cfg = sweeper_config(info, tmp_path_factory.mktemp("tables"))
-    store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
-    bk = bookkeeper_ledgers(info)  # first: a ledger the broker creates after this is in neither view
-    zk = zk_for(info)
-    try:
-        referenced = broker_references(admin_for(info), zk)
-        # A ledger the broker deleted in between (an old compacted or cursor ledger) is in neither either.
-        bk = {ledger for ledger in bk if zk.exists(ledger_znode(ledger))}
-    finally:
-        zk.stop()
-    started = time.monotonic()
-    snap = run_snapshot(spark, cfg, store)
-    COST["snapshot_s"] = time.monotonic() - started
-    started = time.monotonic()
-    reconcile_stage(spark, cfg, store, snap.run_id)
-    COST["reconcile_s"] = time.monotonic() - started
-    rows = [r.asDict() for r in store.read("orphans").where(f"run_id = '{snap.run_id}'").collect()]
-    return Reconciled(testbed_world, cfg, store, snap.run_id, rows, referenced, bk)
+    their fixtures request this one first. The first test to ask also pays for the snapshot."""
+    return reconcile_the_world(testbed_world, spark, tmp_path_factory.mktemp("tables"))
 
 
 @pytest.fixture(scope="session")
 def swept(reconciled: Reconciled, as_built: AsBuilt, spark: SparkSession) -> Swept:
-    """Emit the plan to the real broker's partitioned __ledger_deletion topic, then drain it and delete.
+    """The plan emitted to the real broker's partitioned __ledger_deletion topic, drained and deleted.
 
     Before anything else drains that topic or deletes (the peer cluster's sweep requests this first), and after
     `as_built` was read."""
-    cfg, store, run_id = reconciled.cfg, reconciled.store, reconciled.run_id
-    started = time.monotonic()
-    emitted = emit_stage(spark, cfg, store, run_id)
-    COST["emit_s"] = time.monotonic() - started
-    offloaded = {key.rsplit("-ledger-", 1)[1].removesuffix("-index") for key in reconciled.candidates("offload_object")}
-    # One record per ledger, one per offloaded ledger (its data and index objects together).
-    assert emitted.counts.get("published", 0) == len(reconciled.candidates("ledger")) + len(offloaded), emitted.counts
-    admin = admin_for(reconciled.world.info)
-    assert admin.partitions(cfg.system_topic.topic) == cfg.system_topic.partitions
-    started = time.monotonic()
-    result = delete_stage(spark, cfg, store, f"topic-{datetime.now(UTC):%Y%m%dT%H%M%SZ}", execute=True,
-                          from_topic=True)
-    COST["delete_s"] = time.monotonic() - started
-    deleted = {r.ledger_id for r in result.results if r.outcome == "deleted" and r.ledger_type == "LEDGER"}
-    return Swept(reconciled, deleted, list(result.results))
+    return sweep_the_plan(reconciled, spark)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

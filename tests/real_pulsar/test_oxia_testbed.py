@@ -5,8 +5,10 @@ orphans as on ZooKeeper (harness.testbed.world), made through the sweeper's kazo
 What the ZooKeeper testbed proves (tests/real_pulsar/test_sweep.py), here on Oxia: the candidates are exactly the
 induced orphans; none is a ledger the broker references; a sweep that emits to and drains from the broker's own
 __ledger_deletion topic deletes exactly them, BookKeeper's shell no longer lists them; every topic still serves
-every message and stats-internal names no deleted ledger. And the premise: what the broker and the bookie wrote is
-spread over Oxia's shards, and every key of it is read where the server put it.
+every message and stats-internal names no deleted ledger; a sweep during live churn deletes nothing in use; the
+delayed messages, read back from bucket snapshots, are delivered after the sweep. And the premises: what the
+broker and the bookie wrote is spread over Oxia's shards, and every key of it is read where the server put it;
+the sandbox seeds Oxia as Pulsar leaves it.
 
 One testbed, snapshot and sweep for the module (the session's Oxia testbed, apart from the ZooKeeper one), all in
 one xdist worker (tests/conftest.py): the tests read what the fixtures built, in file order, cheapest first.
@@ -14,53 +16,36 @@ one xdist worker (tests/conftest.py): the tests read what the fixtures built, in
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from kazoo.exceptions import NoNodeError
 from pyspark.sql import SparkSession
 
 from harness.testbed.admin import Admin
-from harness.testbed.orphans import Metadata, ledger_znode
+from harness.testbed.orphans import Metadata, ledger_znode, ml_path
 from harness.testbed.server import (
     OXIA_SHARDS,
     bookkeeper_ledgers,
 )
 from harness.testbed.workload import admin_for, client_for, read_all
-from harness.testbed.world import World, broker_references, metadata_for, s3_client_for
+from harness.testbed.world import World, broker_references, managed_ledger_topics, metadata_for, s3_client_for
 from sweeper.layout import is_middle, is_tree_top
 from sweeper.metastore.oxia import _server_hash as server_hash
-from sweeper.pipeline import delete_stage, emit_stage, reconcile_stage
-from sweeper.snapshot import run_snapshot
-from sweeper.tables import open_table_store
 from tests.support import testbed_session
-from tests.support.real_pulsar import COST, GRACE_S, Reconciled, Swept, sweeper_config
+from tests.support.churn import churn_sweep_deletes_nothing_in_use
+from tests.support.real_pulsar import (
+    COST,
+    Reconciled,
+    Swept,
+    receive_the_delayed_messages,
+    reconcile_the_world,
+    sweep_the_plan,
+)
 
 pytestmark = [pytest.mark.real_pulsar, pytest.mark.slow,
               # The first test pays for the testbed, the workload, the grace period and the snapshot.
               pytest.mark.timeout(1500)]
-
-
-@dataclass
-class OxiaReconciled(Reconciled):
-    """The plan, with the broker's view taken again right after the snapshot."""
-
-    referenced_after: dict[int, str] = field(default_factory=dict)
-    layout: str = ""
-
-    def trimmed_by_pulsar(self) -> set[int]:
-        """Ledgers the broker referenced before the snapshot and not after: Pulsar dropped them from their lists
-        itself meanwhile, so whether the scan still saw them listed depends on the moment it read their topic.
-        Seen on this testbed: about a minute after the broker restarts, it compacts a namespace's system topics
-        (__change_events, __transaction_buffer_snapshot), trims their first ledgers and deletes them. Orphans
-        either way; never ledgers the broker still uses."""
-        return set(self.referenced_before) - set(self.referenced_after)
-
-    def pulsar_leaks(self) -> set[int]:
-        # A ledger being created while the views were taken (a rollover) is in use after: not a leak.
-        return super().pulsar_leaks() - set(self.referenced_after)
 
 
 @pytest.fixture(scope="session")
@@ -74,57 +59,19 @@ def oxia_world() -> World:
 
 
 @pytest.fixture(scope="module")
-def oxia_reconciled(oxia_world: World, spark: SparkSession,
-                    tmp_path_factory: pytest.TempPathFactory) -> OxiaReconciled:
-    """Snapshot and reconcile once the orphans are past the grace period, between two views of the broker."""
-    info = oxia_world.info
-    # BookKeeper's shell during the grace period: a ledger created after it lists them is too young to be a
-    # candidate, and one deleted after is taken out below.
-    listed = bookkeeper_ledgers(info)
-    newest = max(o.made_at_ms for o in oxia_world.manifest.orphans) / 1000
-    waited = max(0.0, newest + GRACE_S + 2 - time.time())
-    time.sleep(waited)
-    COST["oxia_grace_wait_s"] = waited
-    cfg = sweeper_config(info, tmp_path_factory.mktemp("oxia-tables"))
-    store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
-    metadata = metadata_for(info)
-    try:
-        referenced = broker_references(admin_for(info), metadata)
-        bk = {ledger for ledger in listed if metadata.exists(ledger_znode(ledger))}
-        started = time.monotonic()
-        snap = run_snapshot(spark, cfg, store)
-        COST["oxia_snapshot_s"] = time.monotonic() - started
-        started = time.monotonic()
-        reconcile_stage(spark, cfg, store, snap.run_id)
-        COST["oxia_reconcile_s"] = time.monotonic() - started
-        after = broker_references(admin_for(info), metadata)
-    finally:
-        metadata.stop()
-    rows = [r.asDict() for r in store.read("orphans").where(f"run_id = '{snap.run_id}'").collect()]
-    return OxiaReconciled(oxia_world, cfg, store, snap.run_id, rows, referenced, bk, referenced_after=after,
-                          layout=snap.layout)
+def oxia_reconciled(oxia_world: World, spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Reconciled:
+    """Snapshot and reconcile, between two views of the broker (as the ZooKeeper testbed's `reconciled`)."""
+    return reconcile_the_world(oxia_world, spark, tmp_path_factory.mktemp("oxia-tables"), cost_prefix="oxia_")
 
 
 @pytest.fixture(scope="module")
-def oxia_swept(oxia_reconciled: OxiaReconciled, spark: SparkSession) -> Swept:
+def oxia_swept(oxia_reconciled: Reconciled, spark: SparkSession) -> Swept:
     """The plan emitted to the broker's own partitioned __ledger_deletion topic, drained and deleted (as the
     ZooKeeper testbed's `swept`)."""
-    cfg, store = oxia_reconciled.cfg, oxia_reconciled.store
-    started = time.monotonic()
-    emitted = emit_stage(spark, cfg, store, oxia_reconciled.run_id)
-    COST["oxia_emit_s"] = time.monotonic() - started
-    offloaded = {key.rsplit("-ledger-", 1)[1].removesuffix("-index")
-                 for key in oxia_reconciled.candidates("offload_object")}
-    assert emitted.counts.get("published", 0) == len(oxia_reconciled.candidates("ledger")) + len(offloaded)
-    started = time.monotonic()
-    result = delete_stage(spark, cfg, store, f"topic-{datetime.now(UTC):%Y%m%dT%H%M%SZ}", execute=True,
-                          from_topic=True)
-    COST["oxia_delete_s"] = time.monotonic() - started
-    deleted = {r.ledger_id for r in result.results if r.outcome == "deleted" and r.ledger_type == "LEDGER"}
-    return Swept(oxia_reconciled, deleted, list(result.results))
+    return sweep_the_plan(oxia_reconciled, spark, cost_prefix="oxia_")
 
 
-def test_broker_and_bookie_keep_their_metadata_in_oxia_over_its_shards(oxia_reconciled: OxiaReconciled) -> None:
+def test_broker_and_bookie_keep_their_metadata_in_oxia_over_its_shards(oxia_reconciled: Reconciled) -> None:
     """The premise. No ZooKeeper runs; the ledgers lie in all of Oxia's shards, and the sweeper's point reads find
     each one a listing (which asks every shard) names: PyPI's client alone would look for most in the wrong shard.
     Pulsar's metadata-store driver writes no /ledgers/LAYOUT record, and the snapshot reads the hybrid
@@ -166,7 +113,37 @@ def _shard_of(key: str) -> int:
     return min(server_hash(key) // (0xFFFFFFFF // OXIA_SHARDS + 1), OXIA_SHARDS - 1)
 
 
-def test_candidates_are_exactly_the_induced_orphans(oxia_reconciled: OxiaReconciled) -> None:
+def test_every_parent_pulsar_leaves_in_oxia_is_an_empty_record_as_the_sandbox_seeds_it(oxia_world: World) -> None:
+    """Fidelity of the sandbox's Oxia (harness.sandbox.seed.seed_oxia, which tests/test_oxia.py sweeps): it writes
+    every record's parents first as empty records, as Pulsar's `OxiaMetadataStore` creates missing parents, and no
+    /ledgers/LAYOUT. On what the real broker and bookie wrote: every parent of a ledger, a managed ledger and a
+    cursor record is itself a record, and an empty one."""
+    store = metadata_for(oxia_world.info)
+    try:
+        directories = [f"/ledgers/{top}/{middle}" for top in filter(is_tree_top, store.get_children("/ledgers"))
+                       for middle in filter(is_middle, store.get_children(f"/ledgers/{top}"))]
+        records = _listed(store, directories)
+        for name in managed_ledger_topics(store):
+            managed_ledger = ml_path(name)
+            records.add(managed_ledger)
+            records |= {f"{managed_ledger}/{cursor}" for cursor in store.get_children(managed_ledger)}
+        parents = {"/" + "/".join(key.strip("/").split("/")[:depth])
+                   for key in records for depth in range(1, key.count("/"))} - records
+        assert {"/ledgers", "/ledgers/00", "/managed-ledgers"} <= parents
+        assert any(parent.endswith("/persistent") for parent in parents), "managed ledgers were read"
+        assert any(key.count("/") == 6 for key in records), "cursors were read"
+        values: dict[str, bytes | None] = {}
+        for parent in sorted(parents):
+            try:
+                values[parent] = store.get(parent)[0]
+            except NoNodeError:
+                values[parent] = None
+        assert {parent: value for parent, value in values.items() if value != b""} == {}
+    finally:
+        store.stop()
+
+
+def test_candidates_are_exactly_the_induced_orphans(oxia_reconciled: Reconciled) -> None:
     manifest = oxia_reconciled.world.manifest
     candidates = oxia_reconciled.candidates("ledger")
     trimmed = oxia_reconciled.trimmed_by_pulsar()
@@ -182,7 +159,7 @@ def test_candidates_are_exactly_the_induced_orphans(oxia_reconciled: OxiaReconci
     assert oxia_reconciled.candidates("offload_object") == manifest.orphan_objects()
 
 
-def test_nothing_the_broker_references_is_a_candidate(oxia_reconciled: OxiaReconciled) -> None:
+def test_nothing_the_broker_references_is_a_candidate(oxia_reconciled: Reconciled) -> None:
     """stats-internal of every topic (system topics included), cursor properties for bucket snapshots, before and
     after the snapshot. Before, only ledgers Pulsar itself dropped meanwhile may be planned."""
     planned = set(oxia_reconciled.candidates("ledger"))
@@ -194,7 +171,6 @@ def test_nothing_the_broker_references_is_a_candidate(oxia_reconciled: OxiaRecon
 
 def test_sweep_deletes_exactly_the_orphans(oxia_swept: Swept) -> None:
     reconciled = oxia_swept.reconciled
-    assert isinstance(reconciled, OxiaReconciled)
     trimmed = reconciled.trimmed_by_pulsar()
     # A ledger Pulsar was deleting itself may be gone before the delete reaches it.
     failed = [(r.ledger_id, r.ledger_type, r.outcome, r.detail) for r in oxia_swept.results
@@ -235,3 +211,17 @@ def test_every_topic_serves_every_message_and_the_broker_names_no_deleted_ledger
 def _offloaded(admin: Admin, name: str) -> set[int]:
     return {int(ledger["ledgerId"]) for ledger in admin.internal_stats(name)["ledgers"] if ledger.get("offloaded")}
 
+
+
+def test_live_churn_sweep_deletes_nothing_in_use(oxia_world: World, oxia_swept: Swept, spark: SparkSession,
+                                                 tmp_path: Path) -> None:
+    """As on ZooKeeper: a full sweep while producers roll ledgers, topics come and go and a topic is compacted.
+    On Oxia each ledger is its own compare-and-set (no multi-key transaction), so this is where a referrer
+    written between the delete's check and its delete would show."""
+    churn_sweep_deletes_nothing_in_use(oxia_world, spark, tmp_path / "tables", "oxia_churn_sweep_s")
+
+
+def test_delayed_messages_are_delivered(oxia_swept: Swept) -> None:
+    """The bucket snapshots, which only the delayed subscription's cursor properties name, outlived the sweep."""
+    world = oxia_swept.reconciled.world
+    assert receive_the_delayed_messages(world) == world.workload.delayed_count

@@ -1,21 +1,30 @@
-"""What the real-Pulsar tests (tests/real_pulsar/) share besides their fixtures: the grace period, the cost
-record printed at the end of the session, the sweeper's configuration for the testbed, and the records the
-session's fixtures hand to the tests (the orphan sweep's plan and its result, the broker's metadata as built)."""
+"""What the real-Pulsar tests (tests/real_pulsar/) share besides their fixtures, on either testbed (ZooKeeper or
+Oxia): the grace period, the cost record printed at the end of the session, the sweeper's configuration for the
+testbed, the orphan sweep (its plan between two views of the broker, and its deletes, `reconcile_the_world` and
+`sweep_the_plan`), and the broker's metadata as built."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import pulsar
 from kazoo.client import KazooClient
+from pyspark.sql import SparkSession
 
-from harness.testbed.server import TestbedInfo
-from harness.testbed.world import World
+from harness.testbed.orphans import ledger_znode
+from harness.testbed.server import TestbedInfo, bookkeeper_ledgers
+from harness.testbed.workload import DELAYED, DELAYED_SUBSCRIPTION, admin_for, client_for
+from harness.testbed.world import World, broker_references, metadata_for
 from sweeper import config as config_mod
 from sweeper.codecs.bookkeeper import decode_ledger_metadata
 from sweeper.config import SweeperConfig
-from sweeper.tables import TableStore
+from sweeper.pipeline import delete_stage, emit_stage, reconcile_stage
+from sweeper.snapshot import run_snapshot
+from sweeper.tables import TableStore, open_table_store
 
 GRACE_S = 45.0
 COST: dict[str, float] = {}  # seconds per step, printed at the end of the session
@@ -34,6 +43,9 @@ def sweeper_config(info: TestbedInfo, tables: Path, **sections: dict[str, Any]) 
 
 @dataclass
 class Reconciled:
+    """The orphan sweep's plan, with the broker's and BookKeeper's views taken just before the snapshot and the
+    broker's again just after it."""
+
     world: World
     cfg: SweeperConfig
     store: TableStore
@@ -41,13 +53,25 @@ class Reconciled:
     rows: list[dict[str, Any]]
     referenced_before: dict[int, str]
     bk_before: set[int]
+    referenced_after: dict[int, str] = field(default_factory=dict)
+    layout: str = ""
+
+    def trimmed_by_pulsar(self) -> set[int]:
+        """Ledgers the broker referenced before the snapshot and not after: Pulsar dropped them from their lists
+        itself meanwhile, so whether the scan still saw them listed depends on the moment it read their topic.
+        Seen on the Oxia testbed: about a minute after the broker starts it compacts a namespace's system topics
+        (__change_events, __transaction_buffer_snapshot), trims their first ledgers and deletes them. Orphans
+        either way; never ledgers the broker still uses."""
+        return set(self.referenced_before) - set(self.referenced_after)
 
     def pulsar_leaks(self) -> set[int]:
         """Ledgers Pulsar itself left behind during the workload, by the broker's own view (not the sweeper's):
         in BookKeeper, referenced by no topic stats-internal shows (system topics included), and not induced
         by the world. Pulsar 4.0.8 makes them now and then, e.g. a ledger created for a topic just before
-        its broker is killed, never added to the topic's list. Real orphans, so the sweep must find them."""
-        return self.bk_before - set(self.referenced_before) - set(self.world.manifest.orphan_ledgers())
+        its broker is killed, never added to the topic's list. Real orphans, so the sweep must find them.
+        A ledger being created while the views were taken (a rollover) is in use after: not a leak."""
+        return (self.bk_before - set(self.referenced_before) - set(self.world.manifest.orphan_ledgers())
+                - set(self.referenced_after))
 
     def expected_ledgers(self) -> set[int]:
         leaks = self.pulsar_leaks()
@@ -60,6 +84,50 @@ class Reconciled:
         key = "ledger_id" if object_type == "ledger" else "s3_key"
         return {r[key]: r["reason"] for r in self.rows
                 if r["status"] == "candidate" and r["object_type"] == object_type}
+
+
+def reconcile_the_world(world: World, spark: SparkSession, tables: Path, cost_prefix: str = "") -> Reconciled:
+    """Snapshot and reconcile the testbed (its orphans are past the grace period: the testbed session waited), with
+    BookKeeper's view and the broker's taken just before and the broker's again just after. `cost_prefix` names
+    the testbed in the cost record."""
+    info = world.info
+    cfg = sweeper_config(info, tables)
+    store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
+    listed = bookkeeper_ledgers(info)  # first: a ledger the broker creates after this is in neither view
+    metadata = metadata_for(info)
+    try:
+        referenced = broker_references(admin_for(info), metadata)
+        # A ledger the broker deleted in between (an old compacted or cursor ledger) is in neither either.
+        bk = {ledger for ledger in listed if metadata.exists(ledger_znode(ledger))}
+        started = time.monotonic()
+        snap = run_snapshot(spark, cfg, store)
+        COST[f"{cost_prefix}snapshot_s"] = time.monotonic() - started
+        started = time.monotonic()
+        reconcile_stage(spark, cfg, store, snap.run_id)
+        COST[f"{cost_prefix}reconcile_s"] = time.monotonic() - started
+        after = broker_references(admin_for(info), metadata)
+    finally:
+        metadata.stop()
+    rows = [r.asDict() for r in store.read("orphans").where(f"run_id = '{snap.run_id}'").collect()]
+    return Reconciled(world, cfg, store, snap.run_id, rows, referenced, bk, after, snap.layout)
+
+
+def sweep_the_plan(reconciled: Reconciled, spark: SparkSession, cost_prefix: str = "") -> Swept:
+    """The plan emitted to the broker's own partitioned __ledger_deletion topic, drained from it and deleted."""
+    cfg, store = reconciled.cfg, reconciled.store
+    started = time.monotonic()
+    emitted = emit_stage(spark, cfg, store, reconciled.run_id)
+    COST[f"{cost_prefix}emit_s"] = time.monotonic() - started
+    offloaded = {key.rsplit("-ledger-", 1)[1].removesuffix("-index") for key in reconciled.candidates("offload_object")}
+    # One record per ledger, one per offloaded ledger (its data and index objects together).
+    assert emitted.counts.get("published", 0) == len(reconciled.candidates("ledger")) + len(offloaded), emitted.counts
+    assert admin_for(reconciled.world.info).partitions(cfg.system_topic.topic) == cfg.system_topic.partitions
+    started = time.monotonic()
+    result = delete_stage(spark, cfg, store, f"topic-{datetime.now(UTC):%Y%m%dT%H%M%SZ}", execute=True,
+                          from_topic=True)
+    COST[f"{cost_prefix}delete_s"] = time.monotonic() - started
+    deleted = {r.ledger_id for r in result.results if r.outcome == "deleted" and r.ledger_type == "LEDGER"}
+    return Swept(reconciled, deleted, list(result.results))
 
 
 @dataclass
@@ -89,3 +157,24 @@ def real_ledgers(zk: KazooClient) -> dict[int, dict[str, bytes]]:
                 data, _ = zk.get(f"/ledgers/{top}/{middle}/{leaf}")
                 out[int(top + middle + leaf[1:])] = decode_ledger_metadata(data).custom_metadata
     return out
+
+
+def receive_the_delayed_messages(world: World) -> int:
+    """Consumes the workload's delayed messages once they are due (the broker reads them back from its bucket
+    snapshots, whose ledgers only the cursor's properties name) and says how many arrived."""
+    client = client_for(world.info)
+    consumer = client.subscribe(DELAYED, DELAYED_SUBSCRIPTION, consumer_type=pulsar.ConsumerType.Shared)
+    got: set[bytes] = set()
+    try:
+        deadline = max(world.workload.delayed_due_at + 120, time.time() + 60)
+        while len(got) < world.workload.delayed_count and time.time() < deadline:
+            try:
+                message = consumer.receive(5000)
+            except pulsar.Timeout:
+                continue
+            got.add(message.data())
+            consumer.acknowledge(message)
+    finally:
+        consumer.close()
+        client.close()
+    return len(got)
