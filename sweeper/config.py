@@ -57,6 +57,14 @@ class BookKeeperConfig(ZooKeeperAccessConfig):
     # metadata-store:oxia://host:6648/namespace. Set, it stands for `zookeeper` and `ledgers_root`.
     metadata_service_uri: str = ""
 
+    @property
+    def writes_layout_record(self) -> bool:
+        """Whether the bookies' metadata driver records the ledger layout in `<ledgers root>/LAYOUT`. BookKeeper's
+        own ZooKeeper drivers do; Pulsar's `metadata-store:` driver never does, on any store: its
+        `PulsarLedgerManagerFactory` neither formats nor stores a layout (`format` is empty), and its
+        `PulsarLedgerManager` always keeps ledgers at the hybrid hierarchical paths."""
+        return not self.metadata_service_uri.strip().startswith("metadata-store:")
+
 
 @dataclass(frozen=True)
 class PulsarMetadataConfig(ZooKeeperAccessConfig):

@@ -315,7 +315,8 @@ def plan_tasks(settings: SnapshotSettings) -> SnapshotPlan:
         root = settings.bookkeeper.ledgers_root
         _require_readable(bk_client, root, zkutil.join(root, "LAYOUT"))
         with _readable(root):
-            ledger_plan = bk_scan.plan_ledger_units(bk_client, root)
+            ledger_plan = bk_scan.plan_ledger_units(
+                bk_client, root, driver_writes_layout=settings.bookkeeper.writes_layout_record)
         clock = probe_clock(bk_client, settings.safety.clock_probe_path)
     finally:
         zkutil.close(bk_client)

@@ -150,15 +150,18 @@ def test_what_oxia_lacks_is_declared(store: Any, endpoint: Any) -> None:
         assert declared == (True, True, True, True)
 
 
-def test_a_ledgers_root_without_a_layout_record_is_hierarchical_on_oxia_only(store: Any, endpoint: Any) -> None:
+def test_a_ledgers_root_without_a_layout_record_is_hierarchical_where_no_driver_writes_one(
+        store: Any, endpoint: Any) -> None:
     """A real Pulsar 4.0.8 on Oxia writes no /ledgers/LAYOUT (its metadata-store driver keeps every ledger at the
-    hybrid hierarchical path, tests/real_pulsar/test_oxia_testbed.py); on ZooKeeper BookKeeper always writes one,
-    so a root without it is still refused there (a wrong root, not a layout to guess)."""
+    hybrid hierarchical path, tests/real_pulsar/test_oxia_testbed.py), nor does that driver on ZooKeeper. On
+    ZooKeeper BookKeeper's own drivers always write one, so there a root without it is still refused (a wrong root,
+    not a layout to guess), naming the setting for bookies on Pulsar's driver."""
     store.ensure_path("/root/ledgers/00/0000")
+    assert read_layout(store, "/root/ledgers", driver_writes_layout=False) is LedgerLayout.HIERARCHICAL
     if isinstance(endpoint, OxiaEndpoint):
         assert read_layout(store, "/root/ledgers") is LedgerLayout.HIERARCHICAL
     else:
-        with pytest.raises(LayoutError, match="no LAYOUT"):
+        with pytest.raises(LayoutError, match=r"no LAYOUT.*metadata_service_uri"):
             read_layout(store, "/root/ledgers")
     store.create("/root/ledgers/LAYOUT", layout_znode(LedgerLayout.FLAT))
     assert read_layout(store, "/root/ledgers") is LedgerLayout.FLAT  # a record, where there is one, decides

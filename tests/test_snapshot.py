@@ -13,6 +13,7 @@ from harness.sandbox.model import SandboxCluster, SandboxSpec, Status, build_clu
 from harness.sandbox.seed import ledger_metadata, seed_zookeeper
 from harness.zkserver import free_port
 from sweeper.codecs.bookkeeper import decode_ledger_metadata, encode_ledger_metadata
+from sweeper.config import BookKeeperConfig
 from sweeper.layout import LedgerLayout, ledger_path
 from sweeper.scan import bookkeeper as bk_scan
 from sweeper.snapshot import run_snapshot
@@ -243,8 +244,26 @@ def test_a_root_without_layout_is_refused(zk: KazooClient, zk_target: ZkTarget, 
                                           tmp_path: Path) -> None:
     zk.ensure_path("/ledgers/00/0000")
     store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
-    with pytest.raises(Exception, match="LAYOUT"):
+    with pytest.raises(Exception, match=r"LAYOUT.*metadata-store:"):
         run_snapshot(spark, sandbox_config(zk_target.hosts, tmp_path / "tables"), store)
+
+
+def test_without_layout_under_pulsars_metadata_store_driver_the_zookeeper_root_is_hierarchical(
+        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path) -> None:
+    """Bookies on Pulsar's `metadata-store:zk:` driver write no LAYOUT on ZooKeeper either (its
+    `PulsarLedgerManagerFactory` stores none; the ledgers lie at the hybrid hierarchical paths): with that URI
+    copied from bookkeeper.conf the snapshot reads the root as hierarchical and finds every ledger."""
+    cluster = _seeded(zk, LedgerLayout.HIERARCHICAL, seed=4, topics=6)
+    zk.delete("/ledgers/LAYOUT")
+    driver = {"metadata_service_uri": f"metadata-store:zk:{zk_target.hosts}"}
+    cfg = sandbox_config(zk_target.hosts, tmp_path / "tables", bookkeeper=driver)
+    assert not cfg.bookkeeper.writes_layout_record
+    store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
+    result = run_snapshot(spark, cfg, store)
+    assert result.layout == "hierarchical" and result.counts["bk_ledgers"] == len(cluster.ledgers)
+    # BookKeeper's own spellings: the same root refused (test_a_root_without_layout_is_refused).
+    assert sandbox_config(zk_target.hosts, tmp_path / "t").bookkeeper.writes_layout_record
+    assert BookKeeperConfig(metadata_service_uri="zk+hierarchical://zk1:2181;zk2:2181/ledgers").writes_layout_record
 
 
 def test_unreachable_zookeeper_is_a_clear_error(spark: SparkSession, tmp_path: Path) -> None:

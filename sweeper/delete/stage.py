@@ -545,7 +545,7 @@ def run(spark: SparkSession, store: TableStore, run_id: str, settings: DeleteSet
         with connections.pulsar.session() as pulsar_store:
             check_migration(pulsar_store, settings.pulsar_store, deleting=execute,
                             acknowledged_completed=settings.safety.acknowledge_migration_completed)
-        layout = read_layout(client, settings.bookkeeper.ledgers_root)
+        layout = read_layout(client, settings.bookkeeper.ledgers_root, settings.bookkeeper.writes_layout_record)
         if from_topic:
             drain = TopicDrain(settings.system_topic, connections.broker(), d.subscription, d.max_deletes_per_run)
             inputs = drain.receive()

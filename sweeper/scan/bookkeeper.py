@@ -57,17 +57,22 @@ class LedgerScanPlan:
     quarantine: list[Row] = field(default_factory=list)  # unexpected znodes met while planning
 
 
-def read_layout(client: KazooClient, root: str) -> LedgerLayout:
+def read_layout(client: KazooClient, root: str, driver_writes_layout: bool = True) -> LedgerLayout:
+    """The layout `<root>/LAYOUT` records. Where none is written (an Oxia store; bookies on Pulsar's
+    `metadata-store:` driver, `driver_writes_layout=False`) a missing record means hierarchical; elsewhere a
+    root without one is no ledgers root and is refused."""
     zkutil.require_node(client, root, "BookKeeper ledgers")
     try:
         data, _ = client.get(zkutil.join(root, "LAYOUT"))
     except NoNodeError as exc:
-        if not capabilities_of(client).layout_record:
+        if not (driver_writes_layout and capabilities_of(client).layout_record):
             # Pulsar's metadata-store driver writes no LAYOUT and keeps every ledger at the hybrid hierarchical
             # path (PulsarLedgerManager: StringUtils.getHybridHierarchicalLedgerPath), which HIERARCHICAL is.
             return LedgerLayout.HIERARCHICAL
         raise LayoutError(
-            f"no LAYOUT znode under {root!r}: is this a BookKeeper ledgers root? ({exc.__class__.__name__})"
+            f"no LAYOUT znode under {root!r}: is this a BookKeeper ledgers root? If the bookies use Pulsar's "
+            "metadata-store: driver (which writes none), copy bookkeeper.conf's metadataServiceUri into [bookkeeper] "
+            "metadata_service_uri"
         ) from exc
     except Exception as exc:
         raise LayoutError(
@@ -76,8 +81,9 @@ def read_layout(client: KazooClient, root: str) -> LedgerLayout:
     return parse_layout_znode(data)
 
 
-def plan_ledger_units(client: KazooClient, root: str, flat_chunk: int = 5000) -> LedgerScanPlan:
-    layout = read_layout(client, root)
+def plan_ledger_units(client: KazooClient, root: str, flat_chunk: int = 5000,
+                      driver_writes_layout: bool = True) -> LedgerScanPlan:
+    layout = read_layout(client, root, driver_writes_layout)
     top_children = sorted(client.get_children(root))
     plan = LedgerScanPlan(root=root, layout=layout, units=[])
     if layout is LedgerLayout.FLAT:
