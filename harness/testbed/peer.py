@@ -21,6 +21,7 @@ from kazoo.client import KazooClient
 
 from harness.lifecycle import stop_process
 from harness.testbed.server import (
+    LEAN_JVM_ENV,
     TestbedError,
     TestbedInfo,
     check_starting,
@@ -118,8 +119,7 @@ def peer_up(info: TestbedInfo, heap: str = "-Xms256m -Xmx512m -XX:MaxDirectMemor
     peer = PeerInfo(home=str(home), cluster=PEER_CLUSTER, zookeeper=info.zookeeper, broker_port=base,
                     web_port=base + 1, pid=0)
     store = f"zk:{info.zookeeper}{PEER_CHROOT}"
-    env = {"PULSAR_LOG_DIR": str(home / "logs"), "PULSAR_GC": "-XX:+UseG1GC", "PULSAR_GC_LOG": "-Xlog:disable",
-           "PULSAR_MEM": heap}
+    env = {"PULSAR_LOG_DIR": str(home / "logs"), **LEAN_JVM_ENV, "PULSAR_MEM": heap}
     setup = subprocess.run(
         [str(pulsar / "bin" / "pulsar"), "initialize-cluster-metadata", "--cluster", PEER_CLUSTER,
          "--metadata-store", store, "--configuration-metadata-store", store,

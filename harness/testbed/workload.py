@@ -19,7 +19,7 @@ import pulsar
 from pulsar.schema import AvroSchema, Integer, Record, String
 
 from harness.testbed.admin import Admin
-from harness.testbed.server import SUPERUSER, TestbedInfo
+from harness.testbed.server import LEAN_JVM_ENV, SUPERUSER, TestbedInfo
 
 TENANT = "sweep"
 NAMESPACE = f"{TENANT}/app"
@@ -214,8 +214,8 @@ def _pulsar_perf(info: TestbedInfo, *args: str) -> subprocess.CompletedProcess[s
     command = [str(perf), args[0], "-u", info.service_url,
                "--auth-plugin", "org.apache.pulsar.client.impl.auth.AuthenticationToken",
                "--auth-params", f"file://{token_file.resolve()}", *args[1:]]
-    env = {"PULSAR_MEM": "-Xms64m -Xmx256m", "PULSAR_GC": "-XX:+UseSerialGC", "PULSAR_GC_LOG": "-Xlog:disable",
-           "PULSAR_LOG_DIR": str(Path(info.home) / "logs"), "PATH": "/usr/bin:/bin"}
+    env = {"PULSAR_MEM": "-Xms64m -Xmx256m", **LEAN_JVM_ENV, "PULSAR_LOG_DIR": str(Path(info.home) / "logs"),
+           "PATH": "/usr/bin:/bin"}
     return subprocess.run(command, capture_output=True, text=True, timeout=180, env=env, check=False)
 
 
