@@ -81,6 +81,23 @@ def test_sandbox_orphans_deleted_and_nothing_else_touched(
     assert again.counts["records"] == 0 and dump(zk) == after
 
 
+def test_under_pulsars_metadata_store_driver_a_root_without_layout_is_deleted_from_as_hierarchical(
+        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
+    """Bookies on Pulsar's `metadata-store:zk:` driver leave no LAYOUT (upstream PulsarLedgerManagerFactory stores
+    none): with that URI configured the delete reads the ledgers at the hybrid hierarchical paths, as the snapshot
+    does, and deletes exactly the orphans; with BookKeeper's own spelling it refuses the root."""
+    spec = SandboxSpec(seed=8, topics=12)
+    cluster, cfg, store, run_id = planned_delete(zk, zk_target.hosts, spark, tmp_path, broker, spec)
+    zk.delete(zkutil.join(spec.ledgers_root, "LAYOUT"))
+    with pytest.raises(Exception, match="no LAYOUT"):
+        run_delete(spark, cfg, store, run_id, execute=False)
+    driver = cfg.replace(bookkeeper={"metadata_service_uri": f"metadata-store:zk:{zk_target.hosts}"})
+    result = run_delete(spark, driver, store, run_id, execute=True)
+    deleted = {r.ledger_id for r in result.results if r.ledger_type == "LEDGER" and r.outcome == "deleted"}
+    assert deleted == orphans_past_grace(cluster)
+    assert not [i for i in deleted if zk.exists(ledger_path(spec.ledgers_root, i, spec.layout))]
+
+
 def test_reference_regained_or_new_ledger_between_plan_and_delete_is_left_alone(
         zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, broker: Broker) -> None:
     spec = SandboxSpec(seed=8, topics=30)
