@@ -80,8 +80,8 @@ class OxiaUnavailableError(Refused, ConnectionError):
 # Range scans ask every shard and are unaffected. The client's router is replaced, once, by the server's rule,
 # and `check_server_hash` proves it on the server's vectors before any store or read client is used.
 _ROUTING_VECTORS = {"foo": 125730186, "bar": 2687685474, "baz": 862947621}
-_routing_lock = threading.Lock()
-_routing_fixed = False
+_mend_lock = threading.Lock()
+_mended = False
 
 
 def _server_hash(key: str) -> int:
@@ -90,10 +90,12 @@ def _server_hash(key: str) -> int:
     return int(xxhash.xxh3_64(key).intdigest()) & 0xFFFFFFFF
 
 
-def _route_like_the_server() -> None:
-    global _routing_fixed
-    with _routing_lock:
-        if _routing_fixed:
+def _mend_the_pypi_client() -> None:
+    """Once per process, before any store is made: the server's key routing and a race-free wait for the first
+    shard map (`_wait_for_the_first_map_safely`) in place of the PyPI client's own."""
+    global _mended
+    with _mend_lock:
+        if _mended:
             return
         from oxia.internal import service_discovery
 
@@ -110,7 +112,7 @@ def _route_like_the_server() -> None:
                                        "with: install the version pyproject.toml pins")
         service_discovery.ServiceDiscovery.get_shard = get_shard
         _wait_for_the_first_map_safely(service_discovery)
-        _routing_fixed = True
+        _mended = True
     check_server_hash()
 
 
@@ -254,7 +256,7 @@ class OxiaStore:
     capabilities = OXIA_CAPABILITIES
 
     def __init__(self, address: str, namespace: str, timeout_s: float = 15.0) -> None:
-        _route_like_the_server()
+        _mend_the_pypi_client()
         import oxia
 
         self.address, self.namespace = address, namespace

@@ -83,9 +83,7 @@ def test_broker_and_bookie_keep_their_metadata_in_oxia_over_its_shards(oxia_reco
     store = metadata_for(info)
     try:
         assert store.exists("/ledgers/LAYOUT") is None
-        directories = [f"/ledgers/{top}/{middle}" for top in filter(is_tree_top, store.get_children("/ledgers"))
-                       for middle in filter(is_middle, store.get_children(f"/ledgers/{top}"))]
-        listed = _listed(store, directories)
+        listed = _listed(store, _ledger_directories(store))
         assert {ledger_znode(ledger) for ledger in oxia_reconciled.world.manifest.orphan_ledgers()} <= listed
         assert {_shard_of(key) for key in listed} == set(range(OXIA_SHARDS))
         unread = {key for key in listed if not _readable(store, key)}
@@ -93,6 +91,12 @@ def test_broker_and_bookie_keep_their_metadata_in_oxia_over_its_shards(oxia_reco
         assert not unread & _listed(store, sorted({key.rsplit("/", 1)[0] for key in unread}))
     finally:
         store.stop()
+
+
+def _ledger_directories(store: Metadata) -> list[str]:
+    """The directories that hold ledger records (`/ledgers/00/0000`, ...)."""
+    return [f"/ledgers/{top}/{middle}" for top in filter(is_tree_top, store.get_children("/ledgers"))
+            for middle in filter(is_middle, store.get_children(f"/ledgers/{top}"))]
 
 
 def _listed(store: Metadata, directories: list[str]) -> set[str]:
@@ -120,9 +124,7 @@ def test_every_parent_pulsar_leaves_in_oxia_is_an_empty_record_as_the_sandbox_se
     cursor record is itself a record, and an empty one."""
     store = metadata_for(oxia_world.info)
     try:
-        directories = [f"/ledgers/{top}/{middle}" for top in filter(is_tree_top, store.get_children("/ledgers"))
-                       for middle in filter(is_middle, store.get_children(f"/ledgers/{top}"))]
-        records = _listed(store, directories)
+        records = _listed(store, _ledger_directories(store))
         for name in managed_ledger_topics(store):
             managed_ledger = ml_path(name)
             records.add(managed_ledger)
