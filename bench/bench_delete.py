@@ -152,7 +152,7 @@ def main() -> None:
         t0 = time.monotonic()
         result = run_delete(spark, cfg, store, "bench", execute=True)
         ours_s = time.monotonic() - t0
-        assert result.counts.get("deleted") == len(records), result.counts
+        assert result.counts.deleted == len(records), result.counts
         ours_rate = len(records) / ours_s
         left = client.get_children("/ledgers")
         print(f"ours: {len(records):,} deleted in {ours_s:.1f}s = {ours_rate:,.0f} ledgers/s "

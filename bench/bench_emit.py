@@ -95,7 +95,7 @@ def main() -> None:
         t0 = time.monotonic()
         result = run_emit(spark, cfg, store, run_id)
         ours_s = time.monotonic() - t0
-        assert result.counts["published"] == args.records, result.counts
+        assert result.counts.published == args.records, result.counts
         ours_rate = args.records / ours_s
 
         records = pending_delete.records_for_orphans(orphan_rows("baseline", args.baseline_records))
@@ -115,16 +115,16 @@ def main() -> None:
         base_rate = len(payloads) / base_s
         latencies.sort()
 
-        print(f"records: {args.records:,}  producers: {result.counts['producers']}  "
-              f"partitions: {result.counts['partitions']}  against: {where}")
+        print(f"records: {args.records:,}  producers: {result.counts.producers}  "
+              f"partitions: {result.counts.partitions}  against: {where}")
         median, p99 = latencies[len(latencies) // 2], latencies[int(len(latencies) * 0.99)]
         print(f"one synchronous send (a durable write, receipt included): median {median * 1000:.2f} ms, "
               f"p99 {p99 * 1000:.2f} ms")
         print(f"ours (run_emit, whole stage incl. planning and the Delta commit): {ours_s:.1f} s = "
               f"{ours_rate:,.0f} records/s")
-        send_rate = args.records / (result.counts["send_ms"] / 1000)
+        send_rate = args.records / (result.counts.send_ms / 1000)
         print(f"ours, sending only (the Spark job of producers, from task launch to the last receipt): "
-              f"{result.counts['send_ms'] / 1000:.1f} s = {send_rate:,.0f} records/s")
+              f"{result.counts.send_ms / 1000:.1f} s = {send_rate:,.0f} records/s")
         print(f"baseline (one sync producer, one send at a time, {len(payloads):,} records): {base_s:.1f} s = "
               f"{base_rate:,.0f} records/s")
         print(f"ratio, whole stage: {ours_rate / base_rate:.1f}x; sending only: {send_rate / base_rate:.1f}x")

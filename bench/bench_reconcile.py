@@ -379,7 +379,7 @@ def main() -> None:
     print(f"reconcile: {wall:.1f}s wall, peak RSS (driver + JVM + workers) {memory.peak / 2**30:.2f} GiB")
     print(f"  counts: {result.counts}")
     expected = sum(1 for x in cluster.ledgers.values() if x.status.value == "orphan")
-    print(f"  candidates {result.counts.get('candidate', 0):,} (ground truth {expected:,})")
+    print(f"  candidates {result.counts.candidate:,} (ground truth {expected:,})")
     spark.stop()
     shutil.rmtree(work, ignore_errors=True)
 
@@ -404,7 +404,7 @@ elif "bookkeeper_dedicated" in inspect.signature(SafetySettings).parameters:
     kwargs["bookkeeper_dedicated"] = True
 t = time.monotonic()
 result = run_reconcile(spark, store, "bench", SafetySettings(**kwargs))
-print(json.dumps({"wall": time.monotonic() - t, "counts": result.counts}))
+print(json.dumps({"wall": time.monotonic() - t, "counts": result.counts.as_row()}))
 spark.stop()
 """
 

@@ -57,10 +57,10 @@ def snapshot_rates(spark: Any, cfg: SweeperConfig, label: str) -> tuple[float, f
     """The real snapshot on `cfg`'s store: (scan stage, end to end) in ledgers per second."""
     store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
     result = run_snapshot(spark, cfg, store)
-    ours_rate = result.counts["bk_ledgers"] / result.scan_s
-    end_to_end_rate = result.counts["bk_ledgers"] / result.duration_s
-    print(f"{label} snapshot: {result.counts['bk_ledgers']:,} ledgers, {result.counts['ml_ledgers']:,} ml ledgers, "
-          f"{result.counts['ml_cursors']:,} cursors, {result.counts['schema_ledgers']:,} schema refs; "
+    ours_rate = result.counts.bk_ledgers / result.scan_s
+    end_to_end_rate = result.counts.bk_ledgers / result.duration_s
+    print(f"{label} snapshot: {result.counts.bk_ledgers:,} ledgers, {result.counts.ml_ledgers:,} ml ledgers, "
+          f"{result.counts.ml_cursors:,} cursors, {result.counts.schema_ledgers:,} schema refs; "
           f"{result.units} units", flush=True)
     print(f"  scan stage (all records read, decoded, cached): {result.scan_s:.1f}s -> {ours_rate:,.0f} ledgers/s")
     print(f"  end to end incl. Delta commits of all tables: {result.duration_s:.1f}s -> "

@@ -266,13 +266,11 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     print(f"snapshot {result.run_id}: layout {result.layout}, {result.units} scan units, "
           f"{result.duration_s:.1f}s ({result.ledgers_per_second:,.0f} ledgers/s scanned), engine {store.engine}")
     print(f"ZooKeeper load: {zk_load(result.counts)}")
-    from sweeper.table_schemas import SNAPSHOT_TABLES
-
-    tables = {k: v for k, v in result.counts.items() if k in SNAPSHOT_TABLES or k == "quarantine"}
+    tables = result.counts.tables()
     _print_counts("rows written per table:", tables)
-    _print_counts("other counts:", {k: v for k, v in result.counts.items() if k not in tables})
+    _print_counts("other counts:", {k: v for k, v in result.counts.as_row().items() if k not in tables})
     if args.json:
-        print(json.dumps({"run_id": result.run_id, "counts": result.counts, "versions": result.versions}))
+        print(json.dumps({"run_id": result.run_id, "counts": result.counts.as_row(), "versions": result.versions}))
     return EXIT_OK
 
 
@@ -288,12 +286,13 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
         return EXIT_REFUSED
     result = reconcile_stage(spark, cfg, store, run_id, check_gates=not args.skip_gates)
     print(f"reconcile {run_id}: {result.duration_s:.1f}s (dry run: nothing was deleted)")
-    _print_counts("orphans by status:", result.counts)
-    _print_counts("candidates by reason:", result.by_reason)
-    if result.counts.get("shared_bookkeeper_unverified"):
+    by_status = result.counts.with_counts(by_reason={}).as_row()  # type: ignore[arg-type]
+    _print_counts("orphans by status:", by_status)
+    _print_counts("candidates by reason:", dict(result.counts.by_reason))
+    if result.counts.shared_bookkeeper_unverified:
         print(result.sharing)
     if args.json:
-        print(json.dumps({"run_id": run_id, "counts": result.counts, "by_reason": result.by_reason}))
+        print(json.dumps({"run_id": run_id, "counts": by_status, "by_reason": result.counts.by_reason}))
     return EXIT_OK
 
 
@@ -313,7 +312,7 @@ def cmd_retention_debt(args: argparse.Namespace) -> int:
     retention_summary(result)
     print("dry run: nothing was loaded or deleted (`sweeper retention` plans the repair, `--execute` acts)")
     if args.json:
-        print(json.dumps({"run_id": run_id, "counts": result.counts}))
+        print(json.dumps({"run_id": run_id, "counts": result.counts.as_row()}))
     return EXIT_OK
 
 
@@ -328,11 +327,11 @@ def cmd_emit(args: argparse.Namespace) -> int:
         print(f"refused: no reconciled run in {cfg.tables.root}; run `sweeper reconcile` first", file=sys.stderr)
         return EXIT_REFUSED
     result = emit_stage(spark, cfg, store, run_id)
-    print(f"emit {run_id}: {result.counts.get('published', 0):,} published to {cfg.system_topic.topic} in "
+    print(f"emit {run_id}: {result.counts.published:,} published to {cfg.system_topic.topic} in "
           f"{result.duration_s:.1f}s ({result.records_per_second:,.0f} records/s)")
-    _print_counts("records:", result.counts)
+    _print_counts("records:", result.counts.as_row())
     if args.json:
-        print(json.dumps({"run_id": run_id, "counts": result.counts}))
+        print(json.dumps({"run_id": run_id, "counts": result.counts.as_row()}))
     return EXIT_OK
 
 
@@ -372,14 +371,14 @@ def cmd_delete(args: argparse.Namespace) -> int:
     if result.guards.get("permission_check", "ok") != "ok":
         print(f"ZooKeeper permissions: {result.guards['permission_check']}")
     if args.json:
-        print(json.dumps({"run_id": run_id, "counts": result.counts, "guards": result.guards}))
+        print(json.dumps({"run_id": run_id, "counts": result.counts.as_row(), "guards": result.guards}))
     return EXIT_PARTIAL if is_partial(result) else EXIT_OK
 
 
 def cmd_retention(args: argparse.Namespace) -> int:
     """Repair retention debt through the broker's admin REST API: a dry run unless --execute."""
     from sweeper import runs
-    from sweeper.retention_repair import RetentionRepairRefused, run_repair
+    from sweeper.pipeline import repair_stage
 
     cfg = _load_config(args)
     _, store = _session(cfg)
@@ -389,30 +388,21 @@ def cmd_retention(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_REFUSED
     run_id = f"retention-{runs.new_run_id()}"
-    started = datetime.now(UTC)
-    try:
-        result = run_repair(cfg, store, plan, run_id, execute=args.execute)
-    except RetentionRepairRefused as exc:
-        runs.record(store, run_id, "retention_repair", runs.REFUSED, started, {}, cfg, str(exc))
-        print(f"refused: {exc}", file=sys.stderr)
-        return EXIT_REFUSED
-    failed = result.counts.get("failed", 0)
-    status = runs.REFUSED if result.stopped else runs.PARTIAL if failed else runs.SUCCEEDED
-    runs.record(store, run_id, "retention_repair", status, started, {**result.counts, "execute": int(args.execute)},
-                cfg, result.stopped or "")
+    result = repair_stage(cfg, store, plan, run_id, execute=args.execute)
     for row in result.rows:
         what = row["topic_name"] + (f" subscription {row['cursor']!r}" if row["cursor"] else "")
         sizes = f" ({row['bytes_before']:,} -> {row['bytes_after']:,} bytes)" if row["bytes_after"] is not None else ""
         print(f"{row['action']:<20} {row['outcome']:<15} {what}{sizes}: {row['detail']}")
-    counts = ", ".join(f"{v:,} {k}" for k, v in sorted(result.counts.items())) or "nothing to do"
+    counts = ", ".join(f"{v:,} {k}" for k, v in sorted(result.counts.as_row().items()) if v and k != "execute")
+    counts = counts or "nothing to do"
     print(f"retention repair {run_id} of plan {plan}: {counts} in {result.duration_s:.1f}s"
           + ("" if args.execute else " (dry run: pass --execute to act)"))
     if args.json:
-        print(json.dumps({"run_id": run_id, "plan_run_id": plan, "counts": result.counts}))
+        print(json.dumps({"run_id": run_id, "plan_run_id": plan, "counts": result.counts.as_row()}))
     if result.stopped:
         print(f"refused: {result.stopped}", file=sys.stderr)
         return EXIT_REFUSED
-    return EXIT_PARTIAL if failed else EXIT_OK
+    return EXIT_PARTIAL if result.counts.failed else EXIT_OK
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:

@@ -117,15 +117,33 @@ class ProducerSettings:
         return f"ledger-sweeper-{self.run_id}-p{partition}-s{slot}"
 
 
+@dataclass(frozen=True)
+class EmitCounts(runs.StageCounts):
+    """The run's candidate records, what this attempt sent and how the broker answered."""
+
+    records: int = 0
+    ledger_records: int = 0
+    offload_records: int = 0
+    previously_emitted: int = 0  # recorded in `emitted` by an earlier attempt of the run: not sent again
+    published: int = 0
+    already_published: int = 0  # the broker deduplicated them: a killed attempt had sent them
+    refused_oversize: int = 0
+    refused_invalid: int = 0
+    partitions: int = 0
+    producers: int = 0
+    send_ms: int = 0
+    interrupted_attempts_folded: int = 0
+
+
 @dataclass
 class EmitResult:
     run_id: str
-    counts: dict[str, int]
+    counts: EmitCounts
     duration_s: float
 
     @property
     def records_per_second(self) -> float:
-        return self.counts.get("published", 0) / self.duration_s if self.duration_s else 0.0
+        return self.counts.published / self.duration_s if self.duration_s else 0.0
 
 
 def plan_messages(records: Iterable[dict[str, Any]], partitions: int,
@@ -354,12 +372,10 @@ def _run_emit(spark: SparkSession, settings: EmitSettings, store: TableStore, ru
     try:
         broker = settings.connections.broker()
         if not store.exists("orphans"):
-            return EmitResult(run_id, {"records": 0, "ledger_records": 0, "offload_records": 0, "published": 0,
-                                       "already_published": 0}, time.monotonic() - t0)
+            return EmitResult(run_id, EmitCounts(), time.monotonic() - t0)
         # The topic's partition count decides the plan; an empty run asks nothing of the broker.
         if _candidates(store, run_id).limit(1).count() == 0:
-            return EmitResult(run_id, {"records": 0, "ledger_records": 0, "offload_records": 0, "published": 0,
-                                       "already_published": 0}, time.monotonic() - t0)
+            return EmitResult(run_id, EmitCounts(), time.monotonic() - t0)
         partitions = ensure_topic(cfg, broker)
     except SystemTopicError as exc:
         raise EmitRefused(str(exc)) from exc
@@ -377,8 +393,7 @@ def _run_emit(spark: SparkSession, settings: EmitSettings, store: TableStore, ru
             planned.unpersist()
     finally:
         rows.unpersist()
-    result.counts["refused_invalid"] = refused_count
-    result.counts["interrupted_attempts_folded"] = folded
+    result.counts = result.counts.with_counts(refused_invalid=refused_count, interrupted_attempts_folded=folded)
     return result
 
 
@@ -399,7 +414,7 @@ def _emit_planned(spark: SparkSession, store: TableStore, run_id: str, planned: 
     counts["previously_emitted"] = records - (todo.count() if slots else 0)
     counts["partitions"] = partitions
     if not slots:
-        return EmitResult(run_id, {**counts, "published": 0, "already_published": 0}, time.monotonic() - t0)
+        return EmitResult(run_id, EmitCounts.from_row(counts), time.monotonic() - t0)
     slot_index = {slot: i for i, slot in enumerate(slots)}
     emitted_at = datetime.now(UTC)
     journal = EmitJournal(store.task_appender(JOURNAL_TABLE, EMIT_JOURNAL), run_id, emitted_at.isoformat(), emitted_at)
@@ -458,7 +473,7 @@ def _emit_planned(spark: SparkSession, store: TableStore, run_id: str, planned: 
     counts["already_published"] = by_status.get(ALREADY_PUBLISHED, 0)
     counts["refused_oversize"] = by_status.get(REFUSED_OVERSIZE, 0)
     counts["producers"] = len(slots)
-    return EmitResult(run_id, counts, time.monotonic() - t0)
+    return EmitResult(run_id, EmitCounts.from_row(counts), time.monotonic() - t0)
 
 
 @dataclass(frozen=True)

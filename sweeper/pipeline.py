@@ -20,15 +20,22 @@ from sweeper import runs
 from sweeper.config import SweeperConfig
 from sweeper.console import human_bytes, plural
 from sweeper.delete.lock import RunLockHeld
-from sweeper.delete.stage import DeleteRefused, DeleteRunResult, run_delete
-from sweeper.emit import EmitFailed, EmitRefused, EmitResult, run_emit
+from sweeper.delete.stage import DeleteCounts, DeleteRefused, DeleteRunResult, run_delete
+from sweeper.emit import EmitCounts, EmitFailed, EmitRefused, EmitResult, run_emit
 from sweeper.errors import Refused, caused_by_interrupt
 from sweeper.gates import GateFailed, run_gates
 from sweeper.metastore.migration import MigrationRefused
 from sweeper.metrics import MetricsError, publish, render
-from sweeper.reconcile import ReconcileRefused, ReconcileResult, SafetySettings, run_reconcile
-from sweeper.retention_debt import RetentionDebtRefused, RetentionDebtResult, RetentionSettings, run_retention_debt
-from sweeper.snapshot import SnapshotResult, run_snapshot, zk_load
+from sweeper.reconcile import ReconcileCounts, ReconcileRefused, ReconcileResult, SafetySettings, run_reconcile
+from sweeper.retention_debt import (
+    RetentionDebtCounts,
+    RetentionDebtRefused,
+    RetentionDebtResult,
+    RetentionSettings,
+    run_retention_debt,
+)
+from sweeper.retention_repair import RepairCounts, RepairResult, RetentionRepairRefused, run_repair
+from sweeper.snapshot import SnapshotCounts, SnapshotResult, run_snapshot, zk_load
 from sweeper.system_topic import SystemTopicError
 from sweeper.tables import TableStore
 
@@ -56,7 +63,7 @@ class SweepResult:
 
 @dataclass(frozen=True)
 class _Ending:
-    counts: dict[str, int]
+    counts: runs.StageCounts
     status: str = runs.SUCCEEDED
     message: str = ""
 
@@ -114,9 +121,8 @@ def reconcile_stage(spark: SparkSession, config: SweeperConfig, store: TableStor
 
     def ending(result: ReconcileResult) -> _Ending:
         required = int(check_gates and config.gates.require_live_brokers)
-        counts = {**result.counts, **{f"reason.{k}": v for k, v in result.by_reason.items()},
-                  "gate.live_brokers_required": required}
-        return _Ending(counts, message="" if required else "liveness gate waived: no live broker was required")
+        result.counts = result.counts.with_counts(live_brokers_required=required)
+        return _Ending(result.counts, message="" if required else "liveness gate waived: no live broker was required")
 
     return _stage(store, config, run_id, "reconcile", body, ending, (GateFailed, ReconcileRefused))
 
@@ -142,14 +148,14 @@ def retention_stage(spark: SparkSession, config: SweeperConfig, store: TableStor
 def retention_summary(result: RetentionDebtResult, log: Any = print, top: int = 10) -> None:
     """Reclaimable bytes by cause, the sweep report's retention lines."""
     c = result.counts
-    log(f"[retention] {plural(c.get('topic.candidate', 0), 'unloaded topic'):>24} hold "
-        f"{human_bytes(c.get('bytes.expired_unloaded', 0))} past retention (`sweeper retention --execute` loads "
+    log(f"[retention] {plural(c.topics.get('candidate', 0), 'unloaded topic'):>24} hold "
+        f"{human_bytes(c.expired_unloaded_bytes)} past retention (`sweeper retention --execute` loads "
         f"them) in {result.duration_s:.1f}s")
-    log(f"            {plural(idle_cursors(c), 'idle cursor')} pin {human_bytes(c.get('bytes.idle_cursor', 0))} "
-        f"({plural(c.get('cursor.candidate', 0), 'subscription')} past [retention] cursor_idle_days); "
-        f"{plural(c.get('topic.unknown', 0), 'topic')} unknown; {human_bytes(c.get('bytes.awaiting_broker', 0))} "
-        f"await a loaded broker's trim; {plural(c.get('topic.protected', 0), 'topic')} and "
-        f"{plural(c.get('cursor.protected', 0), 'idle cursor')} protected (never acted on)")
+    log(f"            {plural(c.idle_cursors, 'idle cursor')} pin {human_bytes(c.idle_cursor_bytes)} "
+        f"({plural(c.cursors.get('candidate', 0), 'subscription')} past [retention] cursor_idle_days); "
+        f"{plural(c.topics.get('unknown', 0), 'topic')} unknown; {human_bytes(c.awaiting_broker_bytes)} "
+        f"await a loaded broker's trim; {plural(c.topics.get('protected', 0), 'topic')} and "
+        f"{plural(c.cursors.get('protected', 0), 'idle cursor')} protected (never acted on)")
     rows = [r for r in result.report if r["total_bytes"]]
     if rows:
         shown = rows[:top]
@@ -164,14 +170,6 @@ def retention_summary(result: RetentionDebtResult, log: Any = print, top: int = 
 
 def _size(n: int | None) -> str:
     return human_bytes(n) if n else "-"
-
-
-_IDLE_CURSOR_STATUSES = ("candidate", "idle", "protected", "out_of_scope", "unknown")
-
-
-def idle_cursors(counts: dict[str, int]) -> int:
-    """Every idle cursor the retention step found, whatever its status (the sweep's line and table agree)."""
-    return sum(counts.get(f"cursor.{status}", 0) for status in _IDLE_CURSOR_STATUSES)
 
 
 def emit_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str) -> EmitResult:
@@ -192,9 +190,8 @@ def delete_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, 
         return run_delete(spark, config, store, run_id, execute=execute, from_json=from_json, from_topic=from_topic)
 
     def ending(result: DeleteRunResult) -> _Ending:
-        return _Ending({**result.counts, "execute": int(execute),
-                        "deletes_per_second_per_task": int(config.delete.deletes_per_second)},
-                       runs.PARTIAL if is_partial(result) else runs.SUCCEEDED, json.dumps({"guards": result.guards}))
+        return _Ending(result.counts, runs.PARTIAL if is_partial(result) else runs.SUCCEEDED,
+                       json.dumps({"guards": result.guards}))
 
     # An interrupted delete is recorded by its next attempt, from the journal, with what it did (issue 22).
     return _stage(store, config, run_id, "delete", body, ending,
@@ -202,21 +199,31 @@ def delete_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, 
                   record_interrupt=False)
 
 
+def repair_stage(config: SweeperConfig, store: TableStore, plan_run_id: str, run_id: str,
+                 execute: bool = False) -> RepairResult:
+    """The retention repair of one retention-debt plan, under its own run id (`retention-...`)."""
+    def ending(result: RepairResult) -> _Ending:
+        status = runs.REFUSED if result.stopped else runs.PARTIAL if result.counts.failed else runs.SUCCEEDED
+        return _Ending(result.counts, status, result.stopped or "")
+
+    return _stage(store, config, run_id, "retention_repair",
+                  lambda: run_repair(config, store, plan_run_id, run_id, execute=execute), ending,
+                  (RetentionRepairRefused,))
+
+
 def is_partial(result: DeleteRunResult) -> bool:
-    return bool(result.counts.get("queued_for_retry") or result.counts.get("dead_lettered")
-                or result.counts.get("failed"))
+    return bool(result.counts.queued_for_retry or result.counts.dead_lettered or result.counts.failed)
 
 
 def delete_summary(result: DeleteRunResult) -> str:
     c = result.counts
     verb = "deleted" if result.execute else "would delete"
-    done = c.get("deleted" if result.execute else "would_delete", 0)
-    not_found = f"{c['not_found']:,} not found (no snapshot lists them: check the ids), " if c.get("not_found") else ""
-    return (f"{done:,} {verb}, {c.get('already_gone', 0):,} already gone, {not_found}{c.get('in_use', 0):,} in use, "
-            f"{c.get('mismatch', 0):,} mismatch, {c.get('invalid', 0):,} invalid, {c.get('refused', 0):,} refused by "
-            f"the rules, {c.get('failed', 0):,} failed "
-            f"({c.get('queued_for_retry', 0):,} queued for retry, {c.get('dead_lettered', 0):,} dead-lettered); "
-            f"{c.get('deferred_by_cap', 0):,} deferred by max_deletes_per_run")
+    done = c.deleted if result.execute else c.would_delete
+    not_found = f"{c.not_found:,} not found (no snapshot lists them: check the ids), " if c.not_found else ""
+    return (f"{done:,} {verb}, {c.already_gone:,} already gone, {not_found}{c.in_use:,} in use, "
+            f"{c.mismatch:,} mismatch, {c.invalid:,} invalid, {c.refused:,} refused by the rules, {c.failed:,} failed "
+            f"({c.queued_for_retry:,} queued for retry, {c.dead_lettered:,} dead-lettered); "
+            f"{c.deferred_by_cap:,} deferred by max_deletes_per_run")
 
 
 def export_metrics(config: SweeperConfig, result: SweepResult, log: Any = print) -> None:
@@ -248,7 +255,7 @@ def summary_table(result: SweepResult) -> list[str]:
     lines = [f"{'stage':<{width}} {'seconds':>8}  counts", f"{'-' * width} {'-' * 8}  {'-' * 40}"]
     for stage, counts in result.stages.items():
         if stage == "retention_debt":
-            counts = {**counts, "idle_cursors": idle_cursors(counts)}
+            counts = {**counts, "idle_cursors": RetentionDebtCounts.from_row(counts).idle_cursors}
         shown = ", ".join(f"{k}={human_bytes(counts[k]) if k.startswith('bytes.') else format(counts[k], ',')}"
                           for k in _SUMMARY_KEYS.get(stage, ()) if counts.get(k))
         lines.append(f"{stage:<{width}} {counts.get('seconds', 0):>8.1f}  {shown or '-'}")
@@ -259,7 +266,7 @@ class StageResult(Protocol):
     """What every stage returns (each adds its own detail): the run, its counts, its time."""
 
     run_id: str
-    counts: dict[str, int]
+    counts: runs.StageCounts
     duration_s: float
 
 
@@ -280,38 +287,39 @@ def _snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore, run
 
 
 def _report_snapshot(snap: SnapshotResult, config: SweeperConfig, sweep: SweepResult, log: Any) -> None:
-    log(f"[snapshot]  {snap.counts.get('bk_ledgers', 0):>10,} ledgers, {snap.counts.get('managed_ledgers', 0):,} "
-        f"managed ledgers, {snap.counts.get('quarantine', 0):,} quarantined in {snap.duration_s:.1f}s "
+    log(f"[snapshot]  {snap.counts.bk_ledgers:>10,} ledgers, {snap.counts.managed_ledgers:,} "
+        f"managed ledgers, {snap.counts.quarantine:,} quarantined in {snap.duration_s:.1f}s "
         f"({snap.ledgers_per_second:,.0f} ledgers/s)")
     log(f"            ZooKeeper: {zk_load(snap.counts)}")
 
 
 def _report_reconcile(rec: ReconcileResult, config: SweeperConfig, sweep: SweepResult, log: Any) -> None:
-    log(f"[reconcile] {rec.counts.get('candidate', 0):>10,} candidates, {rec.counts.get('unknown', 0):,} unknown, "
-        f"{rec.counts.get('young', 0):,} young, {rec.counts.get('missing', 0):,} missing in {rec.duration_s:.1f}s")
-    if rec.counts.get("other_cluster") or rec.counts.get("stale_pointer") or rec.counts.get("protected"):
-        log(f"              {rec.counts.get('other_cluster', 0):,} of other clusters (never touched), "
-            f"{rec.counts.get('protected', 0):,} protected by Pulsar or [retention] protected_*, "
-            f"{rec.counts.get('stale_pointer', 0):,} compaction pointers ZooKeeper may hold stale (not data loss)")
-    if rec.counts.get("shared_bookkeeper_unverified"):
+    c = rec.counts
+    log(f"[reconcile] {c.candidate:>10,} candidates, {c.unknown:,} unknown, {c.young:,} young, {c.missing:,} missing "
+        f"in {rec.duration_s:.1f}s")
+    if c.other_cluster or c.stale_pointer or c.protected:
+        log(f"              {c.other_cluster:,} of other clusters (never touched), {c.protected:,} protected by "
+            f"Pulsar or [retention] protected_*, {c.stale_pointer:,} compaction pointers ZooKeeper may hold stale "
+            "(not data loss)")
+    if c.shared_bookkeeper_unverified:
         log(f"              {rec.sharing}")
     if not config.gates.require_live_brokers:
         log("              liveness gate waived (--allow-no-brokers): no live broker registration was required")
-    for reason, count in sorted(rec.by_reason.items(), key=lambda kv: -kv[1]):
+    for reason, count in sorted(c.by_reason.items(), key=lambda kv: -kv[1]):
         log(f"              {count:>8,}  {reason}")
     if rec.report:
         log("top topics by reclaimable bytes:")
         for row in rec.report[:10]:
             log(f"  {row['tenant']}/{row['namespace']}/{row['topic']}: {plural(row['orphans'] or 0, 'orphan')}, "
                 f"{human_bytes(row['reclaimable_bytes'])}, oldest {plural(int(row['max_age_days'] or 0), 'day')}")
-    pending = {k.split(".", 1)[1]: v for k, v in rec.counts.items() if k.startswith("pending_delete.")}
-    if pending:
-        log("pending deletes on the system topic: " + ", ".join(f"{v:,} {k}" for k, v in sorted(pending.items())))
+    if c.pending_deletes:
+        log("pending deletes on the system topic: "
+            + ", ".join(f"{v:,} {k}" for k, v in sorted(c.pending_deletes.items())))
 
 
 def _report_emit(emitted: EmitResult, config: SweeperConfig, sweep: SweepResult, log: Any) -> None:
-    log(f"[emit]      {emitted.counts.get('published', 0):>10,} records published to "
-        f"{config.system_topic.topic}, {emitted.counts.get('already_published', 0):,} already there, in "
+    log(f"[emit]      {emitted.counts.published:>10,} records published to "
+        f"{config.system_topic.topic}, {emitted.counts.already_published:,} already there, in "
         f"{emitted.duration_s:.1f}s")
 
 
@@ -351,6 +359,11 @@ STEPS: dict[str, Step] = {step.name: step for step in (
 )}
 assert tuple(STEPS) == STAGES
 
+# Each stage's typed counts, to read a `runs` row's map back (`StageCounts.from_row`).
+COUNTS: dict[str, type[runs.StageCounts]] = {
+    "snapshot": SnapshotCounts, "reconcile": ReconcileCounts, "retention_debt": RetentionDebtCounts,
+    "emit": EmitCounts, "delete": DeleteCounts, "retention_repair": RepairCounts}
+
 
 def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: str = DRY_RUN_UNTIL,
           run_id: str | None = None, log: Any = print, execute: bool = False) -> SweepResult:
@@ -367,7 +380,7 @@ def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: 
         log(step.announce(config, result))
         done = step.run(spark, config, store, result.run_id or None, execute)
         result.run_id = done.run_id
-        result.stages[name] = {"seconds": round(done.duration_s, 1), **done.counts}
+        result.stages[name] = {"seconds": round(done.duration_s, 1), **done.counts.as_row()}
         step.report(done, config, result, log)
     if "reconcile" in result.stages and "emit" not in result.stages:
         log(f"dry run: {_candidates(result):,} candidates would be marked; nothing was published")

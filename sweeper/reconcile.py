@@ -8,7 +8,7 @@ from `sweeper.safety`. One run's snapshot in, one run's `orphans` and `orphan_re
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -95,11 +95,38 @@ class SafetySettings:
         )
 
 
+_ORPHAN_STATUSES = (CANDIDATE, YOUNG, OUT_OF_SCOPE, UNKNOWN, MISSING, STALE_POINTER, OTHER_CLUSTER, PROTECTED)
+
+
+@dataclass(frozen=True)
+class ReconcileCounts(runs.StageCounts):
+    """Orphan rows by status (ledgers and offloaded objects together), the same split by object type, the
+    candidates by reason, the pending deletes by state, and the totals the gates and breakers weighed."""
+
+    candidate: int = 0
+    young: int = 0
+    out_of_scope: int = 0
+    unknown: int = 0
+    missing: int = 0
+    stale_pointer: int = 0
+    other_cluster: int = 0
+    protected: int = 0
+    by_status_and_type: Mapping[str, int] = runs.breakdown(*(f"{s}." for s in _ORPHAN_STATUSES), whole_keys=True)
+    by_reason: Mapping[str, int] = runs.breakdown("reason.")
+    pending_deletes: Mapping[str, int] = runs.breakdown("pending_delete.")  # stuck, in_use, done
+    pulsar_ledgers: int = 0
+    non_pulsar_ledgers: int = 0
+    referenced_ledgers: int = 0
+    offload_objects: int = 0
+    shared_bookkeeper_unverified: int = 0
+    peer_clusters_read: int = 0
+    live_brokers_required: int = runs.count("gate.live_brokers_required")  # set by the stage's gates
+
+
 @dataclass
 class ReconcileResult:
     run_id: str
-    counts: dict[str, int]
-    by_reason: dict[str, int]
+    counts: ReconcileCounts
     duration_s: float
     report: list[dict[str, Any]]
     sharing: str = ""  # whether every cluster writing to the bookies was read, in one line
@@ -543,14 +570,12 @@ def run_reconcile(
     # Only this cluster's references can be missing from its BookKeeper snapshot (the gate below).
     orphans = classified.unionByName(objects).unionByName(missing_ledgers(frames, local_refs, run_id,
                                                                           now_ms)).cache()
-    counts: dict[str, int] = {}
+    counts: dict[str, int] = {}  # the rows of ReconcileCounts, typed once complete
     for row in orphans.groupBy("object_type", "status").count().collect():
         counts[row["status"]] = counts.get(row["status"], 0) + int(row["count"])
         counts[f"{row['status']}.{row['object_type']}"] = int(row["count"])
-    by_reason = {
-        row["reason"]: int(row["count"])
-        for row in orphans.where(F.col("status") == CANDIDATE).groupBy("reason").count().collect()
-    }
+    for row in orphans.where(F.col("status") == CANDIDATE).groupBy("reason").count().collect():
+        counts[f"reason.{row['reason']}"] = int(row["count"])
     pulsar_ledgers = frames["bk_ledgers"].where(F.col("is_pulsar")).count()
     counts["pulsar_ledgers"] = pulsar_ledgers
     counts["non_pulsar_ledgers"] = frames["bk_ledgers"].where(~F.col("is_pulsar")).count()
@@ -590,7 +615,8 @@ def run_reconcile(
     local_refs.unpersist()
     local_ids.unpersist()
     orphans.unpersist()
-    return ReconcileResult(run_id, counts, by_reason, time.monotonic() - started, report_rows, sharing_note)
+    return ReconcileResult(run_id, ReconcileCounts.from_row(counts), time.monotonic() - started, report_rows,
+                           sharing_note)
 
 
 def missing_reference_problem(missing: int, referenced: int, settings: SafetySettings) -> str | None:

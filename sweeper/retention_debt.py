@@ -17,7 +17,7 @@ load topics, which is the repair (`sweeper.retention_repair`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -139,10 +139,31 @@ class _Context:
     quarantined: frozenset[str]
 
 
+@dataclass(frozen=True)
+class RetentionDebtCounts(runs.StageCounts):
+    """Topics and idle cursors by status, the bytes reclaimable by cause, and what the step had to read."""
+
+    topics: Mapping[str, int] = runs.breakdown("topic.")  # candidate, unknown, awaiting_broker, protected, none...
+    cursors: Mapping[str, int] = runs.breakdown("cursor.")  # candidate, idle, protected, out_of_scope, unknown
+    orphan_bytes: int = runs.count("bytes.orphan")
+    expired_unloaded_bytes: int = runs.count("bytes.expired_unloaded")
+    idle_cursor_bytes: int = runs.count("bytes.idle_cursor")
+    awaiting_broker_bytes: int = runs.count("bytes.awaiting_broker")
+    topics_judged: int = 0
+    ownership_readable: int = 0
+    topic_policy_namespaces: int = 0
+    topic_policy_calls: int = 0
+
+    @property
+    def idle_cursors(self) -> int:
+        """Every idle cursor the step found, whatever its status (the sweep's line and table agree)."""
+        return sum(self.cursors.values())
+
+
 @dataclass
 class RetentionDebtResult:
     run_id: str
-    counts: dict[str, int]
+    counts: RetentionDebtCounts
     duration_s: float
     report: list[dict[str, Any]]  # reclaimable bytes by cause, per tenant/namespace, largest first
 
@@ -763,4 +784,4 @@ def run_retention_debt(spark: SparkSession, store: TableStore, run_id: str,
         counts[key] = counts.get(key, 0) + 1
     for cause in ("orphan_bytes", "expired_unloaded_bytes", "idle_cursor_bytes", "awaiting_broker_bytes"):
         counts[f"bytes.{cause.removesuffix('_bytes')}"] = sum(e[cause] for e in report)
-    return RetentionDebtResult(run_id, counts, time.monotonic() - started, report)
+    return RetentionDebtResult(run_id, RetentionDebtCounts.from_row(counts), time.monotonic() - started, report)

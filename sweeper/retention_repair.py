@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -83,13 +84,31 @@ class PlannedAction:
     mark_delete: tuple[int, int] | None = None  # the cursor's mark-delete position when planned
 
 
+@dataclass(frozen=True)
+class RepairCounts(runs.StageCounts):
+    """The planned actions by outcome (one row each in `retention_actions`)."""
+
+    would_load: int = 0
+    would_delete: int = 0
+    trimmed: int = 0
+    loaded: int = 0
+    deleted: int = 0
+    not_needed: int = 0
+    skipped: int = 0
+    skipped_active: int = 0
+    skipped_gone: int = 0
+    deferred: int = 0
+    failed: int = 0
+    execute: int = 0
+
+
 @dataclass
 class RepairResult:
     run_id: str
     plan_run_id: str
     execute: bool
     rows: list[dict[str, Any]] = field(default_factory=list)
-    counts: dict[str, int] = field(default_factory=dict)
+    counts: RepairCounts = field(default_factory=RepairCounts)
     duration_s: float = 0.0
     stopped: str | None = None  # why the run stopped early (the broker unreachable or refusing us)
     pending: list[dict[str, Any]] = field(default_factory=list)  # rows not yet written to retention_actions
@@ -386,8 +405,8 @@ def run_repair(config: SweeperConfig, store: TableStore, plan_run_id: str, run_i
         if own_client:
             zkutil.close(client)
         _flush(store, result)
-    for row in result.rows:
-        result.counts[row["outcome"]] = result.counts.get(row["outcome"], 0) + 1
+    outcomes = Counter(row["outcome"] for row in result.rows)
+    result.counts = RepairCounts.from_row({**outcomes, "execute": int(execute)})
     result.duration_s = time.monotonic() - started
     return result
 

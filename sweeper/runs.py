@@ -11,10 +11,11 @@ reads (`sweeper runs`) needs no Spark session either.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 from sweeper.errors import one_line
 from sweeper.table_schemas import RUNS
@@ -41,6 +42,72 @@ STATUSES = (SUCCEEDED, PARTIAL, REFUSED, FAILED, INTERRUPTED)
 MESSAGE_LIMIT = 4000
 
 
+def count(key: str) -> Any:
+    """An int field of a `StageCounts` whose `runs` key is not its name (`bytes.orphan` for `orphan_bytes`)."""
+    return dataclasses.field(default=0, metadata={"key": key})
+
+
+def breakdown(*prefixes: str, whole_keys: bool = False) -> Any:
+    """A `Mapping[str, int]` field of a `StageCounts`: the `runs` keys starting with one of `prefixes`, by the rest
+    of the key (`reason.topic_deleted` -> `topic_deleted`), or by the whole key with `whole_keys`."""
+    return dataclasses.field(default_factory=dict, metadata={"prefixes": prefixes, "whole_keys": whole_keys})
+
+
+@dataclasses.dataclass(frozen=True)
+class StageCounts:
+    """A stage's counts, typed: each int field is a count other code reads by name, each `breakdown` field a count
+    per open-ended key (a reason, a table, a state). The `runs` table keeps them as one map: `as_row` writes it,
+    `from_row` reads it back. A key no field declares lands in `extra`, so nothing is lost, and a test runs every
+    stage to keep `extra` empty: a count only a dict knows about is what this type exists to prevent.
+    """
+
+    extra: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, int]) -> Self:
+        ints: dict[str, str] = {}  # runs key -> field name
+        maps: list[tuple[str, str, bool]] = []  # (prefix, field name, whole_keys), longest prefix first
+        for f in dataclasses.fields(cls):
+            if f.name == "extra":
+                continue
+            if "prefixes" in f.metadata:
+                maps += [(p, f.name, f.metadata["whole_keys"]) for p in f.metadata["prefixes"]]
+            else:
+                ints[f.metadata.get("key", f.name)] = f.name
+        maps.sort(key=lambda m: -len(m[0]))
+        values: dict[str, Any] = {name: {} for _, name, _ in maps}
+        extra: dict[str, int] = {}
+        for key, value in row.items():
+            if key in ints:
+                values[ints[key]] = int(value)
+                continue
+            for prefix, name, whole in maps:
+                if key.startswith(prefix):
+                    values[name][key if whole else key[len(prefix):]] = int(value)
+                    break
+            else:
+                extra[key] = int(value)
+        return cls(extra=extra, **values)
+
+    def as_row(self) -> dict[str, int]:
+        """The `runs` row's map: every int field under its key, every breakdown's entries under theirs."""
+        row: dict[str, int] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "extra":
+                continue
+            if "prefixes" in f.metadata:
+                prefix = "" if f.metadata["whole_keys"] else f.metadata["prefixes"][0]
+                row.update({prefix + k: int(v) for k, v in value.items()})
+            else:
+                row[f.metadata.get("key", f.name)] = int(value)
+        row.update(self.extra)
+        return row
+
+    def with_counts(self, **changes: int) -> Self:
+        return dataclasses.replace(self, **changes)
+
+
 def new_run_id(now: datetime | None = None) -> str:
     """Sortable by time, unique by its random suffix: `20261125T183459Z-1a2b3c4d`."""
     now = now or datetime.now(UTC)
@@ -48,7 +115,8 @@ def new_run_id(now: datetime | None = None) -> str:
 
 
 def record(store: TableStore, run_id: str, stage: str, status: str, started: datetime,
-           counts: Mapping[str, int] | None, config: ConfigHash | None, message: str | BaseException = "") -> None:
+           counts: StageCounts | Mapping[str, int] | None, config: ConfigHash | None,
+           message: str | BaseException = "") -> None:
     """One stage of one run ended with `status`; `config` is the config or a stage's settings narrowed from it.
 
     An exception is kept as its first line only (a py4j error's text is a Java stack trace: that stays in the
@@ -64,7 +132,7 @@ def record(store: TableStore, run_id: str, stage: str, status: str, started: dat
         "started_at": started,
         "finished_at": finished,
         "duration_s": (finished - started).total_seconds(),
-        "counts": dict(counts or {}),
+        "counts": counts.as_row() if isinstance(counts, StageCounts) else dict(counts or {}),
         "config_hash": config.hash() if config is not None else None,
         "engine": store.engine,
         "message": text,

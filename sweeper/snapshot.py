@@ -11,7 +11,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -118,10 +118,46 @@ class ScanTarget:
     reads_per_task: float = 0.0  # [scan] reads_per_second shared by the scan's sessions (0: unlimited)
 
 
+@dataclass(frozen=True)
+class SnapshotCounts(runs.StageCounts):
+    """Rows per snapshot table, what the scan asked of ZooKeeper, and what the driver saw while planning."""
+
+    bk_ledgers: int = 0
+    managed_ledgers: int = 0
+    ml_ledgers: int = 0
+    ml_cursors: int = 0
+    cursor_ledger_refs: int = 0
+    schema_ledgers: int = 0
+    offload_objects: int = 0
+    pending_deletes: int = 0
+    peer_references: int = 0
+    quarantine: int = 0
+    quarantine_by_source: Mapping[str, int] = runs.breakdown("quarantine.")  # offload_listing, pending_delete
+    namespaces: int = 0
+    namespace_policies: int = 0
+    bundle_owners: int = 0
+    bundle_owners_unreadable: int = 0
+    live_brokers: int = 0
+    clock_skew_ms: int = 0
+    pending_delete_partitions: int = 0
+    peers_read: int = 0
+    peers_unread: int = 0
+    scan_units: int = 0
+    scan_sessions: int = 0
+    zk_reads: int = 0
+    zk_reads_per_second: int = 0
+    zk_wait_ms: int = 0
+    reads_per_second_limit: int = 0
+
+    def tables(self) -> dict[str, int]:
+        """Rows committed per snapshot table."""
+        return {table: int(getattr(self, table)) for table in SNAPSHOT_TABLES}
+
+
 @dataclass
 class SnapshotResult:
     run_id: str
-    counts: dict[str, int]
+    counts: SnapshotCounts
     versions: dict[str, int]
     duration_s: float
     scan_s: float
@@ -131,7 +167,7 @@ class SnapshotResult:
 
     @property
     def ledgers_per_second(self) -> float:
-        return self.counts.get("bk_ledgers", 0) / self.scan_s if self.scan_s else 0.0
+        return self.counts.bk_ledgers / self.scan_s if self.scan_s else 0.0
 
 
 class SnapshotIncomplete(RuntimeError):
@@ -257,12 +293,11 @@ def zookeeper_task_error(exc: BaseException) -> Exception | None:
     return None
 
 
-def zk_load(counts: dict[str, int]) -> str:
+def zk_load(counts: SnapshotCounts) -> str:
     """The snapshot's ZooKeeper reads against their limits, for the run's report lines."""
-    limit = counts.get("reads_per_second_limit", 0)
-    return (f"{counts.get('zk_reads', 0):,} reads at {counts.get('zk_reads_per_second', 0):,}/s over "
-            f"{counts.get('scan_sessions', 0)} session(s); limit "
-            + (f"{limit:,} reads/s" if limit else "none") + f", {counts.get('zk_wait_ms', 0) / 1000:,.1f}s held back")
+    limit = counts.reads_per_second_limit
+    return (f"{counts.zk_reads:,} reads at {counts.zk_reads_per_second:,}/s over {counts.scan_sessions} session(s); "
+            "limit " + (f"{limit:,} reads/s" if limit else "none") + f", {counts.zk_wait_ms / 1000:,.1f}s held back")
 
 
 def scan_sessions(spark: SparkSession, settings: SnapshotSettings, units: int) -> int:
@@ -734,14 +769,15 @@ def run(spark: SparkSession, store: TableStore, run_id: str, settings: SnapshotS
         zk_scan.unpersist()
         if scan is not zk_scan:
             scan.unpersist()
-    runs.record(store, run_id, "snapshot", runs.SUCCEEDED, started, counts, settings)
+    typed = SnapshotCounts.from_row(counts)
+    runs.record(store, run_id, "snapshot", runs.SUCCEEDED, started, typed, settings)
     return SnapshotResult(
         run_id=run_id,
-        counts=counts,
+        counts=typed,
         versions=versions,
         duration_s=time.monotonic() - t0,
         scan_s=scan_s,
         layout=ledger_plan.layout.value,
         units=len(tasks),
-        quarantined=counts.get("quarantine", 0),
+        quarantined=typed.quarantine,
     )

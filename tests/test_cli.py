@@ -68,6 +68,7 @@ def test_sweep_on_the_sandbox_end_to_end(spark: SparkSession, tmp_path: Path, ca
         assert main(["runs", "--tables", str(tables), "--format", "json"]) == EXIT_OK
         listed = {r["run_id"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
         assert listed[executed]["deleted"] == len(deleted) and listed[executed]["mode"] == "executed"
+        _every_count_is_typed(tables)
         assert main(["sweep", "--sandbox", *args, "--execute"]) == EXIT_OK
         summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         assert summary["stages"]["reconcile"].get("candidate", 0) == 0
@@ -132,6 +133,19 @@ def test_sweep_on_the_sandbox_end_to_end(spark: SparkSession, tmp_path: Path, ca
         assert out.count("not running") == 0 and capsys.readouterr().out.count("not running") == 3
     finally:
         sandbox_down(home, wipe=True)
+
+
+def _every_count_is_typed(tables: Path) -> None:
+    """Every count a stage wrote to `runs` is a field of its typed counts: none only a dict knows about."""
+    from sweeper.pipeline import COUNTS
+    from sweeper.runs import rows
+    from sweeper.tables.delta_rs import DeltaRsTableStore
+
+    store = DeltaRsTableStore(str(tables), None)  # type: ignore[arg-type]  # reads need no Spark
+    finished = [r for r in rows(store) if r["status"] == "succeeded"]
+    assert {r["stage"] for r in finished} == set(COUNTS)
+    for row in finished:
+        assert COUNTS[row["stage"]].from_row(row["counts"]).extra == {}, (row["stage"], row["counts"])
 
 
 def _sweep_killed_mid_run(args: list[str], tables: Path, run_id: str, log: Path) -> None:

@@ -74,11 +74,11 @@ def test_sandbox_orphans_deleted_and_nothing_else_touched(
 
     left = {o["Key"] for o in objects.list_objects_v2(Bucket=spec.offload_bucket).get("Contents", [])}
     assert left == seeded - {o.key for o in cluster.offload_objects if o.status == "orphan"}
-    assert done.counts.get("failed", 0) == 0 and done.counts.get("in_use", 0) == 0
+    assert done.counts.failed == 0 and done.counts.in_use == 0
 
     # A rerun is a no-op: every record has its final result for this run.
     again = run_delete(spark, cfg, store, run_id, execute=True, now_ms=later())
-    assert again.counts["records"] == 0 and dump(zk) == after
+    assert again.counts.records == 0 and dump(zk) == after
 
 
 def test_under_pulsars_metadata_store_driver_a_root_without_layout_is_deleted_from_as_hierarchical(
@@ -172,13 +172,13 @@ def test_operator_list_forged_and_bad_entries_get_final_outcomes(
     assert (in_use, "in_use") in keyed
     held = next(r for r in result.results if r.ledger_id == shadow_held)
     assert held.outcome == "in_use" and shadow.name in held.detail, held.detail
-    assert result.counts["shadow_topics"] >= 1
+    assert result.counts.shadow_topics >= 1
     assert (non_pulsar, "mismatch") in keyed
     # Issue 23: an id no snapshot ever listed is a likely typo, not someone else's delete; the duplicate of a
     # ledger the snapshot saw stays `already_gone` (above).
     missing = next(r for r in result.results if r.ledger_id == 77_777_777)
     assert missing.outcome == "not_found" and "check the id" in missing.detail, missing
-    assert result.counts["not_found"] == 1 and "1 not found (no snapshot lists them" in delete_summary(result)
+    assert result.counts.not_found == 1 and "1 not found (no snapshot lists them" in delete_summary(result)
     assert (in_use, "mismatch") in keyed  # the forged topic
     assert sum(1 for r in result.results if r.outcome == "invalid") == 2  # missing schemaId, foreign bucket
     gone = set(before) - set(dump(zk))
@@ -203,7 +203,7 @@ def test_zookeeper_down_refuses_cleanly_and_the_run_completes_once_it_is_back(
         client = zkutil.connect(server.connect_string)  # a broker registers again, as Pulsar's would
         client.create("/loadbalance/brokers/127.0.0.1:8080", b"{}", ephemeral=True, makepath=True)
         first = run_delete(spark, cfg, store, run_id, execute=True)
-        assert first.counts.get("deleted", 0) == len(orphans_past_grace(cluster))
+        assert first.counts.deleted == len(orphans_past_grace(cluster))
         assert retry_states(store) == {}
     finally:
         zkutil.close(client)
@@ -221,16 +221,16 @@ def test_failures_are_queued_with_backoff_then_dead_lettered_and_redriven(
     broken = cfg.replace(offload={"endpoint_override": f"http://127.0.0.1:{free_port()}"},
                          delete={"max_attempts": 4, "in_task_attempts": 2, "retry_after_s": 60})
     first = run_delete(spark, broken, store, run_id, execute=True, now_ms=later())
-    assert first.counts["queued_for_retry"] > 0
-    assert first.counts.get("deleted", 0) == len(orphans_past_grace(cluster, LATER_MS))
+    assert first.counts.queued_for_retry > 0
+    assert first.counts.deleted == len(orphans_past_grace(cluster, LATER_MS))
     queued = {k for k, v in retry_states(store).items() if v["state"] == "queued"}
     # Offloaded copies, and the BookKeeper copies whose offloaded copy could not be checked: S3 is unreachable.
     released = orphans_past_grace(cluster, LATER_MS, offloads_listed=True) - orphans_past_grace(cluster, LATER_MS)
     assert queued and all(k.startswith("OFFLOAD_LEDGER/") or int(k.split("/")[1]) in released for k in queued)
     # Not due yet: a rerun now does nothing.
-    assert run_delete(spark, broken, store, run_id, execute=True, now_ms=later()).counts["records"] == 0
+    assert run_delete(spark, broken, store, run_id, execute=True, now_ms=later()).counts.records == 0
     second = run_delete(spark, broken, store, run_id, execute=True, now_ms=later() + 61_000)
-    assert second.counts["dead_lettered"] == len(queued)  # 2 + 2 attempts = max_attempts
+    assert second.counts.dead_lettered == len(queued)  # 2 + 2 attempts = max_attempts
     assert {r["record_key"] for r in dead_letters(store)} == queued
 
     assert redrive(store) == len(queued)
@@ -245,7 +245,7 @@ def test_failures_are_queued_with_backoff_then_dead_lettered_and_redriven(
     finally:
         proxy.stop()
     assert sorted(proxy.refused) == sorted(objects)
-    assert healed.counts.get("deleted", 0) == len(queued), [(r.ledger_id, r.outcome, r.detail) for r in healed.results]
+    assert healed.counts.deleted == len(queued), [(r.ledger_id, r.outcome, r.detail) for r in healed.results]
     assert {v["state"] for v in retry_states(store).values()} == {"resolved"}
     left = {o["Key"] for o in s3_client(S3Target(spec.offload_bucket), s3_server.endpoint).list_objects_v2(
         Bucket=spec.offload_bucket).get("Contents", [])}
@@ -271,7 +271,7 @@ def test_a_second_delete_run_is_locked_out_and_config_cannot_switch_deleting_on(
     with pytest.raises(DeleteRefused, match="run `sweeper snapshot` first"):
         run_delete(spark, cfg, bare, "operator", execute=True, from_json=listing)
     assert dump(zk) == before
-    assert run_delete(spark, cfg, bare, "operator", from_json=listing).counts["would_delete"] == 1
+    assert run_delete(spark, cfg, bare, "operator", from_json=listing).counts.would_delete == 1
 
 
 def test_draining_the_topic_acknowledges_only_committed_outcomes(
@@ -282,18 +282,18 @@ def test_draining_the_topic_acknowledges_only_committed_outcomes(
     before = dump(zk)
 
     dry = run_delete(spark, cfg, store, "drain-dry", from_topic=True)
-    assert dry.counts["from_topic"] == emitted and "acknowledged" not in dry.counts
+    assert dry.counts.from_topic == emitted and dry.counts.acknowledged == 0
     assert {r.ledger_id for r in dry.results if r.outcome == "would_delete"} == orphans_past_grace(cluster)
     assert dump(zk) == before
 
     # The dry run acknowledged nothing: the same messages come back, now to be executed.
     done = run_delete(spark, cfg, store, "drain-1", from_topic=True, execute=True)
-    assert done.counts["from_topic"] == emitted and done.counts["acknowledged"] == emitted
+    assert done.counts.from_topic == emitted and done.counts.acknowledged == emitted
     assert {r.ledger_id for r in done.results if r.outcome == "deleted"} == orphans_past_grace(cluster)
     assert set(store.read("delete_results").where("run_id = 'drain-1'").toPandas().source) == {"topic"}
 
     again = run_delete(spark, cfg, store, "drain-2", from_topic=True, execute=True)
-    assert again.counts["from_topic"] == 0 and again.counts["records"] == 0
+    assert again.counts.from_topic == 0 and again.counts.records == 0
 
 
 def test_the_chunk_pacer_counts_the_work_toward_the_rate_and_never_exceeds_it() -> None:

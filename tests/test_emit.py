@@ -67,7 +67,7 @@ def test_emitted_records_decode_and_match_candidates_one_to_one(
 
     result = run_emit(spark, cfg, store, run_id)
 
-    assert result.counts["published"] == len(candidates) == result.counts["records"]
+    assert result.counts.published == len(candidates) == result.counts.records
     decoded = _decode_all(broker)
     assert sorted(r["ledgerId"] for r in decoded) == sorted(candidates)  # one to one: no duplicates, none missing
     assert all(r["runId"] == run_id and r["ledgerType"] == "LEDGER" for r in decoded)
@@ -80,7 +80,7 @@ def test_emitted_records_decode_and_match_candidates_one_to_one(
     assert all(r["status"] == PUBLISHED and r["message_id"] for r in emitted)
     # Each producer task commits its own rows once the broker acknowledged them (issue 22), after the empty commit
     # that creates the table: a kill leaves on record every producer that finished.
-    assert len(store.history("emitted")) == 1 + result.counts["producers"]
+    assert len(store.history("emitted")) == 1 + result.counts.producers
 
 
 def test_rerun_and_killed_task_publish_no_duplicates(
@@ -96,14 +96,14 @@ def test_rerun_and_killed_task_publish_no_duplicates(
     assert len(broker.messages()) == len(half)
 
     rerun = run_emit(spark, cfg, store, run_id)
-    assert rerun.counts["already_published"] == len(half)
-    assert rerun.counts["published"] == len(planned) - len(half)
+    assert rerun.counts.already_published == len(half)
+    assert rerun.counts.published == len(planned) - len(half)
     keys = [pending_delete.record_key(r) for r in _decode_all(broker)]
     assert sorted(keys) == sorted(m.record_key for m in planned)
 
     # A rerun after a committed stage sends nothing at all.
     again = run_emit(spark, cfg, store, run_id)
-    assert again.counts["previously_emitted"] == len(planned) and again.counts.get("published") == 0
+    assert again.counts.previously_emitted == len(planned) and again.counts.published == 0
     assert len(broker.messages()) == len(planned)
     statuses = [r["status"] for r in store.read("emitted").where(f"run_id = '{run_id}'").collect()]
     assert sorted(statuses) == sorted([ALREADY_PUBLISHED] * len(half) + [PUBLISHED] * (len(planned) - len(half)))
@@ -198,8 +198,8 @@ def test_emit_over_tls_with_a_token_publishes_everything_and_never_writes_the_to
         assert over_tls.system_topic.service_url.startswith("pulsar+ssl://")
         assert over_tls.system_topic.admin_url.startswith("https://")
         result = run_emit(spark, over_tls, store, run_id)
-        assert result.counts["published"] == result.counts["records"] > 0
-        assert len(secured.messages()) == result.counts["published"]
+        assert result.counts.published == result.counts.records > 0
+        assert len(secured.messages()) == result.counts.published
     finally:
         secured.stop()
     assert token not in caplog.text and token not in repr(over_tls) and token not in str(result)
@@ -244,6 +244,6 @@ def test_a_candidate_no_record_can_be_made_for_is_reported_and_the_rest_is_sent(
         "s3_bucket": "b", "s3_key": "11111111-1111-4111-8111-111111111111-ledger-7",
         "offload_uuid": "11111111-1111-4111-8111-111111111111"}], ORPHANS)
     result = run_emit(spark, cfg, store, run_id)
-    assert result.counts["refused_invalid"] == 1
-    assert result.counts["published"] == candidates
+    assert result.counts.refused_invalid == 1
+    assert result.counts.published == candidates
     assert 7 not in {r["ledgerId"] for r in _decode_all(broker)}

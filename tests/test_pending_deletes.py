@@ -62,8 +62,8 @@ def test_pending_deletes_are_read_quarantined_and_classified(
     capped = cfg.replace(delete={"max_deletes_per_run": done_count})
     capped_run = run_delete(spark, capped, store, first, execute=True)
     # Only the first `done_count` records (by key) reached the driver; the rest wait, counted.
-    assert capped_run.counts["records"] == done_count
-    assert capped_run.counts["deferred_by_cap"] == len(records) - done_count
+    assert capped_run.counts.records == done_count
+    assert capped_run.counts.deferred_by_cap == len(records) - done_count
     deleted_ids = {int(k.split("/")[1]) for k in ledger_keys[:done_count]}
     still = [int(k.split("/")[1]) for k in ledger_keys[done_count:]]
     ml_name = cluster.ledgers[regained].custom["pulsar/managed-ledger"].decode()
@@ -87,4 +87,4 @@ def test_pending_deletes_are_read_quarantined_and_classified(
     assert {i for i, s in states.items() if s == "done"} == deleted_ids
     assert states[regained] == "in_use"
     assert {i for i, s in states.items() if s == "stuck"} == set(still) - {regained}
-    assert result.counts["pending_delete.done"] == len(deleted_ids)
+    assert result.counts.pending_deletes["done"] == len(deleted_ids)

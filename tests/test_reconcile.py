@@ -71,8 +71,8 @@ def test_every_injected_orphan_found_and_nothing_in_use_listed(
     # compaction deleted: reported as a possibly stale pointer, never as lost data.
     stale = {lid for (kind, lid), row in found.items() if kind == "missing_ledger" and row["status"] == STALE_POINTER}
     assert stale == set(cluster.stale_pointers) and stale
-    assert result.counts[f"{CANDIDATE}.ledger"] == len(expected_candidates)
-    assert result.counts["non_pulsar_ledgers"] == sum(1 for x in truth.values() if x.status is Status.NON_PULSAR)
+    assert result.counts.by_status_and_type[f"{CANDIDATE}.ledger"] == len(expected_candidates)
+    assert result.counts.non_pulsar_ledgers == sum(1 for x in truth.values() if x.status is Status.NON_PULSAR)
     report = store.read("orphan_report").where(f"run_id = '{run_id}'").collect()
     assert sum(r["orphans"] for r in report) == len(expected_candidates)
 
@@ -162,7 +162,8 @@ def test_a_deleted_namespaces_ledgers_are_orphans_only_on_a_dedicated_bookkeeper
     assert (row["status"], row["reason"]) == (UNKNOWN, "namespace_unknown")
     # Issue 26 (3): nothing at all is a candidate on a shared BookKeeper whose other clusters were not read.
     ledgers = [r for (kind, _), r in rows.items() if kind == "ledger"]
-    assert result.counts.get("candidate.ledger", 0) == 0 and result.counts["shared_bookkeeper_unverified"] == 1
+    assert result.counts.by_status_and_type.get("candidate.ledger", 0) == 0
+    assert result.counts.shared_bookkeeper_unverified == 1
     assert sum(r["reason"] == "shared_bookkeeper_unverified" for r in ledgers) > 10
     assert "peer_metadata" in result.sharing
     _, _, _, again = seeded_snapshot(SandboxSpec(seed=2, topics=10), reseed=False)

@@ -80,7 +80,7 @@ def test_retention_debt_is_the_sandboxs_ground_truth(
     orphan_bytes = sum(r["orphan_bytes"] for r in report.values())
     assert orphan_bytes == sum(r["size_bytes"] or 0 for r in store.read("orphans").where(
         f"run_id = '{run_id}' and status = 'candidate'").collect())
-    assert result.counts["topic.candidate"] == sum(1 for e in expected.values() if e.status == "candidate")
+    assert result.counts.topics.get("candidate", 0) == sum(1 for e in expected.values() if e.status == "candidate")
     with pytest.raises(RetentionDebtRefused, match="already"):
         run_retention_debt(spark, store, run_id, settings)
 
@@ -231,7 +231,7 @@ def test_admin_mode_asks_the_broker_only_about_owned_topics_whose_policies_may_b
                                 topic_policy_lookup=broker)
     found, cursors = _debt(store, run_id)
     in_ns = {ml: row for ml, row in found.items() if ml.startswith(f"{TOPIC_POLICY_NS}/")}
-    assert in_ns and asked and result.counts["topic_policy_calls"] == len(asked)
+    assert in_ns and asked and result.counts.topic_policy_calls == len(asked)
     # Its __change_events is Pulsar's own: protected, never acted on, so never asked about.
     protected = {ml for ml, row in in_ns.items() if row["status"] == "protected"}
     assert [found[ml]["topic"] for ml in protected] == ["__change_events"]
@@ -281,11 +281,11 @@ def test_skipping_topics_that_cannot_owe_changes_no_row(
         assert rows(stores[name]) == skipped, name
     regular = [r for r in skipped if r["namespace"].startswith("ns-")]
     if regular_retention == (-1, -1):
-        assert counts["topics_judged"] < 30 and not regular  # only a few scenario topics may owe
+        assert counts.topics_judged < 30 and not regular  # only a few scenario topics may owe
     else:
         owing = {r["reason"] for r in regular}
         assert len(regular) >= 20 and owing <= {"expired_not_trimmed", "expired_awaiting_broker_trim"}, owing
-        assert len(regular) <= counts["topics_judged"] < 120, counts  # a cursor on the first ledger holds the rest
+        assert len(regular) <= counts.topics_judged < 120, counts  # a cursor on the first ledger holds the rest
         return
     forever = [r for r in skipped if r["managed_ledger"].startswith(f"{FOREVER_NS}/")]
     assert {(r["kind"], r["cursor"]) for r in forever} == {("topic", None), ("cursor", "stale-sub")}
@@ -428,4 +428,4 @@ def test_what_pulsar_protects_is_protected_with_its_reason_never_a_candidate(
         cursor_reason = "transaction_pending_ack_cursor" if "pending" in local else reason
         assert status(local, added[local]) == ("protected", cursor_reason)
     assert all(row["status"] != "candidate" for row in found.values() if row["system_topic"])
-    assert result.counts["topic.protected"] >= 3
+    assert result.counts.topics.get("protected", 0) >= 3

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -100,3 +101,28 @@ def test_a_spark_job_cancelled_by_an_interrupt_is_the_interrupt(tmp_path: Path) 
     with pytest.raises(KeyboardInterrupt):
         _stage(store, cfg, "r1", "reconcile", cancelled, lambda result: None, ())  # type: ignore[arg-type]
     assert [(r["run_id"], r["status"]) for r in runs.rows(store, stage="reconcile")] == [("r1", runs.INTERRUPTED)]
+
+
+def test_typed_counts_are_the_runs_map_and_read_back_whole(tmp_path: Path) -> None:
+    """A stage's counts are typed fields; `runs` keeps the flat map it always had, and reading it back gives the
+    same typed counts. A key no field declares is kept in `extra`, never dropped."""
+    from sweeper.reconcile import ReconcileCounts
+    from sweeper.retention_debt import RetentionDebtCounts
+
+    by_type = {"candidate.ledger": 2, "candidate.offload_object": 1, "young.ledger": 1}
+    counts = ReconcileCounts(candidate=3, young=1, by_status_and_type=by_type, by_reason={"topic_deleted": 3},
+                             pending_deletes={"done": 4}, live_brokers_required=1)
+    row = counts.as_row()
+    assert row["candidate"] == 3 and row["candidate.offload_object"] == 1 and row["reason.topic_deleted"] == 3
+    assert row["pending_delete.done"] == 4 and row["gate.live_brokers_required"] == 1 and row["missing"] == 0
+    assert ReconcileCounts.from_row(row) == counts
+    store = _store(tmp_path)
+    runs.record(store, "r1", "reconcile", runs.SUCCEEDED, datetime.now(UTC), counts, None)
+    assert ReconcileCounts.from_row(runs.succeeded(store, "r1", "reconcile") or {}) == counts
+
+    debt = RetentionDebtCounts.from_row({"topic.candidate": 2, "cursor.idle": 3, "cursor.protected": 1,
+                                         "bytes.idle_cursor": 10, "something_new": 7})
+    assert debt.topics == {"candidate": 2} and debt.idle_cursors == 4 and debt.idle_cursor_bytes == 10
+    assert debt.extra == {"something_new": 7} and debt.as_row()["something_new"] == 7
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        debt.topics_judged = 1  # type: ignore[misc]

@@ -87,7 +87,7 @@ def test_a_peer_on_the_same_bookies_is_read_and_its_ledgers_never_candidates(
     run_id = run_snapshot(spark, shared, store).run_id
     result = run_reconcile(spark, store, run_id, SafetySettings.from_config(shared))
     rows = _orphans(store, run_id)
-    assert result.counts.get("candidate", 0) == 0
+    assert result.counts.candidate == 0
     assert {rows[i]["reason"] for i in expected} <= {"shared_bookkeeper_unverified", "namespace_unknown"}
     assert "peer_metadata" in result.sharing
 
@@ -100,13 +100,13 @@ def test_a_peer_on_the_same_bookies_is_read_and_its_ledgers_never_candidates(
     assert dropped not in rows  # referenced by the peer: in use
     assert {(rows[i]["status"], rows[i]["reason"]) for i in peers_topic} == {(OTHER_CLUSTER, "owned_by_peer_cluster")}
     assert candidates == expected - {dropped} - peers_topic
-    assert result.counts["peer_clusters_read"] == 1
+    assert result.counts.peer_clusters_read == 1
 
     # A peer whose store shows no live broker may be a stale copy: unread, so nothing is a candidate again.
     zk.delete("/peer/loadbalance/brokers/peer-broker:8080")
     run_id = run_snapshot(spark, with_peer, store).run_id
     result = run_reconcile(spark, store, run_id, SafetySettings.from_config(with_peer))
-    assert result.counts.get("candidate", 0) == 0
+    assert result.counts.candidate == 0
     assert peer in result.sharing and "no live broker" in result.sharing
 
 

@@ -57,7 +57,7 @@ def test_every_seeded_ledger_and_reference_lands_in_its_table(
     result = run_snapshot(spark, sandbox_config(zk_target.hosts, tmp_path / "tables"), store)
 
     assert result.layout == layout.value
-    assert result.counts["quarantine"] == 0, _rows(store, "quarantine")
+    assert result.counts.quarantine == 0, _rows(store, "quarantine")
 
     ledgers = {row["ledger_id"]: row for row in _rows(store, "bk_ledgers")}
     assert set(ledgers) == set(cluster.ledgers)
@@ -178,12 +178,12 @@ def test_bad_znodes_are_quarantined_and_the_rest_is_scanned(
     assert quarantine[f"/managed-ledgers/{ml.name}"]["error_kind"] == "unknown_compression"
     assert quarantine[cursor_path]["source"] == "cursor"
     assert quarantine["/schemas/tenant-0/ns-0/broken"]["source"] == "schema"
-    assert result.counts["quarantine"] == len(quarantine) == len(bad_ledgers) + 5
+    assert result.counts.quarantine == len(quarantine) == len(bad_ledgers) + 5
 
     # Everything else still arrived.
     scanned = {row["ledger_id"] for row in _rows(store, "bk_ledgers")}
     assert scanned == set(cluster.ledgers)
-    assert result.counts["managed_ledgers"] == len(cluster.managed_ledgers) - 1
+    assert result.counts.managed_ledgers == len(cluster.managed_ledgers) - 1
 
 
 def test_znodes_vanishing_mid_scan_are_skipped_quietly(zk: KazooClient, zk_target: ZkTarget) -> None:
@@ -260,7 +260,7 @@ def test_without_layout_under_pulsars_metadata_store_driver_the_zookeeper_root_i
     assert not cfg.bookkeeper.writes_layout_record
     store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
     result = run_snapshot(spark, cfg, store)
-    assert result.layout == "hierarchical" and result.counts["bk_ledgers"] == len(cluster.ledgers)
+    assert result.layout == "hierarchical" and result.counts.bk_ledgers == len(cluster.ledgers)
     # BookKeeper's own spellings: the same root refused (test_a_root_without_layout_is_refused).
     assert sandbox_config(zk_target.hosts, tmp_path / "t").bookkeeper.writes_layout_record
     assert BookKeeperConfig(metadata_service_uri="zk+hierarchical://zk1:2181;zk2:2181/ledgers").writes_layout_record
@@ -345,8 +345,8 @@ def test_snapshot_records_namespaces_brokers_and_the_clock(
     namespaces = {r["namespace"]: set(r["sources"]) for r in _rows(store, "namespaces")}
     assert set(namespaces) == set(cluster.namespaces) | {"tenant-9/ns-empty"}
     assert namespaces["tenant-9/ns-empty"] == {"policies"}
-    assert result.counts["live_brokers"] == 1
-    assert abs(result.counts["clock_skew_ms"]) < 5_000
+    assert result.counts.live_brokers == 1
+    assert abs(result.counts.clock_skew_ms) < 5_000
 
 
 def test_a_host_clock_far_from_zookeepers_refuses_the_snapshot(

@@ -49,7 +49,7 @@ from sweeper.delete.drain import TopicDrain
 from sweeper.delete.journal import Journal, open_journal, resolve_interrupted
 from sweeper.delete.lock import DeleteRunLock
 from sweeper.delete.records import SOURCE_EMITTED, SOURCE_JSON, SOURCE_RETRY, PendingRecord
-from sweeper.delete.results import DELETED, FAILED, INVALID, WOULD_DELETE, DeleteResult, result_for
+from sweeper.delete.results import FAILED, INVALID, DeleteResult, result_for
 from sweeper.delete.retry import RetryPolicy, run_with_retries
 from sweeper.delete.s3_executor import ObjectDeleter
 from sweeper.delete.zk_executor import LedgerDeleter, OffloadCheck
@@ -141,18 +141,56 @@ class DeleteSettings:
         return self.config_hash
 
 
+@dataclass(frozen=True)
+class DeleteCounts(runs.StageCounts):
+    """Where the records came from, what was resolved from an interrupted attempt, and each record's outcome."""
+
+    # Inputs: the run's emitted records (or a drained topic, or an operator's list) and the due retries.
+    emitted: int = 0
+    already_final: int = 0
+    not_due: int = 0
+    due_retries: int = 0
+    from_topic: int = 0
+    from_json: int = 0
+    records: int = 0
+    deferred_by_cap: int = 0
+    shadow_topics: int = 0
+    missing_permissions: int = 0
+    # An earlier attempt of the run that stopped: its deletes are on record as its own (sweeper.delete.journal).
+    interrupted_attempts: int = 0
+    interrupted_deleted: int = 0
+    interrupted_recovered: int = 0
+    interrupted_still_present: int = 0
+    # Outcomes (sweeper.delete.results), one per record.
+    deleted: int = 0
+    would_delete: int = 0
+    already_gone: int = 0
+    not_found: int = 0
+    in_use: int = 0
+    mismatch: int = 0
+    invalid: int = 0
+    refused: int = 0
+    failed: int = 0
+    queued_for_retry: int = 0
+    dead_lettered: int = 0
+    acknowledged: int = 0  # messages acknowledged on the drained topic
+    # The run's settings, recorded with its counts.
+    execute: int = 0
+    deletes_per_second_per_task: int = 0
+
+
 @dataclass
 class DeleteRunResult:
     run_id: str
     execute: bool
-    counts: dict[str, int]
+    counts: DeleteCounts
     duration_s: float
     results: list[DeleteResult] = field(default_factory=list)
     guards: dict[str, Any] = field(default_factory=dict)
 
     @property
     def queued(self) -> int:
-        return self.counts.get("queued_for_retry", 0)
+        return self.counts.queued_for_retry
 
 
 # ---- inputs ------------------------------------------------------------------------------------
@@ -655,7 +693,7 @@ def run(spark: SparkSession, store: TableStore, run_id: str, settings: DeleteSet
                                 "permission and run again")
         if drain is not None and execute:
             # Committed: every record has its final result or sits in the retry queue.
-            result.counts["acknowledged"] = drain.acknowledge()
+            result.counts = result.counts.with_counts(acknowledged=drain.acknowledge())
     finally:
         if drain is not None:
             drain.close()
@@ -768,8 +806,9 @@ def _commit(store: TableStore, run_id: str, rows: list[TaskRow], target: DeleteT
         store.append_rows("dead_letter", dead_rows, DEAD_LETTER, commit_metadata=metadata)
     counts["queued_for_retry"] = sum(1 for r in queue_rows if r["state"] == QUEUED)
     counts["dead_lettered"] = len(dead_rows)
-    counts.setdefault(DELETED if execute else WOULD_DELETE, 0)
-    return DeleteRunResult(run_id, execute, counts, 0.0, results)
+    counts["execute"] = int(execute)
+    counts["deletes_per_second_per_task"] = int(target.deletes_per_second)
+    return DeleteRunResult(run_id, execute, DeleteCounts.from_row(counts), 0.0, results)
 
 
 # ---- dead letters --------------------------------------------------------------------------------

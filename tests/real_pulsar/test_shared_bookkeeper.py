@@ -120,7 +120,7 @@ def test_a_peer_clusters_ledgers_are_never_candidates_and_survive_a_sweep(
     shared = _config(testbed_world, tmp_path / "tables", bookkeeper_dedicated=False,
                      peer_metadata=[peer.info.metadata])
     run_id, result = _snapshot_reconcile(spark, shared, store)
-    assert result.counts.get("peer_clusters_read") == 1, result.sharing
+    assert result.counts.peer_clusters_read == 1, result.sharing
     assert not set(_candidates(store, run_id)) & set(peer.ledgers)
 
     # The peer's ledgers past the grace period, so only the rules above stand between them and a delete.

@@ -120,7 +120,7 @@ def sweep_the_plan(reconciled: Reconciled, spark: SparkSession, cost_prefix: str
     COST[f"{cost_prefix}emit_s"] = time.monotonic() - started
     offloaded = {key.rsplit("-ledger-", 1)[1].removesuffix("-index") for key in reconciled.candidates("offload_object")}
     # One record per ledger, one per offloaded ledger (its data and index objects together).
-    assert emitted.counts.get("published", 0) == len(reconciled.candidates("ledger")) + len(offloaded), emitted.counts
+    assert emitted.counts.published == len(reconciled.candidates("ledger")) + len(offloaded), emitted.counts
     assert admin_for(reconciled.world.info).partitions(cfg.system_topic.topic) == cfg.system_topic.partitions
     started = time.monotonic()
     result = delete_stage(spark, cfg, store, f"topic-{datetime.now(UTC):%Y%m%dT%H%M%SZ}", execute=True,
