@@ -1,4 +1,4 @@
-"""A token bucket: pacing a task's ZooKeeper reads so the whole run stays under its budget."""
+"""A token bucket: the one pacer of every stage (the scan's reads, the delete's chunks, the repair's calls)."""
 
 from __future__ import annotations
 
@@ -10,18 +10,23 @@ class TokenBucket:
     """`rate` tokens a second. `acquire(n)` sleeps until the n tokens are earned (a debt is allowed,
     so a request larger than the bucket is paced rather than refused); `slice` keeps each send small
     enough that the pace is smooth at the server, not a burst every second.
+
+    `burst` is how many tokens the bucket banks while nobody asks (one slice by default). Work that pays
+    after it is done (the delete's chunks) banks a whole chunk, so the time the work itself took counts
+    toward its budget; `start_full=False` makes the first such payment wait like every other.
     """
 
     SLICE_S = 0.02  # a send covers at most this much of the rate
 
     def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, burst: float | None = None,
+                 start_full: bool = True) -> None:
         if rate <= 0:
             raise ValueError(f"rate must be positive, got {rate}")
         self.rate = float(rate)
-        self.burst = max(1.0, self.rate * self.SLICE_S)
+        self.burst = max(1.0, self.rate * self.SLICE_S) if burst is None else float(burst)
         self._clock, self._sleep = clock, sleep
-        self._tokens = self.burst
+        self._tokens = self.burst if start_full else 0.0
         self._updated = clock()
         self.acquired = 0  # tokens taken, for the run's report
         self.waited_s = 0.0  # time spent waiting for them

@@ -61,6 +61,7 @@ from sweeper.metastore.urls import StoreUrl
 from sweeper.names import managed_ledger_for_topic, topic_for_managed_ledger
 from sweeper.offload import S3Target, object_metadata, s3_client
 from sweeper.protection import Protection
+from sweeper.ratelimit import TokenBucket
 from sweeper.rules import ActingRules
 from sweeper.safety import GracePeriod, Scope
 from sweeper.scan.bookkeeper import read_layout, split_custom_metadata
@@ -342,21 +343,19 @@ def _decode(item: PendingRecord) -> tuple[dict[str, Any] | None, str | None]:
 
 
 def _paced(items: list[Any], per_second: float) -> Iterator[list[Any]]:
-    """Chunks of work, sleeping between them so the task stays under `per_second` records on average.
+    """Chunks of work; after each, the task pays for its records on the token bucket every stage shares, so it
+    stays under `per_second` records a second.
 
-    Not `ratelimit.TokenBucket`: a chunk is paid for after its work, and the time that work took counts toward
-    its budget. A bucket whose burst is one slice would not bank that time and would sleep a whole chunk's worth
-    on top of it, halving the rate whenever ZooKeeper is as slow as the pace."""
+    A chunk is paid for after its work, so the bucket banks up to a chunk: the time the work took counts toward
+    its budget. With the default one-slice burst it would bank none of it and sleep a whole chunk's worth on top,
+    halving the rate whenever ZooKeeper is as slow as the pace (66fcce4)."""
     chunk = max(1, min(int(per_second), 2000))
-    started = time.monotonic()
-    done = 0
+    bucket = TokenBucket(per_second, burst=chunk, start_full=False)
     for start in range(0, len(items), chunk):
         part = items[start:start + chunk]
         yield part
-        done += len(part)
-        ahead = done / per_second - (time.monotonic() - started)
-        if ahead > 0 and start + chunk < len(items):
-            time.sleep(ahead)
+        if start + chunk < len(items):
+            bucket.acquire(len(part))
 
 
 def _run_records(fn: Any, pairs: list[tuple[PendingRecord, dict[str, Any]]], target: DeleteTarget,
