@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -126,3 +127,39 @@ def test_typed_counts_are_the_runs_map_and_read_back_whole(tmp_path: Path) -> No
     assert debt.extra == {"something_new": 7} and debt.as_row()["something_new"] == 7
     with pytest.raises(dataclasses.FrozenInstanceError):
         debt.topics_judged = 1  # type: ignore[misc]
+
+
+def test_the_retention_repair_records_its_run_through_the_stage_wrapper(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sweeper retention` once kept its own `runs` bookkeeping (issue 22's fifth wrapper): an interrupted or
+    failed repair left no row. Now: stopped by the broker = refused, failed actions = partial, Ctrl-C =
+    interrupted, a refusal = refused (exit 3), each with its typed counts."""
+    from sweeper import pipeline
+    from sweeper.retention_repair import RepairCounts, RepairResult, RetentionRepairRefused
+
+    store, cfg = _store(tmp_path), SweeperConfig()
+    endings: list[Any] = [
+        RepairResult("x", "plan", True, counts=RepairCounts(deleted=2, execute=1)),
+        RepairResult("x", "plan", True, counts=RepairCounts(deleted=1, failed=1, execute=1)),
+        RepairResult("x", "plan", True, counts=RepairCounts(skipped=1), stopped="stopped: HTTP 401 from the broker"),
+        KeyboardInterrupt(), RetentionRepairRefused("plan-9 is older than [retention] max_plan_age_hours")]
+
+    def run_repair(*args: Any, **kwargs: Any) -> RepairResult:
+        ending = endings.pop(0)
+        if isinstance(ending, BaseException):
+            raise ending
+        return ending
+
+    monkeypatch.setattr(pipeline, "run_repair", run_repair)
+    for n in range(3):
+        pipeline.repair_stage(cfg, store, "plan", f"retention-{n}", execute=True)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.repair_stage(cfg, store, "plan", "retention-3", execute=True)
+    with pytest.raises(pipeline.StageRefused):
+        pipeline.repair_stage(cfg, store, "plan", "retention-4", execute=True)
+    found = runs.rows(store, stage="retention_repair")
+    assert [(r["run_id"], r["status"]) for r in found] == [
+        ("retention-0", runs.SUCCEEDED), ("retention-1", runs.PARTIAL), ("retention-2", runs.REFUSED),
+        ("retention-3", runs.INTERRUPTED), ("retention-4", runs.REFUSED)]
+    assert RepairCounts.from_row(found[1]["counts"]) == RepairCounts(deleted=1, failed=1, execute=1)
+    assert found[2]["message"] == "stopped: HTTP 401 from the broker" and "max_plan_age_hours" in found[4]["message"]
