@@ -286,7 +286,7 @@ def cmd_reconcile(args: argparse.Namespace) -> int:
         return EXIT_REFUSED
     result = reconcile_stage(spark, cfg, store, run_id, check_gates=not args.skip_gates)
     print(f"reconcile {run_id}: {result.duration_s:.1f}s (dry run: nothing was deleted)")
-    by_status = result.counts.with_counts(by_reason={}).as_row()  # type: ignore[arg-type]
+    by_status = result.counts.with_counts(by_reason={}).as_row()
     _print_counts("orphans by status:", by_status)
     _print_counts("candidates by reason:", dict(result.counts.by_reason))
     if result.counts.shared_bookkeeper_unverified:

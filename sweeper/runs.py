@@ -104,7 +104,7 @@ class StageCounts:
         row.update(self.extra)
         return row
 
-    def with_counts(self, **changes: int) -> Self:
+    def with_counts(self, **changes: int | Mapping[str, int]) -> Self:
         return dataclasses.replace(self, **changes)
 
 
