@@ -17,6 +17,11 @@ class Refused(RuntimeError):
     """The run stopped on purpose, nothing unsafe done; the message says why and what to do."""
 
 
+class StageRefused(Refused):
+    """A stage stopped on purpose (gate, breaker, bad input): exit code 3, nothing planned. `runs.stage` raises it
+    for the refusals a stage names, with the narrow one as its cause."""
+
+
 class RunIdTaken(UsageError):
     """A run id given for a new run already names rows in the tables."""
 

@@ -1,18 +1,16 @@
 """The stages in order, with one run id: what `sweeper sweep` and the stage jobs call.
 
-Each stage records a `runs` row (succeeded, failed or refused) so that a scheduler, a notebook
-or an operator can see how far a run got and why it stopped.
+Each stage records a `runs` row through `runs.stage` (succeeded, partial, refused, failed or interrupted) so
+that a scheduler, a notebook or an operator can see how far a run got and why it stopped.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from pyspark.sql import SparkSession
 
@@ -22,7 +20,7 @@ from sweeper.console import human_bytes, plural
 from sweeper.delete.lock import RunLockHeld
 from sweeper.delete.stage import DeleteCounts, DeleteRefused, DeleteRunResult, run_delete
 from sweeper.emit import EmitCounts, EmitFailed, EmitRefused, EmitResult, run_emit
-from sweeper.errors import Refused, caused_by_interrupt
+from sweeper.errors import StageRefused as StageRefused  # where the sweep's callers catch it
 from sweeper.gates import GateFailed, run_gates
 from sweeper.metastore.migration import MigrationRefused
 from sweeper.metrics import MetricsError, publish, render
@@ -43,12 +41,6 @@ from sweeper.tables import TableStore
 STAGES = ("snapshot", "reconcile", "retention_debt", "emit", "delete")
 DRY_RUN_UNTIL = "retention_debt"
 
-R = TypeVar("R")
-
-
-class StageRefused(Refused):
-    """A stage stopped on purpose (gate, breaker, bad input): exit code 3, nothing planned."""
-
 
 @dataclass
 class SweepResult:
@@ -61,55 +53,6 @@ class SweepResult:
     execute: bool = False
 
 
-@dataclass(frozen=True)
-class _Ending:
-    counts: runs.StageCounts
-    status: str = runs.SUCCEEDED
-    message: str = ""
-
-
-def _stage(store: TableStore, config: SweeperConfig, run_id: str, stage: str, body: Callable[[], R],
-           ending: Callable[[R], _Ending], refusals: tuple[type[Exception], ...],
-           escalate: Callable[[Exception], Exception | None] = lambda exc: None,
-           record_interrupt: bool = True) -> R:
-    """Run one stage's `body` and record how it ended in `runs`, whatever the end: the one wrapper of every stage.
-
-    A refusal is the stage stopping on purpose (exit 3); any other exception is `failed`, recorded as its first
-    line (the trace goes to the log file) and raised again, unless `escalate` turns it into a refusal. An
-    interrupt (Ctrl-C, SIGTERM) is recorded `interrupted` on its way out; the delete records its own, with the
-    counts its journal knows, so it passes `record_interrupt=False`.
-    """
-    started = datetime.now(UTC)
-    try:
-        result = body()
-    except refusals as exc:
-        runs.record(store, run_id, stage, runs.REFUSED, started, {}, config, str(exc))
-        raise StageRefused(str(exc)) from exc
-    except KeyboardInterrupt:
-        if record_interrupt:
-            with contextlib.suppress(Exception):  # the interrupt is what the operator must see
-                runs.record(store, run_id, stage, runs.INTERRUPTED, started, {}, config,
-                            f"interrupted during {stage}; re-run the stage (or the sweep) to do it again")
-        raise
-    except Exception as exc:
-        if caused_by_interrupt(exc):  # a Spark job cancelled by PySpark's SIGINT handler: the interrupt, not a failure
-            if record_interrupt:
-                with contextlib.suppress(Exception):
-                    runs.record(store, run_id, stage, runs.INTERRUPTED, started, {}, config,
-                                f"interrupted during {stage}; re-run the stage (or the sweep) to do it again")
-            raise KeyboardInterrupt from exc
-        # The `runs` status and the exit code say the same thing: an escalated failure is a refusal in both.
-        refusal = escalate(exc)
-        runs.record(store, run_id, stage, runs.FAILED if refusal is None else runs.REFUSED, started, {}, config,
-                    exc if refusal is None else str(refusal))
-        if refusal is not None:
-            raise StageRefused(str(refusal)) from exc
-        raise
-    end = ending(result)
-    runs.record(store, run_id, stage, end.status, started, end.counts, config, end.message)
-    return result
-
-
 def reconcile_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str,
                     check_gates: bool = True) -> ReconcileResult:
     def body() -> ReconcileResult:
@@ -119,12 +62,13 @@ def reconcile_stage(spark: SparkSession, config: SweeperConfig, store: TableStor
                 raise GateFailed(gates)
         return run_reconcile(spark, store, run_id, SafetySettings.from_config(config))
 
-    def ending(result: ReconcileResult) -> _Ending:
+    def ending(result: ReconcileResult) -> runs.Ending:
         required = int(check_gates and config.gates.require_live_brokers)
         result.counts = result.counts.with_counts(live_brokers_required=required)
-        return _Ending(result.counts, message="" if required else "liveness gate waived: no live broker was required")
+        waived = "" if required else "liveness gate waived: no live broker was required"
+        return runs.Ending(result.counts, message=waived)
 
-    return _stage(store, config, run_id, "reconcile", body, ending, (GateFailed, ReconcileRefused))
+    return runs.stage(store, config, run_id, "reconcile", body, ending, (GateFailed, ReconcileRefused))
 
 
 def retention_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str) -> RetentionDebtResult:
@@ -141,7 +85,7 @@ def retention_stage(spark: SparkSession, config: SweeperConfig, store: TableStor
                                        config.retention.actions_per_second)
         return run_retention_debt(spark, store, run_id, settings, topic_policy_lookup=lookup)
 
-    return _stage(store, config, run_id, "retention_debt", body, lambda result: _Ending(result.counts),
+    return runs.stage(store, config, run_id, "retention_debt", body, lambda result: runs.Ending(result.counts),
                   (RetentionDebtRefused, SystemTopicError))
 
 
@@ -180,8 +124,8 @@ def emit_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
         return None
 
     # An interrupted emit records itself, with what its journal and `emitted` hold (issue 22).
-    return _stage(store, config, run_id, "emit", lambda: run_emit(spark, config, store, run_id),
-                  lambda result: _Ending(result.counts), (EmitRefused,), escalate, record_interrupt=False)
+    return runs.stage(store, config, run_id, "emit", lambda: run_emit(spark, config, store, run_id),
+                  lambda result: runs.Ending(result.counts), (EmitRefused,), escalate, record_interrupt=False)
 
 
 def delete_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str, execute: bool = False,
@@ -189,12 +133,12 @@ def delete_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, 
     def body() -> DeleteRunResult:
         return run_delete(spark, config, store, run_id, execute=execute, from_json=from_json, from_topic=from_topic)
 
-    def ending(result: DeleteRunResult) -> _Ending:
-        return _Ending(result.counts, runs.PARTIAL if is_partial(result) else runs.SUCCEEDED,
+    def ending(result: DeleteRunResult) -> runs.Ending:
+        return runs.Ending(result.counts, runs.PARTIAL if is_partial(result) else runs.SUCCEEDED,
                        json.dumps({"guards": result.guards}))
 
     # An interrupted delete is recorded by its next attempt, from the journal, with what it did (issue 22).
-    return _stage(store, config, run_id, "delete", body, ending,
+    return runs.stage(store, config, run_id, "delete", body, ending,
                   (DeleteRefused, RunLockHeld, SystemTopicError, MigrationRefused),
                   record_interrupt=False)
 
@@ -202,11 +146,11 @@ def delete_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, 
 def repair_stage(config: SweeperConfig, store: TableStore, plan_run_id: str, run_id: str,
                  execute: bool = False) -> RepairResult:
     """The retention repair of one retention-debt plan, under its own run id (`retention-...`)."""
-    def ending(result: RepairResult) -> _Ending:
+    def ending(result: RepairResult) -> runs.Ending:
         status = runs.REFUSED if result.stopped else runs.PARTIAL if result.counts.failed else runs.SUCCEEDED
-        return _Ending(result.counts, status, result.stopped or "")
+        return runs.Ending(result.counts, status, result.stopped or "")
 
-    return _stage(store, config, run_id, "retention_repair",
+    return runs.stage(store, config, run_id, "retention_repair",
                   lambda: run_repair(config, store, plan_run_id, run_id, execute=execute), ending,
                   (RetentionRepairRefused,))
 

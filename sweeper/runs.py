@@ -11,13 +11,14 @@ reads (`sweeper runs`) needs no Spark session either.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
 
-from sweeper.errors import one_line
+from sweeper.errors import Refused, StageRefused, caused_by_interrupt, one_line
 from sweeper.table_schemas import RUNS
 
 if TYPE_CHECKING:
@@ -106,6 +107,63 @@ class StageCounts:
 
     def with_counts(self, **changes: int | Mapping[str, int]) -> Self:
         return dataclasses.replace(self, **changes)
+
+
+R = TypeVar("R")
+
+
+@dataclasses.dataclass(frozen=True)
+class Ending:
+    """How a stage that returned ended: its counts, its status (a delete with retries queued is `partial`), a line."""
+
+    counts: StageCounts
+    status: str = SUCCEEDED
+    message: str = ""
+
+
+def stage(store: TableStore, config: ConfigHash | None, run_id: str, name: str, body: Callable[[], R],
+          ending: Callable[[R], Ending], refusals: tuple[type[Exception], ...] = (),
+          escalate: Callable[[Exception], Exception | None] = lambda exc: None, record_interrupt: bool = True,
+          interrupted: str = "", started: datetime | None = None) -> R:
+    """Run one stage's `body` and record how it ended in `runs`, whatever the end: the one wrapper of every stage.
+
+    The status always agrees with the exit code the CLI gives the same end:
+    - a `Refused` (exit 3) is `refused`; one of the stage's own `refusals` is raised again as `StageRefused`;
+    - an interrupt (Ctrl-C, SIGTERM, or a Spark job PySpark cancelled for one) is `interrupted`, with the
+      `interrupted` line (the delete and the emit record their own, with their journal's counts, and pass
+      `record_interrupt=False`);
+    - any other exception is `failed`, recorded as its first line (the trace goes to the log file), unless
+      `escalate` turns it into a refusal.
+    """
+    started = started or datetime.now(UTC)
+    said = interrupted or f"interrupted during {name}; re-run the stage (or the sweep) to do it again"
+    try:
+        result = body()
+    except (Refused, *refusals) as exc:
+        record(store, run_id, name, REFUSED, started, {}, config, str(exc))
+        if isinstance(exc, refusals):
+            raise StageRefused(str(exc)) from exc
+        raise
+    except KeyboardInterrupt:
+        if record_interrupt:
+            with contextlib.suppress(Exception):  # the interrupt is what the operator must see
+                record(store, run_id, name, INTERRUPTED, started, {}, config, said)
+        raise
+    except Exception as exc:
+        if caused_by_interrupt(exc):  # a Spark job cancelled by PySpark's SIGINT handler: the interrupt
+            if record_interrupt:
+                with contextlib.suppress(Exception):
+                    record(store, run_id, name, INTERRUPTED, started, {}, config, said)
+            raise KeyboardInterrupt from exc
+        refusal = escalate(exc)
+        record(store, run_id, name, FAILED if refusal is None else REFUSED, started, {}, config,
+               exc if refusal is None else str(refusal))
+        if refusal is not None:
+            raise StageRefused(str(refusal)) from exc
+        raise
+    end = ending(result)
+    record(store, run_id, name, end.status, started, end.counts, config, end.message)
+    return result
 
 
 def new_run_id(now: datetime | None = None) -> str:

@@ -36,9 +36,9 @@ from sweeper.config import (
     SystemTopicConfig,
 )
 from sweeper.connections import Connections, MetadataEndpoint
-from sweeper.errors import Refused, RunIdTaken, caused_by_interrupt
+from sweeper.errors import Refused, RunIdTaken
 from sweeper.liveness import ClockReading, clock_problem, live_brokers, probe_clock
-from sweeper.metastore.migration import MigrationRefused, check_migration
+from sweeper.metastore.migration import check_migration
 from sweeper.metastore.urls import StoreUrl
 from sweeper.offload import S3Target, list_offload_objects, listing_units, s3_client
 from sweeper.ratelimit import TokenBucket
@@ -643,20 +643,20 @@ def run_snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore,
 
 
 def run(spark: SparkSession, store: TableStore, run_id: str, settings: SnapshotSettings) -> SnapshotResult:
-    """Every store's metadata into the snapshot tables under `run_id`, and the run's `runs` row."""
+    """Every store's metadata into the snapshot tables under `run_id`, and the run's `runs` row (through the
+    stages' one wrapper, `runs.stage`: a refusal such as a wrong root is `refused`, as its exit code 3 says)."""
     started = datetime.now(UTC)
+    return runs.stage(store, settings, run_id, "snapshot", lambda: _snapshot(spark, store, run_id, settings, started),
+                      lambda result: runs.Ending(result.counts), started=started,
+                      interrupted="interrupted during the snapshot: its rows are never reconciled; start a new run")
+
+
+def _snapshot(spark: SparkSession, store: TableStore, run_id: str, settings: SnapshotSettings,
+              started: datetime) -> SnapshotResult:
     t0 = time.monotonic()
-    try:
-        plan = plan_tasks(settings)
-    except MigrationRefused as exc:
-        runs.record(store, run_id, "snapshot", runs.REFUSED, started, {}, settings, str(exc))
-        raise
-    except Exception as exc:
-        runs.record(store, run_id, "snapshot", runs.FAILED, started, {}, settings, exc)
-        raise
+    plan = plan_tasks(settings)
     skew = clock_problem(plan.clock.skew_ms, settings.safety.max_clock_skew_seconds)
     if skew:
-        runs.record(store, run_id, "snapshot", runs.REFUSED, started, {}, settings, skew)
         raise ClockSkewRefused(skew)
     tasks, ledger_plan = plan.tasks, plan.ledgers
     sessions = scan_sessions(spark, settings, len(tasks))
@@ -752,25 +752,11 @@ def run(spark: SparkSession, store: TableStore, run_id: str, settings: SnapshotS
         for table in SNAPSHOT_TABLES:
             counts.setdefault(table, 0)
         counts["scan_units"] = len(tasks)
-    except KeyboardInterrupt:
-        with contextlib.suppress(Exception):  # the interrupt is what the operator must see
-            runs.record(store, run_id, "snapshot", runs.INTERRUPTED, started, {}, settings,
-                        "interrupted during the snapshot: its rows are never reconciled; start a new run")
-        raise
-    except Exception as exc:
-        if caused_by_interrupt(exc):  # a Spark job cancelled by PySpark's SIGINT handler
-            with contextlib.suppress(Exception):
-                runs.record(store, run_id, "snapshot", runs.INTERRUPTED, started, {}, settings,
-                            "interrupted during the snapshot: its rows are never reconciled; start a new run")
-            raise KeyboardInterrupt from exc
-        runs.record(store, run_id, "snapshot", runs.FAILED, started, {}, settings, exc)
-        raise
     finally:
         zk_scan.unpersist()
         if scan is not zk_scan:
             scan.unpersist()
     typed = SnapshotCounts.from_row(counts)
-    runs.record(store, run_id, "snapshot", runs.SUCCEEDED, started, typed, settings)
     return SnapshotResult(
         run_id=run_id,
         counts=typed,

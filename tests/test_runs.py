@@ -62,7 +62,7 @@ def test_run_ids_sort_by_time() -> None:
 def test_the_runs_status_agrees_with_the_exit_code_a_stage_ends_with(tmp_path: Path) -> None:
     """Issue 23: a failure the stage escalates to a refusal (exit 3) was recorded `failed` in `runs`."""
     from sweeper.emit import EmitFailed
-    from sweeper.pipeline import StageRefused, _stage
+    from sweeper.errors import StageRefused
 
     store, cfg = _store(tmp_path), SweeperConfig()
 
@@ -73,12 +73,23 @@ def test_the_runs_status_agrees_with_the_exit_code_a_stage_ends_with(tmp_path: P
         return StageRefused(f"emit failed: {exc}") if isinstance(exc, EmitFailed) else None
 
     with pytest.raises(StageRefused):
-        _stage(store, cfg, "r1", "emit", send, lambda result: None, (), escalate)  # type: ignore[arg-type]
+        runs.stage(store, cfg, "r1", "emit", send, lambda result: None, (), escalate)  # type: ignore[arg-type]
     with pytest.raises(EmitFailed):
-        _stage(store, cfg, "r2", "emit", send, lambda result: None, ())  # type: ignore[arg-type]
+        runs.stage(store, cfg, "r2", "emit", send, lambda result: None, ())  # type: ignore[arg-type]
     assert [(r["run_id"], r["status"]) for r in runs.rows(store, stage="emit")] == [
         ("r1", runs.REFUSED), ("r2", runs.FAILED)]
     assert runs.rows(store, run_id="r1")[0]["message"] == "emit failed: producer p-1: 3 sends failed"
+
+    # Any refusal exits 3, so it is `refused` whether or not the stage names it (the snapshot named none, and a
+    # wrong root or a refused ZooKeeper login was `failed` in `runs` while the command said "refused", exit 3).
+    from sweeper.zk.errors import WrongRootError
+
+    def wrong_root() -> None:
+        raise WrongRootError("/ledgers does not exist on 127.0.0.1:2181: check [bookkeeper] ledgers_root")
+
+    with pytest.raises(WrongRootError):
+        runs.stage(store, cfg, "r3", "snapshot", wrong_root, lambda result: None)  # type: ignore[arg-type]
+    assert [r["status"] for r in runs.rows(store, run_id="r3")] == [runs.REFUSED]
 
 
 def test_a_spark_job_cancelled_by_an_interrupt_is_the_interrupt(tmp_path: Path) -> None:
@@ -86,7 +97,6 @@ def test_a_spark_job_cancelled_by_an_interrupt_is_the_interrupt(tmp_path: Path) 
     one then fails with a py4j error raised while handling the interrupt. That is `interrupted` (exit 130), never
     `failed` with a Java trace (the kill test's SIGINT landed there once)."""
     from sweeper.errors import caused_by_interrupt
-    from sweeper.pipeline import _stage
 
     store, cfg = _store(tmp_path), SweeperConfig()
 
@@ -100,7 +110,7 @@ def test_a_spark_job_cancelled_by_an_interrupt_is_the_interrupt(tmp_path: Path) 
         cancelled()
     assert caused_by_interrupt(raised.value) and not caused_by_interrupt(RuntimeError("boom"))
     with pytest.raises(KeyboardInterrupt):
-        _stage(store, cfg, "r1", "reconcile", cancelled, lambda result: None, ())  # type: ignore[arg-type]
+        runs.stage(store, cfg, "r1", "reconcile", cancelled, lambda result: None, ())  # type: ignore[arg-type]
     assert [(r["run_id"], r["status"]) for r in runs.rows(store, stage="reconcile")] == [("r1", runs.INTERRUPTED)]
 
 

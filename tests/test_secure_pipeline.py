@@ -227,5 +227,5 @@ def _each_refusal(spark: SparkSession, tmp_path: Path, secure_zk: SecureZk, brok
     assert f"no READ permission on znode {hidden} (ZooKeeper NoAuth)" in err
     store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
     assert not store.exists("bk_ledgers")  # nothing half-written
-    assert {r["status"] for r in store.read("runs").toArrow().to_pylist()} == {"failed"}
+    assert {r["status"] for r in store.read("runs").toArrow().to_pylist()} == {"refused"}  # as exit 3 says
     assert all(Id("sasl", "stranger") != acl.id for acl in STRICT)

@@ -209,7 +209,8 @@ def test_wrong_root_fails_the_run_naming_the_path(
     with pytest.raises(WrongRootError, match="/bookkeeper/ledgers"):
         run_snapshot(spark, cfg, store)
     runs = _rows(store, "runs")
-    assert [r["status"] for r in runs] == ["failed"] and "/bookkeeper/ledgers" in runs[0]["message"]
+    # Refused, as the CLI's exit code 3 says (issue 23's rule: the `runs` status and the exit code agree).
+    assert [r["status"] for r in runs] == ["refused"] and "/bookkeeper/ledgers" in runs[0]["message"]
     assert not store.exists("bk_ledgers")
 
 
