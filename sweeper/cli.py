@@ -806,11 +806,22 @@ def _main(args: argparse.Namespace, log_path: Path | None) -> int:
             signal.signal(signum, handler)
     if interrupted:
         # Whatever the interrupt broke on its way out (a py4j call, a Spark job): one line, exit 130.
-        print(f"interrupted ({interrupted[0]}) during `sweeper {args.command}`: what was done is on record "
-              "(deletes in delete_journal, folded in by the next delete run); run the same command again to "
-              f"continue{f' (details: {log_path})' if log_path else ''}", file=sys.stderr)
+        print(f"interrupted ({interrupted[0]}) during `sweeper {args.command}`: "
+              f"{_ON_RECORD.get(args.command, '`runs` says `interrupted`')}; run the same command again to continue"
+              f"{f' (details: {log_path})' if log_path else ''}", file=sys.stderr)
         return EXIT_INTERRUPTED
     return code
+
+
+# What an interrupted command leaves on record, for its one line (docs/architecture.md, "A run's lifecycle").
+_ON_RECORD = {
+    "sweep": "each stage that ended is in `runs` (the stopped one `interrupted`), deletes in delete_journal, "
+             "folded in by the next delete run",
+    "snapshot": "`runs` says `interrupted`; its rows are never reconciled, and the next snapshot is a new run",
+    "emit": "what the broker acknowledged is in `emitted`; the next emit of the run sends only the rest",
+    "delete": "deletes in delete_journal, folded in by the next delete run",
+    "retention": "every admin action taken is in retention_actions, and `runs` says `interrupted`",
+}
 
 
 def _stop_on_signals() -> list[str]:
