@@ -133,6 +133,12 @@ class EmitCounts(runs.StageCounts):
     producers: int = 0
     send_ms: int = 0
     interrupted_attempts_folded: int = 0
+    # The `interrupted` row of a stopped attempt itself (fold_interrupted).
+    planned: int = 0
+    recorded: int = 0
+    producers_started: int = 0
+    producers_unrecorded: int = 0
+    may_be_on_topic_unrecorded: int = 0
 
 
 @dataclass
@@ -524,7 +530,7 @@ def fold_interrupted(store: TableStore, run_id: str, by: str) -> int:
         unrecorded = [r for r in intents if r["producer_name"] not in slots_done]
         may_be_sent = sum(int(r["records"] or 0) for r in unrecorded)
         last = max(r["at"] for r in mine)
-        counts = {"planned": int(started["records"] or 0), "recorded": len(done),
+        counts = {"planned": int(started["records"] or 0), "recorded": len(done),  # fields of EmitCounts
                   "published": sum(1 for r in done if r["status"] == PUBLISHED),
                   "producers_started": len(intents), "producers_unrecorded": len(unrecorded),
                   "may_be_on_topic_unrecorded": may_be_sent}

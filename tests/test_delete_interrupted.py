@@ -181,6 +181,11 @@ def test_delete_killed_at_random_points_leaves_every_deletion_on_record(
     recovered = [r for r in results if r["outcome"] == "deleted" and r["detail"].startswith("deleted by attempt ")]
     print(f"{len(interrupted)} attempts interrupted; {len(recovered)} deletions known only from their intents")
     assert all(r["message"].startswith("attempt ") and len(r["message"]) < 500 for r in interrupted)
+    # Every count of every `runs` row, the interrupted attempts' own included, is a field of its stage's counts.
+    from sweeper.pipeline import COUNTS
+
+    for row in store.read_arrow("runs").to_pylist():
+        assert COUNTS[row["stage"]].from_row(dict(row["counts"] or {})).extra == {}, row
 
 
 def _emit_stopped_then_finished(cfg: SweeperConfig, config_file: Path, run_id: str, broker: Broker,

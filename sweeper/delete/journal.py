@@ -156,7 +156,7 @@ def resolve_interrupted(store: TableStore, exists: Any, by_attempt: str) -> Reso
         run_rows.append({"run_id": run_id, "stage": "delete", "status": runs.INTERRUPTED, "started_at": started,
                          "finished_at": last, "duration_s": (last - started).total_seconds(),
                          "counts": {"deleted": deleted, "recovered_from_journal": found.recovered - before[1],
-                                    "attempted_still_present": present},
+                                    "attempted_still_present": present},  # fields of stage.DeleteCounts
                          "config_hash": None, "engine": store.engine,
                          "message": f"attempt {attempt} stopped before it finished: {deleted} deleted, {present} "
                                     f"attempted and still present (re-verified by {by_attempt})"})

@@ -162,6 +162,9 @@ class DeleteCounts(runs.StageCounts):
     interrupted_deleted: int = 0
     interrupted_recovered: int = 0
     interrupted_still_present: int = 0
+    # The `interrupted` row of a stopped attempt itself (sweeper.delete.journal.resolve_interrupted).
+    recovered_from_journal: int = 0  # deleted by it, known only from its intents
+    attempted_still_present: int = 0
     # Outcomes (sweeper.delete.results), one per record.
     deleted: int = 0
     would_delete: int = 0
