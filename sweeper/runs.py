@@ -139,22 +139,24 @@ def stage(store: TableStore, config: ConfigHash | None, run_id: str, name: str, 
     said = interrupted or f"interrupted during {name}; re-run the stage (or the sweep) to do it again"
     try:
         result = body()
-    except (Refused, *refusals) as exc:
-        record(store, run_id, name, REFUSED, started, {}, config, str(exc))
-        if isinstance(exc, refusals):
-            raise StageRefused(str(exc)) from exc
-        raise
     except KeyboardInterrupt:
         if record_interrupt:
             with contextlib.suppress(Exception):  # the interrupt is what the operator must see
                 record(store, run_id, name, INTERRUPTED, started, {}, config, said)
         raise
     except Exception as exc:
-        if caused_by_interrupt(exc):  # a Spark job cancelled by PySpark's SIGINT handler: the interrupt
+        # First: a Spark job cancelled by PySpark's SIGINT handler, even when a stage turned that failure into
+        # a refusal on its way out, is the interrupt (the CLI exits 130 for it).
+        if caused_by_interrupt(exc):
             if record_interrupt:
                 with contextlib.suppress(Exception):
                     record(store, run_id, name, INTERRUPTED, started, {}, config, said)
             raise KeyboardInterrupt from exc
+        if isinstance(exc, (Refused, *refusals)):
+            record(store, run_id, name, REFUSED, started, {}, config, str(exc))
+            if isinstance(exc, refusals):
+                raise StageRefused(str(exc)) from exc
+            raise
         refusal = escalate(exc)
         record(store, run_id, name, FAILED if refusal is None else REFUSED, started, {}, config,
                exc if refusal is None else str(refusal))

@@ -113,6 +113,20 @@ def test_a_spark_job_cancelled_by_an_interrupt_is_the_interrupt(tmp_path: Path) 
         runs.stage(store, cfg, "r1", "reconcile", cancelled, lambda result: None, ())  # type: ignore[arg-type]
     assert [(r["run_id"], r["status"]) for r in runs.rows(store, stage="reconcile")] == [("r1", runs.INTERRUPTED)]
 
+    # A stage that turns such a failure into a refusal on its way out (the snapshot's system-topic read does) is
+    # still the interrupt: `interrupted`, as the exit code 130 says, never `refused`.
+    from sweeper.system_topic import SystemTopicError
+
+    def read_cancelled() -> None:
+        try:
+            cancelled()
+        except RuntimeError as exc:
+            raise SystemTopicError(f"reading the system topic: {exc}") from exc
+
+    with pytest.raises(KeyboardInterrupt):
+        runs.stage(store, cfg, "r2", "snapshot", read_cancelled, lambda result: None)  # type: ignore[arg-type]
+    assert [r["status"] for r in runs.rows(store, run_id="r2")] == [runs.INTERRUPTED]
+
 
 def test_typed_counts_are_the_runs_map_and_read_back_whole(tmp_path: Path) -> None:
     """A stage's counts are typed fields; `runs` keeps the flat map it always had, and reading it back gives the
