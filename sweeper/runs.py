@@ -49,8 +49,11 @@ def count(key: str) -> Any:
 
 
 def breakdown(*prefixes: str, whole_keys: bool = False) -> Any:
-    """A `Mapping[str, int]` field of a `StageCounts`: the `runs` keys starting with one of `prefixes`, by the rest
-    of the key (`reason.topic_deleted` -> `topic_deleted`), or by the whole key with `whole_keys`."""
+    """A `Mapping[str, int]` field of a `StageCounts`: the `runs` keys starting with `prefix`, by the rest of the
+    key (`reason.topic_deleted` -> `topic_deleted`); or, with `whole_keys`, those starting with any of several
+    prefixes, by the whole key (`candidate.ledger`), so that `as_row` can write each key back as it was."""
+    if not prefixes or (len(prefixes) > 1 and not whole_keys):
+        raise ValueError("a breakdown by the rest of the key has exactly one prefix; several need whole_keys=True")
     return dataclasses.field(default_factory=dict, metadata={"prefixes": prefixes, "whole_keys": whole_keys})
 
 
