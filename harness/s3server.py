@@ -63,6 +63,20 @@ def stop_s3(info: S3ServerInfo) -> None:
     stop_process(info.pid)
 
 
+def last_traceback(log_dir: str | os.PathLike[str], lines: int = 12) -> str | None:
+    """The end of the newest Python traceback in moto's log: why it answered 500, for a failure report."""
+    log = Path(log_dir) / "moto.log"
+    if not log.exists():
+        return None
+    text = log.read_text(errors="replace").splitlines()
+    starts = [i for i, line in enumerate(text) if line.startswith("Traceback")]
+    if not starts:
+        return None
+    block = text[starts[-1]:]
+    end = next((i for i, line in enumerate(block[1:], 1) if line and not line.startswith((" ", "Traceback"))), 0)
+    return "\n".join(block[max(0, end - lines + 1):end + 1])
+
+
 def _atomic_conditional_writes() -> None:
     from moto.s3.responses import S3Response
 

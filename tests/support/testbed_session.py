@@ -118,8 +118,15 @@ class Testbed:
                 _write_atomically(_file(self.share, self.flavour, WORLD), pickle.dumps(world))
         except BaseException as exc:  # reported by the fixture, in the tests that need the testbed
             self.error = exc
+            from harness.s3server import last_traceback
+
+            report = f"{type(exc).__name__}: {exc}"
+            moto = last_traceback(Path(self.home) / "logs") if self.home is not None else None
+            if moto is not None:
+                report += f"\nmoto's last traceback:\n{moto}"
+                self.error = RuntimeError(report)
             if self.share is not None:
-                _write_atomically(_file(self.share, self.flavour, FAILED), f"{type(exc).__name__}: {exc}".encode())
+                _write_atomically(_file(self.share, self.flavour, FAILED), report.encode())
 
     def wait(self) -> World:
         self.start()
