@@ -49,8 +49,9 @@ KILL_POINTS = int(os.environ.get("SWEEPER_KILL_POINTS", "1"))
 EMIT_KILL_POINTS = int(os.environ.get("SWEEPER_EMIT_KILL_POINTS", "1"))
 SEED = int(os.environ.get("SWEEPER_KILL_SEED", "2211"))
 
-# Minutes: CLI processes started, stopped and started again.
-pytestmark = pytest.mark.slow
+# Minutes: CLI processes started, stopped and started again. A hang is stopped well before the suite's own guard,
+# with every thread's stack; each attempt prints a line as it ends, so a failure shows how far the plan got.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def _toml(cfg: SweeperConfig) -> str:
@@ -119,6 +120,7 @@ def test_delete_killed_at_random_points_leaves_every_deletion_on_record(
     plan = []
     for n, how in enumerate([*stops, None]):
         before = len(_journal_rows(Path(cfg.tables.root)))
+        begun = time.monotonic()
         proc = subprocess.Popen(
             [sys.executable, "-m", "sweeper.cli", "delete", "--execute", "--config", str(config_file),
              "--run-id", run_id],
@@ -150,8 +152,11 @@ def test_delete_killed_at_random_points_leaves_every_deletion_on_record(
                 else:
                     os.kill(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=240)
+        print(f"delete attempt {n} ({how.name if how else 'to the end'}): exit {proc.returncode} after "
+              f"{time.monotonic() - begun:.1f} s, journal rows {before} -> {len(_journal_rows(Path(cfg.tables.root)))}",
+              flush=True)
         if how is signal.SIGINT and proc.returncode != 0:
-            assert proc.returncode == 130, (n, proc.returncode)
+            assert proc.returncode == 130, (n, proc.returncode, log.read_text()[-2000:])
             text = log.read_text().strip().splitlines()
             assert text and text[-1].startswith("interrupted"), text[-5:]
         _wait_gone(proc, zk, cfg.delete.lock_path)
@@ -203,6 +208,7 @@ def _emit_stopped_then_finished(cfg: SweeperConfig, config_file: Path, run_id: s
     log, plan = tmp_path / "emit-attempts.log", []
     for n, how in enumerate([*stops, None]):
         before = len(journal("intent"))
+        begun = time.monotonic()
         proc = subprocess.Popen(
             [sys.executable, "-m", "sweeper.cli", "emit", "--config", str(config_file), "--run-id", run_id],
             cwd=REPO, stdout=subprocess.PIPE, stderr=open(log, "ab"), start_new_session=True,  # noqa: SIM115
@@ -223,6 +229,8 @@ def _emit_stopped_then_finished(cfg: SweeperConfig, config_file: Path, run_id: s
                 else:
                     os.kill(proc.pid, signal.SIGKILL)
         proc.communicate(timeout=240)
+        print(f"emit attempt {n} ({how.name if how else 'to the end'}): exit {proc.returncode} after "
+              f"{time.monotonic() - begun:.1f} s, intents {before} -> {len(journal('intent'))}", flush=True)
         if how is signal.SIGINT and proc.returncode != 0:
             assert proc.returncode == 130, (n, proc.returncode, log.read_text()[-2000:])
         _wait_group_gone(proc, 60.0)
