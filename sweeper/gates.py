@@ -12,6 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -20,6 +23,7 @@ from sweeper.config import GatesConfig
 from sweeper.errors import Refused
 from sweeper.liveness import Liveness, liveness_problems
 from sweeper.tables import TableStore
+from sweeper.vocabulary import LISTING_FAILED
 
 log = logging.getLogger(__name__)
 logging.getLogger("great_expectations").setLevel(logging.WARNING)
@@ -78,28 +82,109 @@ def _describe(result: Any) -> str:
     return f"{config.type}({', '.join(f'{k}={v}' for k, v in kwargs.items())}): observed {observed}"
 
 
-def _max(frame: DataFrame | None, column: str) -> int | None:
-    if frame is None:
-        return None
-    value = frame.agg(F.max(column)).first()[0]
-    return int(value) if value is not None else None
+# The tables the gates read, and the columns they need (the driver reads no others).
+GATED: dict[str, tuple[str, ...]] = {
+    "bk_ledgers": ("ledger_id", "path", "zk_version", "created_ms", "is_pulsar", "component", "cursor"),
+    "managed_ledgers": ("managed_ledger", "zk_mtime_ms"),
+    "ml_ledgers": ("managed_ledger", "ledger_id"),
+    "ml_cursors": ("managed_ledger", "cursor", "cursors_ledger_id", "zk_mtime_ms"),
+    "schema_ledgers": ("ledger_id",),
+    "quarantine": ("path", "error_kind"),
+}
+VALIDATED = ("bk_ledgers", "managed_ledgers", "ml_ledgers", "ml_cursors", "schema_ledgers")
 
 
-def snapshot_liveness(frames: dict[str, DataFrame | None], recorded: dict[str, int]) -> Liveness:
+class _SparkRows:
+    """The run's rows as Spark frames, for a snapshot too large for the driver. Each frame is held once for every
+    check (a count, GX's many small jobs, the liveness maxima); otherwise each job reads the table's files again."""
+
+    def __init__(self, store: TableStore, run_id: str) -> None:
+        self.frames: dict[str, DataFrame] = {
+            table: store.read(table).where(F.col("run_id") == run_id).persist(StorageLevel.MEMORY_AND_DISK)
+            for table in GATED if store.exists(table)}
+
+    def has(self, table: str) -> bool:
+        return table in self.frames
+
+    def count(self, table: str) -> int:
+        return self.frames[table].count() if table in self.frames else 0
+
+    def newest(self, table: str, column: str, data_ledgers: bool = False) -> int | None:
+        if table not in self.frames:
+            return None
+        frame = self.frames[table]
+        if data_ledgers:
+            frame = frame.where((F.col("component") == "managed-ledger") & F.col("cursor").isNull()
+                                & F.col("is_pulsar"))
+        value = frame.agg(F.max(column)).first()[0]
+        return int(value) if value is not None else None
+
+    def unlisted_buckets(self) -> list[str]:
+        if "quarantine" not in self.frames:
+            return ["?"]
+        return sorted(r["path"] for r in self.frames["quarantine"].where(F.col("error_kind") == LISTING_FAILED)
+                      .select("path").distinct().collect())
+
+    def batch(self, context: Any, table: str) -> tuple[Any, Any]:
+        asset = context.data_sources.add_spark("snapshot").add_dataframe_asset(table)
+        return asset.add_batch_definition_whole_dataframe("run"), self.frames[table]
+
+    def release(self) -> None:
+        for frame in self.frames.values():
+            frame.unpersist()
+
+
+class _DriverRows:
+    """The run's rows on the driver (Arrow, then pandas for GX): a sandbox's or a small cluster's snapshot is
+    validated in well under a second, where GX's Spark jobs cost 5-15 s of small-job latency a run. The checks
+    and expectations are the same; `tests/test_gates.py` runs both engines on the same snapshots."""
+
+    def __init__(self, store: TableStore, run_id: str) -> None:
+        self.tables: dict[str, pa.Table] = {
+            table: store.read_arrow(table, where={"run_id": run_id}, columns=list(columns))
+            for table, columns in GATED.items() if store.exists(table)}
+
+    def has(self, table: str) -> bool:
+        return table in self.tables
+
+    def count(self, table: str) -> int:
+        return self.tables[table].num_rows if table in self.tables else 0
+
+    def newest(self, table: str, column: str, data_ledgers: bool = False) -> int | None:
+        if table not in self.tables:
+            return None
+        rows = self.tables[table]
+        if data_ledgers:
+            keep = pc.and_kleene(pc.and_kleene(pc.equal(rows["component"], "managed-ledger"),
+                                               pc.is_null(rows["cursor"])), rows["is_pulsar"])
+            rows = rows.filter(keep)  # a null in the mask drops the row, as Spark's where does
+        value = pc.max(rows[column]).as_py() if rows.num_rows else None
+        return int(value) if value is not None else None
+
+    def unlisted_buckets(self) -> list[str]:
+        if "quarantine" not in self.tables:
+            return ["?"]
+        rows = self.tables["quarantine"]
+        return sorted(set(rows.filter(pc.equal(rows["error_kind"], LISTING_FAILED))["path"].to_pylist()))
+
+    def batch(self, context: Any, table: str) -> tuple[Any, Any]:
+        asset = context.data_sources.add_pandas("snapshot").add_dataframe_asset(table)
+        return asset.add_batch_definition_whole_dataframe("run"), self.tables[table].to_pandas()
+
+    def release(self) -> None:
+        self.tables.clear()
+
+
+def snapshot_liveness(rows: _SparkRows | _DriverRows, recorded: dict[str, int]) -> Liveness:
     """What the run's snapshot says about the metadata being live (see sweeper.liveness)."""
-    changes = [v for v in (_max(frames.get("managed_ledgers"), "zk_mtime_ms"),
-                           _max(frames.get("ml_cursors"), "zk_mtime_ms")) if v is not None]
-    bk = frames.get("bk_ledgers")
-    data_ledgers = None if bk is None else bk.where(
-        (F.col("component") == "managed-ledger") & F.col("cursor").isNull() & F.col("is_pulsar"))
+    changes = [v for v in (rows.newest("managed_ledgers", "zk_mtime_ms"), rows.newest("ml_cursors", "zk_mtime_ms"))
+               if v is not None]
     return Liveness(int(recorded.get("live_brokers", 0)), max(changes) if changes else None,
-                    _max(data_ledgers, "created_ms"))
+                    rows.newest("bk_ledgers", "created_ms", data_ledgers=True))
 
 
 def run_gates(store: TableStore, run_id: str, config: GatesConfig,
               brokers_path: str = "/loadbalance/brokers") -> GateResult:
-    import great_expectations as gx
-
     result = GateResult(run_id)
     good_runs = _runs(store)
     this = next((r for r in good_runs if r["run_id"] == run_id), None)
@@ -108,13 +193,24 @@ def run_gates(store: TableStore, run_id: str, config: GatesConfig,
         return result
     previous = [r for r in good_runs if r["started_at"] < this["started_at"]]
     recorded = this["counts"] or {}
-    frames: dict[str, DataFrame] = {}
-    for table in ("bk_ledgers", "managed_ledgers", "ml_ledgers", "ml_cursors", "schema_ledgers", "quarantine"):
-        frames[table] = store.read(table).where(F.col("run_id") == run_id) if store.exists(table) else None
+    # The engine is chosen by what the snapshot recorded, before anything is read.
+    on_driver = sum(int(recorded.get(table, 0)) for table in GATED) <= config.driver_rows
+    rows = _DriverRows(store, run_id) if on_driver else _SparkRows(store, run_id)
+    try:
+        _check(rows, result, recorded, previous, config, brokers_path)
+    finally:
+        rows.release()
+    return result
 
+
+def _check(rows: _SparkRows | _DriverRows, result: GateResult, recorded: dict[str, int],
+           previous: list[dict[str, Any]], config: GatesConfig, brokers_path: str) -> None:
+    import great_expectations as gx
+
+    run_id = result.run_id
     # A partial or mixed snapshot: what the tables hold for the run must be what the scan counted.
-    for table, frame in frames.items():
-        actual = frame.count() if frame is not None else 0
+    for table in GATED:
+        actual = rows.count(table)
         if actual != recorded.get(table, 0):
             result.failures.append(f"{table} holds {actual} rows for run {run_id}, the snapshot recorded "
                                    f"{recorded.get(table, 0)}: partial or mixed snapshot")
@@ -124,13 +220,11 @@ def run_gates(store: TableStore, run_id: str, config: GatesConfig,
         result.failures.append(f"{quarantined} znodes quarantined against {bk_count} ledgers: the scan is partial")
     unlisted = recorded.get("quarantine.offload_listing", 0)
     if unlisted and not config.allow_offload_listing_errors:
-        buckets = ", ".join(sorted(r["path"] for r in frames["quarantine"].where(
-            F.col("error_kind") == "listing_failed").select("path").distinct().collect())) if frames[
-            "quarantine"] is not None else "?"
+        buckets = ", ".join(rows.unlisted_buckets())
         result.failures.append(
             f"{unlisted} slice(s) of the offload buckets could not be listed ({buckets}): a partial listing "
             "cannot tell what tiered storage holds. Fix access, or set [gates] allow_offload_listing_errors = true")
-    result.failures += liveness_problems(snapshot_liveness(frames, recorded), brokers_path,
+    result.failures += liveness_problems(snapshot_liveness(rows, recorded), brokers_path,
                                          config.max_metadata_lag_minutes, config.require_live_brokers)
 
     from great_expectations.data_context.types.base import ProgressBarsConfig
@@ -139,10 +233,9 @@ def run_gates(store: TableStore, run_id: str, config: GatesConfig,
     for name in ("great_expectations", "great_expectations.data_context.types.base"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
-    pulsar_expected = bool(frames["bk_ledgers"] is not None and bk_count)
-    suites: list[tuple[str, DataFrame, list[Any]]] = []
-    for table in ("bk_ledgers", "managed_ledgers", "ml_ledgers", "ml_cursors", "schema_ledgers"):
-        frame = frames[table]
+    pulsar_expected = bool(rows.has("bk_ledgers") and bk_count)
+    suites: list[tuple[str, list[Any]]] = []
+    for table in VALIDATED:
         floor = 0
         if table == "bk_ledgers" and not config.allow_empty:
             floor = 1
@@ -151,31 +244,30 @@ def run_gates(store: TableStore, run_id: str, config: GatesConfig,
         if previous:
             before = (previous[-1]["counts"] or {}).get(table, 0)
             floor = max(floor, int(before * (1 - config.max_drop_fraction)))
-        if frame is None:
+        if not rows.has(table):
             if floor:
                 result.failures.append(f"{table} does not exist but at least {floor} rows were expected")
             continue
-        suites.append((table, frame, _expectations(table, floor)))
+        suites.append((table, _expectations(table, floor)))
 
-    def validate(table: str, frame: DataFrame, expectations: list[Any]) -> list[Any]:
+    def validate(table: str, expectations: list[Any]) -> list[Any]:
         # A context per table: the suites share nothing, so their Spark jobs can run side by side.
         context = gx.get_context(mode="ephemeral")
         context.variables.progress_bars = ProgressBarsConfig(globally=False)  # a scheduler's log is no terminal
         suite = context.suites.add(gx.ExpectationSuite(name=f"{table}-{run_id}"))
         for expectation in expectations:
             suite.add_expectation(expectation)
-        batch = context.data_sources.add_spark("snapshot").add_dataframe_asset(table)\
-            .add_batch_definition_whole_dataframe("run")
+        batch, data = rows.batch(context, table)
         validation = context.validation_definitions.add(
             gx.ValidationDefinition(name=f"{table}-{run_id}", data=batch, suite=suite))
-        return list(validation.run(batch_parameters={"dataframe": frame}).results)
+        return list(validation.run(batch_parameters={"dataframe": data}).results)
 
-    # Most of a validation's time is the latency of its many small Spark jobs, not work.
-    with ThreadPoolExecutor(max_workers=len(suites) or 1, thread_name_prefix="gates") as pool:
-        outcomes = [(table, pool.submit(validate, table, frame, expectations))
-                    for table, frame, expectations in suites]
+    # Most of a Spark validation's time is the latency of its many small jobs, not work; on the driver, threads
+    # gain nothing (pandas holds the GIL).
+    workers = len(suites) if isinstance(rows, _SparkRows) else 1
+    with ThreadPoolExecutor(max_workers=workers or 1, thread_name_prefix="gates") as pool:
+        outcomes = [(table, pool.submit(validate, table, expectations)) for table, expectations in suites]
         for table, outcome in outcomes:
             results = outcome.result()
             result.checked += len(results)
             result.failures += [f"{table}: {_describe(r)}" for r in results if not r.success]
-    return result

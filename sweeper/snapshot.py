@@ -53,6 +53,7 @@ from sweeper.spark import task_error
 from sweeper.system_topic import BrokerSettings, SystemTopicError, broker_partitions
 from sweeper.table_schemas import PEER_REFERENCES, SNAPSHOT_TABLES
 from sweeper.tables import TableStore
+from sweeper.vocabulary import LISTING_FAILED
 from sweeper.zk import client as zkutil
 from sweeper.zk.errors import ZooKeeperPermissionError, ZooKeeperSecurityError, ZooKeeperUnavailableError
 from sweeper.zk.reads import ChildrenRead, ZnodeRead
@@ -68,7 +69,6 @@ PACKED_SCHEMA = StructType([
     StructField("payload", BinaryType(), False),
 ])
 TASK_BK, TASK_ML, TASK_SCHEMA = "bk", "ml", "schema"
-LISTING_FAILED = "listing_failed"  # quarantine error_kind of an offload bucket slice that could not be listed
 BATCH_ROWS = 10_000
 # Packed rows that are no table's: what each scan task read and how long its rate limit held it back.
 STAT_READS, STAT_WAIT_MS = "zk_reads", "zk_wait_ms"

@@ -22,3 +22,7 @@ CANDIDATE = "candidate"
 
 # What a topic-level policy lookup found (the retention step's plan and the repair's lookups).
 RULED_OUT, NOT_SET, SET, UNREAD, NOT_USED, UNCHECKED = "ruled_out", "not_set", "set", "unread", "not_used", "unchecked"
+
+# A quarantine row's error_kind for an offload bucket slice that could not be listed (snapshot writes it; the gates
+# and reconcile read it).
+LISTING_FAILED = "listing_failed"

@@ -17,6 +17,7 @@ from sweeper.snapshot import run_snapshot
 from sweeper.table_schemas import BK_LEDGERS
 from sweeper.tables import open_table_store
 from tests.support.config import ZkTarget
+from tests.support.gates import gates_on_both_engines
 from tests.support.seeded import SeededSnapshotMaker, sandbox_config
 
 
@@ -24,7 +25,7 @@ def test_good_snapshot_passes_and_a_sharp_drop_fails(
     zk: KazooClient, seeded_snapshot: SeededSnapshotMaker, spark: SparkSession, live_broker: str
 ) -> None:
     _, cfg, store, first = seeded_snapshot(SandboxSpec(seed=8, topics=20))
-    good = run_gates(store, first, GatesConfig())
+    good = gates_on_both_engines(store, first, GatesConfig())
     assert good.passed, good.failures
     assert good.checked > 10
 
@@ -32,7 +33,7 @@ def test_good_snapshot_passes_and_a_sharp_drop_fails(
     zk.delete("/ledgers/00", recursive=True)
     zk.create("/ledgers/00/0000/L0001", b"BookieMetadataFormatVersion\t3\n\x00", makepath=True)
     second = run_snapshot(spark, cfg, store)
-    bad = run_gates(store, second.run_id, GatesConfig(max_drop_fraction=0.5))
+    bad = gates_on_both_engines(store, second.run_id, GatesConfig(max_drop_fraction=0.5))
     assert not bad.passed
     assert any("bk_ledgers" in f and "row_count" in f for f in bad.failures), bad.failures
     assert "row_count" in str(GateFailed(bad))
@@ -44,7 +45,7 @@ def test_empty_snapshot_fails(zk: KazooClient, zk_target: ZkTarget, spark: Spark
     cfg = sandbox_config(zk_target.hosts, tmp_path / "tables")
     store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
     result = run_snapshot(spark, cfg, store)
-    gate = run_gates(store, result.run_id, GatesConfig())
+    gate = gates_on_both_engines(store, result.run_id, GatesConfig())
     assert any("bk_ledgers" in f for f in gate.failures), gate.failures
     assert run_gates(store, result.run_id, GatesConfig(allow_empty=True, require_live_brokers=False)).passed
 
@@ -56,7 +57,7 @@ def test_mixed_or_tampered_snapshot_fails(
     # Rows of the run appended again by mistake: duplicates, and counts that no longer match.
     again = store.read("bk_ledgers").where(F.col("run_id") == run_id).limit(3)
     store.append("bk_ledgers", again, BK_LEDGERS)
-    gate = run_gates(store, run_id, GatesConfig())
+    gate = gates_on_both_engines(store, run_id, GatesConfig())
     assert any("partial or mixed" in f for f in gate.failures), gate.failures
     assert any("unique" in f for f in gate.failures), gate.failures
 
@@ -72,7 +73,7 @@ def test_metadata_with_no_live_broker_or_lagging_the_ledgers_is_refused(
     cfg = sandbox_config(zk_target.hosts, tmp_path / "tables")
     store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
     run = run_snapshot(spark, cfg, store)
-    gate = run_gates(store, run.run_id, GatesConfig())
+    gate = gates_on_both_engines(store, run.run_id, GatesConfig())
     assert [f for f in gate.failures if "/loadbalance/brokers" in f and "--allow-no-brokers" in f], gate.failures
     assert run_gates(store, run.run_id, GatesConfig(require_live_brokers=False)).passed
 
@@ -88,5 +89,5 @@ def test_metadata_with_no_live_broker_or_lagging_the_ledgers_is_refused(
     zk.create(ledger_path("/ledgers", newer.ledger_id, cluster.spec.layout), ledger_znode_data(newer),
               makepath=True)
     lagging = run_snapshot(spark, cfg, store)
-    gate = run_gates(store, lagging.run_id, GatesConfig(require_live_brokers=False))
+    gate = gates_on_both_engines(store, lagging.run_id, GatesConfig(require_live_brokers=False))
     assert [f for f in gate.failures if "max_metadata_lag_minutes" in f], gate.failures

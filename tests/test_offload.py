@@ -100,6 +100,7 @@ def test_a_bucket_listed_only_in_part_fails_the_gate_and_proves_no_delete_done(
     from sweeper.gates import run_gates
     from sweeper.reconcile import pending_delete_states, references, snapshot_frames
     from sweeper.table_schemas import PENDING_DELETES
+    from tests.support.gates import gates_on_both_engines
     from tests.support.s3_faults import S3FaultProxy
 
     cluster = build_cluster(SandboxSpec(seed=5, topics=50, offload_bucket="offload-p"))
@@ -116,7 +117,7 @@ def test_a_bucket_listed_only_in_part_fails_the_gate_and_proves_no_delete_done(
     rows = store.read("quarantine").where(f"run_id = '{run_id}' AND error_kind = 'listing_failed'").collect()
     assert [r["path"] for r in rows] == [f"s3://offload-p/{victim.key[0]}"]
 
-    gate = run_gates(store, run_id, BASE_CONFIG.gates)
+    gate = gates_on_both_engines(store, run_id, BASE_CONFIG.gates)
     assert [f for f in gate.failures if "could not be listed" in f and "offload-p" in f], gate.failures
     assert run_gates(store, run_id, BASE_CONFIG.replace(gates={"allow_offload_listing_errors": True}).gates).passed
 

@@ -1,0 +1,19 @@
+"""The data-quality gates on both of their engines: what a test checks, it checks on each."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sweeper.config import GatesConfig
+from sweeper.gates import GateResult, run_gates
+from sweeper.tables import TableStore
+
+
+def gates_on_both_engines(store: TableStore, run_id: str, config: GatesConfig) -> GateResult:
+    """The gates on the driver (a test's snapshot is small) and with Spark jobs (`driver_rows = 0`, as a large
+    snapshot is); the two must agree on every failure and on how many expectations ran."""
+    on_driver = run_gates(store, run_id, dataclasses.replace(config, driver_rows=10**9))
+    with_spark = run_gates(store, run_id, dataclasses.replace(config, driver_rows=0))
+    assert on_driver.failures == with_spark.failures, (on_driver.failures, with_spark.failures)
+    assert on_driver.checked == with_spark.checked
+    return on_driver
