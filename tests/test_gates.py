@@ -77,15 +77,25 @@ def test_metadata_with_no_live_broker_or_lagging_the_ledgers_is_refused(
     assert [f for f in gate.failures if "/loadbalance/brokers" in f and "--allow-no-brokers" in f], gate.failures
     assert run_gates(store, run.run_id, GatesConfig(require_live_brokers=False)).passed
 
-    # A data ledger three hours newer than any managed-ledger change: the brokers write elsewhere now.
+    # Only data ledgers measure the lag: a cursor's ledger or another application's ledger three hours newer than
+    # any managed-ledger change says nothing about where the brokers write (on both engines of the gates).
     from harness.sandbox.seed import ledger_znode_data
+    from sweeper.layout import ledger_path
 
     newest = max((x for x in cluster.ledgers.values() if x.custom.get("component") == b"managed-ledger"
                   and "pulsar/cursor" not in x.custom), key=lambda x: x.ledger_id)
-    newer = type(newest)(**{**newest.__dict__, "ledger_id": newest.ledger_id + 1000,
-                            "ctime_ms": cluster.spec.now_ms + 3 * 3_600_000})
-    from sweeper.layout import ledger_path
+    later = cluster.spec.now_ms + 3 * 3_600_000
+    for offset, custom in ((1000, {**newest.custom, "pulsar/cursor": b"sub"}), (1001, {"application": b"other"})):
+        other = type(newest)(**{**newest.__dict__, "ledger_id": newest.ledger_id + offset, "ctime_ms": later,
+                                "custom": custom})
+        zk.create(ledger_path("/ledgers", other.ledger_id, cluster.spec.layout), ledger_znode_data(other),
+                  makepath=True)
+    not_data = run_snapshot(spark, cfg, store)
+    gate = gates_on_both_engines(store, not_data.run_id, GatesConfig(require_live_brokers=False))
+    assert gate.passed, gate.failures
 
+    # A data ledger three hours newer than any managed-ledger change: the brokers write elsewhere now.
+    newer = type(newest)(**{**newest.__dict__, "ledger_id": newest.ledger_id + 1002, "ctime_ms": later})
     zk.create(ledger_path("/ledgers", newer.ledger_id, cluster.spec.layout), ledger_znode_data(newer),
               makepath=True)
     lagging = run_snapshot(spark, cfg, store)
