@@ -158,7 +158,7 @@ class GatesConfig:
     missing_reference_allowance: int = 10  # this many missing references never refuse a run, whatever the fraction
     # A snapshot of at most this many gated rows (ledgers, managed ledgers, cursors, schemas, quarantine) is
     # validated on the driver; a larger one with Spark jobs. The checks are the same either way.
-    driver_rows: int = 500_000
+    driver_rows: int = 1_000_000
 
 
 @dataclass(frozen=True)
