@@ -124,7 +124,8 @@ def test_delete_killed_at_random_points_leaves_every_deletion_on_record(
         proc = subprocess.Popen(
             [sys.executable, "-m", "sweeper.cli", "delete", "--execute", "--config", str(config_file),
              "--run-id", run_id],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=open(log, "ab"), start_new_session=True,  # noqa: SIM115
+            cwd=REPO, stdout=open(log.with_suffix(".out"), "ab"), stderr=open(log, "ab"),  # noqa: SIM115
+            start_new_session=True,
             env={**os.environ, **SHORT_LIVED_SPARK_ENV, "SWEEPER_LOG_FILE": str(tmp_path / "sweeper.log"),
                  FAILPOINT_BEFORE_OUTCOMES_ENV: "0.4"})
         if how is not None:
@@ -151,7 +152,9 @@ def test_delete_killed_at_random_points_leaves_every_deletion_on_record(
                     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the whole foreground group
                 else:
                     os.kill(proc.pid, signal.SIGKILL)
-        proc.communicate(timeout=240)
+        # The driver's own exit, not the end of its output: a Python worker of the stopped attempt that outlives it
+        # would hold a pipe open until the timeout (its process group is cleared below).
+        proc.wait(timeout=240)
         print(f"delete attempt {n} ({how.name if how else 'to the end'}): exit {proc.returncode} after "
               f"{time.monotonic() - begun:.1f} s, journal rows {before} -> {len(_journal_rows(Path(cfg.tables.root)))}",
               flush=True)
@@ -211,7 +214,8 @@ def _emit_stopped_then_finished(cfg: SweeperConfig, config_file: Path, run_id: s
         begun = time.monotonic()
         proc = subprocess.Popen(
             [sys.executable, "-m", "sweeper.cli", "emit", "--config", str(config_file), "--run-id", run_id],
-            cwd=REPO, stdout=subprocess.PIPE, stderr=open(log, "ab"), start_new_session=True,  # noqa: SIM115
+            cwd=REPO, stdout=open(log.with_suffix(".out"), "ab"), stderr=open(log, "ab"),  # noqa: SIM115
+            start_new_session=True,
             env={**os.environ, **SHORT_LIVED_SPARK_ENV, "SWEEPER_LOG_FILE": str(tmp_path / "emit.log"),
                  FAILPOINT_BEFORE_RECORDING_ENV: "0.5"})
         if how is not None:
@@ -228,7 +232,7 @@ def _emit_stopped_then_finished(cfg: SweeperConfig, config_file: Path, run_id: s
                     os.killpg(proc.pid, signal.SIGINT)
                 else:
                     os.kill(proc.pid, signal.SIGKILL)
-        proc.communicate(timeout=240)
+        proc.wait(timeout=240)
         print(f"emit attempt {n} ({how.name if how else 'to the end'}): exit {proc.returncode} after "
               f"{time.monotonic() - begun:.1f} s, intents {before} -> {len(journal('intent'))}", flush=True)
         if how is signal.SIGINT and proc.returncode != 0:
