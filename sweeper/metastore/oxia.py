@@ -163,6 +163,13 @@ def _wait_for_the_first_map_safely(service_discovery: Any) -> None:
                     if exc.code() != grpc.StatusCode.CANCELLED:
                         log.warning("Failed to get assignments: %s", exc)
                     backoff.wait_next()
+            except ValueError as exc:
+                # The client's close() closes its channels before it marks this object closed: the stream ends
+                # CANCELLED, and the next call on the closed channel raises this. Nothing is left to read then; any
+                # other ValueError still ends the thread loudly (a map it cannot apply must not pass unseen).
+                if self._closed or "Channel closed" in str(exc):
+                    return
+                raise
 
     discovery.__init__ = __init__
     discovery.get_assignments = get_assignments
