@@ -92,6 +92,11 @@ GATED: dict[str, tuple[str, ...]] = {
     "quarantine": ("path", "error_kind"),
 }
 VALIDATED = ("bk_ledgers", "managed_ledgers", "ml_ledgers", "ml_cursors", "schema_ledgers")
+# Only a topic's data ledgers measure the metadata lag. The broker tags them `application=pulsar`,
+# `component=managed-ledger` (LedgerMetadataUtils.buildBaseManagedLedgerMetadata); a cursor's ledger carries the
+# same plus `pulsar/cursor` (buildAdditionalMetadataForCursor), so a data ledger is one without a cursor. Both
+# engines below apply this one predicate, each in its own expression language.
+DATA_LEDGER_COMPONENT = "managed-ledger"
 
 
 class _SparkRows:
@@ -114,7 +119,7 @@ class _SparkRows:
             return None
         frame = self.frames[table]
         if data_ledgers:
-            frame = frame.where((F.col("component") == "managed-ledger") & F.col("cursor").isNull()
+            frame = frame.where((F.col("component") == DATA_LEDGER_COMPONENT) & F.col("cursor").isNull()
                                 & F.col("is_pulsar"))
         value = frame.agg(F.max(column)).first()[0]
         return int(value) if value is not None else None
@@ -155,7 +160,7 @@ class _DriverRows:
             return None
         rows = self.tables[table]
         if data_ledgers:
-            keep = pc.and_kleene(pc.and_kleene(pc.equal(rows["component"], "managed-ledger"),
+            keep = pc.and_kleene(pc.and_kleene(pc.equal(rows["component"], DATA_LEDGER_COMPONENT),
                                                pc.is_null(rows["cursor"])), rows["is_pulsar"])
             rows = rows.filter(keep)  # a null in the mask drops the row, as Spark's where does
         value = pc.max(rows[column]).as_py() if rows.num_rows else None
