@@ -426,11 +426,10 @@ def cmd_dlq(args: argparse.Namespace) -> int:
 
 def cmd_runs(args: argparse.Namespace) -> int:
     """The runs in the tables, newest first: read-only, no Spark."""
-    from sweeper import runs
-    from sweeper.console import read_store, render, run_summaries
+    from sweeper.console import read_store, render, run_rows, run_summaries
 
     store = read_store(_load_config(args))
-    summaries = run_summaries(runs.rows(store))
+    summaries = run_summaries(run_rows(store))  # with the attempts a kill left in the journals, not yet folded in
     if args.status:
         summaries = [r for r in summaries if r["status"] == args.status]
     shown = summaries[:args.limit] if args.limit else summaries

@@ -1,7 +1,14 @@
 """What the sweeper did, read back from its tables for an operator: `sweeper runs` and `sweeper show` (issue 23).
 
 Read-only, and without a Spark session: delta-rs reads the tables (whichever engine wrote them) on the
-driver. The summaries are plain functions over plain rows; `read_store` is the only I/O.
+driver. The summaries are plain functions over plain rows; `read_store` and the readers of `runs`, the tables
+and the journals are the only I/O.
+
+An attempt killed outright (SIGKILL, a lost node) is folded into `runs` and `delete_results` only by the next
+`delete --execute` (or emit) of its run, which needs the live store and the run lock. Until then these commands
+read its journal (issue 34 item 7): `runs` shows it `interrupted`, `show RUN deletes` lists its journalled
+outcomes and its intents without one, so "what did the sweeper delete?" never waits for another delete. A
+fold-in writes its rows before it closes the attempt: rows already written are left out, so nothing shows twice.
 """
 
 from __future__ import annotations
@@ -10,7 +17,7 @@ import csv
 import io
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -21,6 +28,14 @@ from sweeper.errors import UsageError
 from sweeper.tables.base import TableStore
 
 FORMATS = ("table", "json", "csv")
+
+# Where a `show RUN deletes` row comes from: a committed result, or the journal of an attempt not yet folded in.
+RECORDED_IN = "recorded_in"
+FROM_RESULTS, FROM_JOURNAL = "delete_results", "delete_journal"
+# An intent without an outcome: the delete may or may not have happened (the next fold-in re-reads the ledger).
+INTENDED = "intended"
+IN_FLIGHT = "in flight when the attempt stopped: unknown until the next delete --execute re-reads it"
+NOT_FOLDED = "not yet folded in: the next delete --execute records it"
 
 # The worst status of a run's stages is the run's status.
 _SEVERITY = {runs.SUCCEEDED: 0, runs.PARTIAL: 1, runs.REFUSED: 2, runs.FAILED: 3, runs.INTERRUPTED: 4}
@@ -67,6 +82,8 @@ VIEWS: dict[str, View] = {
 
 def read_store(config: SweeperConfig) -> TableStore:
     """The tables of `config`, read by delta-rs without Spark; a root with no tables is the operator's mistake."""
+    from sweeper.delete.journal import JOURNAL_TABLE as DELETE_JOURNAL
+    from sweeper.emit import JOURNAL_TABLE as EMIT_JOURNAL
     from sweeper.tables.delta_rs import DeltaRsTableStore
     from sweeper.tables.storage import TableStorage, delta_rs_options
 
@@ -75,7 +92,8 @@ def read_store(config: SweeperConfig) -> TableStore:
         raise UsageError(f"no tables at {config.tables.root}: point --tables (or [tables] root in --config) at "
                          "the sweeper's tables, or run `sweeper sweep` first")
     store = DeltaRsTableStore(config.tables.root, None, delta_rs_options(storage))  # type: ignore[arg-type]
-    if not store.exists(runs.TABLE):
+    # A first-ever delete killed outright leaves only its journal: that is something to show.
+    if not any(store.exists(table) for table in (runs.TABLE, DELETE_JOURNAL, EMIT_JOURNAL)):
         raise UsageError(f"no runs table under {config.tables.root}: nothing has run with these tables yet "
                          "(`sweeper sweep` writes them), or --tables names another directory")
     return store
@@ -144,6 +162,180 @@ def _deleted(counts: Mapping[str, Mapping[str, int]]) -> int | None:
     return None
 
 
+@dataclass(frozen=True)
+class UnfoldedAttempt:
+    """A `delete --execute` attempt with no `closed` row in its journal: it stopped (or is running now) and no
+    later attempt has folded it in. Its outcomes, one per record (a re-run Spark task may journal a record twice:
+    a `deleted` among them is the one kept, as the deletion happened), and its intents without an outcome."""
+
+    run_id: str
+    attempt_id: str
+    started: datetime
+    last: datetime
+    outcomes: tuple[dict[str, Any], ...]
+    in_flight: tuple[dict[str, Any], ...]
+
+
+def unfolded_delete_attempts(store: TableStore, run_id: str | None = None) -> list[UnfoldedAttempt]:
+    """The delete attempts (of `run_id`, or all) whose journal is not closed, oldest first."""
+    from sweeper.delete.journal import CLOSED, INTENT, JOURNAL_TABLE, OUTCOME
+    from sweeper.delete.results import DELETED
+
+    if not store.exists(JOURNAL_TABLE):
+        return []
+    where = {"run_id": run_id} if run_id is not None else None
+    # The phases per attempt first (a few columns), then the rows of the open attempts only: a journal holds two
+    # rows per record ever deleted, the open attempts a few chunks.
+    phases = store.aggregate_arrow(JOURNAL_TABLE, ["attempt_id", "phase"], [("run_id", "count")],
+                                   where=where).to_pylist()
+    closed = {r["attempt_id"] for r in phases if r["phase"] == CLOSED}
+    open_ids = sorted({r["attempt_id"] for r in phases} - closed)
+    if not open_ids:
+        return []
+    found = []
+    rows = store.read_arrow(JOURNAL_TABLE, where={"attempt_id": open_ids}).to_pylist()
+    for attempt_id in open_ids:
+        mine = sorted((r for r in rows if r["attempt_id"] == attempt_id), key=lambda r: r["at"])
+        outcomes: dict[str, dict[str, Any]] = {}
+        for row in mine:
+            if row["phase"] == OUTCOME and outcomes.get(row["record_key"], {}).get("outcome") != DELETED:
+                outcomes[row["record_key"]] = row
+        in_flight = {r["record_key"]: r for r in mine if r["phase"] == INTENT and r["record_key"] not in outcomes}
+        found.append(UnfoldedAttempt(mine[0]["run_id"], attempt_id, mine[0]["at"], mine[-1]["at"],
+                                     tuple(outcomes.values()), tuple(in_flight.values())))
+    return sorted(found, key=lambda a: a.started)
+
+
+def _recorded(attempt_row: Mapping[str, Any], run_rows: Sequence[Mapping[str, Any]], stage: str,
+              attempt_id: str) -> bool:
+    """Whether a fold-in already wrote the attempt's `interrupted` row (it was stopped before closing the
+    attempt): the fold-in starts the row at the attempt's first journal row and names the attempt."""
+    return any(r["run_id"] == attempt_row["run_id"] and r["stage"] == stage and r["status"] == runs.INTERRUPTED
+               and (r["started_at"] == attempt_row["at"] or attempt_id in (r["message"] or ""))
+               for r in run_rows)
+
+
+def unfolded_run_rows(store: TableStore, recorded: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """`runs`-shaped rows, `interrupted`, for the delete and emit attempts whose journal is open and that no
+    fold-in has recorded yet (`recorded`: the `runs` rows read). Shown, never written: the fold-in writes them."""
+    out = []
+    for attempt in unfolded_delete_attempts(store):
+        if _recorded({"run_id": attempt.run_id, "at": attempt.started}, recorded, "delete", attempt.attempt_id):
+            continue
+        by_outcome: dict[str, int] = {}
+        for row in attempt.outcomes:
+            by_outcome[row["outcome"]] = by_outcome.get(row["outcome"], 0) + 1
+        others = ", ".join(f"{n:,} {outcome}" for outcome, n in sorted(by_outcome.items()) if outcome != "deleted")
+        deleted = by_outcome.get("deleted", 0)
+        out.append(_interrupted_row(
+            attempt.run_id, "delete", attempt.started, attempt.last,
+            {**by_outcome, "deleted": deleted, "intended": len(attempt.in_flight), "execute": 1},
+            f"attempt {attempt.attempt_id} stopped before it finished (or is running now); {NOT_FOLDED}. Its "
+            f"journal records {plural(deleted, 'deletion')}{f' ({others})' if others else ''} and "
+            f"{plural(len(attempt.in_flight), 'intent')} without an outcome (unknown until then): "
+            f"`sweeper show {attempt.run_id} deletes` lists them"))
+    out += _unfolded_emits(store, recorded)
+    return out
+
+
+def _unfolded_emits(store: TableStore, recorded: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The emit attempts with a `started` row and no `closed` one, counted as `emit.fold_interrupted` counts them
+    (its `emitted` rows carry the attempt's start as `emitted_at`)."""
+    from sweeper.emit import CLOSED, INTENT, JOURNAL_TABLE, PUBLISHED, STARTED
+
+    if not store.exists(JOURNAL_TABLE):
+        return []
+    phases = store.aggregate_arrow(JOURNAL_TABLE, ["attempt_id", "phase"], [("run_id", "count")]).to_pylist()
+    closed = {r["attempt_id"] for r in phases if r["phase"] == CLOSED}
+    open_ids = sorted({r["attempt_id"] for r in phases if r["phase"] == STARTED} - closed)
+    if not open_ids:
+        return []
+    rows = store.read_arrow(JOURNAL_TABLE, where={"attempt_id": open_ids}).to_pylist()
+    run_ids = sorted({r["run_id"] for r in rows})
+    sent: list[dict[str, Any]] = []
+    if store.exists("emitted"):
+        sent = store.read_arrow("emitted", where={"run_id": run_ids},
+                                columns=["run_id", "emitted_at", "producer_name", "status"]).to_pylist()
+    out = []
+    for attempt_id in open_ids:
+        mine = [r for r in rows if r["attempt_id"] == attempt_id]
+        started = next(r for r in mine if r["phase"] == STARTED)
+        if _recorded(started, recorded, "emit", attempt_id):
+            continue
+        intents = [r for r in mine if r["phase"] == INTENT]
+        done = [r for r in sent if r["run_id"] == started["run_id"] and r["emitted_at"] == started["at"]]
+        unrecorded = [r for r in intents if r["producer_name"] not in {d["producer_name"] for d in done}]
+        may_be_sent = sum(int(r["records"] or 0) for r in unrecorded)
+        planned = int(started["records"] or 0)
+        out.append(_interrupted_row(
+            started["run_id"], "emit", started["at"], max(r["at"] for r in mine),
+            {"planned": planned, "recorded": len(done), "published": sum(r["status"] == PUBLISHED for r in done),
+             "producers_started": len(intents), "producers_unrecorded": len(unrecorded),
+             "may_be_on_topic_unrecorded": may_be_sent},
+            f"emit attempt {attempt_id} stopped before it finished (or is running now); not yet folded in: the next "
+            f"emit of the run records it. {len(done):,} of {planned:,} records recorded in emitted; "
+            f"{plural(len(unrecorded), 'producer')} ({plural(may_be_sent, 'record')}) may have sent without a record"))
+    return out
+
+
+def _interrupted_row(run_id: str, stage: str, started: datetime, last: datetime, counts: Mapping[str, int],
+                     message: str) -> dict[str, Any]:
+    return {"run_id": run_id, "stage": stage, "status": runs.INTERRUPTED, "started_at": started, "finished_at": last,
+            "duration_s": (last - started).total_seconds(), "counts": dict(counts), "config_hash": None,
+            "engine": None, "message": message}
+
+
+def run_rows(store: TableStore) -> list[dict[str, Any]]:
+    """The `runs` rows, and an `interrupted` row for each attempt whose journal no fold-in has recorded yet."""
+    recorded = runs.rows(store)
+    return recorded + unfolded_run_rows(store, recorded)
+
+
+def _journal_deletes(store: TableStore, run_id: str) -> list[dict[str, Any]]:
+    """`delete_results`-shaped rows for what the run's unfolded attempts journalled and `delete_results` does not
+    hold yet: each outcome as journalled (never re-decided here: the fold-in decides), each intent without an
+    outcome as `intended`."""
+    from sweeper.delete.results import FAILED
+    from sweeper.table_schemas import DELETE_RESULTS
+
+    # An attempt whose fold-in wrote its `interrupted` row has all its results written too (they come first).
+    recorded = runs.rows(store, run_id=run_id, stage="delete")
+    attempts = [a for a in unfolded_delete_attempts(store, run_id)
+                if not _recorded({"run_id": a.run_id, "at": a.started}, recorded, "delete", a.attempt_id)]
+    if not attempts:
+        return []
+    # What a fold-in (or the attempt's own driver, stopped between its commit and its close) already wrote: the
+    # fold-in itself skips a record with a result other than `failed`; a `failed` of the same attempt count is
+    # the same outcome.
+    written: list[dict[str, Any]] = []
+    if store.exists("delete_results"):
+        written = store.read_arrow("delete_results", where={"run_id": run_id, "dry_run": False},
+                                   columns=["record_key", "outcome", "attempt"]).to_pylist()
+    final = {r["record_key"] for r in written if r["outcome"] != FAILED}
+    failed = {(r["record_key"], r["attempt"]) for r in written if r["outcome"] == FAILED}
+    names = DELETE_RESULTS.fieldNames()
+    out = []
+    for attempt in attempts:
+        mark = f"journal of attempt {attempt.attempt_id}, {NOT_FOLDED}"
+        for row in attempt.outcomes:
+            key = row["record_key"]
+            if key in final or (row["outcome"] == FAILED and (key, row["attempt"]) in failed):
+                continue
+            out.append(_as_result(names, row, row["outcome"], f"{mark}: {row['detail']}" if row["detail"] else mark))
+        for row in attempt.in_flight:
+            if row["record_key"] not in final:
+                out.append(_as_result(names, row, INTENDED, f"{IN_FLIGHT} ({mark})"))
+    return out
+
+
+def _as_result(names: Sequence[str], row: Mapping[str, Any], outcome: str, detail: str) -> dict[str, Any]:
+    values = {"run_id": row["run_id"], "origin_run_id": row.get("origin_run_id"), "finished_at": row["at"],
+              "record_key": row["record_key"], "ledger_id": row.get("ledger_id"), "ledger_type": row.get("ledger_type"),
+              "outcome": outcome, "detail": detail, "attempt": row.get("attempt"), "zk_path": row.get("zk_path"),
+              "zk_version": row.get("zk_version"), "s3_keys": [], "dry_run": False, "source": row.get("source")}
+    return {**{name: values.get(name) for name in names}, RECORDED_IN: FROM_JOURNAL}
+
+
 def show_rows(store: TableStore, run_id: str, view_name: str, filters: Mapping[str, str | None],
               limit: int | None) -> tuple[list[dict[str, Any]], View]:
     """The view's rows of `run_id` matching `filters` (exact values), in the view's order, at most `limit`."""
@@ -156,12 +348,19 @@ def show_rows(store: TableStore, run_id: str, view_name: str, filters: Mapping[s
             raise UsageError(f"`show {view_name}` has no --{name} filter (it has: "
                              f"{', '.join('--' + f for f in sorted(view.filters)) or 'none'})")
         where[view.filters[name]] = value
-    if not runs.rows(store, run_id=run_id) and not (store.exists(view.table) and store.read_arrow(
-            view.table, where={view.run_column: run_id}, columns=[view.run_column]).num_rows):
+    # What the run's unfolded delete attempts journalled: listed until the next delete --execute folds it in.
+    journal = _journal_deletes(store, run_id) if view.table == "delete_results" else []
+    if not journal and not runs.rows(store, run_id=run_id) and not (store.exists(view.table) and store.read_arrow(
+            view.table, where={view.run_column: run_id}, columns=[view.run_column]).num_rows) \
+            and not unfolded_delete_attempts(store, run_id):
         raise UsageError(f"no run {run_id} in {store.root}: `sweeper runs` lists the runs there")
-    if not store.exists(view.table):
-        return [], view
-    found = store.read_arrow(view.table, where=where).to_pylist()
+    found = store.read_arrow(view.table, where=where).to_pylist() if store.exists(view.table) else []
+    if view.table == "delete_results":
+        # Every row says where it is recorded, so a script reading json or csv sees one shape either way.
+        found = [{**r, RECORDED_IN: FROM_RESULTS} for r in found]
+        found += [r for r in journal if all(r.get(column) == value for column, value in where.items())]
+        if journal:
+            view = replace(view, columns=(*view.columns, RECORDED_IN))
     found.sort(key=lambda r: (r.get(view.order) is None, r.get(view.order)))
     return (found[:limit] if limit else found), view
 

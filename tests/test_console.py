@@ -133,3 +133,145 @@ def test_a_bad_or_empty_operator_list_is_exit_2_before_spark_starts(
     assert main(["delete", "--from-json", str(listed), "--execute", "--tables", str(tmp_path / "t")]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert says in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def _show(argv: list[str], capsys: pytest.CaptureFixture[str]) -> list[dict]:
+    assert main([*argv, "--format", "json"]) == EXIT_OK
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+def _run(tables: str, run_id: str, capsys: pytest.CaptureFixture[str], *flags: str) -> dict:
+    [run] = [r for r in _show(["runs", "--tables", tables, "--limit", "0", *flags], capsys) if r["run_id"] == run_id]
+    return run
+
+
+def test_a_killed_delete_is_shown_from_its_journal_until_folded_in_and_never_twice(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 34 item 7: a `delete --execute` killed outright (SIGKILL, a lost node) left only its journal; `runs` and
+    `show RUN deletes` read it before the next delete folds it in, and after that fold-in (whole, or stopped before
+    it closed the attempt) show nothing twice. Real Delta tables, written with the real `Journal`."""
+    from deltalake import DeltaTable
+
+    from sweeper.delete.journal import JOURNAL_TABLE, open_journal, resolve_interrupted
+    from sweeper.delete.records import PendingRecord
+    from sweeper.delete.results import DeleteResult
+    from sweeper.layout import LedgerLayout, ledger_path
+
+    tables = str(_tables(tmp_path))
+    store = DeltaRsTableStore(tables, None)  # type: ignore[arg-type]
+    cfg = SweeperConfig()
+    for stage, minutes in (("snapshot", 0), ("reconcile", 2), ("emit", 3)):
+        runs.record(store, "night-3", stage, runs.SUCCEEDED, T0 + timedelta(days=2, minutes=minutes), {}, cfg)
+    layout = LedgerLayout.HIERARCHICAL
+    path = {i: ledger_path("/ledgers", i, layout) for i in range(1, 6)}
+
+    def item(ledger: int) -> tuple[PendingRecord, dict[str, object]]:
+        return PendingRecord(f"LEDGER/{ledger}/k", "emitted", "night-3", 0, b""), {"ledgerId": ledger,
+                                                                                   "ledgerType": "LEDGER"}
+
+    def result(ledger: int, outcome: str, detail: str = "") -> tuple[PendingRecord, DeleteResult]:
+        return item(ledger)[0], DeleteResult(ledger, "LEDGER", None, None, outcome, detail, zk_path=path[ledger])
+
+    killed = open_journal(store, "night-3", "/ledgers", layout)
+    killed.intents([item(i) for i in range(1, 6)])
+    killed.outcomes([result(1, "deleted"), result(2, "deleted"), result(3, "in_use", "a cursor references it"),
+                     result(4, "failed", "delete not confirmed: ConnectionLoss")])
+    # Killed here: ledger 5's intent has no outcome.
+
+    # `runs`: the attempt is interrupted, with the journal's deletions, before any other delete ran.
+    run = _run(tables, "night-3", capsys)
+    assert run["status"] == "interrupted" and run["deleted"] == 2 and run["mode"] == "executed"
+    assert "delete:interrupted" in run["stages"].split()
+    assert "not yet folded in: the next delete --execute records it" in run["message"]
+    assert "2 deletions (1 failed, 1 in_use) and 1 intent without an outcome" in run["message"]
+    assert _run(tables, "night-3", capsys, "--status", "interrupted")["run_id"] == "night-3"
+    assert "night-3" not in {r["run_id"] for r in _show(["runs", "--tables", tables, "--status", "succeeded"], capsys)}
+    assert main(["runs", "--tables", tables]) == EXIT_OK
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("night-3"))
+    assert line.split()[4:6] == ["interrupted", "executed"]  # after the start's date and time, and the duration
+
+    # `show RUN deletes`: each journalled outcome as it is, the intent without one as `intended`.
+    shown = _show(["show", "night-3", "deletes", "--tables", tables, "--limit", "0"], capsys)
+    by_ledger = {r["ledger_id"]: r for r in shown}
+    assert len(shown) == len(by_ledger) == 5
+    assert {i: r["outcome"] for i, r in by_ledger.items()} == {1: "deleted", 2: "deleted", 3: "in_use", 4: "failed",
+                                                               5: "intended"}
+    assert {r["recorded_in"] for r in shown} == {"delete_journal"}
+    assert by_ledger[4]["detail"].endswith("delete not confirmed: ConnectionLoss")
+    assert by_ledger[5]["detail"].startswith("in flight when the attempt stopped: unknown until the next delete")
+    assert all(killed.attempt_id in r["detail"] and r["zk_path"] == path[r["ledger_id"]] for r in shown)
+    assert [r["ledger_id"] for r in _show(["show", "night-3", "deletes", "--tables", tables, "--status", "deleted"],
+                                          capsys)] == [1, 2]
+    assert [r["ledger_id"] for r in _show(["show", "night-3", "deletes", "--tables", tables, "--reason", "intended"],
+                                          capsys)] == [5]
+    assert len(_show(["show", "night-3", "deletes", "--tables", tables, "--limit", "3"], capsys)) == 3
+    assert main(["show", "night-3", "deletes", "--tables", tables, "--format", "csv", "--limit", "0"]) == EXIT_OK
+    csv_lines = capsys.readouterr().out.splitlines()
+    assert csv_lines[0].startswith("run_id,origin_run_id,finished_at") and csv_lines[0].endswith(",recorded_in")
+    assert len(csv_lines) == 6 and sum(",intended," in line for line in csv_lines) == 1
+    assert main(["show", "night-3", "deletes", "--tables", tables, "--limit", "0"]) == EXIT_OK
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[-1] == "recorded_in" and sum(" intended " in line for line in table) == 1
+    assert "5 deletes rows of run night-3" in table[-1]
+    # A run with no unfolded attempt keeps its rows and gains only where they are recorded.
+    assert {r["recorded_in"] for r in _show(["show", "night-1", "deletes", "--tables", tables], capsys)} == \
+        {"delete_results"}
+
+    # The next delete folds it in (ledger 5's znode is gone: deleted by the killed attempt). Then each record once,
+    # from delete_results, and one `interrupted` row.
+    def folded_once() -> None:
+        shown = _show(["show", "night-3", "deletes", "--tables", tables, "--limit", "0"], capsys)
+        assert sorted(r["ledger_id"] for r in shown) == [1, 2, 3, 5], shown  # the failed one is for the retry
+        assert {r["recorded_in"] for r in shown} == {"delete_results"}
+        assert {r["ledger_id"] for r in shown if r["outcome"] == "deleted"} == {1, 2, 5}
+        run = _run(tables, "night-3", capsys)
+        assert run["stages"].split().count("delete:interrupted") == 1 and run["deleted"] == 3
+        assert "not yet folded in" not in run["message"]
+
+    resolve_interrupted(store, lambda p: p != path[5], "the next attempt")
+    folded_once()
+    # A fold-in stopped after writing its rows and before closing the attempt: still nothing twice.
+    DeltaTable(store.path(JOURNAL_TABLE)).delete("phase = 'closed'")
+    folded_once()
+    # Stopped earlier, after its delete_results and before its `runs` row: the journal fills in only what the
+    # results lack (the failed delete, which only a fold-in's re-read settles).
+    DeltaTable(store.path("runs")).delete("run_id = 'night-3' AND stage = 'delete'")
+    shown = _show(["show", "night-3", "deletes", "--tables", tables, "--limit", "0"], capsys)
+    assert sorted((r["ledger_id"], r["recorded_in"]) for r in shown) == [
+        (1, "delete_results"), (2, "delete_results"), (3, "delete_results"), (4, "delete_journal"),
+        (5, "delete_results")]
+    assert _run(tables, "night-3", capsys)["stages"].split().count("delete:interrupted") == 1
+
+
+def test_a_killed_emit_is_shown_from_its_journal_until_the_next_emit(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`sweeper runs` shows an emit killed outright as `interrupted` before the next emit records it, then once."""
+    from sweeper.emit import JOURNAL_TABLE, EmitJournal, fold_interrupted
+    from sweeper.table_schemas import EMIT_JOURNAL, EMITTED
+
+    tables = str(_tables(tmp_path))
+    store = DeltaRsTableStore(tables, None)  # type: ignore[arg-type]
+    for stage, minutes in (("snapshot", 0), ("reconcile", 2)):
+        runs.record(store, "night-4", stage, runs.SUCCEEDED, T0 + timedelta(days=3, minutes=minutes), {},
+                    SweeperConfig())
+    at = T0 + timedelta(days=3, minutes=5)
+    journal = EmitJournal(store.task_appender(JOURNAL_TABLE, EMIT_JOURNAL), "night-4", at.isoformat(), at)
+    journal.started(6)
+    journal.intent(0, "night-4-p0-0", 0, 2, 3)
+    journal.intent(1, "night-4-p1-0", 0, 2, 3)
+    store.append_rows("emitted", [
+        {"run_id": "night-4", "emitted_at": at, "record_key": f"L{i}", "ledger_id": i, "ledger_type": "LEDGER",
+         "component": "MANAGED_LEDGER", "topic_name": None, "topic_partition": 0, "producer_name": "night-4-p0-0",
+         "sequence_id": i, "message_id": f"1:{i}:-1", "status": "published", "payload": b"x"} for i in range(3)],
+        EMITTED)
+    # Killed here: producer p1-0 may have sent 3 records that `emitted` does not hold.
+
+    run = _run(tables, "night-4", capsys)
+    assert run["status"] == "interrupted" and run["published"] == 3 and "emit:interrupted" in run["stages"].split()
+    assert "not yet folded in: the next emit of the run records it" in run["message"]
+    assert "3 of 6 records recorded in emitted; 1 producer (3 records) may have sent without a record" in \
+        run["message"]
+
+    assert fold_interrupted(store, "night-4", by="the next emit") == 1
+    run = _run(tables, "night-4", capsys)
+    assert run["stages"].split().count("emit:interrupted") == 1 and "not yet folded in" not in run["message"]
