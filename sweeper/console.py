@@ -218,6 +218,8 @@ def _recorded(attempt_row: Mapping[str, Any], run_rows: Sequence[Mapping[str, An
 def unfolded_run_rows(store: TableStore, recorded: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """`runs`-shaped rows, `interrupted`, for the delete and emit attempts whose journal is open and that no
     fold-in has recorded yet (`recorded`: the `runs` rows read). Shown, never written: the fold-in writes them."""
+    from sweeper.delete.results import DELETED
+
     out = []
     for attempt in unfolded_delete_attempts(store):
         if _recorded({"run_id": attempt.run_id, "at": attempt.started}, recorded, "delete", attempt.attempt_id):
@@ -225,11 +227,11 @@ def unfolded_run_rows(store: TableStore, recorded: Sequence[Mapping[str, Any]]) 
         by_outcome: dict[str, int] = {}
         for row in attempt.outcomes:
             by_outcome[row["outcome"]] = by_outcome.get(row["outcome"], 0) + 1
-        others = ", ".join(f"{n:,} {outcome}" for outcome, n in sorted(by_outcome.items()) if outcome != "deleted")
-        deleted = by_outcome.get("deleted", 0)
+        others = ", ".join(f"{n:,} {outcome}" for outcome, n in sorted(by_outcome.items()) if outcome != DELETED)
+        deleted = by_outcome.get(DELETED, 0)
         out.append(_interrupted_row(
             attempt.run_id, "delete", attempt.started, attempt.last,
-            {**by_outcome, "deleted": deleted, "intended": len(attempt.in_flight), "execute": 1},
+            {**by_outcome, DELETED: deleted, INTENDED: len(attempt.in_flight), "execute": 1},
             f"attempt {attempt.attempt_id} stopped before it finished (or is running now); {NOT_FOLDED}. Its "
             f"journal records {plural(deleted, 'deletion')}{f' ({others})' if others else ''} and "
             f"{plural(len(attempt.in_flight), 'intent')} without an outcome (unknown until then): "
