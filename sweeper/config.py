@@ -142,6 +142,11 @@ class SafetyConfig:
     # A PIP-454 migration flag in its own target store saying PREPARATION or COPYING may be the copy the migration
     # made of it: true confirms that the source's flag says COMPLETED (sweeper.metastore.migration).
     acknowledge_migration_completed: bool = False
+    # The store that migration copied from, in broker.conf's metadataStoreUrl spelling ("zk:zk1:2181/chroot"),
+    # reached with [pulsar]'s access settings; required with acknowledge_migration_completed, which holds only
+    # while this store's flag reads COMPLETED with a targetUrl naming [pulsar]'s store (a FAILED migration leaves
+    # the target a partial copy).
+    migration_source_store: str = ""
 
 
 @dataclass(frozen=True)
@@ -393,6 +398,12 @@ def resolve_store_urls(config: SweeperConfig) -> SweeperConfig:
         pulsar = dataclasses.replace(pulsar, configuration_store=hosts)
     for peer in config.safety.peer_metadata:
         parsed("[safety] peer_metadata", parse_pulsar_store_url, peer)  # checked here rather than at use
+    if config.safety.migration_source_store:
+        parsed("[safety] migration_source_store", parse_pulsar_store_url, config.safety.migration_source_store)
+    elif config.safety.acknowledge_migration_completed:
+        raise ConfigError("[safety] acknowledge_migration_completed = true needs [safety] migration_source_store: "
+                          "the store the PIP-454 migration copied from (broker.conf's old metadataStoreUrl), whose "
+                          "flag must read COMPLETED")
     return dataclasses.replace(config, bookkeeper=bookkeeper, pulsar=pulsar)
 
 

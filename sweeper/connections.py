@@ -120,6 +120,9 @@ class Connections:
     brokers_path: str  # where this cluster's brokers register (liveness, and the hosts a redirect may reach)
     s3_endpoint_override: str
     system_topic: SystemTopicConfig
+    # [safety] migration_source_store, reached with [pulsar]'s access settings: its PIP-454 flag must read COMPLETED
+    # for [safety] acknowledge_migration_completed to hold (sweeper.metastore.migration)
+    migration_source: MetadataEndpoint | None = None
 
     @classmethod
     def from_config(cls, config: SweeperConfig) -> Connections:
@@ -137,6 +140,8 @@ class Connections:
             brokers_path=config.pulsar.brokers_path,
             s3_endpoint_override=config.offload.endpoint_override,
             system_topic=config.system_topic,
+            migration_source=endpoint_of(parse_pulsar_store_url(config.safety.migration_source_store), timeout,
+                                         access) if config.safety.migration_source_store else None,
         )
 
     @property

@@ -38,7 +38,7 @@ from sweeper.config import (
 from sweeper.connections import Connections, MetadataEndpoint
 from sweeper.errors import Refused, RunIdTaken
 from sweeper.liveness import ClockReading, clock_problem, live_brokers, probe_clock
-from sweeper.metastore.migration import check_migration
+from sweeper.metastore.migration import check_stores
 from sweeper.metastore.urls import StoreUrl
 from sweeper.offload import S3Target, list_offload_objects, listing_units, s3_client
 from sweeper.ratelimit import TokenBucket
@@ -342,9 +342,9 @@ class SnapshotPlan:
 def plan_tasks(settings: SnapshotSettings) -> SnapshotPlan:
     connections = settings.connections
     # A store PIP-454 migrated away from is a stale copy: refused before anything is read (issue 24).
-    with connections.pulsar.session() as pulsar_client:
-        check_migration(pulsar_client, settings.pulsar_store, deleting=False,
-                        acknowledged_completed=settings.safety.acknowledge_migration_completed)
+    check_stores(connections.pulsar, settings.pulsar_store, deleting=False,
+                 acknowledged_completed=settings.safety.acknowledge_migration_completed,
+                 source=connections.migration_source)
     bk_client = connections.bookkeeper.connect()
     try:
         root = settings.bookkeeper.ledgers_root

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sweeper.config import ConfigError
+from sweeper.connections import Connections, ZooKeeperEndpoint
 from sweeper.metastore.migration import (
     COMPLETED,
     COPYING,
@@ -14,6 +15,7 @@ from sweeper.metastore.migration import (
     PREPARATION,
     MigrationRefused,
     MigrationState,
+    acknowledgement_refusal,
     migration_refusal,
     parse_migration_flag,
 )
@@ -25,6 +27,7 @@ from sweeper.metastore.urls import (
     parse_bookkeeper_service_uri,
     parse_pulsar_store_url,
 )
+from sweeper.zk.security import pulsar_security
 from tests.support.config import BASE_CONFIG
 
 BASE = BASE_CONFIG.replace(offload={"enabled": False})
@@ -103,3 +106,40 @@ def test_the_flag_as_the_coordinator_writes_it_and_nothing_else() -> None:
     for bad in (b"not json", b'{"phase":"ROLLING_BACK"}', b'["COPYING"]', b'{"phase":"COPYING","targetUrl":3}'):
         with pytest.raises(MigrationRefused):
             parse_migration_flag(bad)
+
+
+THIS = StoreUrl(OXIA, "oxia1:6648", "default")  # the migration's target, which the sweeper is pointed at
+SOURCE_NAME = "zk1:2181"
+
+
+@pytest.mark.parametrize(("source_state", "why"), [
+    (MigrationState(COMPLETED, TARGET_URL), None),
+    (MigrationState(FAILED, TARGET_URL), "partial copy"),  # DualMetadataStore went back to the source
+    (MigrationState(COPYING, TARGET_URL), "not complete"),
+    (MigrationState(PREPARATION, TARGET_URL), "not complete"),
+    (MigrationState(), "shows no migration"),  # a failed migration's flag cleared for another try
+    (MigrationState(COMPLETED, "oxia://elsewhere:6648/default"), "not to"),
+    (MigrationState(COMPLETED), "not to"),
+    (None, "needs [safety] migration_source_store"),
+])
+def test_the_completion_acknowledgement_holds_only_while_the_source_reads_completed_to_this_store(
+        source_state: MigrationState | None, why: str | None) -> None:
+    refusal = acknowledgement_refusal(source_state, SOURCE_NAME, THIS)
+    if why is None:
+        assert refusal is None
+    else:
+        assert refusal is not None and why in refusal
+        if source_state is not None:
+            assert SOURCE_NAME in refusal
+
+
+def test_the_source_store_is_required_with_the_acknowledgement_and_spelled_as_pulsar_does() -> None:
+    with pytest.raises(ConfigError, match=r"acknowledge_migration_completed = true needs \[safety\] "
+                                          "migration_source_store"):
+        BASE.replace(safety={"acknowledge_migration_completed": True})
+    with pytest.raises(ConfigError, match=r"\[safety\] migration_source_store: 'zk://zk1:2181'"):
+        BASE.replace(safety={"acknowledge_migration_completed": True, "migration_source_store": "zk://zk1:2181"})
+    cfg = BASE.replace(safety={"acknowledge_migration_completed": True, "migration_source_store": "zk:zk1:2181/p"})
+    assert Connections.from_config(cfg).migration_source == ZooKeeperEndpoint(
+        "zk1:2181/p", cfg.bookkeeper.session_timeout_s, pulsar_security(cfg))
+    assert Connections.from_config(BASE).migration_source is None

@@ -56,7 +56,13 @@ from sweeper.delete.zk_executor import LedgerDeleter, OffloadCheck
 from sweeper.errors import Refused
 from sweeper.layout import LedgerLayout, ledger_path
 from sweeper.liveness import clock_problem, live_brokers
-from sweeper.metastore.migration import check_migration
+from sweeper.metastore.migration import (
+    MIGRATION_NOT_ATTEMPTED,
+    MigrationGuard,
+    MigrationRefused,
+    MigrationWatch,
+    check_stores,
+)
 from sweeper.metastore.urls import StoreUrl
 from sweeper.names import managed_ledger_for_topic, topic_for_managed_ledger
 from sweeper.offload import S3Target, object_metadata, s3_client
@@ -106,6 +112,8 @@ class DeleteTarget:
     offload_enabled: bool = False  # [offload] enabled: offloaded copies can be checked before a BookKeeper delete
     journal: Journal | None = None  # with execute: intents and outcomes, committed by the tasks chunk by chunk
     never_seen: frozenset[int] = frozenset()  # operator-listed ids no snapshot lists: `not_found` when gone
+    # With execute: PIP-454's flag, re-read by each task before every executor call (sweeper.metastore.migration)
+    migration: MigrationGuard | None = None
 
 
 @dataclass(frozen=True)
@@ -362,9 +370,15 @@ def _paced(items: list[Any], per_second: float) -> Iterator[list[Any]]:
 
 
 def _run_records(fn: Any, pairs: list[tuple[PendingRecord, dict[str, Any]]], target: DeleteTarget,
-                 rng: random.Random) -> list[tuple[PendingRecord, DeleteResult]]:
+                 rng: random.Random, watch: MigrationWatch | None = None) -> list[tuple[PendingRecord, DeleteResult]]:
     out: list[tuple[PendingRecord, DeleteResult]] = []
+    if watch is not None:
+        fn = _unless_migrating(fn, watch)
+    started = 0
     for part in _paced(pairs, target.deletes_per_second):
+        if watch is not None and watch.stop():
+            break  # a migration began: what is left is on record below, never deleted, never journalled
+        started += len(part)
         if target.journal is not None:
             target.journal.intents(part)  # on record before any of them can be deleted
         results = run_with_retries(fn, [r for _, r in part], target.policy, rng=rng)
@@ -376,7 +390,27 @@ def _run_records(fn: Any, pairs: list[tuple[PendingRecord, dict[str, Any]]], tar
             _failpoint_before_outcomes()
             target.journal.outcomes(done)
         out += done
+    if watch is not None and watch.detail is not None:
+        for item, record in pairs[started:]:
+            result = _left_alone(record, watch)
+            result.attempt += item.attempts_before
+            out.append((item, result))
     return out
+
+
+def _left_alone(record: Mapping[str, Any], watch: MigrationWatch) -> DeleteResult:
+    return result_for(record, FAILED, watch.detail or "", error=watch.error)
+
+
+def _unless_migrating(fn: Any, watch: MigrationWatch) -> Any:
+    """`fn`, called only while PIP-454's flag allows deleting: read again before each call, so an in-task retry
+    round after a back-off deletes nothing once a migration began."""
+    def call(records: list[Mapping[str, Any]]) -> list[DeleteResult]:
+        if watch.stop():
+            return [_left_alone(record, watch) for record in records]
+        return fn(records)
+
+    return call
 
 
 # A test failpoint: seconds to wait between a chunk's deletes and the commit of their outcomes, so a kill test
@@ -431,6 +465,8 @@ def delete_partition(items: Iterator[list[PendingRecord]], target: DeleteTarget)
             decoded.append((item, record))
     rng = random.Random(hash(items[0].record_key))
     client = _store_for_the_task(target)
+    # Pulsar's store is `client` itself, or behind it (SplitStore sends the flag's path to Pulsar's namespace).
+    watch = target.migration.watch(client) if target.migration is not None else None
     reader: Any = None
     peer_clients: list[Any] = []
     try:
@@ -458,7 +494,7 @@ def delete_partition(items: Iterator[list[PendingRecord]], target: DeleteTarget)
                 now_ms=target.now_ms, execute=target.execute, batch_size=target.batch_size,
                 op_timeout_s=target.op_timeout_s, reader=reader, shadows=dict(target.shadows), rules=rules,
                 peers=peers, offload_check=offload_checker(target), never_seen=target.never_seen)
-            finished += _run_records(deleter.process, ledgers, target, rng)
+            finished += _run_records(deleter.process, ledgers, target, rng, watch)
         by_bucket: dict[str, list[tuple[PendingRecord, dict[str, Any]]]] = {}
         for item, record in objects:
             by_bucket.setdefault((record.get("offloadContext") or {}).get("bucket") or "", []).append((item, record))
@@ -471,7 +507,7 @@ def delete_partition(items: Iterator[list[PendingRecord]], target: DeleteTarget)
                                             execute=target.execute, op_timeout_s=target.op_timeout_s,
                                             shadows=dict(target.shadows), local_cluster=target.local_cluster,
                                             min_age_ms=target.min_age_ms, now_ms=target.now_ms, rules=target.rules)
-            finished += _run_records(objects_deleter.process, pairs, target, rng)
+            finished += _run_records(objects_deleter.process, pairs, target, rng, watch)
     finally:
         if reader is not None:
             reader.close()
@@ -582,9 +618,9 @@ def run(spark: SparkSession, store: TableStore, run_id: str, settings: DeleteSet
     try:
         # PIP-454: no delete while a migration copies the store, none on a store migrated away from (issue 24);
         # checked before anything else is read.
-        with connections.pulsar.session() as pulsar_store:
-            check_migration(pulsar_store, settings.pulsar_store, deleting=execute,
-                            acknowledged_completed=settings.safety.acknowledge_migration_completed)
+        check_stores(connections.pulsar, settings.pulsar_store, deleting=execute,
+                     acknowledged_completed=settings.safety.acknowledge_migration_completed,
+                     source=connections.migration_source)
         layout = read_layout(client, settings.bookkeeper.ledgers_root, settings.bookkeeper.writes_layout_record)
         if from_topic:
             drain = TopicDrain(settings.system_topic, connections.broker(), d.subscription, d.max_deletes_per_run)
@@ -675,7 +711,9 @@ def run(spark: SparkSession, store: TableStore, run_id: str, settings: DeleteSet
             local_cluster=settings.pulsar.cluster_name, rules=acting_rules(settings),
             peers=connections.peers,
             offload_enabled=settings.offload.enabled, journal=journal,
-            never_seen=never_seen)
+            never_seen=never_seen,
+            migration=MigrationGuard(settings.pulsar_store, settings.safety.acknowledge_migration_completed,
+                                     d.op_timeout_s) if execute else None)
         rows: list[TaskRow] = []
         if inputs:
             parts = _partitions(spark, settings, len(inputs))
@@ -693,6 +731,7 @@ def run(spark: SparkSession, store: TableStore, run_id: str, settings: DeleteSet
             # Committed first, so every outcome is on record; then the run stops as refused (exit 3).
             raise DeleteRefused(f"{refused[0]}; {len(refused)} record(s) not done wait in the retry queue: grant the "
                                 "permission and run again")
+        _refuse_if_migrating(result, settings, bool(rows))
         if drain is not None and execute:
             # Committed: every record has its final result or sits in the retry queue.
             result.counts = result.counts.with_counts(acknowledged=drain.acknowledge())
@@ -705,6 +744,23 @@ def run(spark: SparkSession, store: TableStore, run_id: str, settings: DeleteSet
     result.guards = guards
     result.duration_s = time.monotonic() - t0
     return result
+
+
+def _refuse_if_migrating(result: DeleteRunResult, settings: DeleteSettings, ran: bool) -> None:
+    """After the commit, so that every outcome is on record: MigrationRefused (exit 3) naming the phase when a
+    task met a PIP-454 migration, or when one began while the last chunks ran (read once more here)."""
+    stopped = [r.error for r in result.results if r.detail == MIGRATION_NOT_ATTEMPTED]
+    if stopped:
+        raise MigrationRefused(f"{stopped[0]}. The delete stopped mid-run: {len(stopped)} record(s) not attempted "
+                               "wait in the retry queue")
+    if ran and settings.execute:
+        try:
+            check_stores(settings.connections.pulsar, settings.pulsar_store, deleting=True,
+                         acknowledged_completed=settings.safety.acknowledge_migration_completed,
+                         source=settings.connections.migration_source)
+        except MigrationRefused as exc:
+            raise MigrationRefused(f"{exc} (read as the delete's tasks ended: every outcome of this run is on "
+                                   "record)") from exc
 
 
 def offload_checker(target: DeleteTarget) -> OffloadCheck | None:
