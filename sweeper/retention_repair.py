@@ -11,11 +11,16 @@ Phase 1 is the `retention_debt` plan (sweeper.retention_debt); this is phase 2. 
   loads the topic, and the broker applies its own retention rules, `ManagedLedgerImpl.internalTrimLedgers`);
   a broker without that endpoint gets `GET .../internalStats`, which loads the topic so that its next
   retention check (`BrokerService.checkConsumedLedgers`) trims it.
-Metadata is never written. Before each action the planned znode is read again (read-only): a managed
-ledger or cursor written since the plan (a load, a rollover, an acknowledgement) became active and is
-skipped; a subscription is also checked against the broker's live stats (connected consumers, recent
-acknowledgements or reads) right before it is deleted. Calls are paced (`actions_per_second`), capped
-per run (`max_actions_per_run`), and every outcome lands in `retention_actions` as it happens.
+Metadata is never written (the one znode the repair creates is its run lock, beside the delete's). Before
+each action the planned znode is read again (read-only): a managed ledger or cursor written since the plan (a
+load, a rollover, an acknowledgement) became active and is skipped; a subscription is also checked against the
+broker's live stats (connected consumers, recent acknowledgements or reads) right before it is deleted. Calls
+are paced (`actions_per_second`), capped per run (`max_actions_per_run`), and every outcome lands in
+`retention_actions` as it happens.
+
+With `--execute` an intent is committed to `repair_journal` before every admin call (sweeper.repair_journal), under
+a run lock, and the run first folds in every repair a kill left unclosed: what the broker did for it is recorded
+as that run's, never this one's (DESIGN.md invariants 17, 18).
 
 A plan is a request, not a verdict (DESIGN.md invariants 14-17): `--execute` refuses a plan older than
 `[retention] plan_max_age_hours`, and each action is judged again under today's config and metadata (scope,
@@ -26,6 +31,7 @@ called. Admin calls, and the redirects they receive, stay with this cluster's re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections import Counter
@@ -46,6 +52,22 @@ from sweeper.errors import Refused
 from sweeper.liveness import registered_web_origins
 from sweeper.protection import Protection, cursor_protection, describe, managed_ledger_protection
 from sweeper.ratelimit import TokenBucket
+from sweeper.repair_journal import (
+    DELETE_CALL,
+    DELETE_SUBSCRIPTION,
+    DELETED,
+    LOAD_CALL,
+    LOAD_TOPIC,
+    LOADED,
+    STATS_CALL,
+    TRIM_CALL,
+    TRIMMED,
+    RepairJournal,
+    RepairLock,
+    RepairLockHeld,
+    Resolution,
+    resolve_interrupted,
+)
 from sweeper.safety import Scope, retention_scope
 from sweeper.system_topic import AdminClient, RedirectRefused, SystemTopicError
 from sweeper.table_schemas import RETENTION_ACTIONS
@@ -53,17 +75,18 @@ from sweeper.tables import TableStore
 from sweeper.vocabulary import DAY_MS, UNREAD
 from sweeper.zk import client as zkutil
 
-LOAD_TOPIC, DELETE_SUBSCRIPTION = "load_topic", "delete_subscription"
 WOULD_LOAD, WOULD_DELETE = "would_load", "would_delete"
-TRIMMED, LOADED, DELETED = "trimmed", "loaded", "deleted"
 SKIPPED_ACTIVE, SKIPPED_GONE, DEFERRED, FAILED = "skipped_active", "skipped_gone", "deferred", "failed"
 NOT_NEEDED = "not_needed"
 # A rule of today's config or metadata says no; the detail starts with the rule's name (out_of_scope,
 # not_replicated_here, protected, plan_mismatch, cursor_moved, redirect_outside_cluster).
 SKIPPED = "skipped"
 # Rows are written in batches this size at most; with --execute also after every action that called the
-# broker, so a killed repair leaves a row for every call it made.
+# broker, so a killed repair leaves a row for every call it made (and an intent, in repair_journal, before it).
 FLUSH_ROWS = 500
+# Beside [delete] lock_path (whose parent the sweeper may already write): one repair with --execute at a time, so
+# that a run the journal shows unclosed is one that stopped.
+LOCK_NAME = "retention_repair"
 
 
 class RetentionRepairRefused(Refused):
@@ -82,6 +105,12 @@ class PlannedAction:
     zk_version: int | None = None  # of the managed-ledger (load) or cursor (delete) znode when planned
     check_version: bool = True  # false for the trim right after deleting a subscription (we loaded the topic)
     mark_delete: tuple[int, int] | None = None  # the cursor's mark-delete position when planned
+    trimmable: tuple[int, ...] = ()  # the ledgers the plan expects the broker to trim (or a cursor to free)
+
+    def journal_fields(self) -> dict[str, Any]:
+        return {"action": self.action, "tenant": self.tenant, "namespace": self.namespace,
+                "topic_name": self.topic_name, "managed_ledger": self.managed_ledger, "cursor": self.cursor,
+                "planned_bytes": self.planned_bytes}
 
 
 @dataclass(frozen=True)
@@ -99,7 +128,12 @@ class RepairCounts(runs.StageCounts):
     skipped_gone: int = 0
     deferred: int = 0
     failed: int = 0
+    unknown: int = 0  # a killed run's call whose effect the metadata cannot show (recorded by the fold-in)
+    interrupted: int = 0  # a killed run's call that did not take effect
     execute: int = 0
+    recovered_from_journal: int = 0  # a killed run's rows the fold-in made from its intents
+    interrupted_runs: int = 0  # killed runs this run folded in
+    done_by_interrupted_runs: int = 0  # plan actions this run left out: a killed run did them (or may have)
 
 
 @dataclass
@@ -117,6 +151,10 @@ class RepairResult:
 def _mark_delete(row: dict[str, Any]) -> tuple[int, int] | None:
     ledger, entry = row.get("mark_delete_ledger_id"), row.get("mark_delete_entry_id")
     return None if ledger is None or entry is None else (int(ledger), int(entry))
+
+
+def _ledger_ids(*rows: dict[str, Any]) -> tuple[int, ...]:
+    return tuple(sorted({int(x) for r in rows for x in (r.get("ledger_ids") or ())}))
 
 
 def plan_actions(rows: Iterable[dict[str, Any]]) -> list[PlannedAction]:
@@ -137,16 +175,18 @@ def plan_actions(rows: Iterable[dict[str, Any]]) -> list[PlannedAction]:
         for c in sorted(subs.get(ml, []), key=lambda r: r["cursor"]):
             actions.append(PlannedAction(DELETE_SUBSCRIPTION, c["tenant"], c["namespace"], c["topic_name"], ml,
                                          c["cursor"], c["reclaimable_bytes"] or 0, c["zk_version"],
-                                         mark_delete=_mark_delete(c)))
+                                         mark_delete=_mark_delete(c), trimmable=_ledger_ids(c)))
         topic = topics.get(ml)
         if topic is not None:
             actions.append(PlannedAction(LOAD_TOPIC, topic["tenant"], topic["namespace"], topic["topic_name"], ml,
                                          None, topic["reclaimable_bytes"] or 0, topic["zk_version"],
-                                         check_version=not actions))
+                                         check_version=not actions,
+                                         trimmable=_ledger_ids(topic, *subs.get(ml, []))))
         elif actions:
             first = actions[0]
             actions.append(PlannedAction(LOAD_TOPIC, first.tenant, first.namespace, first.topic_name, ml, None,
-                                         sum(a.planned_bytes for a in actions), None, check_version=False))
+                                         sum(a.planned_bytes for a in actions), None, check_version=False,
+                                         trimmable=_ledger_ids(*subs[ml])))
         plans.append((sum(a.planned_bytes for a in actions), actions))
     plans.sort(key=lambda p: -p[0])
     return [a for _, group in plans for a in group]
@@ -352,32 +392,50 @@ def _flush(store: TableStore, result: RepairResult) -> None:
 def run_repair(config: SweeperConfig, store: TableStore, plan_run_id: str, run_id: str, execute: bool = False,
                admin: AdminClient | None = None, zk_client: Any = None) -> RepairResult:
     started = time.monotonic()
-    if not store.exists("retention_debt"):
-        raise RetentionRepairRefused(f"no retention_debt table in {config.tables.root}: run `sweeper sweep` first")
-    if execute:
-        refusal = plan_age_refusal(plan_run_id, _planned_at(store, plan_run_id), time.time(),
-                                   config.retention.plan_max_age_hours)
-        if refusal:
-            raise RetentionRepairRefused(refusal)
-    rows = [r.asDict() for r in store.read("retention_debt").where(F.col("run_id") == plan_run_id).collect()]
-    plan = plan_actions(rows)
-    connections = Connections.from_config(config)
-    if execute and admin is None:
-        if not config.system_topic.admin_url:
-            raise RetentionRepairRefused("[system_topic] admin_url is not set: the repair acts only through the "
-                                         "broker's admin REST API")
-        admin = connections.admin()
     result = RepairResult(run_id, plan_run_id, execute)
-    rules = TodaysRules.from_config(config)
+    journal: RepairJournal | None = None
+    lock: RepairLock | None = None
     own_client = zk_client is None
-    client = zk_client or connections.pulsar.connect()
-    store_client = (connections.configuration_store.connect()
-                    if connections.configuration_store is not None and plan else client)
-    policies = NamespacePolicies(store_client, config.pulsar.policies_root)
-    pacer = TokenBucket(config.retention.actions_per_second)
-    idle_cutoff_ms = int(time.time() * 1000) - int(config.retention.cursor_idle_days * DAY_MS)
-    deleted_on: set[str] = set()
+    client: Any = None
+    lock_client: Any = None
+    store_client: Any = None
     try:
+        if not store.exists("retention_debt"):
+            raise RetentionRepairRefused(f"no retention_debt table in {config.tables.root}: run `sweeper sweep` first")
+        if execute:
+            refusal = plan_age_refusal(plan_run_id, _planned_at(store, plan_run_id), time.time(),
+                                       config.retention.plan_max_age_hours)
+            if refusal:
+                raise RetentionRepairRefused(refusal)
+        rows = [r.asDict() for r in store.read("retention_debt").where(F.col("run_id") == plan_run_id).collect()]
+        plan = plan_actions(rows)
+        connections = Connections.from_config(config)
+        if execute and admin is None:
+            if not config.system_topic.admin_url:
+                raise RetentionRepairRefused("[system_topic] admin_url is not set: the repair acts only through the "
+                                             "broker's admin REST API")
+            admin = connections.admin()
+        rules = TodaysRules.from_config(config)
+        client = zk_client or connections.pulsar.connect()
+        store_client = (connections.configuration_store.connect()
+                        if connections.configuration_store is not None and plan else client)
+        policies = NamespacePolicies(store_client, config.pulsar.policies_root)
+        pacer = TokenBucket(config.retention.actions_per_second)
+        idle_cutoff_ms = int(time.time() * 1000) - int(config.retention.cursor_idle_days * DAY_MS)
+        deleted_on: set[str] = set()
+        if execute:
+            # The lock lives with the delete's, in the BookKeeper store the sweeper already writes to.
+            same = connections.bookkeeper.hosts == connections.pulsar.hosts
+            lock_client = client if same else connections.bookkeeper.connect()
+            lock = _acquire_lock(lock_client, config.delete.lock_path, run_id)
+            # Under the lock, a run the journal shows unclosed has stopped: what the broker did for it is recorded
+            # as its own before this run could take those actions for its own.
+            found = resolve_interrupted(store, lambda path: _read(client, path), run_id, RepairCounts.from_row)
+            before = len(plan)
+            plan = [a for a in plan if (a.action, a.managed_ledger, a.cursor) not in found.done]
+            deleted_on |= found.trim_owed
+            result.counts = _folded_counts(found, before - len(plan))
+            journal = RepairJournal(store, run_id, plan_run_id)
         if admin is not None:
             # Once per run: the brokers registered now are the hosts a redirect may lead to.
             admin.allow_brokers(registered_web_origins(client, config.pulsar.brokers_path))
@@ -387,8 +445,10 @@ def run_repair(config: SweeperConfig, store: TableStore, plan_run_id: str, run_i
                 why = result.stopped or f"beyond [retention] max_actions_per_run = {cap}: next run"
                 _record(result, action, DEFERRED, why)
             else:
+                intend = _Intents(journal, index, action)
                 try:
-                    _act(action, result, client, admin, pacer, config, idle_cutoff_ms, deleted_on, rules, policies)
+                    _act(action, result, client, admin, pacer, config, idle_cutoff_ms, deleted_on, rules, policies,
+                         intend)
                 except RedirectRefused as exc:
                     _record(result, action, SKIPPED, str(exc))
                 except SystemTopicError as exc:
@@ -399,16 +459,64 @@ def run_repair(config: SweeperConfig, store: TableStore, plan_run_id: str, run_i
                     _flush(store, result)
             if len(result.pending) >= FLUSH_ROWS:
                 _flush(store, result)
+        _flush(store, result)
+        if journal is not None:
+            journal.close(result.stopped or "")
+    except KeyboardInterrupt:
+        if journal is not None:
+            # Ctrl-C / SIGTERM: the call in flight settled from the metadata now, as the next run would after a kill,
+            # and the journal closed; the stage wrapper then records the run `interrupted`.
+            with contextlib.suppress(Exception):  # the interrupt is what the operator must see
+                _flush(store, result)
+                _fold_own(store, result, journal, client)
+        raise
     finally:
-        if store_client is not client:
+        if lock is not None:
+            lock.release()
+        if lock_client is not None and lock_client is not client:
+            zkutil.close(lock_client)
+        if store_client is not None and store_client is not client:
             zkutil.close(store_client)
-        if own_client:
+        if own_client and client is not None:
             zkutil.close(client)
         _flush(store, result)
     outcomes = Counter(row["outcome"] for row in result.rows)
-    result.counts = RepairCounts.from_row({**outcomes, "execute": int(execute)})
+    result.counts = RepairCounts.from_row({**result.counts.as_row(), **outcomes, "execute": int(execute)})
     result.duration_s = time.monotonic() - started
     return result
+
+
+def _acquire_lock(client: Any, delete_lock_path: str, run_id: str) -> RepairLock:
+    lock = RepairLock(client, f"{delete_lock_path.rsplit('/', 1)[0]}/{LOCK_NAME}", run_id)
+    try:
+        lock.acquire()
+    except RepairLockHeld as exc:
+        raise RetentionRepairRefused(str(exc)) from None
+    return lock
+
+
+def _folded_counts(found: Resolution, left_out: int) -> RepairCounts:
+    return RepairCounts(interrupted_runs=len(found.run_ids), done_by_interrupted_runs=left_out)
+
+
+def _fold_own(store: TableStore, result: RepairResult, journal: RepairJournal, client: Any) -> None:
+    if journal.written and client is not None:
+        resolve_interrupted(store, lambda path: _read(client, path), result.run_id, RepairCounts.from_row,
+                            only=[result.run_id], record_runs=False)
+    else:
+        journal.close("interrupted before any admin call")
+
+
+class _Intents:
+    """The intents of one action: `intend(call, **facts)` commits one before each admin call (no-op on a dry run,
+    which calls nothing)."""
+
+    def __init__(self, journal: RepairJournal | None, seq: int, action: PlannedAction) -> None:
+        self.journal, self.seq, self.action = journal, seq, action
+
+    def __call__(self, call: str, **facts: Any) -> None:
+        if self.journal is not None:
+            self.journal.intent(self.seq, call, self.action.journal_fields(), **facts)
 
 
 def _record(result: RepairResult, action: PlannedAction, outcome: str, detail: str, http_status: int | None = None,
@@ -438,6 +546,13 @@ def _listed_bytes(data: bytes) -> int | None:
         return None
 
 
+def _listed_ids(data: bytes) -> list[int]:
+    try:
+        return [x.ledgerId for x in codec.decode_managed_ledger_info(data).ledgerInfo]
+    except MetadataDecodeError:
+        return []
+
+
 def _reason(body: bytes) -> str:
     """Pulsar's error body is {"reason": ...}; a missing endpoint answers with something else."""
     try:
@@ -449,7 +564,8 @@ def _reason(body: bytes) -> str:
 
 def _act(action: PlannedAction, result: RepairResult, client: Any, admin: AdminClient | None, pacer: TokenBucket,
          config: SweeperConfig, idle_cutoff_ms: int, deleted_on: set[str], rules: TodaysRules,
-         policies: NamespacePolicies) -> None:
+         policies: NamespacePolicies, intend: Callable[..., None] = lambda call, **facts: None) -> None:
+    """One planned action: re-checked, then (with --execute) its admin calls, each after its intent is on disk."""
     refusal = plan_refusal(action, rules) or policies.refusal(action, rules.cluster_name)
     if refusal:
         _record(result, action, SKIPPED, refusal)
@@ -457,7 +573,8 @@ def _act(action: PlannedAction, result: RepairResult, client: Any, admin: AdminC
     ml_path = zkutil.join(config.pulsar.managed_ledgers_root, action.managed_ledger)
     if action.action == DELETE_SUBSCRIPTION:
         assert action.cursor is not None
-        found = _read(client, zkutil.join(ml_path, names.encode_local_name(action.cursor)))
+        cursor_path = zkutil.join(ml_path, names.encode_local_name(action.cursor))
+        found = _read(client, cursor_path)
         if found is None:
             _record(result, action, SKIPPED_GONE, "the cursor's znode is gone")
             return
@@ -480,6 +597,7 @@ def _act(action: PlannedAction, result: RepairResult, client: Any, admin: AdminC
             return
         assert admin is not None
         pacer.acquire(1)
+        intend(STATS_CALL)
         status, body = admin.stats(action.topic_name)
         if status != 200:
             _record(result, action, FAILED, f"reading the topic's stats answered HTTP {status}: {body[:200]!r}", status)
@@ -497,6 +615,7 @@ def _act(action: PlannedAction, result: RepairResult, client: Any, admin: AdminC
             _record(result, action, SKIPPED_ACTIVE, f"the broker shows it in use: {activity}", status)
             return
         pacer.acquire(1)
+        intend(DELETE_CALL, zk_path=cursor_path, zk_version=found[1].version, zk_ctime_ms=found[1].ctime)
         status, body = admin.delete_subscription(action.topic_name, action.cursor)
         if status in (200, 204):
             deleted_on.add(action.managed_ledger)
@@ -525,7 +644,13 @@ def _act(action: PlannedAction, result: RepairResult, client: Any, admin: AdminC
         _record(result, action, WOULD_LOAD, "unchanged since the plan; --execute loads and trims it", None, before)
         return
     assert admin is not None
+    # What shows, after a kill, whether the call took effect (sweeper.repair_journal.settle): a load writes the
+    # managed ledger, a trim drops ledgers from its list.
+    facts = {"zk_path": ml_path, "zk_version": found[1].version, "zk_ctime_ms": found[1].ctime,
+             "topic_unloaded": action.check_version, "listed_ledger_ids": _listed_ids(found[0]),
+             "trimmable_ledger_ids": list(action.trimmable), "bytes_before": before}
     pacer.acquire(1)
+    intend(TRIM_CALL, **facts)
     status, body = admin.trim(action.topic_name)
     outcome, detail = TRIMMED, "trimmed by the broker under its own retention rules"
     reason = _reason(body)
@@ -534,6 +659,7 @@ def _act(action: PlannedAction, result: RepairResult, client: Any, admin: AdminC
         return
     if status in (404, 405):
         pacer.acquire(1)
+        intend(LOAD_CALL, **facts)
         status, body = admin.internal_stats(action.topic_name)  # no trim endpoint (Pulsar < 2.11): load it
         outcome, detail = LOADED, "loaded: its broker's next retention check trims it"
     if status not in (200, 204):

@@ -529,9 +529,37 @@ RETENTION_ACTIONS = _schema(
     ("dry_run", B, False),
 )
 
+# The retention repair's intents (sweeper.repair_journal): one row, committed, before every admin call; its
+# outcomes are its `retention_actions` rows (each committed before the next call). The next `retention --execute`
+# folds a run left unclosed (killed) into retention_actions, from the live metadata, and closes it.
+REPAIR_JOURNAL = _schema(
+    ("run_id", S, False),  # the repair run (`retention-...`)
+    ("plan_run_id", S),
+    ("at", TS, False),
+    ("phase", S, False),  # intent | closed
+    ("seq", INT),  # the action's place in the run's plan: the calls of one action share it
+    ("call", S),  # stats | delete_subscription | trim | internal_stats
+    ("action", S),  # load_topic | delete_subscription
+    ("tenant", S),
+    ("namespace", S),
+    ("topic_name", S),
+    ("managed_ledger", S),
+    ("cursor", S),
+    ("planned_bytes", L),
+    ("zk_path", S),  # the znode the call changes when it takes effect: the cursor's, or the managed ledger's
+    ("zk_version", INT),  # that znode as read right before the call
+    ("zk_ctime_ms", L),
+    ("topic_unloaded", B),  # trim/load: the topic was unloaded when asked (a load writes its managed ledger)
+    ("listed_ledger_ids", ArrayType(L)),  # trim/load: the managed ledger's list right before the call
+    ("trimmable_ledger_ids", ArrayType(L)),  # trim/load: what the plan said the broker would trim
+    ("bytes_before", L),
+    ("detail", S),
+)
+
 ALL_TABLES: dict[str, StructType] = {**SNAPSHOT_TABLES, "orphans": ORPHANS, "orphan_report": ORPHAN_REPORT,
                                      "runs": RUNS, "emitted": EMITTED, "pending_delete_status": PENDING_DELETE_STATUS,
                                      "delete_results": DELETE_RESULTS, "retry_queue": RETRY_QUEUE,
                                      "delete_journal": DELETE_JOURNAL, "emit_journal": EMIT_JOURNAL,
                                      "dead_letter": DEAD_LETTER, "retention_debt": RETENTION_DEBT,
-                                     "reclaimable_report": RECLAIMABLE_REPORT, "retention_actions": RETENTION_ACTIONS}
+                                     "reclaimable_report": RECLAIMABLE_REPORT, "retention_actions": RETENTION_ACTIONS,
+                                     "repair_journal": REPAIR_JOURNAL}

@@ -20,14 +20,27 @@ from sweeper.codecs import pulsar as codec
 from sweeper.config import ConfigError
 from sweeper.connections import Connections
 from sweeper.names import encode_local_name
+from sweeper.pipeline import repair_stage
 from sweeper.protection import REPLICATED_SUBSCRIPTION_PROPERTY
 from sweeper.ratelimit import TokenBucket
+from sweeper.repair_journal import (
+    DELETE_CALL,
+    INTERRUPTED,
+    LOADED,
+    STATS_CALL,
+    TRIM_CALL,
+    UNKNOWN,
+    Intent,
+    NodeNow,
+    settle,
+)
 from sweeper.retention_debt import SET, UNREAD, RetentionSettings, run_retention_debt
 from sweeper.retention_repair import (
     DEFERRED,
     DELETE_SUBSCRIPTION,
     DELETED,
     LOAD_TOPIC,
+    NOT_NEEDED,
     SKIPPED,
     SKIPPED_ACTIVE,
     SKIPPED_GONE,
@@ -46,7 +59,7 @@ from sweeper.runs import record as record_run
 from sweeper.system_topic import AdminClient, RedirectRefused, broker_web_origins, redirect_target
 from sweeper.table_schemas import RETENTION_DEBT
 from sweeper.tables import open_table_store
-from tests.support.admin_server import AdminServer, Answer
+from tests.support.admin_server import AdminServer, Answer, pulsar_like_answers
 from tests.support.config import BASE_CONFIG, ZkTarget
 from tests.support.seeded import SeededSnapshotMaker, sandbox_config
 
@@ -434,3 +447,84 @@ def test_topic_policy_lookups_follow_redirects_to_this_clusters_brokers_only(
 
     assert far[0] == UNREAD and far[1].startswith("redirect_outside_cluster:") and peer.requests == []
     assert near[0] == SET and len(owner.requests) == 1  # asked, after the refused redirect of another topic
+
+
+# ---- issue 34: an intent before each admin call; a stopped repair's calls are its own ----------------------
+
+
+def test_a_stopped_calls_outcome_is_settled_from_the_metadata_alone() -> None:
+    cursor = Intent(DELETE_CALL, "/ml/t/ns/persistent/a/sub", 0, 1000)
+    assert settle(Intent(STATS_CALL, None, None, None), NodeNow(False))[0] == INTERRUPTED  # the delete never asked
+    assert settle(cursor, NodeNow(False))[0] == DELETED
+    assert settle(cursor, NodeNow(True, 0, 2000))[0] == DELETED  # deleted, then subscribed to anew
+    assert settle(cursor, NodeNow(True, 0, 1000))[0] == INTERRUPTED
+    assert settle(cursor, NodeNow(False, problem="ConnectionLoss"))[0] == UNKNOWN
+
+    unloaded = Intent(TRIM_CALL, "/ml/t/ns/persistent/b", 4, 1, True, (3, 5), (3,))
+    assert settle(unloaded, NodeNow(True, 6, 1, frozenset({5, 9})))[0] == TRIMMED  # the plan's ledger 3 is gone
+    assert settle(unloaded, NodeNow(True, 5, 1, frozenset({3, 5, 9})))[0] == LOADED
+    assert settle(unloaded, NodeNow(True, 4, 1, frozenset({3, 5})))[0] == INTERRUPTED  # a load would have written
+    assert settle(unloaded, NodeNow(True, 4, 1, frozenset({3, 5}), terminated=True))[0] == UNKNOWN
+    assert settle(unloaded, NodeNow(False))[0] == UNKNOWN
+    # Loaded by this run's own subscription delete: a trim that dropped nothing leaves no trace.
+    loaded = Intent(TRIM_CALL, "/ml/t/ns/persistent/b", 4, 1, False, (3, 5), (3,))
+    assert settle(loaded, NodeNow(True, 4, 1, frozenset({3, 5})))[0] == UNKNOWN
+    assert settle(loaded, NodeNow(True, 5, 1, frozenset({3, 5, 9})))[0] == UNKNOWN
+    assert settle(loaded, NodeNow(True, 5, 1, frozenset({5})))[0] == TRIMMED
+
+
+def test_a_repair_interrupted_after_the_broker_answered_records_that_call_as_its_own(
+        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, servers: list[AdminServer],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SWEEPER_TEST_TOKEN", TOKEN)
+    broker = _serve(servers, pulsar_like_answers(zk))
+    for topic in ("a", "b"):
+        _seed_topic(zk, f"t/ns/persistent/{topic}", {"idle-sub": {}})
+    cfg, store = _repair_setup(zk_target, spark, tmp_path, broker.url)
+    plan = _write_plan(store, cfg, [_plan_row("plan-1", f"t/ns/persistent/{t}", "idle-sub", size=s)
+                                    for t, s in (("a", 300), ("b", 200))])
+
+    real_call = AdminClient._call
+    mutating: list[str] = []
+
+    def interrupted_call(self: AdminClient, method: str, url: str, body: bytes | None = None,
+                         hops: int = 3) -> tuple[int, bytes]:
+        """The real call; Ctrl-C lands right after the broker answered the second delete or trim."""
+        answer = real_call(self, method, url, body, hops)
+        if method in ("DELETE", "POST"):
+            mutating.append(url)
+            if len(mutating) == 2:
+                raise KeyboardInterrupt
+        return answer
+
+    monkeypatch.setattr(AdminClient, "_call", interrupted_call)
+    with pytest.raises(KeyboardInterrupt):
+        repair_stage(cfg, store, plan, "repair-1", execute=True)
+
+    # a's subscription deleted (recorded as it happened), a trimmed (its answer lost to the interrupt): both the
+    # run's own, the second from its intent and the managed ledger's list; the run `interrupted`, its journal closed.
+    got = {(r["action"], r["topic_name"]): r for r in store.read_arrow("retention_actions").to_pylist()}
+    assert got[(DELETE_SUBSCRIPTION, "persistent://t/ns/a")]["outcome"] == DELETED
+    trim_a = got[(LOAD_TOPIC, "persistent://t/ns/a")]
+    assert trim_a["outcome"] == TRIMMED and trim_a["run_id"] == "repair-1"
+    assert trim_a["detail"].startswith("run repair-1 stopped before recording its trim call")
+    (row,) = store.read_arrow("runs", where={"run_id": "repair-1"}).to_pylist()
+    assert row["status"] == "interrupted"
+    assert not zk.exists("/ledger-sweeper/locks/retention_repair")  # released on the way out
+    monkeypatch.setattr(AdminClient, "_call", real_call)
+
+    # The next run finds nothing unclosed and does only b, as its own.
+    again = run_repair(cfg, store, plan, "repair-2", execute=True)
+    outcomes = {(r["action"], r["topic_name"]): r["outcome"] for r in again.rows}
+    assert outcomes == {(DELETE_SUBSCRIPTION, "persistent://t/ns/a"): SKIPPED_GONE,
+                        (LOAD_TOPIC, "persistent://t/ns/a"): NOT_NEEDED,
+                        (DELETE_SUBSCRIPTION, "persistent://t/ns/b"): DELETED,
+                        (LOAD_TOPIC, "persistent://t/ns/b"): TRIMMED}
+    assert again.counts.interrupted_runs == 0
+    journal = store.read_arrow("repair_journal").to_pylist()
+    assert {r["run_id"] for r in journal if r["phase"] == "closed"} == {"repair-1", "repair-2"}
+    intents = [(r["run_id"], r["call"], r["topic_name"]) for r in sorted(journal, key=lambda r: r["at"])
+               if r["phase"] == "intent"]
+    assert intents == [("repair-1", c, "persistent://t/ns/a") for c in ("stats", "delete_subscription", "trim")] + [
+        ("repair-2", c, "persistent://t/ns/b") for c in ("stats", "delete_subscription", "trim")]
+    assert len(broker.requests) == 6

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import signal
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -12,10 +16,16 @@ Answer = Callable[[str, str], tuple[int, dict[str, str], bytes]]
 
 class AdminServer:
     """A loopback HTTP server standing in for one broker's admin API: records every request it receives (method,
-    path, Authorization) and answers with `answer(method, path)`."""
+    path, Authorization) and answers with `answer(method, path)`. `kill_after(n, pgid)` makes it SIGKILL a process
+    group right after it has sent its answer to the n-th call from then on: the caller dies with the broker's
+    answer on the wire, as a host lost at that instant would."""
 
     def __init__(self, answer: Answer) -> None:
         server_self, self.requests = self, []
+        self.answered: list[tuple[str, str]] = []  # since the last kill_after
+        self.killed_after: tuple[str, str] | None = None
+        self._kill: tuple[int, int] | None = None
+        self._lock = threading.Lock()
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, format: str, *args: Any) -> None:
@@ -32,6 +42,8 @@ class AdminServer:
                     self.send_header(key, value)
                 self.end_headers()
                 self.wfile.write(body)
+                self.wfile.flush()
+                server_self._answered(self.command, self.path)
 
             do_GET = do_POST = do_PUT = do_DELETE = _handle
 
@@ -40,6 +52,78 @@ class AdminServer:
         self.thread.start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
+    def kill_after(self, calls: int, pgid: int) -> None:
+        with self._lock:
+            self.answered, self.killed_after, self._kill = [], None, (calls, pgid)
+
+    def _answered(self, method: str, path: str) -> None:
+        with self._lock:
+            self.answered.append((method, path))
+            if self._kill is not None and len(self.answered) == self._kill[0]:
+                pgid, self._kill = self._kill[1], None
+                self.killed_after = (method, path)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pgid, signal.SIGKILL)
+
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def pulsar_like_answers(zk: Any, managed_ledgers_root: str = "/managed-ledgers", first_new_ledger: int = 1000,
+                        stats: dict[str, Any] | None = None) -> Answer:
+    """Answers as a broker that owns every topic and does to the metadata what Pulsar does, so that a fold-in has
+    something true to read: the first call on a topic loads it (a new ledger appended to its managed ledger,
+    `ManagedLedgerImpl.initializeBookKeeper`); a subscription delete removes the cursor's znode before answering
+    (`PersistentSubscription.delete` -> `MetaStoreImpl.asyncRemoveCursor`); a trim drops every ledger but the one
+    being written (nothing retained, nothing unconsumed: `ManagedLedgerImpl.internalTrimLedgers`). Subscriptions
+    are idle in the stats."""
+    from urllib.parse import unquote
+
+    from sweeper.codecs import pulsar as codec
+
+    loaded: set[str] = set()
+    next_ledger = [first_new_ledger]
+    lock = threading.Lock()
+
+    def rewrite(ml_path: str, change: Callable[[Any], None]) -> None:
+        data, stat = zk.get(ml_path)
+        info = codec.decode_managed_ledger_info(data)
+        change(info)
+        zk.set(ml_path, codec.encode_managed_ledger_info(info), version=stat.version)
+
+    def load(info: Any) -> None:
+        ledger = info.ledgerInfo.add()
+        ledger.ledgerId, ledger.timestamp = next_ledger[0], 1
+        next_ledger[0] += 1
+
+    def trim(info: Any) -> None:
+        keep = info.ledgerInfo[-1]
+        kept = type(keep)()
+        kept.CopyFrom(keep)
+        del info.ledgerInfo[:]
+        info.ledgerInfo.add().CopyFrom(kept)
+
+    def answer(method: str, path: str) -> tuple[int, dict[str, str], bytes]:
+        parts = path.split("?", 1)[0].split("/")  # /admin/v2/persistent/<tenant>/<ns>/<topic>/<what>[/<sub>]
+        tenant, namespace, local = parts[4], parts[5], unquote(parts[6])
+        ml_path = f"{managed_ledgers_root}/{tenant}/{namespace}/persistent/{local}"
+        with lock:
+            if ml_path not in loaded and zk.exists(ml_path):
+                rewrite(ml_path, load)
+                loaded.add(ml_path)
+            if method == "GET" and parts[7] == "stats":
+                subscriptions = stats or {"idle-sub": {"consumers": []}}
+                return 200, {}, json.dumps({"subscriptions": subscriptions}).encode()
+            if method == "DELETE" and parts[7] == "subscription":
+                cursor = f"{ml_path}/{unquote(parts[8])}"
+                if not zk.exists(cursor):
+                    return 404, {}, b'{"reason": "Subscription not found"}'
+                zk.delete(cursor)
+                return 204, {}, b""
+            if method == "POST" and parts[7] == "trim":
+                rewrite(ml_path, trim)
+                return 204, {}, b""
+        return 404, {}, b'{"reason": "no such endpoint here"}'
+
+    return answer
