@@ -20,6 +20,8 @@ whose outcome was never recorded, which only the journal's intents tell.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import random
@@ -69,6 +71,40 @@ def _journal_rows(root: Path, attempt_prefix: str = "") -> list[dict[str, Any]]:
         return []
     rows = DeltaTable(str(path)).to_pyarrow_table(columns=["attempt_id", "phase"]).to_pylist()
     return [r for r in rows if r["attempt_id"].startswith(attempt_prefix)]
+
+
+def _unfolded_on_view(root: Path, run_id: str) -> int:
+    """Issue 34 item 7: before the next attempt folds a stopped one in, `sweeper show RUN deletes` lists what its
+    journal holds (each deletion once, each intent without an outcome) and `sweeper runs` shows the run
+    interrupted; read in this process, without Spark. The number of journalled deletions it lists."""
+    from sweeper.cli import main
+
+    journal = DeltaTable(str(root / "delete_journal")).to_pyarrow_table().to_pylist() \
+        if (root / "delete_journal" / "_delta_log").exists() else []
+    closed = {r["attempt_id"] for r in journal if r["phase"] == "closed"}
+    # An attempt whose fold-in was stopped after its `runs` row is folded but for its closing row.
+    folded = " ".join(r["message"] or "" for r in DeltaTable(str(root / "runs")).to_pyarrow_table(
+        columns=["message"]).to_pylist())
+    unclosed = [r for r in journal if r["attempt_id"] not in closed and r["attempt_id"] not in folded]
+    if not unclosed:
+        return 0  # stopped before its journal opened: nothing to fold in
+    deleted = {r["record_key"] for r in unclosed if r["phase"] == "outcome" and r["outcome"] == "deleted"}
+    in_flight = {r["record_key"] for r in unclosed if r["phase"] == "intent"} - {
+        r["record_key"] for r in unclosed if r["phase"] == "outcome"}
+
+    def read(*argv: str) -> list[dict[str, Any]]:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main([*argv, "--tables", str(root), "--limit", "0", "--format", "json"]) == 0
+        return [json.loads(line) for line in out.getvalue().splitlines()]
+
+    shown = read("show", run_id, "deletes")
+    listed = [r["record_key"] for r in shown if r["outcome"] == "deleted"]
+    assert deleted <= set(listed) and len(listed) == len(set(listed)), (sorted(deleted - set(listed)), listed)
+    assert in_flight <= {r["record_key"] for r in shown}, sorted(in_flight - {r["record_key"] for r in shown})
+    [run] = [r for r in read("runs") if r["run_id"] == run_id]
+    assert run["status"] == "interrupted", run
+    return len(deleted)
 
 
 def _wait_gone(proc: subprocess.Popen[bytes], zk: KazooClient, lock_path: str, timeout: float = 60.0) -> None:
@@ -163,6 +199,9 @@ def test_delete_killed_at_random_points_leaves_every_deletion_on_record(
             text = log.read_text().strip().splitlines()
             assert text and text[-1].startswith("interrupted"), text[-5:]
         _wait_gone(proc, zk, cfg.delete.lock_path)
+        if how is not None:
+            print(f"  before the next attempt, `show {run_id} deletes` lists "
+                  f"{_unfolded_on_view(Path(cfg.tables.root), run_id)} deletions from the journal", flush=True)
     print(f"kill plan (seed {SEED}): {plan}")
     assert proc.returncode == 0, log.read_text()[-3000:]
     terminal = log.read_text()

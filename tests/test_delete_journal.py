@@ -63,3 +63,34 @@ def test_the_next_attempt_folds_a_stopped_one(spark: SparkSession, tmp_path: Pat
     assert unclosed_attempts(store) == []
     again = resolve_interrupted(store, lambda p: False, "later")
     assert not again.attempts and store.read_arrow("delete_results").num_rows == 2
+
+
+def test_the_fold_counts_an_answer_lost_whose_ledger_is_gone_as_that_attempts_deletion(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """A stopped attempt recorded three deletes whose answers were lost (DESIGN.md invariant 18). Ledger 4 is gone
+    and its `failed` result never reached delete_results: the fold files it `deleted` by that attempt. Ledger 5 is
+    still there: re-verified as usual. Ledger 6 is gone, but its `failed` result was committed and waits in the
+    retry queue, whose next try is relabelled from the same outcome row: the fold leaves it, so it is recorded
+    once."""
+    from datetime import UTC, datetime
+
+    from sweeper.delete.results import ANSWER_LOST, FAILED
+    from sweeper.table_schemas import DELETE_RESULTS
+
+    store = open_table_store(str(tmp_path / "t"), spark, engine="delta-rs")
+    stopped = open_journal(store, "run-1", "/ledgers", LAYOUT)
+    stopped.intents([_item(4), _item(5), _item(6)])
+    path = {i: ledger_path("/ledgers", i, LAYOUT) for i in (4, 5, 6)}
+    stopped.outcomes([(_item(i)[0], DeleteResult(i, "LEDGER", None, None, FAILED, ANSWER_LOST,
+                                                 error="ConnectionLoss", zk_path=path[i])) for i in (4, 5, 6)])
+    store.append_rows("delete_results", [{
+        "run_id": "run-1", "origin_run_id": "run-1", "finished_at": datetime.now(UTC), "record_key": "LEDGER/6/k",
+        "ledger_id": 6, "ledger_type": "LEDGER", "component": None, "topic_name": None, "outcome": FAILED,
+        "detail": ANSWER_LOST, "error": "ConnectionLoss", "attempt": 1, "duration_ms": 1, "zk_path": path[6],
+        "zk_version": None, "s3_bucket": None, "s3_keys": [], "dry_run": False, "source": "emitted"}], DELETE_RESULTS)
+
+    found = resolve_interrupted(store, lambda p: p == path[5], "next")
+    assert found.recovered == 1 and found.settled == {"LEDGER/4/k"}
+    rows = [r for r in store.read_arrow("delete_results").to_pylist() if r["outcome"] == "deleted"]
+    assert [r["ledger_id"] for r in rows] == [4]
+    assert rows[0]["detail"].startswith(f"deleted by attempt {stopped.attempt_id}; the answer to its delete was lost")

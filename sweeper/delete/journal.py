@@ -11,19 +11,35 @@ every unclosed attempt into the tables: its recorded final outcomes become `dele
 an intent without an outcome whose ledger znode is gone becomes `deleted` (that attempt deleted it: records
 are orphans nobody else deletes, and the journal says it was about to), an intent whose ledger is still there
 is left to be re-verified as usual, and the attempt gets a `runs` row `interrupted` with its counts.
+
+A delete whose answer was lost (DESIGN.md invariant 18: ZooKeeper's ConnectionLoss, an Oxia or S3 timeout) has an
+outcome row `failed` with the detail ANSWER_LOST: it may have been applied. The next look at that target uses the
+journal: the executors remember their own lost answers across the in-task retries; the driver, before committing
+an attempt's results, turns `already_gone` into `deleted` where the journal shows this run may have sent the delete
+(`lost_answer_evidence`: an answer-lost outcome, or a task Spark ran again whose first execution journalled its
+intent or its deletion but never reached the driver); the fold above counts an answer-lost outcome whose ledger
+is gone as that attempt's deletion. `already_gone` is left for targets no journalled delete of ours names.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from sweeper import runs
 from sweeper.delete.records import PendingRecord
-from sweeper.delete.results import DELETED, FAILED, FINAL_OUTCOMES, DeleteResult
+from sweeper.delete.results import (
+    ALREADY_GONE,
+    ANSWER_LOST,
+    DELETED,
+    FAILED,
+    FINAL_OUTCOMES,
+    DeleteResult,
+    answer_lost_deleted,
+)
 from sweeper.layout import LedgerLayout, ledger_path
 from sweeper.table_schemas import DELETE_JOURNAL, DELETE_RESULTS
 from sweeper.tables import TableStore, TaskAppender
@@ -112,11 +128,12 @@ def resolve_interrupted(store: TableStore, exists: Any, by_attempt: str) -> Reso
     rows = store.read_arrow(JOURNAL_TABLE, where={"attempt_id": attempts}).to_pylist()
     run_ids = sorted({r["run_id"] for r in rows})
     final: set[tuple[str, str]] = set()
+    committed: set[tuple[str, str]] = set()
     if store.exists("delete_results"):
-        final = {(r["run_id"], r["record_key"])
-                 for r in store.read_arrow("delete_results", where={"run_id": run_ids, "dry_run": False},
-                                           columns=["run_id", "record_key", "outcome"]).to_pylist()
-                 if r["outcome"] != FAILED}
+        recorded = store.read_arrow("delete_results", where={"run_id": run_ids, "dry_run": False},
+                                    columns=["run_id", "record_key", "outcome"]).to_pylist()
+        final = {(r["run_id"], r["record_key"]) for r in recorded if r["outcome"] != FAILED}
+        committed = {(r["run_id"], r["record_key"]) for r in recorded}
     results: list[dict[str, Any]] = []
     run_rows: list[dict[str, Any]] = []
     journal_rows: list[dict[str, Any]] = []
@@ -128,6 +145,17 @@ def resolve_interrupted(store: TableStore, exists: Any, by_attempt: str) -> Reso
         intents = {r["record_key"]: r for r in mine if r["phase"] == INTENT}
         before = (found.deleted, found.recovered, found.still_present)
         for key, row in outcomes.items():
+            # Its answer lost, the ledger gone: that attempt's delete went through. Only where its driver never
+            # committed the `failed` result: a committed one waits in the retry queue, whose next try is relabelled
+            # from this same outcome row (`lost_answer_evidence`), so the deletion is recorded once.
+            if (row["outcome"] == FAILED and row["detail"] == ANSWER_LOST and row["zk_path"]
+                    and (run_id, key) not in committed and not exists(row["zk_path"])):
+                found.recovered += 1
+                found.settled.add(key)
+                results.append(_result_row(row, DELETED, answer_lost_deleted(
+                    f"it stopped before its retry; {row['zk_path']} is gone (resolved by {by_attempt})",
+                    by=f"attempt {attempt}"), row["at"]))
+                continue
             if row["outcome"] == DELETED:
                 found.deleted += 1
             elif row["outcome"] in FINAL_OUTCOMES:
@@ -179,3 +207,77 @@ def _result_row(row: Mapping[str, Any], outcome: str, detail: str, at: datetime)
             "attempt": row["attempt"] or 1, "duration_ms": None, "zk_path": row["zk_path"],
             "zk_version": row["zk_version"], "s3_bucket": None, "s3_keys": [], "dry_run": False,
             "source": row["source"] or "emitted"}
+
+
+# ---- lost answers ------------------------------------------------------------------------------------------------
+
+def lost_answer_evidence(rows: Iterable[Mapping[str, Any]], attempt_id: str,
+                         deleted_on_record: Iterable[str] = ()) -> dict[str, tuple[str, str]]:
+    """Record key -> (the attempt that may have sent its delete, why it may have), from `delete_journal` rows
+    (phase, attempt_id, record_key, outcome, detail, at) of the keys a result of attempt `attempt_id` found gone.
+    Pure: the driver reads the rows (`relabel_lost_answers`), this judges them.
+
+    Evidence, for a target now gone:
+    - in attempt `attempt_id` itself, a task Spark ran again (a lost executor, `spark.task.maxFailures`): its first
+      execution journalled an intent and no outcome (it may have sent the delete before it stopped), or an outcome
+      `deleted` or answer-lost that never reached the driver: more intents than outcomes, or such an outcome;
+    - in an earlier attempt (of any run: a record key names one ledger or one offloaded copy, whose ids are never
+      reused), an answer-lost outcome that no later final outcome of the record closed.
+    An intent alone in a finished attempt is no evidence: the intents of a chunk are written before its
+    verification, so a ledger already gone then has one too. `deleted_on_record` (keys with a `deleted` row in
+    `delete_results`) are left out: a deletion is recorded once.
+    """
+    skip = set(deleted_on_record)
+    by_key: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        if row.get("record_key") and row["record_key"] not in skip:
+            by_key.setdefault(row["record_key"], []).append(row)
+    found: dict[str, tuple[str, str]] = {}
+    for key, mine in by_key.items():
+        now = [r for r in mine if r["attempt_id"] == attempt_id]
+        intents = sum(1 for r in now if r["phase"] == INTENT)
+        outcomes = [r for r in now if r["phase"] == OUTCOME]
+        if any(r["outcome"] == DELETED for r in outcomes):
+            found[key] = (attempt_id, "a task execution deleted it and was lost before its result reached the "
+                                      "driver; Spark ran the task again")
+            continue
+        if any(r["outcome"] == FAILED and r["detail"] == ANSWER_LOST for r in outcomes):
+            found[key] = (attempt_id, "a task execution recorded its answer lost and was lost itself; Spark ran "
+                                      "the task again")
+            continue
+        if intents > len(outcomes):
+            found[key] = (attempt_id, "a task execution journalled its intent, never its outcome, and Spark ran "
+                                      "the task again")
+            continue
+        lost: Mapping[str, Any] | None = None
+        for row in sorted((r for r in mine if r["attempt_id"] != attempt_id and r["phase"] == OUTCOME),
+                          key=lambda r: r["at"]):
+            if row["outcome"] == FAILED and row["detail"] == ANSWER_LOST:
+                lost = row
+            elif row["outcome"] in FINAL_OUTCOMES:
+                lost = None
+        if lost is not None:
+            found[key] = (lost["attempt_id"], f"recorded in {JOURNAL_TABLE} at {lost['at']:%Y-%m-%d %H:%M:%S} UTC")
+    return found
+
+
+def relabel_lost_answers(store: TableStore, attempt_id: str, results: Sequence[tuple[str, DeleteResult]]) -> int:
+    """Turn the `already_gone` results among `results` (record key, result) of attempt `attempt_id` into `deleted`
+    where `lost_answer_evidence` finds that a delete of ours may have been sent; how many. Labels only: what was
+    deleted stays as it is. Called by the driver before it commits the attempt's results."""
+    gone = {key: result for key, result in results if result.outcome == ALREADY_GONE}
+    if not gone or not store.exists(JOURNAL_TABLE):
+        return 0
+    keys = sorted(gone)
+    rows = store.read_arrow(JOURNAL_TABLE, where={"record_key": keys},
+                            columns=["attempt_id", "at", "phase", "record_key", "outcome", "detail"]).to_pylist()
+    recorded: list[str] = []
+    if store.exists("delete_results"):
+        recorded = store.read_arrow("delete_results", where={"record_key": keys, "outcome": DELETED, "dry_run": False},
+                                    columns=["record_key"]).column("record_key").to_pylist()
+    evidence = lost_answer_evidence(rows, attempt_id, recorded)
+    for key, (attempt, why) in evidence.items():
+        result = gone[key]
+        by = "this attempt" if attempt == attempt_id else f"attempt {attempt}"
+        result.outcome, result.detail = DELETED, answer_lost_deleted(f"{why}; {result.detail}", by=by)
+    return len(evidence)

@@ -18,6 +18,18 @@ FAILED = "failed"
 # the detail starts with the rule's name (sweeper.rules).
 REFUSED = "refused"
 
+# The detail of a `failed` delete whose answer never came (ZooKeeper's ConnectionLoss or a timeout, Oxia's gRPC
+# UNAVAILABLE, an S3 DeleteObjects answered 500 or not at all): it may have been applied (DESIGN.md invariant 18).
+# The journal's outcome row carries it, so the next look at the target, in this task, another or a later attempt,
+# files a target now gone as `deleted` by this run (`answer_lost_deleted`), not `already_gone`.
+ANSWER_LOST = "delete sent, its answer lost: unknown whether it was applied"
+
+
+def answer_lost_deleted(why: str, by: str = "this run") -> str:
+    """The detail of a `deleted` result known from a lost answer and the target's absence afterwards."""
+    return f"deleted by {by}; the answer to its delete was lost ({why})"
+
+
 # Every outcome but `failed` settles the record: PIP-186 acknowledges in-use, gone and mismatched
 # records instead of retrying them, since retrying cannot change the answer.
 FINAL_OUTCOMES = frozenset({DELETED, WOULD_DELETE, ALREADY_GONE, NOT_FOUND, IN_USE, MISMATCH, INVALID, REFUSED})

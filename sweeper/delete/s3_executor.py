@@ -20,7 +20,17 @@ from sweeper.codecs import pulsar as codec
 from sweeper.codecs.errors import MetadataDecodeError
 from sweeper.delete import decide
 from sweeper.delete.decide import LiveObject, ReferrerState, managed_ledger_name
-from sweeper.delete.results import DELETED, FAILED, REFUSED, WOULD_DELETE, DeleteResult, result_for
+from sweeper.delete.results import (
+    ALREADY_GONE,
+    ANSWER_LOST,
+    DELETED,
+    FAILED,
+    REFUSED,
+    WOULD_DELETE,
+    DeleteResult,
+    answer_lost_deleted,
+    result_for,
+)
 from sweeper.delete.retry import is_transient, is_transient_code
 from sweeper.offload import object_metadata
 from sweeper.rules import ActingRules, Owner, refusal
@@ -82,6 +92,10 @@ class ObjectDeleter:
         # Today's scope and protection (sweeper.rules); objects name their cluster (pulsarClusterName, written by
         # BlobStoreManagedLedgerOffloader from LedgerOffloader.METADATA_PULSAR_CLUSTER_NAME), so sharing is not asked.
         self.rules = rules
+        # (bucket, key) -> the error that took the answer to its DeleteObjects: sent, maybe applied (DESIGN.md
+        # invariant 18). Kept across the in-task retries, whose re-verification files such a record, its objects
+        # gone, as `deleted` by this run rather than `already_gone`.
+        self.answer_lost: dict[tuple[str, str], str] = {}
 
     def process(self, records: Sequence[Mapping[str, Any]]) -> list[DeleteResult]:
         """One result per record, in input order; never raises for an S3 or ZooKeeper error."""
@@ -115,6 +129,10 @@ class ObjectDeleter:
         now = self.now_ms if self.now_ms is not None else int(time.time() * 1000)
         decision = decide.decide_object(record, live, referrer, self.allowed_buckets, self.local_cluster, now,
                                         self.min_age_ms)
+        lost = [self.answer_lost[(bucket, key)] for key in context["keys"] if (bucket, key) in self.answer_lost]
+        if decision.outcome == ALREADY_GONE and lost:
+            # Our own DeleteObjects went through: its answer was lost, and nothing but this run deletes an orphan.
+            return result_for(record, DELETED, answer_lost_deleted(lost[0]), s3_keys=list(context["keys"]))
         if not decision.delete:
             return result_for(record, decision.outcome, decision.detail)
         if self.rules is not None:
@@ -188,7 +206,10 @@ class ObjectDeleter:
         out: dict[int, DeleteResult] = {}
         for item in pending:
             failures = [f"{key}: {errors[(item.bucket, key)]}" for key in item.keys if (item.bucket, key) in errors]
-            if failures:
+            if failures and all((item.bucket, key) in self.answer_lost for key in item.keys
+                                 if (item.bucket, key) in errors):
+                result = result_for(item.record, FAILED, ANSWER_LOST, error="; ".join(failures), s3_keys=item.keys)
+            elif failures:
                 result = result_for(item.record, FAILED, "not every object was deleted", error="; ".join(failures),
                                     s3_keys=item.keys)
             else:
@@ -203,6 +224,11 @@ class ObjectDeleter:
             response = self.s3.delete_objects(
                 Bucket=bucket, Delete={"Objects": [{"Key": k} for k in keys], "Quiet": False})
         except Exception as exc:
+            if _maybe_applied(exc):
+                # No answer (a timeout, a dropped connection) or a 5xx after boto3's own retries: S3 may have
+                # deleted them (DeleteObjects is idempotent; a retry of it answers a key already gone as deleted).
+                for k in keys:
+                    self.answer_lost.setdefault((bucket, k), _error_text(exc))
             return {(bucket, k): _error_text(exc) for k in keys}
         done = {d["Key"] for d in response.get("Deleted", [])}
         errors: dict[tuple[str, str], str] = {}
@@ -217,3 +243,15 @@ class ObjectDeleter:
             if key not in done and (bucket, key) not in errors:
                 errors[(bucket, key)] = "no answer for this key in the DeleteObjects response"
         return errors
+
+
+def _maybe_applied(exc: BaseException) -> bool:
+    """Whether a DeleteObjects that raised may still have been applied: anything but S3's 4xx answer, which refuses
+    the request as a whole (AccessDenied, NoSuchBucket, a bad signature) before deleting a key."""
+    from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError
+
+    if isinstance(exc, ClientError):
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return not (isinstance(status, int) and 400 <= status < 500)
+    # No connection was ever made: the request never left this host.
+    return not isinstance(exc, EndpointConnectionError | ConnectTimeoutError)

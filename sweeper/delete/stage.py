@@ -46,7 +46,7 @@ from sweeper.connections import Connections, MetadataEndpoint, OxiaEndpoint
 from sweeper.delete import permissions
 from sweeper.delete.decide import LiveObject, object_mismatch
 from sweeper.delete.drain import TopicDrain
-from sweeper.delete.journal import Journal, open_journal, resolve_interrupted
+from sweeper.delete.journal import Journal, open_journal, relabel_lost_answers, resolve_interrupted
 from sweeper.delete.lock import DeleteRunLock
 from sweeper.delete.records import SOURCE_EMITTED, SOURCE_JSON, SOURCE_RETRY, PendingRecord
 from sweeper.delete.results import FAILED, INVALID, DeleteResult, result_for
@@ -826,6 +826,10 @@ def _commit(store: TableStore, run_id: str, rows: list[TaskRow], target: DeleteT
             now: datetime, counts: dict[str, int]) -> DeleteRunResult:
     # Rows are ordered by when they were written; `now` (the decision clock) only sets next_attempt_at.
     written = datetime.now(UTC)
+    if execute and target.journal is not None:
+        # A target found gone that a delete of ours may have removed (its answer lost, its task run again) is ours
+        # (DESIGN.md invariant 18), before anything is counted or committed.
+        relabel_lost_answers(store, target.journal.attempt_id, [(row[0], row[4]) for row in rows])
     columns: dict[str, list[Any]] = {name: [] for name in DELETE_RESULTS.fieldNames()}
     queue_rows, dead_rows = [], []
     results: list[DeleteResult] = []

@@ -15,7 +15,9 @@ from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import (
+    AuthFailedError,
     BadVersionError,
+    ConnectionClosedError,
     NoAuthError,
     NoNodeError,
     NotEmptyError,
@@ -32,6 +34,7 @@ from sweeper.delete import decide
 from sweeper.delete.decide import DELETE, LiveLedger, ReferrerState, managed_ledger_name
 from sweeper.delete.results import (
     ALREADY_GONE,
+    ANSWER_LOST,
     DELETED,
     FAILED,
     IN_USE,
@@ -39,6 +42,7 @@ from sweeper.delete.results import (
     REFUSED,
     WOULD_DELETE,
     DeleteResult,
+    answer_lost_deleted,
     result_for,
 )
 from sweeper.delete.retry import is_transient
@@ -236,6 +240,10 @@ class LedgerDeleter:
         self.offload_check = offload_check
         # Operator-listed ids that no snapshot of the tables lists: with no znode either, a likely typo.
         self.never_seen = never_seen
+        # Ledger path -> the error that took the answer to its delete: sent, maybe applied (DESIGN.md invariant 18).
+        # Kept for the deleter's life, which spans the in-task retries (run_with_retries calls the same `process`):
+        # a re-verification that finds such a ledger gone files it `deleted` by this run, not `already_gone`.
+        self.answer_lost: dict[str, str] = {}
 
     # ---- the whole job ---------------------------------------------------------------------
 
@@ -345,6 +353,9 @@ class LedgerDeleter:
                 return result_for(record, INVALID, decide.unreadable("ledger metadata", exc), zk_path=path,
                                   zk_version=stat.version)
         version = live.zk_version if live else None
+        if live is None and path in self.answer_lost:
+            # Our own delete went through: its answer was lost, and nothing but this run deletes an orphan.
+            return result_for(record, DELETED, answer_lost_deleted(self.answer_lost[path]), zk_path=path)
         early = decide.check_ledger(record, live, self._now(), self.min_age_ms, path,
                                     ever_seen=ledger_id not in self.never_seen)
         if early is not None:
@@ -552,6 +563,11 @@ class LedgerDeleter:
                         results[item.index] = self._done(item, DELETED, "deleted with the verified version")
                 elif len(batch) == 1:
                     results[batch[0].index] = outcome
+                elif outcome.detail == ANSWER_LOST:
+                    # The whole multi may have been applied: sending its members again now would find them gone and
+                    # read as someone else's delete. The retry re-verifies them, after a back-off.
+                    for item in batch:
+                        results[item.index] = self._done(item, FAILED, ANSWER_LOST, outcome.error)
                 else:
                     for item in batch:
                         if self.refusal is not None:
@@ -580,19 +596,27 @@ class LedgerDeleter:
             tx.delete(item.path, version=item.version)
         try:
             return checks, tx.commit_async()
-        except Exception as exc:  # not even sent (connection gone): settled as "not confirmed"
+        except Exception as exc:  # not even queued: settled as "not sent", retried after re-verification
             return checks, exc
 
     def _settle(self, batch: list[Verified], checks: list[tuple[str, int]], answer: Any) -> DeleteResult | None:
         """None when every delete went through; else, for a single-ledger batch, that ledger's result
-        (for a larger batch only that it failed: the caller retries its members one by one)."""
+        (for a larger batch only that it failed: the caller retries its members one by one, or, when the answer
+        was lost (detail ANSWER_LOST), files them all failed for the retry to re-verify)."""
+        if isinstance(answer, Exception):  # the client refused to queue it: never sent
+            return self._done(batch[0], FAILED, "delete not sent", _error_text(answer))
         try:
-            if isinstance(answer, Exception):
-                raise answer
             outcome = answer.get(timeout=self.op_timeout_s)
+        except (ConnectionClosedError, AuthFailedError) as exc:
+            # kazoo's _call short-circuits these before queueing the request (KazooClient._call, kazoo 2.11).
+            return self._done(batch[0], FAILED, "delete not sent", _error_text(exc))
         except Exception as exc:
-            # Unknown whether it was applied: the retry re-verifies and finds it deleted or not.
-            return self._done(batch[0], FAILED, "delete not confirmed", _error_text(exc))
+            # Sent, and no answer: ZooKeeper may have applied the multi. ClientCnxn fails every request awaiting
+            # its reply with CONNECTIONLOSS when the connection drops (ClientCnxn.conLossPacket, ZooKeeper 3.x;
+            # KeeperException.ConnectionLossException: the operation may or may not have completed), and kazoo does
+            # the same to its `_pending` requests (KazooClient._notify_pending, kazoo 2.11); a timeout here leaves
+            # the request in kazoo's queue, to be sent after a reconnect. The retry re-verifies: gone means ours.
+            return self._answer_lost(batch, _error_text(exc))
         failure = next(((i, r) for i, r in enumerate(outcome)
                         if isinstance(r, Exception) and not isinstance(r, RolledBackError | RuntimeInconsistency)),
                        None)
@@ -615,13 +639,29 @@ class LedgerDeleter:
             return self._done(item, FAILED, "refused: missing ZooKeeper permission", self.refusal)
         if position < len(checks):
             path = checks[position][0]
+            if not isinstance(error, NoNodeError | BadVersionError):  # Oxia's re-read failed: nothing was sent
+                return self._done(item, FAILED, f"referrer {path} could not be re-read before the delete",
+                                  _error_text(error))
             # The referrer moved after we read it: what it says now must be verified again, so retry.
             return self._done(item, FAILED, f"referrer {path} changed after verification", _error_text(error))
+        if is_transient(error):
+            # A store without a multi (Oxia) answers per delete: this one was sent and its answer lost
+            # (sweeper.metastore.oxia turns gRPC's UNAVAILABLE / DEADLINE_EXCEEDED into kazoo's ConnectionLoss).
+            return self._answer_lost([item], _error_text(error))
+        if isinstance(error, NoNodeError) and item.path in self.answer_lost:
+            # Sent again after an earlier send's answer was lost: that earlier delete went through.
+            return self._done(item, DELETED, answer_lost_deleted(self.answer_lost[item.path]))
         if isinstance(error, NoNodeError):
             return self._done(item, ALREADY_GONE, "deleted by someone else after verification")
         if isinstance(error, BadVersionError):
             return self._done(item, IN_USE, "ledger metadata changed after verification")
         return self._done(item, FAILED, "delete refused", _error_text(error))
+
+    def _answer_lost(self, batch: list[Verified], error: str) -> DeleteResult:
+        """Every ledger of the batch remembered as maybe deleted; `failed` with ANSWER_LOST for the caller."""
+        for item in batch:
+            self.answer_lost.setdefault(item.path, error)
+        return self._done(batch[0], FAILED, ANSWER_LOST, error)
 
     # ---- step 3: tidy ------------------------------------------------------------------------
 

@@ -34,7 +34,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError, RolledBackError
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionLoss,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    RolledBackError,
+)
 from kazoo.protocol.states import ZnodeStat
 
 from sweeper.errors import Refused
@@ -354,6 +361,7 @@ class OxiaStore:
         return stat_of(new, len(value))
 
     def delete(self, path: str, version: int = -1, recursive: bool = False) -> bool:
+        import grpc
         from oxia.ex import KeyNotFound, UnexpectedVersionId
 
         if recursive:
@@ -362,6 +370,13 @@ class OxiaStore:
             raise NotEmptyError(path)  # as OxiaMetadataStore.delete refuses
         try:
             deleted = self._client.delete(path, expected_version_id=None if version == -1 else version)
+        except grpc.RpcError as exc:
+            if exc.code().name in _ANSWER_LOST_CODES:
+                # Sent, and its answer lost: the server may have applied it. Raised as kazoo's ConnectionLoss, which
+                # the delete settles as a lost answer (sweeper.delete.zk_executor), not as a refusal.
+                raise ConnectionLoss(f"Oxia delete of {path}: {exc.code().name}: {exc.details()}: the answer was "
+                                     "lost; the delete may have been applied") from exc
+            raise
         except UnexpectedVersionId:
             # Oxia answers a versioned delete of a missing key with a version mismatch; kazoo's callers tell
             # "someone deleted it" (NoNode) from "it changed" (BadVersion), so ask which it was.
@@ -397,6 +412,12 @@ class OxiaStore:
         if not self._closed:  # kazoo's close after stop is the usual pair: the second call has nothing to do
             self._closed = True
             self._client.close()
+
+
+# gRPC statuses of a write that may have reached the server (PyPI `oxia` 0.2.1 sends `OxiaClient/Write` as one
+# unary call without a deadline, and does not retry it): the connection went (UNAVAILABLE), the call was cut or
+# timed out (CANCELLED, DEADLINE_EXCEEDED), or the transport failed mid-answer (UNKNOWN, INTERNAL).
+_ANSWER_LOST_CODES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "UNKNOWN", "INTERNAL"})
 
 
 class _RootVersion:
@@ -443,7 +464,12 @@ class OxiaTransaction:
         results: list[Any] = []
         failed = False
         for path, version in self.checks:
-            stat = self.store.exists(path)
+            try:
+                stat = self.store.exists(path)
+            except Exception as exc:  # a check that could not be read stops the delete before it is sent
+                results.append(exc)
+                failed = True
+                continue
             error = NoNodeError(path) if stat is None else BadVersionError(path) if stat.version != version else None
             failed = failed or error is not None
             results.append(error if error is not None else True)

@@ -4,7 +4,10 @@ boto3 talks real HTTP to it and it forwards every request unchanged, except Dele
 listed in `faults` are answered with a per-key <Error> (S3's partial failure: 200 OK, some keys
 refused) and are not deleted; the other keys are deleted by the upstream as usual. moto itself
 never returns per-key errors, so this is how the tests meet them. Listings of the prefixes in
-`list_faults` are refused (403), as a bucket policy denying part of a bucket would.
+`list_faults` are refused (403), as a bucket policy denying part of a bucket would. The next
+`lose_delete_answers` DeleteObjects requests are forwarded, so the upstream deletes their keys, and then
+answered 500 InternalError, as S3 behind a failing front end or a cut connection leaves a client that cannot
+know whether its delete was applied (boto3 retries a 500: each retry counts as one more request).
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ class S3FaultProxy:
     refused: list[str] = field(default_factory=list)  # keys answered with an error, in order
     # ListObjectsV2 requests for these prefixes are answered 403 AccessDenied (a slice of a bucket unlistable).
     list_faults: set[str] = field(default_factory=set)
+    lose_delete_answers: int = 0  # DeleteObjects requests to forward, then answer 500 (the upstream deleted)
+    lost: list[list[str]] = field(default_factory=list)  # the keys of each such request
     server: ThreadingHTTPServer | None = None
 
     @property
@@ -69,7 +74,8 @@ class S3FaultProxy:
                     return
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_HEADERS}
                 extra = b""
-                if self.command == "POST" and urlsplit(self.path).query.split("&")[0] in ("delete", "delete="):
+                deleting = self.command == "POST" and urlsplit(self.path).query.split("&")[0] in ("delete", "delete=")
+                if deleting:
                     body, extra = proxy._split_delete(body)
                     headers = {k: v for k, v in headers.items() if k.lower() not in _CHECKSUM_HEADERS}
                     if body is not None:
@@ -79,6 +85,10 @@ class S3FaultProxy:
                     reply = f'<?xml version="1.0"?><DeleteResult xmlns="{S3_NS}"></DeleteResult>'.encode()
                 else:
                     status, reply_headers, reply = proxy._send(self.command, self.path, body or b"", headers)
+                    if deleting and not extra and body is not None and proxy._lose_this_answer(body, status):
+                        status, reply_headers = 500, [("Content-Type", "application/xml")]
+                        reply = (b'<?xml version="1.0"?><Error><Code>InternalError</Code>'
+                                 b"<Message>injected: the delete was applied, its answer lost</Message></Error>")
                 if extra:
                     reply = reply.replace(b"</DeleteResult>", extra + b"</DeleteResult>")
                 self.send_response(status)
@@ -114,6 +124,16 @@ class S3FaultProxy:
             return response.status, response.getheaders(), response.read()
         finally:
             conn.close()
+
+    def _lose_this_answer(self, body: bytes, status: int) -> bool:
+        """Whether this forwarded DeleteObjects (answered `status` upstream) is one whose answer is lost."""
+        if status != 200 or self.lose_delete_answers <= 0:
+            return False
+        self.lose_delete_answers -= 1
+        root = ElementTree.fromstring(body)
+        self.lost.append([c.text or "" for obj in root if obj.tag.split("}")[-1] == "Object"
+                          for c in obj if c.tag.split("}")[-1] == "Key"])
+        return True
 
     def _split_delete(self, body: bytes | None) -> tuple[bytes | None, bytes]:
         """The request without faulted keys (None if none is left), and the <Error> elements to answer them with."""
