@@ -611,11 +611,12 @@ class LedgerDeleter:
             # kazoo's _call short-circuits these before queueing the request (KazooClient._call, kazoo 2.11).
             return self._done(batch[0], FAILED, "delete not sent", _error_text(exc))
         except Exception as exc:
-            # Sent, and no answer: ZooKeeper may have applied the multi. ClientCnxn fails every request awaiting
-            # its reply with CONNECTIONLOSS when the connection drops (ClientCnxn.conLossPacket, ZooKeeper 3.x;
-            # KeeperException.ConnectionLossException: the operation may or may not have completed), and kazoo does
-            # the same to its `_pending` requests (KazooClient._notify_pending, kazoo 2.11); a timeout here leaves
-            # the request in kazoo's queue, to be sent after a reconnect. The retry re-verifies: gone means ours.
+            # Sent, and no answer: ZooKeeper may have applied the multi. ZooKeeper's own client fails every request
+            # awaiting its reply with CONNECTIONLOSS when the connection drops (ClientCnxn.cleanup -> conLossPacket),
+            # and the project's error-handling guide says such a request may or may not have been applied
+            # (cwiki.apache.org/confluence/display/ZOOKEEPER/ErrorHandling, "requests in flight"). kazoo does the
+            # same to its `_pending` requests (KazooClient._notify_pending, kazoo 2.11); a timeout here leaves the
+            # request in kazoo's `_queue`, to be sent after a reconnect. The retry re-verifies: gone means ours.
             return self._answer_lost(batch, _error_text(exc))
         failure = next(((i, r) for i, r in enumerate(outcome)
                         if isinstance(r, Exception) and not isinstance(r, RolledBackError | RuntimeInconsistency)),
