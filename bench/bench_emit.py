@@ -35,6 +35,7 @@ from harness.zkserver import free_port
 from sweeper import pending_delete
 from sweeper.config import PulsarMetadataConfig, SweeperConfig
 from sweeper.emit import run_emit
+from sweeper.runs import GATES_PASSED
 from sweeper.runs import record as record_run
 from sweeper.spark import get_spark
 from sweeper.table_schemas import ORPHANS
@@ -88,7 +89,8 @@ def main() -> None:
         store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
         run_id = "bench-emit"
         store.append_rows("orphans", orphan_rows(run_id, args.records), ORPHANS)
-        record_run(store, run_id, "reconcile", "succeeded", datetime.now(UTC), {}, cfg)
+        # Synthetic orphans, no snapshot to gate: recorded as a gated reconcile, which emit requires.
+        record_run(store, run_id, "reconcile", "succeeded", datetime.now(UTC), {GATES_PASSED: 1}, cfg)
 
         # Warm: in a sweep, emit runs right after reconcile in the same Spark session.
         store.read("orphans").count()

@@ -636,7 +636,8 @@ def build_parser() -> argparse.ArgumentParser:
     reconcile = sub.add_parser("reconcile", help="find orphans in a snapshot (default: the latest)")
     stage_options(reconcile)
     common(reconcile)
-    reconcile.add_argument("--skip-gates", action="store_true", help="skip the data-quality gates (audits only)")
+    reconcile.add_argument("--skip-gates", action="store_true",
+                           help="skip the data-quality gates: an audit only, emit and delete refuse the run")
     reconcile.add_argument("--allow-no-brokers", action="store_true",
                            help="pass the liveness gate with no broker registered (a cleanup with brokers stopped)")
     reconcile.set_defaults(func=cmd_reconcile)

@@ -327,7 +327,9 @@ _RECORDS_ARROW = pa.schema([("record_key", pa.string()), ("ledger_id", pa.int64(
 
 
 def check_reconciled(store: TableStore, run_id: str) -> None:
+    """The run was reconciled, and its gates passed: a run reconciled with --skip-gates is for audits only."""
     runs.require(store, run_id, "reconcile", EmitRefused, f"run {run_id} has no successful reconcile: nothing to emit")
+    runs.require_gated(store, run_id, EmitRefused)
 
 
 def already_emitted(store: TableStore, run_id: str) -> set[str]:

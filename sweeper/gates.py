@@ -22,6 +22,7 @@ from sweeper import runs
 from sweeper.config import GatesConfig
 from sweeper.errors import Refused
 from sweeper.liveness import Liveness, liveness_problems
+from sweeper.references import PEER_OWNER, PEER_REFERENCE
 from sweeper.tables import TableStore
 from sweeper.vocabulary import LISTING_FAILED
 
@@ -34,6 +35,7 @@ class GateResult:
     run_id: str
     failures: list[str] = field(default_factory=list)
     checked: int = 0
+    baseline: str | None = None  # the run whose snapshot the shrink gate compared with (None: no earlier good run)
 
     @property
     def passed(self) -> bool:
@@ -49,6 +51,21 @@ class GateFailed(Refused):
 
 def _runs(store: TableStore) -> list[dict[str, Any]]:
     return runs.rows(store, stage="snapshot", status=runs.SUCCEEDED)
+
+
+def baseline(snapshots: list[dict[str, Any]], reconciles: list[dict[str, Any]],
+             run_id: str) -> dict[str, Any] | None:
+    """The snapshot row the shrink gate compares `run_id`'s with: the newest earlier snapshot whose run's reconcile
+    passed the gates (`runs.gates_passed`). A snapshot the gates refused, one reconciled with --skip-gates, and one
+    never reconciled are no baseline: a second bad snapshot compared with the first would pass. A run the breaker
+    or the missing-reference gate refused after its gates passed is none either (its snapshot may be the broken one
+    those caught). `snapshots`: succeeded snapshot rows, oldest first."""
+    this = next((r for r in snapshots if r["run_id"] == run_id), None)
+    if this is None:
+        return None
+    good = {r["run_id"] for r in reconciles if runs.gates_passed(r)}
+    earlier = [r for r in snapshots if r["started_at"] < this["started_at"] and r["run_id"] in good]
+    return earlier[-1] if earlier else None
 
 
 def _expectations(table: str, count_floor: int) -> list[Any]:
@@ -84,12 +101,16 @@ def _describe(result: Any) -> str:
 
 # The tables the gates read, and the columns they need (the driver reads no others).
 GATED: dict[str, tuple[str, ...]] = {
-    "bk_ledgers": ("ledger_id", "path", "zk_version", "created_ms", "is_pulsar", "component", "cursor"),
+    "bk_ledgers": ("ledger_id", "path", "zk_version", "created_ms", "is_pulsar", "component", "cursor",
+                   "managed_ledger"),
     "managed_ledgers": ("managed_ledger", "zk_mtime_ms"),
     "ml_ledgers": ("managed_ledger", "ledger_id"),
     "ml_cursors": ("managed_ledger", "cursor", "cursors_ledger_id", "zk_mtime_ms"),
     "schema_ledgers": ("ledger_id",),
     "quarantine": ("path", "error_kind"),
+    # Whose data ledgers measure this cluster's lag (`newest_data_ledger`).
+    "namespaces": ("namespace",),
+    "peer_references": ("kind", "ledger_id", "owner"),
 }
 VALIDATED = ("bk_ledgers", "managed_ledgers", "ml_ledgers", "ml_cursors", "schema_ledgers")
 # Only a topic's data ledgers measure the metadata lag. The broker tags them `application=pulsar`,
@@ -97,6 +118,15 @@ VALIDATED = ("bk_ledgers", "managed_ledgers", "ml_ledgers", "ml_cursors", "schem
 # same plus `pulsar/cursor` (buildAdditionalMetadataForCursor), so a data ledger is one without a cursor. Both
 # engines below apply this one predicate, each in its own expression language.
 DATA_LEDGER_COMPONENT = "managed-ledger"
+# And only this cluster's: BookKeeper's ledger metadata names no cluster (LedgerMetadataFormat has no such field), so on
+# bookies shared with a peer (`[safety] peer_metadata`) the peer's fresh ledgers say nothing about this cluster's
+# metadata. A data ledger is this cluster's unless the snapshot proves otherwise: a peer references it; its
+# `pulsar/managed-ledger` exists at a peer and not here; or that name's namespace is not one this cluster's metadata
+# knows (`namespaces`: /managed-ledgers and /admin/policies; skipped on a dedicated BookKeeper). A ledger whose
+# managed ledger is missing or does not parse is counted: an owner nobody can name must not let a stale store pass.
+# The namespace of `tenant/ns/persistent/<topic>` (or old `tenant/cluster/ns/persistent/<topic>`), as
+# names.parse_managed_ledger splits it; the same pattern for Java's regex (Spark) and RE2 (Arrow).
+NAMESPACE_OF_MANAGED_LEDGER = r"^([^/]+/[^/]+(?:/[^/]+)?)/persistent/[^/]+$"
 
 
 class _SparkRows:
@@ -114,14 +144,39 @@ class _SparkRows:
     def count(self, table: str) -> int:
         return self.frames[table].count() if table in self.frames else 0
 
-    def newest(self, table: str, column: str, data_ledgers: bool = False) -> int | None:
+    def newest(self, table: str, column: str) -> int | None:
         if table not in self.frames:
             return None
-        frame = self.frames[table]
-        if data_ledgers:
-            frame = frame.where((F.col("component") == DATA_LEDGER_COMPONENT) & F.col("cursor").isNull()
-                                & F.col("is_pulsar"))
-        value = frame.agg(F.max(column)).first()[0]
+        value = self.frames[table].agg(F.max(column)).first()[0]
+        return int(value) if value is not None else None
+
+    def newest_data_ledger(self, dedicated: bool) -> int | None:
+        """When this cluster's newest data ledger was created (see DATA_LEDGER_COMPONENT); None: it has none."""
+        if "bk_ledgers" not in self.frames:
+            return None
+        spark = self.frames["bk_ledgers"].sparkSession
+        frame = self.frames["bk_ledgers"].where((F.col("component") == DATA_LEDGER_COMPONENT)
+                                                & F.col("cursor").isNull() & F.col("is_pulsar"))
+        if not dedicated:
+            peers = self.frames.get("peer_references")
+            if peers is not None:
+                frame = frame.join(peers.where((F.col("kind") == PEER_REFERENCE) & F.col("ledger_id").isNotNull())
+                                   .select("ledger_id").distinct(), "ledger_id", "left_anti")
+                peer_only = (peers.where((F.col("kind") == PEER_OWNER) & F.col("owner").isNotNull())
+                             .select(F.col("owner").alias("managed_ledger")).distinct())
+                if "managed_ledgers" in self.frames:
+                    peer_only = peer_only.join(self.frames["managed_ledgers"].select("managed_ledger"),
+                                               "managed_ledger", "left_anti")
+                frame = frame.join(peer_only, "managed_ledger", "left_anti")  # a null name matches nothing: kept
+            known = (self.frames["namespaces"].select(F.col("namespace").alias("_ns")).distinct()
+                     if "namespaces" in self.frames else spark.createDataFrame([], "_ns string"))
+            ml = F.col("managed_ledger")
+            namespace = F.when(ml.rlike(NAMESPACE_OF_MANAGED_LEDGER),
+                               F.regexp_extract(ml, NAMESPACE_OF_MANAGED_LEDGER, 1))
+            frame = (frame.withColumn("_of", namespace)
+                     .join(known.withColumn("_known", F.lit(True)), F.col("_of") == F.col("_ns"), "left")
+                     .where(F.col("_of").isNull() | F.col("_known").isNotNull()))
+        value = frame.agg(F.max("created_ms")).first()[0]
         return int(value) if value is not None else None
 
     def unlisted_buckets(self) -> list[str]:
@@ -155,15 +210,39 @@ class _DriverRows:
     def count(self, table: str) -> int:
         return self.tables[table].num_rows if table in self.tables else 0
 
-    def newest(self, table: str, column: str, data_ledgers: bool = False) -> int | None:
+    def newest(self, table: str, column: str) -> int | None:
         if table not in self.tables:
             return None
         rows = self.tables[table]
-        if data_ledgers:
-            keep = pc.and_kleene(pc.and_kleene(pc.equal(rows["component"], DATA_LEDGER_COMPONENT),
-                                               pc.is_null(rows["cursor"])), rows["is_pulsar"])
-            rows = rows.filter(keep)  # a null in the mask drops the row, as Spark's where does
         value = pc.max(rows[column]).as_py() if rows.num_rows else None
+        return int(value) if value is not None else None
+
+    def newest_data_ledger(self, dedicated: bool) -> int | None:
+        """As `_SparkRows.newest_data_ledger`, with Arrow: the same predicate, the same null handling."""
+        if "bk_ledgers" not in self.tables:
+            return None
+        rows = self.tables["bk_ledgers"]
+        keep = pc.and_kleene(pc.and_kleene(pc.equal(rows["component"], DATA_LEDGER_COMPONENT),
+                                           pc.is_null(rows["cursor"])), rows["is_pulsar"])
+        rows = rows.filter(keep)  # a null in the mask drops the row, as Spark's where does
+        if not dedicated and rows.num_rows:
+            peers = self.tables.get("peer_references")
+            if peers is not None:
+                refs = peers.filter(pc.equal(peers["kind"], PEER_REFERENCE))["ledger_id"].drop_null()
+                owners = set(peers.filter(pc.equal(peers["kind"], PEER_OWNER))["owner"].drop_null().to_pylist())
+                ours = (set(self.tables["managed_ledgers"]["managed_ledger"].drop_null().to_pylist())
+                        if "managed_ledgers" in self.tables else set())
+                rows = rows.filter(pc.invert(pc.is_in(rows["ledger_id"], value_set=refs.combine_chunks())))
+                # is_in: a null name is in no set without nulls, so it is kept (as by Spark's anti-join)
+                rows = rows.filter(pc.invert(pc.is_in(rows["managed_ledger"],
+                                                      value_set=pa.array(sorted(owners - ours), pa.string()))))
+            known = (self.tables["namespaces"]["namespace"].drop_null().combine_chunks()
+                     if "namespaces" in self.tables else pa.array([], pa.string()))
+            pattern = NAMESPACE_OF_MANAGED_LEDGER.replace("^(", "^(?P<namespace>", 1)
+            # A struct that is null where the name does not match; flatten() carries that null to the field.
+            namespace = pc.extract_regex(rows["managed_ledger"].combine_chunks(), pattern).flatten()[0]
+            rows = rows.filter(pc.or_(pc.is_null(namespace), pc.is_in(namespace, value_set=known)))
+        value = pc.max(rows["created_ms"]).as_py() if rows.num_rows else None
         return int(value) if value is not None else None
 
     def unlisted_buckets(self) -> list[str]:
@@ -180,36 +259,39 @@ class _DriverRows:
         self.tables.clear()
 
 
-def snapshot_liveness(rows: _SparkRows | _DriverRows, recorded: dict[str, int]) -> Liveness:
-    """What the run's snapshot says about the metadata being live (see sweeper.liveness)."""
+def snapshot_liveness(rows: _SparkRows | _DriverRows, recorded: dict[str, int], dedicated: bool = False) -> Liveness:
+    """What the run's snapshot says about this cluster's metadata being live (see sweeper.liveness): its own
+    managed-ledger and cursor changes against its own newest data ledger, never a peer's on shared bookies."""
     changes = [v for v in (rows.newest("managed_ledgers", "zk_mtime_ms"), rows.newest("ml_cursors", "zk_mtime_ms"))
                if v is not None]
     return Liveness(int(recorded.get("live_brokers", 0)), max(changes) if changes else None,
-                    rows.newest("bk_ledgers", "created_ms", data_ledgers=True))
+                    rows.newest_data_ledger(dedicated))
 
 
 def run_gates(store: TableStore, run_id: str, config: GatesConfig,
-              brokers_path: str = "/loadbalance/brokers") -> GateResult:
+              brokers_path: str = "/loadbalance/brokers", dedicated: bool = False) -> GateResult:
+    """The gates on `run_id`'s snapshot. `dedicated`: `[safety] bookkeeper_dedicated`, every ledger is ours."""
     result = GateResult(run_id)
     good_runs = _runs(store)
     this = next((r for r in good_runs if r["run_id"] == run_id), None)
     if this is None:
         result.failures.append(f"no successful snapshot recorded for run {run_id}")
         return result
-    previous = [r for r in good_runs if r["started_at"] < this["started_at"]]
+    previous = baseline(good_runs, runs.rows(store, stage="reconcile", status=runs.SUCCEEDED), run_id)
+    result.baseline = previous["run_id"] if previous else None
     recorded = this["counts"] or {}
     # The engine is chosen by what the snapshot recorded, before anything is read.
     on_driver = sum(int(recorded.get(table, 0)) for table in GATED) <= config.driver_rows
     rows = _DriverRows(store, run_id) if on_driver else _SparkRows(store, run_id)
     try:
-        _check(rows, result, recorded, previous, config, brokers_path)
+        _check(rows, result, recorded, previous, config, brokers_path, dedicated)
     finally:
         rows.release()
     return result
 
 
 def _check(rows: _SparkRows | _DriverRows, result: GateResult, recorded: dict[str, int],
-           previous: list[dict[str, Any]], config: GatesConfig, brokers_path: str) -> None:
+           previous: dict[str, Any] | None, config: GatesConfig, brokers_path: str, dedicated: bool) -> None:
     import great_expectations as gx
 
     run_id = result.run_id
@@ -229,7 +311,7 @@ def _check(rows: _SparkRows | _DriverRows, result: GateResult, recorded: dict[st
         result.failures.append(
             f"{unlisted} slice(s) of the offload buckets could not be listed ({buckets}): a partial listing "
             "cannot tell what tiered storage holds. Fix access, or set [gates] allow_offload_listing_errors = true")
-    result.failures += liveness_problems(snapshot_liveness(rows, recorded), brokers_path,
+    result.failures += liveness_problems(snapshot_liveness(rows, recorded, dedicated), brokers_path,
                                          config.max_metadata_lag_minutes, config.require_live_brokers)
 
     from great_expectations.data_context.types.base import ProgressBarsConfig
@@ -246,8 +328,8 @@ def _check(rows: _SparkRows | _DriverRows, result: GateResult, recorded: dict[st
             floor = 1
         if table == "managed_ledgers" and pulsar_expected and not config.allow_empty:
             floor = 1
-        if previous:
-            before = (previous[-1]["counts"] or {}).get(table, 0)
+        if previous is not None:
+            before = (previous["counts"] or {}).get(table, 0)
             floor = max(floor, int(before * (1 - config.max_drop_fraction)))
         if not rows.has(table):
             if floor:

@@ -57,15 +57,19 @@ def reconcile_stage(spark: SparkSession, config: SweeperConfig, store: TableStor
                     check_gates: bool = True) -> ReconcileResult:
     def body() -> ReconcileResult:
         if check_gates:
-            gates = run_gates(store, run_id, config.gates, config.pulsar.brokers_path)
+            gates = run_gates(store, run_id, config.gates, config.pulsar.brokers_path,
+                              dedicated=config.safety.bookkeeper_dedicated)
             if not gates.passed:
                 raise GateFailed(gates)
         return run_reconcile(spark, store, run_id, SafetySettings.from_config(config))
 
     def ending(result: ReconcileResult) -> runs.Ending:
         required = int(check_gates and config.gates.require_live_brokers)
-        result.counts = result.counts.with_counts(live_brokers_required=required)
+        # Only a gated reconcile may be emitted, deleted, or be a later run's baseline (runs.gates_passed).
+        result.counts = result.counts.with_counts(live_brokers_required=required, gates_passed=int(check_gates))
         waived = "" if required else "liveness gate waived: no live broker was required"
+        if not check_gates:
+            waived = "gates skipped (--skip-gates): audit only, never emitted or deleted"
         return runs.Ending(result.counts, message=waived)
 
     return runs.stage(store, config, run_id, "reconcile", body, ending, (GateFailed, ReconcileRefused))

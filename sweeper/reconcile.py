@@ -121,6 +121,9 @@ class ReconcileCounts(runs.StageCounts):
     shared_bookkeeper_unverified: int = 0
     peer_clusters_read: int = 0
     live_brokers_required: int = runs.count("gate.live_brokers_required")  # set by the stage's gates
+    # 1 when the data-quality gates ran and passed (0: --skip-gates): what emit, delete and the next run's shrink
+    # gate ask of this row (runs.gates_passed).
+    gates_passed: int = runs.count(runs.GATES_PASSED)
 
 
 @dataclass
@@ -525,10 +528,16 @@ def build_report(orphans: DataFrame, run_id: str) -> DataFrame:
 
 
 def check_snapshot_run(store: TableStore, run_id: str) -> dict[str, int]:
-    """The run's snapshot must have succeeded, be complete, and not be reconciled already."""
+    """The run's snapshot must have succeeded, be complete, and not be reconciled already.
+
+    A run is reconciled once: a second reconcile (gated after `--skip-gates`, or the reverse) would leave two plans
+    under one run id, and emit could not tell which one the gates passed. A succeeded reconcile with no orphan rows
+    (an empty snapshot) counts too."""
     counts = runs.require(store, run_id, "snapshot", ReconcileRefused, f"no successful snapshot for run {run_id}")
-    if store.exists("orphans") and store.read("orphans").where(F.col("run_id") == run_id).limit(1).count():
-        raise ReconcileRefused(f"run {run_id} is already reconciled: start a new run")
+    if runs.succeeded(store, run_id, "reconcile") is not None or (
+            store.exists("orphans") and store.read("orphans").where(F.col("run_id") == run_id).limit(1).count()):
+        raise ReconcileRefused(f"run {run_id} is already reconciled (a run is reconciled once, with or without "
+                               "--skip-gates): take a new snapshot for a new run")
     return counts
 
 

@@ -246,6 +246,38 @@ def require(store: TableStore, run_id: str, stage: str, refusal: type[Exception]
     return counts
 
 
+# The reconcile row's count saying the data-quality gates ran on the run's snapshot and passed (issue 34). Only such
+# a run may be emitted or deleted (DESIGN invariant 19), and only such a run is a later snapshot's gate baseline.
+GATES_PASSED = "gate.passed"
+
+
+def gates_passed(row: Mapping[str, Any]) -> bool:
+    """Whether a `runs` row is a reconcile that succeeded after its gates passed (not one run with --skip-gates)."""
+    return (row["stage"] == "reconcile" and row["status"] == SUCCEEDED
+            and int((row.get("counts") or {}).get(GATES_PASSED, 0)) == 1)
+
+
+def ungated(run_id: str, reconciles: Iterable[Mapping[str, Any]]) -> str | None:
+    """Why the run's plan may never be emitted or deleted, or None: its reconcile did not pass the gates. Every
+    succeeded reconcile row must say they passed (a second reconcile of a run is refused; should one be recorded
+    anyway, an ungated one still taints the run's `orphans`)."""
+    done = [r for r in reconciles if r["stage"] == "reconcile" and r["status"] == SUCCEEDED]
+    if done and all(gates_passed(r) for r in done):
+        return None
+    if not done:
+        return f"run {run_id} has no successful reconcile that passed the data-quality gates: take a new snapshot"
+    return (f"run {run_id} was reconciled without the data-quality gates (--skip-gates is for audits only): it can "
+            "be shown and audited, never emitted or deleted; take a new snapshot (`sweeper snapshot`) and reconcile "
+            "it with the gates")
+
+
+def require_gated(store: TableStore, run_id: str, refusal: type[Exception]) -> None:
+    """The run's reconcile passed the gates; else `refusal` (exit 3) saying why and what to do."""
+    why = ungated(run_id, rows(store, run_id=run_id, stage="reconcile"))
+    if why is not None:
+        raise refusal(why)
+
+
 def started_at(store: TableStore, run_id: str) -> datetime | None:
     """When the run's first stage started."""
     found = rows(store, run_id=run_id)

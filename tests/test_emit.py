@@ -32,12 +32,12 @@ from sweeper.emit import (
     send_slot,
 )
 from sweeper.reconcile import CANDIDATE, SafetySettings, run_reconcile
-from sweeper.runs import record as record_run
 from sweeper.safety import CircuitBreaker
 from sweeper.system_topic import BrokerSettings, partition_for, partition_topic
 from sweeper.tables import TableStore, open_table_store
 from tests.support.broker import TOPIC, Broker
 from tests.support.config import BASE_CONFIG
+from tests.support.gates import record_gated_reconcile
 from tests.support.seeded import SeededSnapshotMaker
 from tests.support.tls_certs import make_tls_files
 
@@ -47,7 +47,7 @@ def _reconciled(seeded_snapshot: SeededSnapshotMaker, broker: Broker, spark: Spa
     _, cfg, store, run_id = seeded_snapshot(SandboxSpec(seed=3, topics=topics),
                                             system_topic=broker.config(read_in_snapshot=False))
     run_reconcile(spark, store, run_id, SafetySettings(breaker=CircuitBreaker(1.0), bookkeeper_dedicated=True))
-    record_run(store, run_id, "reconcile", "succeeded", datetime.now(UTC), {}, cfg)
+    record_gated_reconcile(store, run_id, {}, cfg)
     return cfg, store, run_id
 
 

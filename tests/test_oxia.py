@@ -38,6 +38,7 @@ from sweeper.tables import TableStore, open_table_store
 from sweeper.vocabulary import CANDIDATE, DAY_MS
 from tests.support.broker import Broker
 from tests.support.config import BASE_CONFIG
+from tests.support.gates import record_gated_reconcile
 from tests.support.ledgers import ledger_bytes
 from tests.support.seeded import LATER_MS, later, orphans_past_grace
 
@@ -106,7 +107,7 @@ def _planned(spark: SparkSession, cfg: SweeperConfig, broker: Broker) -> tuple[T
     run_id = run_snapshot(spark, cfg, store).run_id
     started = datetime.now(UTC)
     rec = run_reconcile(spark, store, run_id, SafetySettings.from_config(cfg), now_ms=later())
-    record_run(store, run_id, "reconcile", "succeeded", started, rec.counts, cfg)
+    record_gated_reconcile(store, run_id, rec.counts, cfg, started)
     emitted = run_emit(spark, cfg, store, run_id)
     record_run(store, run_id, "emit", "succeeded", datetime.now(UTC), emitted.counts, cfg)
     return store, run_id

@@ -525,6 +525,8 @@ def delete_partition(items: Iterator[list[PendingRecord]], target: DeleteTarget)
 def _check_emitted(store: TableStore, run_id: str) -> None:
     runs.require(store, run_id, "emit", DeleteRefused,
                  f"run {run_id} has no successful emit: nothing was marked for deletion")
+    # Emit refuses an ungated run too; the delete asks again, whoever recorded that emit (DESIGN invariant 19).
+    runs.require_gated(store, run_id, DeleteRefused)
 
 
 def _buckets(store: TableStore, settings: DeleteSettings, run_id: str | None) -> tuple[tuple[str, str, str], ...]:

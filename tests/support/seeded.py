@@ -29,6 +29,7 @@ from sweeper.tables import TableStore, open_table_store
 from sweeper.vocabulary import DAY_MS
 from tests.support.broker import Broker
 from tests.support.config import BASE_CONFIG
+from tests.support.gates import record_gated_reconcile
 
 # Past the 7-day grace period: moto cannot backdate the objects a test seeds, so its orphan objects are candidates
 # only to a clock this far ahead.
@@ -107,7 +108,7 @@ def planned_delete(zk: KazooClient, hosts: str, spark: SparkSession, tmp_path: P
     else:
         started = datetime.now(UTC)
         rec = run_reconcile(spark, store, run_id, SafetySettings.from_config(cfg), now_ms=later())
-        record_run(store, run_id, "reconcile", "succeeded", started, rec.counts, cfg)
+        record_gated_reconcile(store, run_id, rec.counts, cfg, started)
     if emit:
         emitted = run_emit(spark, cfg, store, run_id)
         record_run(store, run_id, "emit", "succeeded", datetime.now(UTC), emitted.counts, cfg)
