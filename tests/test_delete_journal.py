@@ -94,3 +94,29 @@ def test_the_fold_counts_an_answer_lost_whose_ledger_is_gone_as_that_attempts_de
     rows = [r for r in store.read_arrow("delete_results").to_pylist() if r["outcome"] == "deleted"]
     assert [r["ledger_id"] for r in rows] == [4]
     assert rows[0]["detail"].startswith(f"deleted by attempt {stopped.attempt_id}; the answer to its delete was lost")
+
+
+def test_an_offloaded_copy_a_stopped_attempt_set_out_to_delete_is_its_deletion_once_seen_gone(
+        spark: SparkSession, tmp_path: Path) -> None:
+    """A stopped attempt journalled its intent for an offloaded copy and no outcome: it may have sent the
+    DeleteObjects (DESIGN.md invariant 18). The fold cannot look into the bucket, so the next attempt re-verifies
+    the record; finding the objects gone, its `already_gone` is that stopped attempt's deletion, not somebody
+    else's. Without a stopped attempt behind it, `already_gone` stays."""
+    from sweeper.delete.journal import relabel_lost_answers
+
+    store = open_table_store(str(tmp_path / "t"), spark, engine="delta-rs")
+    offload = PendingRecord("OFFLOAD_LEDGER/7/k", "emitted", "run-1", 0, b"")
+    stopped = open_journal(store, "run-1", "/ledgers", LAYOUT)
+    stopped.intents([(offload, {"ledgerId": 7, "ledgerType": "OFFLOAD_LEDGER"})])
+    found = resolve_interrupted(store, lambda p: True, "next")
+    assert found.still_present == 1 and not found.settled  # re-verified by the next attempt, as before
+
+    nxt = open_journal(store, "run-1", "/ledgers", LAYOUT)
+    nxt.intents([(offload, {"ledgerId": 7, "ledgerType": "OFFLOAD_LEDGER"})])
+    gone = DeleteResult(7, "OFFLOAD_LEDGER", None, None, "already_gone", "no object left")
+    other = DeleteResult(8, "OFFLOAD_LEDGER", None, None, "already_gone", "no object left")
+    nxt.outcomes([(offload, gone)])
+    assert relabel_lost_answers(store, nxt.attempt_id, [("OFFLOAD_LEDGER/7/k", gone),
+                                                        ("OFFLOAD_LEDGER/8/k", other)]) == 1
+    assert gone.outcome == "deleted" and gone.detail.startswith(f"deleted by attempt {stopped.attempt_id}")
+    assert other.outcome == "already_gone"

@@ -167,7 +167,17 @@ def resolve_interrupted(store: TableStore, exists: Any, by_attempt: str) -> Reso
         for key, row in intents.items():
             if key in outcomes:
                 continue
-            if row["zk_path"] and not exists(row["zk_path"]):
+            if not row["zk_path"]:
+                # An offloaded copy: the driver cannot look into the bucket here, so the re-verification does.
+                # The attempt may have sent its DeleteObjects before it stopped: on record as an answer lost, so
+                # that finding the objects gone files them `deleted` by that attempt (`lost_answer_evidence`),
+                # never somebody else's `already_gone`.
+                found.still_present += 1
+                journal_rows.append({**{k: row[k] for k in _CARRIED}, "at": now, "phase": OUTCOME,
+                                     "outcome": FAILED, "detail": ANSWER_LOST,
+                                     "zk_version": None, "attempt": row["attempt"]})
+                continue
+            if not exists(row["zk_path"]):
                 found.recovered += 1
                 found.settled.add(key)
                 if (run_id, key) not in final:
@@ -198,6 +208,10 @@ def resolve_interrupted(store: TableStore, exists: Any, by_attempt: str) -> Reso
     # Closed last: killed before this, the next attempt folds them again and the `final` check skips duplicates.
     store.append_rows(JOURNAL_TABLE, journal_rows, DELETE_JOURNAL, commit_metadata=metadata)
     return found
+
+
+# The columns of an intent that a fold-in's outcome row for it repeats.
+_CARRIED = ("run_id", "attempt_id", "record_key", "source", "origin_run_id", "ledger_id", "ledger_type", "zk_path")
 
 
 def _result_row(row: Mapping[str, Any], outcome: str, detail: str, at: datetime) -> dict[str, Any]:
