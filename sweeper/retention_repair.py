@@ -403,6 +403,9 @@ def run_repair(config: SweeperConfig, store: TableStore, plan_run_id: str, run_i
         if not store.exists("retention_debt"):
             raise RetentionRepairRefused(f"no retention_debt table in {config.tables.root}: run `sweeper sweep` first")
         if execute:
+            # DESIGN.md invariant 19: a plan made from a snapshot the gates never passed (`reconcile --skip-gates`,
+            # or a refused or missing reconcile) is for reading only, as for emit and delete.
+            runs.require_gated(store, plan_run_id, RetentionRepairRefused)
             refusal = plan_age_refusal(plan_run_id, _planned_at(store, plan_run_id), time.time(),
                                        config.retention.plan_max_age_hours)
             if refusal:

@@ -16,6 +16,7 @@ from pyspark.sql import SparkSession
 
 from harness.sandbox.model import SandboxSpec
 from harness.zkserver import ServerClock
+from sweeper import runs
 from sweeper.codecs import pulsar as codec
 from sweeper.config import ConfigError
 from sweeper.connections import Connections
@@ -61,6 +62,7 @@ from sweeper.table_schemas import RETENTION_DEBT
 from sweeper.tables import open_table_store
 from tests.support.admin_server import AdminServer, Answer, pulsar_like_answers
 from tests.support.config import BASE_CONFIG, ZkTarget
+from tests.support.gates import record_gated_reconcile
 from tests.support.seeded import SeededSnapshotMaker, sandbox_config
 
 
@@ -144,6 +146,9 @@ def test_a_dry_run_rechecks_each_znode_and_respects_the_cap(
     assert [r["outcome"] for r in capped.rows].count(DEFERRED) == len(capped.rows) - 2
     assert store.read("retention_actions").count() == len(dry.rows) + len(again.rows) + len(capped.rows)
 
+    with pytest.raises(RetentionRepairRefused, match="no successful reconcile that passed the data-quality gates"):
+        run_repair(cfg, store, run_id, "repair-4", execute=True)  # a snapshot alone: never acted on
+    record_gated_reconcile(store, run_id, {}, cfg)
     with pytest.raises(RetentionRepairRefused, match="admin_url"):
         run_repair(cfg, store, run_id, "repair-4", execute=True)
 
@@ -243,6 +248,7 @@ def _repair_setup(zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, admi
 def _write_plan(store: Any, cfg: Any, rows: list[dict[str, Any]], started: datetime | None = None) -> str:
     plan = rows[0]["run_id"]
     store.append_rows("retention_debt", rows, RETENTION_DEBT)
+    record_gated_reconcile(store, plan, {}, cfg, started)
     record_run(store, plan, "retention_debt", "succeeded", started or datetime.now(UTC), {}, cfg)
     return plan
 
@@ -343,6 +349,27 @@ def test_an_old_plan_is_refused_with_execute(
     assert _outcomes(run_repair(cfg, store, plan, "repair-2").rows)[("orders", "idle-sub")][0] == WOULD_DELETE
     assert plan_age_refusal("p", 1000.0, 1000.0 + 47 * 3600, 48.0) is None
     assert plan_age_refusal("p", None, 0.0, 48.0) is not None
+
+
+def test_a_plan_whose_snapshot_never_passed_the_gates_is_never_executed(
+        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path) -> None:
+    """DESIGN.md invariant 19: `reconcile --skip-gates` (an audit) leaves a run whose plan can be read, never acted
+    on; nor can a plan whose run has no reconcile that passed the gates."""
+    _seed_topic(zk, "t/ns/persistent/orders", {"idle-sub": {}})
+    cfg, store = _repair_setup(zk_target, spark, tmp_path, "http://127.0.0.1:9")
+    rows = [_plan_row("plan-1", "t/ns/persistent/orders", "idle-sub")]
+    store.append_rows("retention_debt", rows, RETENTION_DEBT)
+    record_run(store, "plan-1", "retention_debt", "succeeded", datetime.now(UTC), {}, cfg)
+
+    with pytest.raises(RetentionRepairRefused, match="no successful reconcile that passed the data-quality gates"):
+        run_repair(cfg, store, "plan-1", "repair-1", execute=True)
+    record_run(store, "plan-1", "reconcile", "succeeded", datetime.now(UTC), {runs.GATES_PASSED: 0}, cfg)
+    with pytest.raises(RetentionRepairRefused, match=r"without the data-quality gates \(--skip-gates is for audits"):
+        run_repair(cfg, store, "plan-1", "repair-2", execute=True)
+    assert not store.exists("retention_actions")
+    assert zk.exists("/managed-ledgers/t/ns/persistent/orders/idle-sub")
+    # Read, shown and audited: a dry run still judges it.
+    assert _outcomes(run_repair(cfg, store, "plan-1", "repair-3").rows)[("orders", "idle-sub")][0] == WOULD_DELETE
 
 
 def test_todays_rules_refuse_what_a_plan_names(

@@ -36,6 +36,7 @@ from sweeper.table_schemas import RETENTION_DEBT
 from sweeper.tables import open_table_store
 from tests.support.admin_server import AdminServer, pulsar_like_answers
 from tests.support.config import SHORT_LIVED_SPARK_ENV, ZkTarget
+from tests.support.gates import record_gated_reconcile
 from tests.support.seeded import sandbox_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -147,6 +148,7 @@ def test_a_repair_killed_right_after_the_broker_answered_leaves_every_call_on_re
         # ledger on an unloaded topic. Largest first: a (delete, trim), b (trim), c (delete, trim).
         store.append_rows("retention_debt", [_plan_row("a", "idle-sub", 300), _plan_row("b", None, 200),
                                              _plan_row("c", "idle-sub", 100)], RETENTION_DEBT)
+        record_gated_reconcile(store, "plan-1", {}, cfg)
         record_run(store, "plan-1", "retention_debt", "succeeded", datetime.now(UTC), {}, cfg)
         config_file = tmp_path / "sweeper.toml"
         config_file.write_text(_toml(cfg))
