@@ -121,7 +121,7 @@ def run_summaries(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
             "mode": "executed" if executed else "dry run",
             "candidates": counts.get("reconcile", {}).get("candidate"),
             "published": counts.get("emit", {}).get("published"),
-            "deleted": _deleted(counts),
+            "deleted": _deleted(stages),
             "message": next((r["message"] for r in reversed(stages) if r["message"] and r["status"] != runs.SUCCEEDED),
                             ""),
         })
@@ -155,10 +155,13 @@ def human_duration(seconds: float) -> str:
     return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
-def _deleted(counts: Mapping[str, Mapping[str, int]]) -> int | None:
+def _deleted(stages: Sequence[Mapping[str, Any]]) -> int | None:
+    """Everything the run deleted: each attempt's `runs` row counts its own deletions (an `interrupted` row what a
+    stopped attempt did, the next attempt's row only what it did itself), so they add up."""
     for stage in ("delete", "retention_repair"):
-        if stage in counts:
-            return int(counts[stage].get("deleted", 0))
+        rows = [r for r in stages if r["stage"] == stage]
+        if rows:
+            return sum(int((r["counts"] or {}).get("deleted", 0)) for r in rows)
     return None
 
 

@@ -275,3 +275,18 @@ def test_a_killed_emit_is_shown_from_its_journal_until_the_next_emit(
     assert fold_interrupted(store, "night-4", by="the next emit") == 1
     run = _run(tables, "night-4", capsys)
     assert run["stages"].split().count("emit:interrupted") == 1 and "not yet folded in" not in run["message"]
+
+
+def test_runs_counts_every_attempts_deletions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run whose first delete attempt was stopped and folded in, then finished by the next: "what did the
+    sweeper delete?" is both attempts' deletions, not the last row's."""
+    tables = str(_tables(tmp_path))
+    store = DeltaRsTableStore(tables, None)  # type: ignore[arg-type]
+    cfg = SweeperConfig()
+    for stage, minutes in (("snapshot", 0), ("reconcile", 2), ("emit", 3)):
+        runs.record(store, "night-4", stage, runs.SUCCEEDED, T0 + timedelta(days=3, minutes=minutes), {}, cfg)
+    runs.record(store, "night-4", "delete", runs.INTERRUPTED, T0 + timedelta(days=3, minutes=4),
+                {"deleted": 3, "recovered_from_journal": 1, "execute": 1}, cfg)
+    runs.record(store, "night-4", "delete", runs.SUCCEEDED, T0 + timedelta(days=3, minutes=9),
+                {"deleted": 2, "interrupted_deleted": 3, "execute": 1}, cfg)
+    assert _run(tables, "night-4", capsys)["deleted"] == 5
