@@ -32,21 +32,18 @@ The evidence, from Pulsar's own code:
 from __future__ import annotations
 
 import contextlib
-import json
-import os
-import socket
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
+from kazoo.exceptions import NoAuthError
 
 from sweeper import runs
 from sweeper.codecs import pulsar as codec
 from sweeper.codecs.errors import MetadataDecodeError
+from sweeper.run_lock import RunLock, RunLockHeld
 from sweeper.table_schemas import REPAIR_JOURNAL, RETENTION_ACTIONS
 from sweeper.tables import TableStore
 
@@ -155,50 +152,30 @@ class RepairLockHeld(Exception):
 
 
 class RepairLock:
-    """One `retention --execute` at a time: an ephemeral znode naming its holder, so that a run the journal shows
-    unclosed is one that stopped, and a killed holder's lock goes with its session. (The delete has its own,
-    sweeper.delete.lock; a stage does not reach into another's package.)"""
+    """One `retention --execute` at a time (`sweeper.run_lock`), so that a run the journal shows unclosed is one that
+    stopped, and a killed holder's lock goes with its session."""
 
     def __init__(self, client: Any, path: str, run_id: str) -> None:
-        self.client, self.path, self.run_id, self.held = client, path, run_id, False
+        self._lock = _RepairRunLock(client, path, run_id=run_id)
+        self.path = path
 
     def acquire(self) -> None:
-        body = {"run_id": self.run_id, "host": socket.gethostname(), "pid": os.getpid(),
-                "started_ms": int(time.time() * 1000)}
         try:
-            self.client.ensure_path(self.path.rsplit("/", 1)[0] or "/")
-            self.client.create(self.path, json.dumps(body).encode(), ephemeral=True)
-        except NodeExistsError:
-            holder = self._holder()
-            raise RepairLockHeld(
-                f"another retention repair holds {self.path}: run {holder.get('run_id')!r} on "
-                f"{holder.get('host')!r} (pid {holder.get('pid')}). Wait for it to end; if that process is gone, the "
-                "lock (an ephemeral znode) goes with its session within [bookkeeper] session_timeout_s; then run the "
-                "repair again") from None
+            self._lock.acquire()
+        except RunLockHeld as exc:
+            raise RepairLockHeld(str(exc)) from None
         except NoAuthError:
             raise RepairLockHeld(f"the sweeper may not create its repair lock {self.path} (ZooKeeper NoAuth): make "
                                  "its parent writable by the sweeper, or set [delete] lock_path") from None
-        self.held = True
-
-    def _holder(self) -> Mapping[str, Any]:
-        try:
-            data, _ = self.client.get(self.path)
-            found = json.loads(data)
-            return found if isinstance(found, dict) else {}
-        except (NoNodeError, ValueError):
-            return {"run_id": "(released meanwhile)"}
 
     def release(self) -> None:
-        if not self.held:
-            return
-        self.held = False
-        # Only our own session's node: once our session expired, the lock may be another run's. Best effort: the
-        # node goes with our session anyway, and the run's own end (or error) is what must be seen.
+        # Best effort: the node goes with our session anyway, and the run's own end (or error) is what must be seen.
         with contextlib.suppress(Exception):
-            _, stat = self.client.get(self.path)
-            session = self.client.client_id
-            if session is not None and stat.ephemeralOwner == session[0]:
-                self.client.delete(self.path, version=stat.version)
+            self._lock.release()
+
+
+class _RepairRunLock(RunLock):
+    what, command = "retention repair", "repair"
 
 
 class RepairJournal:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sweeper.delete.results import FAILED, DeleteResult, result_for
+from sweeper.zk.errors import is_connection_error
 
 # S3 error codes that say "try again later", as in boto3's own retry handler.
 TRANSIENT_S3_CODES = frozenset({
@@ -55,18 +56,7 @@ def is_transient_code(code: str | None, status: int | None = None) -> bool:
 
 def is_transient(exc: BaseException) -> bool:
     """True for errors that another attempt may not meet: lost connections, timeouts, throttling."""
-    from kazoo.exceptions import (
-        ConnectionClosedError,
-        ConnectionDropped,
-        ConnectionLoss,
-        OperationTimeoutError,
-        SessionExpiredError,
-        SessionMovedError,
-    )
-    from kazoo.handlers.threading import KazooTimeoutError
-
-    if isinstance(exc, ConnectionLoss | SessionExpiredError | OperationTimeoutError | ConnectionDropped
-                  | ConnectionClosedError | SessionMovedError | KazooTimeoutError):
+    if is_connection_error(exc):
         return True
     try:
         from botocore.exceptions import (

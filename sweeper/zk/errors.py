@@ -28,3 +28,19 @@ class ZooKeeperPermissionError(Refused, PermissionError):
                          + (f": {why}" if why else ""))
         self.path = path
         self.permission = permission
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """A kazoo error of the connection or the session, not of the request: another attempt may not meet it."""
+    from kazoo.exceptions import (
+        ConnectionClosedError,
+        ConnectionDropped,
+        ConnectionLoss,
+        OperationTimeoutError,
+        SessionExpiredError,
+        SessionMovedError,
+    )
+    from kazoo.handlers.threading import KazooTimeoutError
+
+    return isinstance(exc, ConnectionLoss | SessionExpiredError | OperationTimeoutError | ConnectionDropped
+                      | ConnectionClosedError | SessionMovedError | KazooTimeoutError)
