@@ -9,6 +9,9 @@ An attempt killed outright (SIGKILL, a lost node) is folded into `runs` and `del
 read its journal (issue 34 item 7): `runs` shows it `interrupted`, `show RUN deletes` lists its journalled
 outcomes and its intents without one, so "what did the sweeper delete?" never waits for another delete. A
 fold-in writes its rows before it closes the attempt: rows already written are left out, so nothing shows twice.
+A retention repair killed outright is read from `repair_journal` the same way until the next `retention
+--execute` folds it in: `runs` shows it `interrupted`, `show RUN actions` lists each call it journalled and
+recorded no action for as `intended`.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -29,13 +33,17 @@ from sweeper.tables.base import TableStore
 
 FORMATS = ("table", "json", "csv")
 
-# Where a `show RUN deletes` row comes from: a committed result, or the journal of an attempt not yet folded in.
+# Where a `show RUN deletes|actions` row comes from: its table (`delete_results`, `retention_actions`), or the
+# journal (`delete_journal`, `repair_journal`) of an attempt not yet folded in.
 RECORDED_IN = "recorded_in"
-FROM_RESULTS, FROM_JOURNAL = "delete_results", "delete_journal"
 # An intent without an outcome: the delete may or may not have happened (the next fold-in re-reads the ledger).
 INTENDED = "intended"
 IN_FLIGHT = "in flight when the attempt stopped: unknown until the next delete --execute re-reads it"
 NOT_FOLDED = "not yet folded in: the next delete --execute records it"
+# The same for an admin call of the retention repair.
+REPAIR_IN_FLIGHT = ("in flight when the repair stopped: unknown until the next retention --execute settles it from "
+                    "the metadata")
+REPAIR_NOT_FOLDED = "not yet folded in: the next retention --execute records it"
 
 # The worst status of a run's stages is the run's status.
 _SEVERITY = {runs.SUCCEEDED: 0, runs.PARTIAL: 1, runs.REFUSED: 2, runs.FAILED: 3, runs.INTERRUPTED: 4}
@@ -84,6 +92,7 @@ def read_store(config: SweeperConfig) -> TableStore:
     """The tables of `config`, read by delta-rs without Spark; a root with no tables is the operator's mistake."""
     from sweeper.delete.journal import JOURNAL_TABLE as DELETE_JOURNAL
     from sweeper.emit import JOURNAL_TABLE as EMIT_JOURNAL
+    from sweeper.repair_journal import JOURNAL_TABLE as REPAIR_JOURNAL
     from sweeper.tables.delta_rs import DeltaRsTableStore
     from sweeper.tables.storage import TableStorage, delta_rs_options
 
@@ -93,7 +102,7 @@ def read_store(config: SweeperConfig) -> TableStore:
                          "the sweeper's tables, or run `sweeper sweep` first")
     store = DeltaRsTableStore(config.tables.root, None, delta_rs_options(storage))  # type: ignore[arg-type]
     # A first-ever delete killed outright leaves only its journal: that is something to show.
-    if not any(store.exists(table) for table in (runs.TABLE, DELETE_JOURNAL, EMIT_JOURNAL)):
+    if not any(store.exists(table) for table in (runs.TABLE, DELETE_JOURNAL, EMIT_JOURNAL, REPAIR_JOURNAL)):
         raise UsageError(f"no runs table under {config.tables.root}: nothing has run with these tables yet "
                          "(`sweeper sweep` writes them), or --tables names another directory")
     return store
@@ -169,7 +178,10 @@ def _deleted(stages: Sequence[Mapping[str, Any]]) -> int | None:
 class UnfoldedAttempt:
     """A `delete --execute` attempt with no `closed` row in its journal: it stopped (or is running now) and no
     later attempt has folded it in. Its outcomes, one per record (a re-run Spark task may journal a record twice:
-    a `deleted` among them is the one kept, as the deletion happened), and its intents without an outcome."""
+    a `deleted` among them is the one kept, as the deletion happened), and its intents without an outcome.
+    Also a `retention --execute` run left unclosed in `repair_journal` (`unfolded_repairs`): its own one attempt,
+    its `retention_actions` rows as outcomes, and in flight the last intent of each action without a row
+    (`repair_journal.unsettled`: what the fold-in will settle)."""
 
     run_id: str
     attempt_id: str
@@ -240,7 +252,7 @@ def unfolded_run_rows(store: TableStore, recorded: Sequence[Mapping[str, Any]]) 
             f"{plural(len(attempt.in_flight), 'intent')} without an outcome (unknown until then): "
             f"`sweeper show {attempt.run_id} deletes` lists them"))
     out += _unfolded_emits(store, recorded)
-    return out
+    return out + _unfolded_repair_rows(store, recorded)
 
 
 def _unfolded_emits(store: TableStore, recorded: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -283,6 +295,48 @@ def _unfolded_emits(store: TableStore, recorded: Sequence[Mapping[str, Any]]) ->
     return out
 
 
+def unfolded_repairs(store: TableStore, run_id: str | None = None) -> list[UnfoldedAttempt]:
+    """The repair runs (`run_id`, or all) whose `repair_journal` is not closed, oldest first: each stopped (or is
+    running now) and no later repair has folded it in."""
+    from sweeper.repair_journal import JOURNAL_TABLE, unclosed_runs, unsettled
+
+    pending = [r for r in unclosed_runs(store) if run_id in (None, r)]
+    if not pending:
+        return []
+    journal = store.read_arrow(JOURNAL_TABLE, where={"run_id": pending}).to_pylist()
+    recorded: list[dict[str, Any]] = []
+    if store.exists("retention_actions"):
+        recorded = store.read_arrow("retention_actions", where={"run_id": pending, "dry_run": False}).to_pylist()
+    found = []
+    for run in pending:
+        mine = sorted((r for r in journal if r["run_id"] == run), key=lambda r: r["at"])
+        own = [r for r in recorded if r["run_id"] == run]
+        found.append(UnfoldedAttempt(run, run, mine[0]["at"], max([mine[-1]["at"], *(r["finished_at"] for r in own)]),
+                                     tuple(own), tuple(unsettled(mine, own))))
+    return sorted(found, key=lambda r: r.started)
+
+
+def _unfolded_repair_rows(store: TableStore, recorded: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """An `interrupted` row for each unfolded repair run with no `runs` row of its stage: the fold-in writes one
+    only then (any row: its own, stopped before closing the journal, or the run's own stage wrapper's)."""
+    from sweeper.repair_journal import STAGE
+
+    out = []
+    for repair in unfolded_repairs(store):
+        if any(r["run_id"] == repair.run_id and r["stage"] == STAGE for r in recorded):
+            continue
+        by_outcome = Counter(r["outcome"] for r in repair.outcomes)
+        done = ", ".join(f"{n:,} {outcome}" for outcome, n in sorted(by_outcome.items()))
+        out.append(_interrupted_row(
+            repair.run_id, STAGE, repair.started, repair.last,
+            {**by_outcome, INTENDED: len(repair.in_flight), "recorded": len(repair.outcomes), "execute": 1},
+            f"repair run {repair.run_id} stopped before it finished (or is running now); {REPAIR_NOT_FOLDED}. "
+            f"{plural(len(repair.outcomes), 'row')} recorded in retention_actions{f' ({done})' if done else ''} and "
+            f"{plural(len(repair.in_flight), 'call')} intended without a row (unknown until then): "
+            f"`sweeper show {repair.run_id} actions` lists them"))
+    return out
+
+
 def _interrupted_row(run_id: str, stage: str, started: datetime, last: datetime, counts: Mapping[str, int],
                      message: str) -> dict[str, Any]:
     return {"run_id": run_id, "stage": stage, "status": runs.INTERRUPTED, "started_at": started, "finished_at": last,
@@ -300,6 +354,7 @@ def _journal_deletes(store: TableStore, run_id: str) -> list[dict[str, Any]]:
     """`delete_results`-shaped rows for what the run's unfolded attempts journalled and `delete_results` does not
     hold yet: each outcome as journalled (never re-decided here: the fold-in decides), each intent without an
     outcome as `intended`."""
+    from sweeper.delete.journal import JOURNAL_TABLE
     from sweeper.delete.results import FAILED
     from sweeper.table_schemas import DELETE_RESULTS
 
@@ -326,19 +381,35 @@ def _journal_deletes(store: TableStore, run_id: str) -> list[dict[str, Any]]:
             key = row["record_key"]
             if key in final or (row["outcome"] == FAILED and (key, row["attempt"]) in failed):
                 continue
-            out.append(_as_result(names, row, row["outcome"], f"{mark}: {row['detail']}" if row["detail"] else mark))
+            out.append(_journalled(names, row, JOURNAL_TABLE, row["outcome"],
+                                   f"{mark}: {row['detail']}" if row["detail"] else mark, s3_keys=[]))
         for row in attempt.in_flight:
             if row["record_key"] not in final:
-                out.append(_as_result(names, row, INTENDED, f"{IN_FLIGHT} ({mark})"))
+                out.append(_journalled(names, row, JOURNAL_TABLE, INTENDED, f"{IN_FLIGHT} ({mark})", s3_keys=[]))
     return out
 
 
-def _as_result(names: Sequence[str], row: Mapping[str, Any], outcome: str, detail: str) -> dict[str, Any]:
-    values = {"run_id": row["run_id"], "origin_run_id": row.get("origin_run_id"), "finished_at": row["at"],
-              "record_key": row["record_key"], "ledger_id": row.get("ledger_id"), "ledger_type": row.get("ledger_type"),
-              "outcome": outcome, "detail": detail, "attempt": row.get("attempt"), "zk_path": row.get("zk_path"),
-              "zk_version": row.get("zk_version"), "s3_keys": [], "dry_run": False, "source": row.get("source")}
-    return {**{name: values.get(name) for name in names}, RECORDED_IN: FROM_JOURNAL}
+def _journal_actions(store: TableStore, run_id: str) -> list[dict[str, Any]]:
+    """`retention_actions`-shaped rows, `intended`, for the calls the run's unfolded repair journalled and recorded
+    no action for (a fold-in writes a row for each, so once folded in there are none)."""
+    from sweeper.repair_journal import JOURNAL_TABLE
+    from sweeper.table_schemas import RETENTION_ACTIONS
+
+    names = RETENTION_ACTIONS.fieldNames()
+    return [_journalled(names, row, JOURNAL_TABLE, INTENDED,
+                        f"{REPAIR_IN_FLIGHT} (its {row['call']} call, in {JOURNAL_TABLE}; {REPAIR_NOT_FOLDED})")
+            for repair in unfolded_repairs(store, run_id) for row in repair.in_flight]
+
+
+def _journalled(names: Sequence[str], row: Mapping[str, Any], journal: str, outcome: str, detail: str,
+                **values: Any) -> dict[str, Any]:
+    """A journal row in its table's shape (`names`): the journal's `at` as `finished_at`, never a dry run."""
+    values = {**row, "finished_at": row["at"], "outcome": outcome, "detail": detail, "dry_run": False, **values}
+    return {**{name: values.get(name) for name in names}, RECORDED_IN: journal}
+
+
+# The views that also list what a journal not yet folded in holds, by their table.
+_JOURNALLED = {"delete_results": _journal_deletes, "retention_actions": _journal_actions}
 
 
 def show_rows(store: TableStore, run_id: str, view_name: str, filters: Mapping[str, str | None],
@@ -353,16 +424,17 @@ def show_rows(store: TableStore, run_id: str, view_name: str, filters: Mapping[s
             raise UsageError(f"`show {view_name}` has no --{name} filter (it has: "
                              f"{', '.join('--' + f for f in sorted(view.filters)) or 'none'})")
         where[view.filters[name]] = value
-    # What the run's unfolded delete attempts journalled: listed until the next delete --execute folds it in.
-    journal = _journal_deletes(store, run_id) if view.table == "delete_results" else []
+    # What the run's unfolded delete attempts or repair journalled: listed until the next one folds it in.
+    from_journal = _JOURNALLED.get(view.table)
+    journal = from_journal(store, run_id) if from_journal else []
     if not journal and not runs.rows(store, run_id=run_id) and not (store.exists(view.table) and store.read_arrow(
             view.table, where={view.run_column: run_id}, columns=[view.run_column]).num_rows) \
-            and not unfolded_delete_attempts(store, run_id):
+            and not unfolded_delete_attempts(store, run_id) and not unfolded_repairs(store, run_id):
         raise UsageError(f"no run {run_id} in {store.root}: `sweeper runs` lists the runs there")
     found = store.read_arrow(view.table, where=where).to_pylist() if store.exists(view.table) else []
-    if view.table == "delete_results":
+    if from_journal:
         # Every row says where it is recorded, so a script reading json or csv sees one shape either way.
-        found = [{**r, RECORDED_IN: FROM_RESULTS} for r in found]
+        found = [{**r, RECORDED_IN: view.table} for r in found]
         found += [r for r in journal if all(r.get(column) == value for column, value in where.items())]
         if journal:
             view = replace(view, columns=(*view.columns, RECORDED_IN))

@@ -224,6 +224,17 @@ def unclosed_runs(store: TableStore) -> list[str]:
     return sorted({r["run_id"] for r in phases} - closed)
 
 
+def unsettled(journal: Iterable[Mapping[str, Any]], recorded: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """A run's actions with no `retention_actions` row (`recorded`: the run's rows), each as its last intent in
+    `journal` (the call whose answer may be lost): what a fold-in settles, and what `sweeper show RUN actions`
+    lists as in flight until then."""
+    have = {action_key(r) for r in recorded}
+    last: dict[int, dict[str, Any]] = {}
+    for row in sorted((r for r in journal if r["phase"] == INTENT), key=lambda r: r["at"]):
+        last[row["seq"]] = dict(row)
+    return [r for r in last.values() if action_key(r) not in have]
+
+
 def _intent_of(row: Mapping[str, Any]) -> Intent:
     return Intent(row["call"], row["zk_path"], row["zk_version"], row["zk_ctime_ms"], bool(row["topic_unloaded"]),
                   tuple(row["listed_ledger_ids"] or ()), tuple(row["trimmable_ledger_ids"] or ()))
@@ -252,14 +263,8 @@ def resolve_interrupted(store: TableStore, read: Callable[[str], tuple[bytes, An
     for run_id in pending:
         intents = [r for r in journal if r["run_id"] == run_id and r["phase"] == INTENT]
         own = [r for r in recorded if r["run_id"] == run_id]
-        have = {action_key(r) for r in own}
-        last: dict[int, dict[str, Any]] = {}
-        for row in sorted(intents, key=lambda r: r["at"]):
-            last[row["seq"]] = row  # the action's last call: the one whose answer may be lost
         added = []
-        for row in last.values():
-            if action_key(row) in have:
-                continue  # the run recorded this action's outcome itself
+        for row in unsettled(intents, own):  # what the run did not record itself
             outcome, why = settle(_intent_of(row), node_now(read, _intent_of(row)))
             added.append({
                 "run_id": run_id, "plan_run_id": row["plan_run_id"] or "", "finished_at": row["at"],

@@ -290,3 +290,94 @@ def test_runs_counts_every_attempts_deletions(tmp_path: Path, capsys: pytest.Cap
     runs.record(store, "night-4", "delete", runs.SUCCEEDED, T0 + timedelta(days=3, minutes=9),
                 {"deleted": 2, "interrupted_deleted": 3, "execute": 1}, cfg)
     assert _run(tables, "night-4", capsys)["deleted"] == 5
+
+
+def test_a_killed_retention_repair_is_shown_from_its_journal_until_folded_in_and_never_twice(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A `retention --execute` killed outright left its `repair_journal` unclosed: `runs` shows it `interrupted` and
+    `show RUN actions` lists each journalled call with no action row as `intended`, before the next repair folds it
+    in; after that fold-in (whole, or stopped before it closed the run, or before its `runs` row) nothing shows
+    twice. Real Delta tables, the real `RepairJournal` and `resolve_interrupted`."""
+    from deltalake import DeltaTable
+
+    from sweeper.repair_journal import JOURNAL_TABLE, RepairJournal, resolve_interrupted
+    from sweeper.retention_repair import RepairCounts
+    from sweeper.table_schemas import RETENTION_ACTIONS
+
+    tables = str(_tables(tmp_path))
+    store = DeltaRsTableStore(tables, None)  # type: ignore[arg-type]
+    run, cursor_path = "retention-5", "/managed-ledgers/t/ns/persistent/a/idle"
+
+    def action(kind: str, topic: str, cursor: str | None) -> dict[str, object]:
+        return {"action": kind, "tenant": "t", "namespace": "t/ns", "topic_name": f"persistent://t/ns/{topic}",
+                "managed_ledger": f"t/ns/persistent/{topic}", "cursor": cursor, "planned_bytes": 4096}
+
+    idle, load_b, idle_c = (action("delete_subscription", "a", "idle"), action("load_topic", "b", None),
+                            action("delete_subscription", "c", "idle"))
+    journal = RepairJournal(store, run, "night-1")
+    journal.intent(0, "stats", idle)
+    journal.intent(0, "delete_subscription", idle, zk_path=cursor_path, zk_version=0, zk_ctime_ms=11)
+    store.append_rows("retention_actions", [{
+        **idle, "run_id": run, "plan_run_id": "night-1", "finished_at": datetime.now(UTC), "outcome": "deleted",
+        "detail": "deleted idle subscription", "http_status": 204, "bytes_before": 4096, "bytes_after": None,
+        "dry_run": False}], RETENTION_ACTIONS)
+    journal.intent(1, "trim", load_b, zk_path="/managed-ledgers/t/ns/persistent/b", zk_version=3,
+                   topic_unloaded=True, listed_ledger_ids=[1, 2], trimmable_ledger_ids=[1])
+    journal.intent(2, "stats", idle_c)
+    # Killed here: the trim of b may have been answered, c's stats were read; neither has a row.
+
+    # `runs`: the repair run is interrupted, with what its journal and its rows say, before any other repair ran.
+    shown = _run(tables, run, capsys)
+    assert shown["status"] == "interrupted" and shown["mode"] == "executed" and shown["deleted"] == 1
+    assert shown["stages"] == "retention_repair:interrupted"
+    assert "not yet folded in: the next retention --execute records it" in shown["message"]
+    assert "1 row recorded in retention_actions (1 deleted) and 2 calls intended without a row" in shown["message"]
+    assert _run(tables, run, capsys, "--status", "interrupted")["run_id"] == run
+    assert run not in {r["run_id"] for r in _show(["runs", "--tables", tables, "--status", "succeeded"], capsys)}
+
+    # `show RUN actions`: the recorded row as it is, each call without one as `intended`.
+    rows = _show(["show", run, "actions", "--tables", tables, "--limit", "0"], capsys)
+    assert sorted((r["topic_name"][-1], r["outcome"], r["recorded_in"]) for r in rows) == [
+        ("a", "deleted", "retention_actions"), ("b", "intended", "repair_journal"),
+        ("c", "intended", "repair_journal")]
+    intended = {r["topic_name"][-1]: r for r in rows if r["outcome"] == "intended"}
+    assert all(r["detail"].startswith("in flight when the repair stopped: unknown until the next retention "
+                                      "--execute settles it from the metadata") for r in intended.values())
+    assert "its trim call" in intended["b"]["detail"] and "its stats call" in intended["c"]["detail"]
+    assert intended["b"]["plan_run_id"] == "night-1" and intended["b"]["dry_run"] is False
+    assert [r["topic_name"][-1] for r in _show(["show", run, "actions", "--tables", tables, "--status", "intended",
+                                                "--reason", "delete_subscription"], capsys)] == ["c"]
+    assert len(_show(["show", run, "actions", "--tables", tables, "--limit", "2"], capsys)) == 2
+    assert main(["show", run, "actions", "--tables", tables, "--format", "csv"]) == EXIT_OK
+    csv_lines = capsys.readouterr().out.splitlines()
+    assert csv_lines[0].startswith("run_id,plan_run_id,finished_at") and csv_lines[0].endswith(",recorded_in")
+    assert len(csv_lines) == 4 and sum(",intended," in line for line in csv_lines) == 2
+    assert main(["show", run, "actions", "--tables", tables]) == EXIT_OK
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[-1] == "recorded_in" and sum(" intended " in line for line in table) == 2
+    assert "3 actions rows of run retention-5" in table[-1]
+
+    # The next repair folds it in (the managed ledger of b is gone: unknown; c never got past its stats:
+    # interrupted). Then each action once, from retention_actions, and one `interrupted` row.
+    def folded_once() -> None:
+        rows = _show(["show", run, "actions", "--tables", tables, "--limit", "0"], capsys)
+        assert sorted((r["topic_name"][-1], r["outcome"]) for r in rows) == [
+            ("a", "deleted"), ("b", "unknown"), ("c", "interrupted")], rows
+        assert {r["recorded_in"] for r in rows} == {"retention_actions"}
+        shown = _run(tables, run, capsys)
+        assert shown["stages"] == "retention_repair:interrupted" and shown["deleted"] == 1
+        assert "not yet folded in" not in shown["message"]
+
+    resolve_interrupted(store, lambda path: None, "retention-6", RepairCounts.from_row)
+    folded_once()
+    # A fold-in stopped after writing its rows and before closing the run: still nothing twice.
+    DeltaTable(store.path(JOURNAL_TABLE)).delete("phase = 'closed'")
+    folded_once()
+    # Stopped earlier, after its action rows and before its `runs` row: the run is shown from the journal, its
+    # actions from retention_actions only.
+    DeltaTable(store.path("runs")).delete(f"run_id = '{run}'")
+    shown = _run(tables, run, capsys)
+    assert shown["stages"] == "retention_repair:interrupted" and "3 rows recorded" in shown["message"]
+    assert "0 calls intended" in shown["message"]
+    assert {r["recorded_in"] for r in _show(["show", run, "actions", "--tables", tables], capsys)} == \
+        {"retention_actions"}
