@@ -6,6 +6,8 @@ later run until someone deletes it by hand.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sweeper.run_lock import RunLock, RunLockHeld
 
 DEFAULT_LOCK_PATH = "/ledger-sweeper/locks/delete"
@@ -13,6 +15,9 @@ DEFAULT_LOCK_PATH = "/ledger-sweeper/locks/delete"
 
 class DeleteRunLock(RunLock):
     what, command = "delete run", "delete"
+
+    def __init__(self, client: Any, path: str = DEFAULT_LOCK_PATH, *, run_id: str) -> None:
+        super().__init__(client, path, run_id=run_id)
 
 
 __all__ = ["DEFAULT_LOCK_PATH", "DeleteRunLock", "RunLockHeld"]

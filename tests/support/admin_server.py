@@ -25,6 +25,7 @@ class AdminServer:
         self.answered: list[tuple[str, str]] = []  # since the last kill_after
         self.killed_after: tuple[str, str] | None = None
         self._kill: tuple[int, int] | None = None
+        self._lost = False  # the killed caller's later calls are dropped unanswered and unapplied
         self._lock = threading.Lock()
 
         class Handler(BaseHTTPRequestHandler):
@@ -36,6 +37,12 @@ class AdminServer:
                 if length:
                     self.rfile.read(length)
                 server_self.requests.append((self.command, self.path, self.headers.get("Authorization")))
+                last = server_self._admit(self.command, self.path)
+                if last is None:
+                    # The caller was lost right after an earlier answer: nothing it sent since reaches the broker,
+                    # however fast it sent it before the kill landed.
+                    self.close_connection = True
+                    return
                 status, headers, body = answer(self.command, self.path)
                 self.send_response(status)
                 for key, value in {**headers, "Content-Length": str(len(body))}.items():
@@ -43,7 +50,8 @@ class AdminServer:
                 self.end_headers()
                 self.wfile.write(body)
                 self.wfile.flush()
-                server_self._answered(self.command, self.path)
+                if last:
+                    server_self._kill_now()
 
             do_GET = do_POST = do_PUT = do_DELETE = _handle
 
@@ -54,16 +62,27 @@ class AdminServer:
 
     def kill_after(self, calls: int, pgid: int) -> None:
         with self._lock:
-            self.answered, self.killed_after, self._kill = [], None, (calls, pgid)
+            self.answered, self.killed_after, self._kill, self._lost = [], None, (calls, pgid), False
 
-    def _answered(self, method: str, path: str) -> None:
+    def _admit(self, method: str, path: str) -> bool | None:
+        """Whether to answer this call (None: its caller is being killed), and whether it is the last one: the
+        n-th call since `kill_after` is counted before it is answered, so that a call its caller makes in the
+        instant between that answer and the kill is never applied."""
         with self._lock:
+            if self._lost:
+                return None
             self.answered.append((method, path))
             if self._kill is not None and len(self.answered) == self._kill[0]:
-                pgid, self._kill = self._kill[1], None
-                self.killed_after = (method, path)
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pgid, signal.SIGKILL)
+                self._lost, self.killed_after = True, (method, path)
+                return True
+            return False
+
+    def _kill_now(self) -> None:
+        with self._lock:
+            pgid, self._kill = self._kill[1] if self._kill else None, None
+        if pgid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
 
     def close(self) -> None:
         self.server.shutdown()
