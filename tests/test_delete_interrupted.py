@@ -38,7 +38,7 @@ from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
 from harness.sandbox.model import SandboxSpec
-from sweeper.config import SweeperConfig
+from sweeper.config import SweeperConfig, to_toml
 from sweeper.delete.stage import FAILPOINT_BEFORE_OUTCOMES_ENV
 from sweeper.emit import FAILPOINT_BEFORE_RECORDING_ENV
 from sweeper.layout import ledger_path
@@ -54,15 +54,6 @@ SEED = int(os.environ.get("SWEEPER_KILL_SEED", "2211"))
 # Minutes: CLI processes started, stopped and started again. A hang is stopped well before the suite's own guard,
 # with every thread's stack; each attempt prints a line as it ends, so a failure shows how far the plan got.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-
-
-def _toml(cfg: SweeperConfig) -> str:
-    lines = []
-    for section, values in cfg.to_dict().items():
-        lines.append(f"[{section}]")
-        lines += [f"{key} = {json.dumps(list(value) if isinstance(value, tuple) else value)}"
-                  for key, value in values.items() if value is not None]
-    return "\n".join(lines) + "\n"
 
 
 def _journal_rows(root: Path, attempt_prefix: str = "") -> list[dict[str, Any]]:
@@ -141,7 +132,7 @@ def test_delete_killed_at_random_points_leaves_every_deletion_on_record(
     cfg = cfg.replace(delete={"deletes_per_second": 2.0, "tasks": 2},
                       bookkeeper={"session_timeout_s": 4.0}, system_topic={"records_per_producer": 3})
     config_file = tmp_path / "sweeper.toml"
-    config_file.write_text(_toml(cfg))
+    config_file.write_text(to_toml(cfg))
     _emit_stopped_then_finished(cfg, config_file, run_id, broker, tmp_path)
     emitted = {r["ledger_id"] for r in store.read_arrow("emitted", where={"run_id": run_id}).to_pylist()
                if r["ledger_type"] == "LEDGER"}

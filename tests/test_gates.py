@@ -15,7 +15,6 @@ from harness.sandbox.entities import ml_custom
 from harness.sandbox.model import SandboxCluster, SandboxSpec, build_cluster
 from harness.sandbox.seed import ledger_znode_data, seed_zookeeper
 from sweeper import runs
-from sweeper.codecs import pulsar as codec
 from sweeper.config import GatesConfig
 from sweeper.errors import StageRefused
 from sweeper.gates import GateFailed, baseline, run_gates
@@ -26,6 +25,7 @@ from sweeper.table_schemas import BK_LEDGERS
 from sweeper.tables import open_table_store
 from tests.support.config import ZkTarget
 from tests.support.gates import gates_on_both_engines
+from tests.support.peers import seed_peer
 from tests.support.seeded import SeededSnapshotMaker, sandbox_config
 
 
@@ -184,17 +184,6 @@ def _add_ledger(zk: KazooClient, cluster: SandboxCluster, ledger_id: int, ctime_
     return path
 
 
-def _peer(zk: KazooClient, lists: dict[str, list[int]]) -> None:
-    """A live peer cluster's metadata under /peer of the same ZooKeeper: its managed ledgers listing ledger ids."""
-    for ml, ids in lists.items():
-        info = codec.decode_managed_ledger_info(b"")
-        for ledger_id in ids:
-            info.ledgerInfo.add(ledgerId=ledger_id, entries=1, size=10, timestamp=1)
-        zk.create(f"/peer/managed-ledgers/{ml}", codec.encode_managed_ledger_info(info), makepath=True)
-    zk.ensure_path("/peer/schemas")
-    zk.create("/peer/loadbalance/brokers/peer-broker:8080", b"{}", ephemeral=True, makepath=True)
-
-
 def test_a_busy_peers_fresh_ledgers_are_not_this_clusters_metadata_lag(
     zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, live_broker: str
 ) -> None:
@@ -215,7 +204,7 @@ def test_a_busy_peers_fresh_ledgers_are_not_this_clusters_metadata_lag(
         peer_topic: [first + 1],  # a topic only the peer has, in a namespace both have
         f"{peer_namespace}/persistent/busy": [first + 2],
     }
-    _peer(zk, peer_lists)
+    seed_peer(zk, peer_lists)
     for ml, ids in peer_lists.items():
         for ledger_id in ids:
             _add_ledger(zk, cluster, ledger_id, later, ml_custom(ml))

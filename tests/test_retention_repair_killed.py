@@ -28,7 +28,7 @@ from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
 from sweeper.codecs import pulsar as codec
-from sweeper.config import SweeperConfig
+from sweeper.config import to_toml
 from sweeper.names import encode_local_name
 from sweeper.pipeline import COUNTS
 from sweeper.runs import record as record_run
@@ -45,15 +45,6 @@ LOCK = "/ledger-sweeper/locks/retention_repair"
 DONE = {"deleted", "trimmed", "loaded"}
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
-
-
-def _toml(cfg: SweeperConfig) -> str:
-    lines = []
-    for section, values in cfg.to_dict().items():
-        lines.append(f"[{section}]")
-        lines += [f"{key} = {json.dumps(list(value) if isinstance(value, tuple) else value)}"
-                  for key, value in values.items() if value is not None]
-    return "\n".join(lines) + "\n"
 
 
 def _seed(zk: KazooClient, topic: str, cursor: str | None) -> None:
@@ -151,7 +142,7 @@ def test_a_repair_killed_right_after_the_broker_answered_leaves_every_call_on_re
         record_gated_reconcile(store, "plan-1", {}, cfg)
         record_run(store, "plan-1", "retention_debt", "succeeded", datetime.now(UTC), {}, cfg)
         config_file = tmp_path / "sweeper.toml"
-        config_file.write_text(_toml(cfg))
+        config_file.write_text(to_toml(cfg))
         log = tmp_path / "repairs.log"
 
         # 1: killed right after the broker answered a's subscription delete (its second call: stats, delete).

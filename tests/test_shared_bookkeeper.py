@@ -16,7 +16,6 @@ from pyspark.sql import SparkSession
 
 from harness.sandbox.model import OrphanKind, SandboxCluster, SandboxSpec, Status, build_cluster
 from harness.sandbox.seed import seed_zookeeper
-from sweeper.codecs import pulsar as codec
 from sweeper.config import SweeperConfig
 from sweeper.delete.stage import run_delete
 from sweeper.layout import ledger_path
@@ -25,6 +24,7 @@ from sweeper.snapshot import run_snapshot
 from sweeper.tables import TableStore, open_table_store
 from sweeper.zk import client as zkutil
 from tests.support.config import ZkTarget
+from tests.support.peers import seed_peer
 from tests.support.seeded import sandbox_config
 
 SPEC = SandboxSpec(seed=4, topics=12)
@@ -46,18 +46,6 @@ def _orphans_of(cluster: SandboxCluster, kind: OrphanKind, tenant: str) -> list[
                   and (_owner_or_none(cluster, i) or "").startswith(f"{tenant}/"))
 
 
-def _peer(zk: KazooClient, lists: dict[str, list[int]], live: bool = True) -> None:
-    """A peer cluster's Pulsar metadata under /peer: managed ledgers (by name) listing ledger ids."""
-    for ml, ids in lists.items():
-        info = codec.decode_managed_ledger_info(b"")
-        for ledger_id in ids:
-            info.ledgerInfo.add(ledgerId=ledger_id, entries=1, size=10, timestamp=1)
-        zk.create(f"/peer/managed-ledgers/{ml}", codec.encode_managed_ledger_info(info), makepath=True)
-    zk.ensure_path("/peer/schemas")
-    if live:
-        zk.create("/peer/loadbalance/brokers/peer-broker:8080", b"{}", ephemeral=True, makepath=True)
-
-
 def _config(target: ZkTarget, tmp_path: Path, **safety: object) -> SweeperConfig:
     return sandbox_config(target.hosts, tmp_path / "tables", safety={"max_orphan_fraction": 1.0, **safety})
 
@@ -76,7 +64,7 @@ def test_a_peer_on_the_same_bookies_is_read_and_its_ledgers_never_candidates(
     deleted = _orphans_of(cluster, OrphanKind.TOPIC_DELETED, "tenant-1")[0]
     peers_topic = {i for i in cluster.ledgers if _owner_or_none(cluster, i) == _owner(cluster, deleted)}
     # (A ledger list Pulsar wrote is never empty: an empty znode is a topic mid-creation, quarantined.)
-    _peer(zk, {_owner(cluster, dropped): [dropped], _owner(cluster, deleted): [900_000]})
+    seed_peer(zk, {_owner(cluster, dropped): [dropped], _owner(cluster, deleted): [900_000]})
     peer = f"{zk_target.hosts}/peer"
     expected = {i for i, x in cluster.ledgers.items() if x.status is Status.ORPHAN
                 and x.orphan_kind is not OrphanKind.BOOKKEEPER_DELETED_BUT_PRESENT}  # offload is off here
@@ -118,7 +106,7 @@ def test_delete_from_json_refuses_a_denied_namespace_and_an_unverified_or_peer_l
     denied = _orphans_of(cluster, OrphanKind.TOPIC_DELETED, "tenant-1")[0]
     ours = _orphans_of(cluster, OrphanKind.TOPIC_DELETED, "tenant-0")[0]
     peers = _orphans_of(cluster, OrphanKind.DROPPED_FROM_LIST, "tenant-0")[0]
-    _peer(zk, {_owner(cluster, peers): [peers]})
+    seed_peer(zk, {_owner(cluster, peers): [peers]})
     store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
     run_snapshot(spark, _config(zk_target, tmp_path), store)  # shadow topics known, as the delete requires
     listing = tmp_path / "ledgers.json"

@@ -8,6 +8,7 @@
 - `tables`: rows of every column type and an order-free form to compare them, for the table-store tests.
 - `secure_zk`, `tls_certs`: a ZooKeeper with TLS and SASL users; a throwaway certificate authority.
 - `s3_faults`: a fault-injecting proxy in front of moto; `admin_server`: a stand-in for a broker's admin REST API.
+- `zk_faults`: a TCP proxy in front of ZooKeeper that drops a multi's answer; `peers`: a peer cluster's metadata.
 - `real_pulsar`: what the real-Pulsar tests share besides their fixtures (grace period, costs, records).
 - `testbed_session`: the real-Pulsar testbed's life in a session, serial or served by an xdist controller.
 
