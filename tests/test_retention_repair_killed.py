@@ -182,10 +182,13 @@ def test_a_repair_killed_right_after_the_broker_answered_leaves_every_call_on_re
                       for run, answered in ((run_1, answered_1), (run_2, answered_2), (run_3, answered_3))
                       for call, topic in (_call_name(m, p) for m, p in answered) if call != "stats")
         assert done == made, (done, made)
+        # The last call of each killed run: its row is the fold's ("stopped before recording"), unless the run wrote
+        # it itself in the instant between the broker's answer and the kill (seen on a loaded machine). Either way
+        # it is the killed run's, as `done == made` says.
+        last_calls = {(run_1, "persistent://t/ns/a"): "deleted", (run_2, "persistent://t/ns/b"): "trimmed"}
         recovered = {(r["run_id"], r["topic_name"]): r for r in actions if "stopped before recording" in r["detail"]}
-        assert recovered.keys() == {(run_1, "persistent://t/ns/a"), (run_2, "persistent://t/ns/b")}
-        assert recovered[(run_1, "persistent://t/ns/a")]["outcome"] == "deleted"
-        assert recovered[(run_2, "persistent://t/ns/b")]["outcome"] == "trimmed"
+        assert recovered.keys() <= last_calls.keys(), recovered.keys()
+        assert all(row["outcome"] == last_calls[key] for key, row in recovered.items())
         # The re-runs claim nothing of a's and b's: at most a's subscription, found gone by run 3.
         assert {(r["action"], r["topic_name"], r["outcome"]) for r in actions
                 if r["run_id"] == run_3 and r["topic_name"] != "persistent://t/ns/c"} <= {
@@ -195,8 +198,10 @@ def test_a_repair_killed_right_after_the_broker_answered_leaves_every_call_on_re
         assert [runs[r]["status"] for r in (run_1, run_2, run_3)] == ["interrupted", "interrupted", "succeeded"]
         counts = {r: COUNTS["retention_repair"].from_row(dict(runs[r]["counts"])) for r in (run_1, run_2, run_3)}
         assert all(c.extra == {} for c in counts.values()), counts
-        assert (counts[run_1].deleted, counts[run_1].recovered_from_journal) == (1, 1)
-        assert (counts[run_2].trimmed, counts[run_2].recovered_from_journal) == (2, 1)
+        assert (counts[run_1].deleted, counts[run_1].recovered_from_journal) == (
+            1, int((run_1, "persistent://t/ns/a") in recovered))
+        assert (counts[run_2].trimmed, counts[run_2].recovered_from_journal) == (
+            2, int((run_2, "persistent://t/ns/b") in recovered))
         assert (counts[run_3].deleted, counts[run_3].trimmed, counts[run_3].interrupted_runs) == (1, 1, 1)
         assert counts[run_3].done_by_interrupted_runs == 2  # a's and b's trims, done by run 2
         assert all(len(runs[r]["message"]) < 500 for r in (run_1, run_2))
