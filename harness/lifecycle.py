@@ -45,6 +45,15 @@ def pid_alive(pid: int) -> bool:
     return state != "Z"
 
 
+def group_alive(pgid: int) -> bool:
+    """True while any process of process group `pgid` exists (zombies included: a group ends when they are reaped)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def _signal(pid: int, sig: int, group: bool) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         if group:

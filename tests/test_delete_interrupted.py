@@ -37,6 +37,7 @@ from deltalake import DeltaTable
 from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
+from harness.lifecycle import group_alive
 from harness.sandbox.model import SandboxSpec
 from sweeper.config import SweeperConfig, to_toml
 from sweeper.delete.stage import FAILPOINT_BEFORE_OUTCOMES_ENV
@@ -111,18 +112,10 @@ def _wait_gone(proc: subprocess.Popen[bytes], zk: KazooClient, lock_path: str, t
 def _wait_group_gone(proc: subprocess.Popen[bytes], timeout: float) -> None:
     """The attempt's JVM and Python workers (its process group) have exited, killed if they outstay `timeout`."""
     deadline = time.monotonic() + timeout
-    while _group_alive(proc.pid) and time.monotonic() < deadline:
+    while group_alive(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.2)
-    if _group_alive(proc.pid):
+    if group_alive(proc.pid):
         os.killpg(proc.pid, signal.SIGKILL)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_delete_killed_at_random_points_leaves_every_deletion_on_record(

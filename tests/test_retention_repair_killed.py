@@ -27,6 +27,7 @@ from deltalake import DeltaTable
 from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
+from harness.lifecycle import group_alive
 from sweeper.codecs import pulsar as codec
 from sweeper.config import to_toml
 from sweeper.names import encode_local_name
@@ -76,14 +77,6 @@ def _rows(root: Path, table: str) -> list[dict[str, Any]]:
     return DeltaTable(str(root / table)).to_pyarrow_table().to_pylist()
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _run(config_file: Path, tmp_path: Path, broker: AdminServer, zk: KazooClient, kill_after: int | None,
          log: Path) -> tuple[int, list[tuple[str, str]], float]:
     """One `sweeper retention --execute` in a process group of its own; with `kill_after`, the broker SIGKILLs the
@@ -99,9 +92,9 @@ def _run(config_file: Path, tmp_path: Path, broker: AdminServer, zk: KazooClient
     broker.kill_after(kill_after or 10**6, proc.pid)
     code = proc.wait(timeout=300)
     deadline = time.monotonic() + 60
-    while _group_alive(proc.pid) and time.monotonic() < deadline:
+    while group_alive(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    if _group_alive(proc.pid):
+    if group_alive(proc.pid):
         os.killpg(proc.pid, signal.SIGKILL)
     # The killed run's lock is an ephemeral znode: it goes with its session ([bookkeeper] session_timeout_s).
     while zk.exists(LOCK) and time.monotonic() < deadline + 30:
