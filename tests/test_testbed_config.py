@@ -125,3 +125,48 @@ def test_an_unknown_metadata_store_is_refused(tmp_path: Path) -> None:
         server.testbed_up(tmp_path / "home", metadata="etcd")
     with pytest.raises(SystemExit):
         main(["testbed", "up", "--home", str(tmp_path), "--metadata", "etcd"])
+
+
+def test_the_bookie_serves_http_and_prometheus_metrics_and_collects_only_when_told(tmp_path: Path) -> None:
+    """Issue 35: the bookie's HTTP server (admin API and /metrics) on the port the testbed recorded, small entry logs,
+    Pulsar's compaction thresholds, and a GC interval long enough that only a triggered GC reclaims in a test."""
+    info = TestbedInfo(**{**asdict(_info(tmp_path)), "bookie_http_port": 7})
+    settings = broker_settings(info, tmp_path / "secret.key", tmp_path / "offloaders")
+    assert settings["httpServerEnabled"] == "true" and settings["httpServerPort"] == "7"
+    assert settings["httpServerClass"] == "org.apache.bookkeeper.http.vertx.VertxHttpServer"
+    assert settings["statsProviderClass"] == "org.apache.bookkeeper.stats.prometheus.PrometheusMetricsProvider"
+    assert settings["logSizeLimit"] == "4194304" and int(settings["flushInterval"]) <= 1000
+    assert (settings["majorCompactionThreshold"], settings["minorCompactionThreshold"]) == ("0.5", "0.2")
+    assert int(settings["gcWaitTime"]) >= 3_600_000
+    # ZooKeeper flavour: the HTTP endpoint registers as 0.0.0.0 (the sweeper's fallback to the bookie's host);
+    # Oxia flavour: loopback.
+    assert "httpServerHost" not in settings
+    oxia = TestbedInfo(**{**asdict(_oxia_info(tmp_path)), "bookie_http_port": 7})
+    assert broker_settings(oxia, tmp_path / "secret.key", tmp_path / "o")["httpServerHost"] == "127.0.0.1"
+
+
+def test_a_state_file_from_before_the_bookie_http_server_loads(tmp_path: Path) -> None:
+    from harness.testbed.bookie import BookieError, bookie_http_url, entry_log_bytes
+
+    old = {k: v for k, v in asdict(_info(tmp_path)).items() if k != "bookie_http_port"}
+    info = TestbedInfo(**json.loads(json.dumps(old)))
+    assert info.bookie_http_port == 0
+    with pytest.raises(BookieError, match="without an HTTP server"):
+        bookie_http_url(info)
+    assert entry_log_bytes(info) == 0  # no bookie data yet
+
+
+def test_entry_logs_are_the_hex_named_files_of_the_ledger_dir(tmp_path: Path) -> None:
+    from harness.testbed.bookie import entry_log_bytes, entry_log_files, ledger_dir
+
+    info = TestbedInfo(**{**asdict(_info(tmp_path)), "bookie_http_port": 7})
+    current = ledger_dir(info)
+    assert current == tmp_path / "data" / "bookkeeper0" / "current"
+    assert ledger_dir(_oxia_info(tmp_path)) == tmp_path / "data" / "bookkeeper-oxia" / "current"
+    (current / "ledgers").mkdir(parents=True)
+    (current / "ledgers" / "000003.log").write_bytes(b"r" * 50)  # RocksDB's WAL, not an entry log
+    (current / "a.log").write_bytes(b"x" * 10)
+    (current / "2.log").write_bytes(b"x" * 7)
+    (current / "1a21d62e097.txn").write_bytes(b"j" * 100)  # the journal
+    assert [p.name for p in entry_log_files(info)] == ["2.log", "a.log"]
+    assert entry_log_bytes(info) == 17

@@ -89,6 +89,9 @@ class TestbedInfo:
     metadata: str = ZOOKEEPER
     oxia_address: str = ""  # host:port of the Oxia server (flavour `oxia`)
     oxia_pid: int = 0
+    # The bookie's HTTP server (BookKeeper's admin REST API and Prometheus /metrics, issue 35); 0 in a state file
+    # an older version wrote (its bookie ran without one).
+    bookie_http_port: int = 0
 
     @property
     def on_oxia(self) -> bool:
@@ -223,12 +226,11 @@ def broker_settings(info: TestbedInfo, secret_file: Path, offloaders_dir: Path) 
         "tokenSecretKey": f"file://{secret_file.resolve()}",
         "brokerClientAuthenticationPlugin": "org.apache.pulsar.client.impl.auth.AuthenticationToken",
         "brokerClientAuthenticationParameters": f"file://{(home / 'tokens' / f'{SUPERUSER}.jwt').resolve()}",
-        # The bookie (configured from this same file by Pulsar's LocalBookkeeperEnsemble): small
-        # caches, and a short garbage-collection interval so deleted ledgers' space is reclaimed.
+        # The bookie (configured from this same file by Pulsar's LocalBookkeeperEnsemble): small caches.
         "dbStorage_writeCacheMaxSizeMb": "16",
         "dbStorage_readAheadCacheMaxSizeMb": "16",
         "dbStorage_rocksDB_blockCacheSize": "16777216",
-        "gcWaitTime": "10000",
+        **bookie_settings(info),
         "numIOThreads": "2",
         "numHttpServerThreads": "4",
         "numOrderedExecutorThreads": "2",
@@ -236,6 +238,39 @@ def broker_settings(info: TestbedInfo, secret_file: Path, offloaders_dir: Path) 
         "bookkeeperNumberOfChannelsPerBookie": "1",
         **_metadata_settings(info),
     }
+
+
+def bookie_settings(info: TestbedInfo) -> dict[str, str]:
+    """The bookie's HTTP server, metrics, entry logs and garbage collection (issue 35: space freed, verified).
+
+    Both flavours' bookies read them from standalone.conf: LocalBookkeeperEnsemble on ZooKeeper, and on Oxia
+    PulsarStandalone 4.0.8 hands the loaded file to BKCluster as its base configuration (harness.testbed.bookie has
+    what the real bookie showed)."""
+    settings = {
+        # BookKeeper's admin REST API (/api/v1/bookie/...) and, with the Prometheus provider, /metrics on the same
+        # port: PrometheusMetricsProvider starts a server of its own only when the bookie's HTTP server is off.
+        "httpServerEnabled": "true",
+        "httpServerClass": "org.apache.bookkeeper.http.vertx.VertxHttpServer",
+        "httpServerPort": str(info.bookie_http_port),
+        "statsProviderClass": "org.apache.bookkeeper.stats.prometheus.PrometheusMetricsProvider",
+        # Small entry logs that rotate after 4 MiB and are flushed within a second, so a test's orphans fill logs
+        # of their own that the garbage collector can drop whole.
+        "logSizeLimit": "4194304",
+        "flushInterval": "1000",
+        # Pulsar's bookkeeper.conf values (ServerConfiguration's own major threshold is 0.8).
+        "majorCompactionThreshold": "0.5",
+        "majorCompactionInterval": "86400",
+        "minorCompactionThreshold": "0.2",
+        "minorCompactionInterval": "3600",
+        # Only a triggered GC (PUT /api/v1/bookie/gc) reclaims during a test: the tests measure what one run gave
+        # back, and no test waits for the periodic collector.
+        "gcWaitTime": "3600000",
+    }
+    if info.on_oxia:
+        settings["httpServerHost"] = "127.0.0.1"
+    # The ZooKeeper flavour leaves httpServerHost unset (0.0.0.0): the bookie registers its HTTP endpoint with host
+    # 0.0.0.0, and the sweeper's "0.0.0.0 -> bookie host" fallback meets a real registration.
+    return settings
 
 
 def _metadata_settings(info: TestbedInfo) -> dict[str, str]:
@@ -427,14 +462,16 @@ def testbed_up(
         if previous is not None:
             testbed_down(home, previous)
         # Below the ephemeral range: the JVM binds them seconds later, while the machine is busy connecting.
-        # The sixth port is Oxia's; on Oxia nothing listens on the first (no ZooKeeper).
-        base = free_port_block(6 if flavour == OXIA else 5)
+        # The sixth port is the bookie's HTTP server, the seventh Oxia's; on Oxia nothing listens on the first
+        # (no ZooKeeper).
+        base = free_port_block(7 if flavour == OXIA else 6)
         s3 = start_s3(home / "logs", port=base + 4)
         info = TestbedInfo(
             home=str(home), pulsar_home=str(pulsar.resolve()), pulsar_version=version, cluster=CLUSTER_NAME,
             zk_port=0 if flavour == OXIA else base, bk_port=base + 1, broker_port=base + 2, web_port=base + 3,
             s3_endpoint=s3.endpoint, s3_pid=s3.pid, pid=0, offload_bucket=OFFLOAD_BUCKET, started_at=time.time(),
-            metadata=flavour, oxia_address=f"127.0.0.1:{base + 5}" if flavour == OXIA else "")
+            metadata=flavour, oxia_address=f"127.0.0.1:{base + 6}" if flavour == OXIA else "",
+            bookie_http_port=base + 5)
     try:
         if info.on_oxia and not info.oxia_pid:
             oxia = start_oxia(info.oxia_home, shards=OXIA_SHARDS, port=int(info.oxia_address.rsplit(":", 1)[1]))
