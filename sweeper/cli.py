@@ -370,9 +370,41 @@ def cmd_delete(args: argparse.Namespace) -> int:
     _print_counts("guards:", {k: int(v) for k, v in result.guards.items() if isinstance(v, int | float)})
     if result.guards.get("permission_check", "ok") != "ok":
         print(f"ZooKeeper permissions: {result.guards['permission_check']}")
+    reclaimed = None
+    if args.execute and cfg.reclaim.enabled:
+        from sweeper.pipeline import reclaim_report, reclaim_stage
+
+        reclaimed = reclaim_stage(cfg, store, run_id, trigger=cfg.reclaim.trigger_gc)
+        reclaim_report(reclaimed)
     if args.json:
-        print(json.dumps({"run_id": run_id, "counts": result.counts.as_row(), "guards": result.guards}))
+        print(json.dumps({"run_id": run_id, "counts": result.counts.as_row(), "guards": result.guards,
+                          **({"reclaim": reclaimed.counts.as_row()} if reclaimed else {})}))
     return EXIT_PARTIAL if is_partial(result) else EXIT_OK
+
+
+def cmd_reclaim(args: argparse.Namespace) -> int:
+    """Measure again what a run's deletes gave back; with --execute, first ask each bookie for one GC."""
+    from sweeper import runs
+    from sweeper.pipeline import reclaim_report, reclaim_stage
+
+    cfg = _load_config(args)
+    _, store = _session(cfg)
+    run_id = args.run_id or runs.latest(store, "delete")
+    if run_id is None or not runs.rows(store, run_id, "delete"):
+        print(f"refused: no delete run {'named ' + repr(args.run_id) + ' ' if args.run_id else ''}in "
+              f"{cfg.tables.root}; `sweeper runs` lists the runs", file=sys.stderr)
+        return EXIT_REFUSED
+    result = reclaim_stage(cfg, store, run_id, trigger=args.execute)
+    for row in result.rows:
+        print(f"{row['target']:<24} {row['verdict']:<18} expected {row['expected_bytes'] or 0:>14,}  freed "
+              f"{row['freed_bytes'] or 0:>14,}  pending {row['pending_bytes'] or 0:>14,}  {row['action']}"
+              + (f"  ({row['why']})" if row["why"] else ""))
+    reclaim_report(result)
+    if not args.execute:
+        print("measured only: pass --execute to ask each bookie that held deleted data for one GC")
+    if args.json:
+        print(json.dumps({"run_id": run_id, "counts": result.counts.as_row()}))
+    return EXIT_OK
 
 
 def cmd_retention(args: argparse.Namespace) -> int:
@@ -663,6 +695,15 @@ def build_parser() -> argparse.ArgumentParser:
                         help="drain the system topic's Shared subscription ([delete] subscription); messages are "
                              "acknowledged only after their outcomes are committed, never in a dry run")
     delete.set_defaults(func=cmd_delete)
+
+    reclaim = sub.add_parser("reclaim", help="measure what a run's deletes gave back on each bookie (and offload "
+                             "bucket); --execute first asks each bookie that held deleted data for one GC")
+    stage_options(reclaim)
+    common(reclaim)
+    reclaim.add_argument("--execute", action="store_true",
+                         help="trigger a GC (PUT /api/v1/bookie/gc) on each bookie that held the run's deleted data, "
+                              "at most once per bookie per run; [reclaim] compaction says which compaction it may run")
+    reclaim.set_defaults(func=cmd_reclaim)
 
     retention = sub.add_parser("retention", help="repair retention debt through the broker's admin REST API: load "
                                "unloaded topics so their retention runs, delete subscriptions idle past [retention] "

@@ -256,6 +256,34 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class ReclaimConfig:
+    """What the bookies give back after a delete (issue 35): measured around every executed delete, a GC
+    triggered only when asked. Deleting a ledger's metadata frees no disk by itself: each bookie's garbage
+    collector drops an entry log once all its ledgers are gone, and a compaction rewrites logs shared with live
+    data."""
+
+    enabled: bool = True  # sample the bookies' counters before and after an executed delete (read-only)
+    trigger_gc: bool = False  # with `sweep --execute`: PUT /api/v1/bookie/gc to the bookies that held deleted data
+    compaction: str = "minor"  # what a triggered GC may run: none (deletion only) | minor | major
+    # "<bookie id>=<base URL>" per bookie: overrides or completes the registration (legacy bookies without service
+    # info, a proxy in front of the bookies); "*=<URL with {host}>" applies to every bookie without an entry.
+    http_urls: tuple[str, ...] = ()
+    http_port: int = 0  # a registration without an httpserver endpoint: the bookie id's host with this port
+    http_scheme: str = "http"  # with http_port
+    auth_token_file: str = ""  # a file holding a token sent as "<auth_header>: Bearer <token>" (a proxy's)
+    auth_header: str = "Authorization"
+    tls_ca_file: str = ""  # PEM CA(s) for https:// bookie URLs; empty: the system's
+    tls_cert_file: str = ""  # mutual TLS, with tls_key_file
+    tls_key_file: str = ""
+    tls_verify_hostname: bool = True
+    timeout_s: float = 10.0  # per HTTP call; a bookie that does not answer is not_measured, never a failure
+    calls_per_second: float = 2.0  # HTTP calls per second over all bookies
+    gc_timeout_s: float = 600.0  # how long to wait for one bookie's triggered GC to finish
+    gc_poll_s: float = 2.0
+    freed_fraction: float = 0.9  # freed >= this share of the expected bytes: verdict "freed"
+
+
+@dataclass(frozen=True)
 class SweeperConfig:
     bookkeeper: BookKeeperConfig = field(default_factory=BookKeeperConfig)
     pulsar: PulsarMetadataConfig = field(default_factory=PulsarMetadataConfig)
@@ -269,6 +297,7 @@ class SweeperConfig:
     delete: DeleteConfig = field(default_factory=DeleteConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
+    reclaim: ReclaimConfig = field(default_factory=ReclaimConfig)
 
     @property
     def pulsar_zookeeper(self) -> str:
@@ -512,6 +541,7 @@ def validate(config: SweeperConfig) -> None:
     if not d.lock_path.startswith("/") or d.lock_path.rstrip("/") == "":
         raise ConfigError(f"[delete] lock_path must be an absolute znode path, got {d.lock_path!r}")
     _validate_retention(config.retention)
+    _validate_reclaim(config.reclaim)
     if config.retention.topic_policies == "admin" and not config.system_topic.admin_url:
         raise ConfigError("[retention] topic_policies = \"admin\" needs [system_topic] admin_url")
     if config.spark.scan_partitions < 0:
@@ -521,6 +551,24 @@ def validate(config: SweeperConfig) -> None:
             "[pulsar] cluster_name is required when [offload] enabled = true: geo-replicated clusters can offload "
             "into one bucket, and only objects whose pulsarClusterName metadata is this cluster's may be deleted. "
             "Set it to the brokers' clusterName (broker.conf), or set [offload] enabled = false")
+
+
+def _validate_reclaim(r: ReclaimConfig) -> None:
+    if r.compaction not in ("none", "minor", "major"):
+        raise ConfigError(f"[reclaim] compaction must be none, minor or major, got {r.compaction!r}")
+    for entry in r.http_urls:
+        bookie, _, url = entry.partition("=")
+        if not bookie.strip() or not url.strip().startswith(("http://", "https://")):
+            raise ConfigError(f"[reclaim] http_urls entry {entry!r} must read \"<bookie id>=http(s)://host:port\" "
+                              "(or \"*=http://{host}:8000\")")
+    if r.http_scheme not in ("http", "https") or not 0 <= r.http_port < 65536:
+        raise ConfigError("[reclaim] http_scheme must be http or https, and http_port a port (0: none)")
+    if bool(r.tls_cert_file) != bool(r.tls_key_file):
+        raise ConfigError("[reclaim] tls_cert_file and tls_key_file go together (mutual TLS)")
+    if r.timeout_s <= 0 or r.calls_per_second <= 0 or r.gc_timeout_s <= 0 or r.gc_poll_s <= 0:
+        raise ConfigError("[reclaim] timeout_s, calls_per_second, gc_timeout_s and gc_poll_s must be positive")
+    if not 0 < r.freed_fraction <= 1:
+        raise ConfigError("[reclaim] freed_fraction must be in (0, 1]")
 
 
 def _validate_retention(r: RetentionConfig) -> None:

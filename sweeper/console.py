@@ -85,6 +85,11 @@ VIEWS: dict[str, View] = {
     "dlq": View("dead_letter", "run_id", ("recorded_at", "record_key", "ledger_id", "state", "attempts",
                                           "last_error"),
                 {"status": "state"}, "recorded_at"),
+    # Every measurement of the run, oldest first: the last row per target is the current answer.
+    "reclaim": View("reclaim", "run_id",
+                    ("measured_at", "target", "verdict", "expected_bytes", "freed_bytes", "pending_bytes", "action",
+                     "found_by", "why"),
+                    {"status": "verdict", "reason": "verdict"}, "measured_at"),
 }
 
 

@@ -42,8 +42,10 @@ def _number(value: float) -> str:
 
 
 def render(run_id: str, stages: Mapping[str, Mapping[str, Any]], outcomes: Iterable[tuple[str | None, str]] = (),
-           finished_at_s: float | None = None, status: str = "succeeded") -> str:
-    """The exposition text for one run. `outcomes` are (ledger_type, outcome) pairs of the delete stage."""
+           finished_at_s: float | None = None, status: str = "succeeded",
+           reclaim: Iterable[Mapping[str, Any]] = ()) -> str:
+    """The exposition text for one run. `outcomes` are (ledger_type, outcome) pairs of the delete stage; `reclaim`
+    the run's `reclaim` rows (what each bookie and offload bucket gave back)."""
     lines: list[str] = []
 
     def metric(name: str, kind: str, help_text: str, samples: list[tuple[float, Mapping[str, str] | None]]) -> None:
@@ -77,6 +79,21 @@ def render(run_id: str, stages: Mapping[str, Mapping[str, Any]], outcomes: Itera
     metric("pulsar_ledgers", "gauge", "Pulsar ledgers in the snapshot.", [(reconcile.get("pulsar_ledgers", 0), None)])
     metric("stage_seconds", "gauge", "Wall time of each stage.",
            [(float(v.get("seconds", 0)), {"stage": k}) for k, v in stages.items()])
+    reclaimed = list(reclaim)
+    if reclaimed:
+        def per_target(column: str) -> list[tuple[float, Mapping[str, str] | None]]:
+            return [(float(r.get(column) or 0), {"kind": str(r["target_kind"]), "target": str(r["target"])})
+                    for r in reclaimed]
+
+        metric("reclaim_expected_bytes", "gauge", "Bytes the run's deletes should give back, per bookie (its share "
+               "by ensemble and write quorum) and offload bucket.", per_target("expected_bytes"))
+        metric("reclaim_freed_bytes", "gauge", "Bytes given back after the run's deletes: the bookies' reclaim "
+               "counters (deletion + compaction), the offloaded objects listed gone.", per_target("freed_bytes"))
+        metric("reclaim_pending_bytes", "gauge", "Expected bytes not given back yet (waiting for GC or compaction).",
+               per_target("pending_bytes"))
+        metric("reclaim_verdict", "gauge", "1 for each target's verdict: freed, pending_compaction, pending_gc or "
+               "not_measured.", [(1, {"kind": str(r["target_kind"]), "target": str(r["target"]),
+                                      "verdict": str(r["verdict"])}) for r in reclaimed])
     metric("run_info", "gauge", "The run this file describes.", [(1, {"run_id": run_id, "status": status})])
     if finished_at_s is not None:
         metric("last_run_timestamp_seconds", "gauge", "When the run finished.", [(round(finished_at_s, 3), None)])

@@ -24,6 +24,7 @@ from sweeper.errors import StageRefused as StageRefused  # where the sweep's cal
 from sweeper.gates import GateFailed, run_gates
 from sweeper.metastore.migration import MigrationRefused
 from sweeper.metrics import MetricsError, publish, render
+from sweeper.reclaim.stage import ReclaimCounts, ReclaimResult, run_reclaim, sample_before, summary_line
 from sweeper.reconcile import ReconcileCounts, ReconcileRefused, ReconcileResult, SafetySettings, run_reconcile
 from sweeper.retention_debt import (
     RetentionDebtCounts,
@@ -51,6 +52,7 @@ class SweepResult:
     partial: bool = False  # some deletes failed and wait in the retry queue (or dead-lettered)
     outcomes: list[tuple[str | None, str]] = field(default_factory=list)  # (ledger type, outcome) of deletes
     execute: bool = False
+    reclaim: list[dict[str, Any]] = field(default_factory=list)  # the `reclaim` rows: what the bookies gave back
 
 
 def reconcile_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str,
@@ -135,6 +137,8 @@ def emit_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
 def delete_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str, execute: bool = False,
                  from_json: str | None = None, from_topic: bool = False) -> DeleteRunResult:
     def body() -> DeleteRunResult:
+        if execute:
+            sample_bookies_before(config, store, run_id)
         return run_delete(spark, config, store, run_id, execute=execute, from_json=from_json, from_topic=from_topic)
 
     def ending(result: DeleteRunResult) -> runs.Ending:
@@ -145,6 +149,30 @@ def delete_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, 
     return runs.stage(store, config, run_id, "delete", body, ending,
                   (DeleteRefused, RunLockHeld, SystemTopicError, MigrationRefused),
                   record_interrupt=False)
+
+
+def sample_bookies_before(config: SweeperConfig, store: TableStore, run_id: str, log: Any = print) -> None:
+    """The bookies' counters before an executed delete (issue 35): the baseline of what it gives back. Measuring
+    never stops a delete: a bookie that does not answer is reported `not_measured` afterwards."""
+    try:
+        sample_before(config, store, run_id, log)
+    except Exception as exc:  # measuring is never a reason not to delete
+        log(f"[reclaim] warning: the bookies could not be sampled before the delete: {exc}")
+
+
+def reclaim_stage(config: SweeperConfig, store: TableStore, run_id: str, trigger: bool = False,
+                  log: Any = print) -> ReclaimResult:
+    """What the run's deletes gave back per bookie (and offload bucket); with `trigger`, a GC per bookie first."""
+    def ending(result: ReclaimResult) -> runs.Ending:
+        return runs.Ending(result.counts, message=summary_line(result.rows))
+
+    return runs.stage(store, config, run_id, "reclaim",
+                      lambda: run_reclaim(config, store, run_id, trigger=trigger, log=log), ending)
+
+
+def reclaim_report(result: ReclaimResult, log: Any = print) -> None:
+    log(f"[reclaim]   {summary_line(result.rows)} (in {result.duration_s:.1f}s"
+        + (f", {result.counts.gc_triggered} GC triggered" if result.counts.gc_triggered else "") + ")")
 
 
 def repair_stage(config: SweeperConfig, store: TableStore, plan_run_id: str, run_id: str,
@@ -179,7 +207,7 @@ def export_metrics(config: SweeperConfig, result: SweepResult, log: Any = print)
     if not (config.metrics.textfile or config.metrics.pushgateway_url):
         return
     text = render(result.run_id, result.stages, result.outcomes, finished_at_s=time.time(),
-                  status="partial" if result.partial else "succeeded")
+                  status="partial" if result.partial else "succeeded", reclaim=result.reclaim)
     try:
         for target in publish(text, config.metrics):
             log(f"metrics written to {target}")
@@ -194,6 +222,8 @@ _SUMMARY_KEYS = {
                        "bytes.expired_unloaded", "bytes.idle_cursor"),
     "emit": ("published", "already_published"),
     "delete": ("deleted", "would_delete", "in_use", "refused", "failed", "queued_for_retry"),
+    "reclaim": ("freed", "pending_compaction", "pending_gc", "not_measured", "gc_triggered", "bytes.expected",
+                "bytes.freed"),
 }
 
 
@@ -310,7 +340,7 @@ assert tuple(STEPS) == STAGES
 # Each stage's typed counts, to read a `runs` row's map back (`StageCounts.from_row`).
 COUNTS: dict[str, type[runs.StageCounts]] = {
     "snapshot": SnapshotCounts, "reconcile": ReconcileCounts, "retention_debt": RetentionDebtCounts,
-    "emit": EmitCounts, "delete": DeleteCounts, "retention_repair": RepairCounts}
+    "emit": EmitCounts, "delete": DeleteCounts, "retention_repair": RepairCounts, "reclaim": ReclaimCounts}
 
 
 def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: str = DRY_RUN_UNTIL,
@@ -330,6 +360,15 @@ def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: 
         result.run_id = done.run_id
         result.stages[name] = {"seconds": round(done.duration_s, 1), **done.counts.as_row()}
         step.report(done, config, result, log)
+    if execute and "delete" in result.stages and config.reclaim.enabled:
+        trigger = config.reclaim.trigger_gc
+        log("[reclaim] started: " + ("a GC on each bookie that held deleted data, then what the bookies gave back"
+                                     if trigger else "what the bookies gave back (no GC triggered: [reclaim] "
+                                                     "trigger_gc = false)"))
+        reclaimed = reclaim_stage(config, store, result.run_id, trigger=trigger, log=log)
+        result.stages["reclaim"] = {"seconds": round(reclaimed.duration_s, 1), **reclaimed.counts.as_row()}
+        result.reclaim = reclaimed.rows
+        reclaim_report(reclaimed, log)
     if "reconcile" in result.stages and "emit" not in result.stages:
         log(f"dry run: {_candidates(result):,} candidates would be marked; nothing was published")
     return _finish(result, config, until, execute, t0, log)

@@ -556,10 +556,75 @@ REPAIR_JOURNAL = _schema(
     ("detail", S),
 )
 
+# What each bookie's HTTP server said, before an executed delete and after it (issue 35): the counters the
+# `reclaim` rows are the deltas of. One row per bookie per sample.
+BOOKIE_SAMPLES = _schema(
+    ("run_id", S, False),
+    ("phase", S, False),  # before | after
+    ("bookie_id", S, False),
+    ("sampled_at", TS, False),
+    ("url", S),
+    ("found_by", S),  # registration | registration, 0.0.0.0 -> bookie host | config | http_port
+    ("readonly", B),
+    ("error", S),  # why it could not be measured; the numbers are then null
+    ("deletion_bytes", L),  # RECLAIMED_DELETION_SPACE_BYTES, summed over the ledger dirs
+    ("compaction_bytes", L),  # RECLAIMED_COMPACTION_SPACE_BYTES
+    ("active_log_bytes", L),  # ACTIVE_ENTRY_LOG_SPACE_BYTES (a gauge)
+    ("deleted_ledgers", L),  # DELETED_LEDGER_TOTAL
+    ("major_compactions", L),
+    ("minor_compactions", L),
+    ("ledger_dirs", INT),
+    ("free_bytes", L),  # /api/v1/bookie/info
+    ("total_bytes", L),
+    ("in_force_gc", B),
+    ("compacting", B),
+    ("major_suspended", B),
+    ("minor_suspended", B),
+    ("notes", ArrayType(S)),
+)
+
+# A GC this tool asked a bookie for: the intent before the PUT, then its end (DESIGN.md invariant 18), so a run
+# triggers at most one per bookie even when re-run or killed.
+RECLAIM_JOURNAL = _schema(
+    ("run_id", S, False),
+    ("bookie_id", S, False),
+    ("at", TS, False),
+    ("phase", S, False),  # intent | done | failed
+    ("force_major", B),
+    ("force_minor", B),
+    ("detail", S),
+)
+
+# Per run and bookie (and per offload bucket): what the run's deletes should give back and what was given back.
+# Appended each time the run is measured (`sweep --execute`, then `sweeper reclaim --run-id RUN`): the newest row
+# per (run_id, target) is the answer.
+RECLAIM = _schema(
+    ("run_id", S, False),
+    ("measured_at", TS, False),
+    ("target_kind", S, False),  # bookie | offload
+    ("target", S, False),  # bookie id, or the offload bucket
+    ("url", S),
+    ("found_by", S),
+    ("expected_bytes", L),  # bookie: its share of the deleted ledgers' lengths; offload: the deleted objects' sizes
+    ("expected_ledgers", L),
+    ("freed_deletion_bytes", L),  # counter deltas (offload: the bytes of the objects listed gone)
+    ("freed_compaction_bytes", L),
+    ("freed_bytes", L),
+    ("active_log_delta_bytes", L),
+    ("free_space_delta_bytes", L),
+    ("pending_bytes", L),  # expected - freed, when not all came back
+    ("verdict", S, False),  # freed | pending_compaction | pending_gc | not_measured
+    ("why", S),
+    ("action", S),  # measured only | gc (...) | skipped | none
+    ("gc_seconds", DoubleType()),
+    ("counter_reset", B),
+)
+
 ALL_TABLES: dict[str, StructType] = {**SNAPSHOT_TABLES, "orphans": ORPHANS, "orphan_report": ORPHAN_REPORT,
                                      "runs": RUNS, "emitted": EMITTED, "pending_delete_status": PENDING_DELETE_STATUS,
                                      "delete_results": DELETE_RESULTS, "retry_queue": RETRY_QUEUE,
                                      "delete_journal": DELETE_JOURNAL, "emit_journal": EMIT_JOURNAL,
                                      "dead_letter": DEAD_LETTER, "retention_debt": RETENTION_DEBT,
                                      "reclaimable_report": RECLAIMABLE_REPORT, "retention_actions": RETENTION_ACTIONS,
-                                     "repair_journal": REPAIR_JOURNAL}
+                                     "repair_journal": REPAIR_JOURNAL, "bookie_samples": BOOKIE_SAMPLES,
+                                     "reclaim_journal": RECLAIM_JOURNAL, "reclaim": RECLAIM}

@@ -66,3 +66,33 @@ class LedgerMetadataFormat(_message.Message):
     customMetadata: _containers.RepeatedCompositeFieldContainer[LedgerMetadataFormat.cMetadataMapEntry]
     cToken: int
     def __init__(self, quorumSize: _Optional[int] = ..., ensembleSize: _Optional[int] = ..., length: _Optional[int] = ..., lastEntryId: _Optional[int] = ..., state: _Optional[_Union[LedgerMetadataFormat.State, str]] = ..., segment: _Optional[_Iterable[_Union[LedgerMetadataFormat.Segment, _Mapping]]] = ..., digestType: _Optional[_Union[LedgerMetadataFormat.DigestType, str]] = ..., password: _Optional[bytes] = ..., ackQuorumSize: _Optional[int] = ..., ctime: _Optional[int] = ..., customMetadata: _Optional[_Iterable[_Union[LedgerMetadataFormat.cMetadataMapEntry, _Mapping]]] = ..., cToken: _Optional[int] = ...) -> None: ...
+
+class BookieServiceInfoFormat(_message.Message):
+    __slots__ = ("endpoints", "properties")
+    class Endpoint(_message.Message):
+        __slots__ = ("id", "port", "host", "protocol", "auth", "extensions")
+        ID_FIELD_NUMBER: _ClassVar[int]
+        PORT_FIELD_NUMBER: _ClassVar[int]
+        HOST_FIELD_NUMBER: _ClassVar[int]
+        PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+        AUTH_FIELD_NUMBER: _ClassVar[int]
+        EXTENSIONS_FIELD_NUMBER: _ClassVar[int]
+        id: str
+        port: int
+        host: str
+        protocol: str
+        auth: _containers.RepeatedScalarFieldContainer[str]
+        extensions: _containers.RepeatedScalarFieldContainer[str]
+        def __init__(self, id: _Optional[str] = ..., port: _Optional[int] = ..., host: _Optional[str] = ..., protocol: _Optional[str] = ..., auth: _Optional[_Iterable[str]] = ..., extensions: _Optional[_Iterable[str]] = ...) -> None: ...
+    class PropertiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    endpoints: _containers.RepeatedCompositeFieldContainer[BookieServiceInfoFormat.Endpoint]
+    properties: _containers.ScalarMap[str, str]
+    def __init__(self, endpoints: _Optional[_Iterable[_Union[BookieServiceInfoFormat.Endpoint, _Mapping]]] = ..., properties: _Optional[_Mapping[str, str]] = ...) -> None: ...

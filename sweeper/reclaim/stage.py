@@ -1,0 +1,352 @@
+"""The reclaim step: sample the bookies before an executed delete, and after it measure what they gave back.
+
+`sample_before` runs right before the delete stage deletes (the sweep with `--execute`, `sweeper delete
+--execute`); `run_reclaim` right after it, and again whenever `sweeper reclaim --run-id RUN` asks. With `trigger`
+(the sweep's `[reclaim] trigger_gc = true`, or `sweeper reclaim --execute`) it first asks each bookie that held
+deleted data for one GC, one bookie at a time, at most once per bookie per run, and waits for it.
+
+A bookie that does not answer is `not_measured`: nothing here fails a run (DESIGN.md invariant 20). Every call is
+paced (`[reclaim] calls_per_second`) and time-limited (`timeout_s`), and a GC is the only thing ever asked of a
+bookie.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from sweeper import runs
+from sweeper.config import SweeperConfig
+from sweeper.connections import Connections
+from sweeper.reclaim.bookie_http import BookieHttp, BookieUnreachable
+from sweeper.reclaim.decide import (
+    FREED,
+    NOT_MEASURED,
+    PENDING_COMPACTION,
+    PENDING_GC,
+    DeletedLedger,
+    Expected,
+    expected_shares,
+    gc_plan,
+    verdict,
+)
+from sweeper.reclaim.discovery import BookieTarget, Registration, locate, parse_overrides, read_registrations
+from sweeper.reclaim.samples import BookieAnswerError, BookieSample
+from sweeper.table_schemas import BOOKIE_SAMPLES, RECLAIM, RECLAIM_JOURNAL
+from sweeper.tables import TableStore
+
+BEFORE, AFTER = "before", "after"
+LEDGER = "LEDGER"
+OFFLOAD_LEDGER = "OFFLOAD_LEDGER"
+
+
+@dataclass(frozen=True)
+class ReclaimCounts(runs.StageCounts):
+    bookies: int = 0  # bookies that held deleted data
+    measured: int = 0
+    freed: int = 0
+    pending_compaction: int = 0
+    pending_gc: int = 0
+    not_measured: int = 0
+    gc_triggered: int = 0
+    offload_buckets: int = 0
+    expected_bytes: int = runs.count("bytes.expected")
+    freed_bytes: int = runs.count("bytes.freed")
+    pending_bytes: int = runs.count("bytes.pending")
+    offload_freed_bytes: int = runs.count("bytes.offload_freed")
+
+
+@dataclass
+class ReclaimResult:
+    run_id: str
+    counts: ReclaimCounts
+    duration_s: float
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+
+class ReclaimRefused(RuntimeError):
+    pass
+
+
+def _targets(config: SweeperConfig, registrations: dict[str, Registration], bookie_ids: Iterable[str]) -> dict[
+        str, BookieTarget]:
+    overrides = parse_overrides(config.reclaim.http_urls)
+    return {b: locate(b, registrations.get(b), overrides, config.reclaim.http_port, config.reclaim.http_scheme)
+            for b in sorted(set(bookie_ids))}
+
+
+def _registrations(config: SweeperConfig) -> tuple[dict[str, Registration], str]:
+    """The bookies registered now; ("", why) when the metadata store cannot be read (the bookies are then only
+    those the deleted ledgers name, and each may still be reached through [reclaim] http_urls)."""
+    store_url = config.bookkeeper_store()
+    try:
+        with Connections.from_config(config).bookkeeper.session() as client:
+            return read_registrations(client, store_url.ledgers_root), ""
+    except Exception as exc:  # a metadata outage makes this step report, never fail
+        return {}, f"bookie registrations unreadable: {exc}"
+
+
+def sample_before(config: SweeperConfig, store: TableStore, run_id: str, log: Callable[[str], None] = print) -> int:
+    """Sample every registered bookie before the run deletes (the first such sample of a run is kept: it is the
+    baseline). Returns how many bookies answered."""
+    if not config.reclaim.enabled:
+        return 0
+    if store.exists("bookie_samples") and store.read_arrow(
+            "bookie_samples", where={"run_id": run_id, "phase": BEFORE}, columns=["bookie_id"]).num_rows:
+        return 0
+    registrations, problem = _registrations(config)
+    if problem:
+        log(f"[reclaim] {problem}: the bookies are measured after the delete only where [reclaim] http_urls names "
+            "them")
+    http = BookieHttp(config.reclaim)
+    samples = [http.sample(t) for t in _targets(config, registrations, registrations).values()]
+    _append_samples(store, run_id, BEFORE, samples)
+    return sum(s.measured for s in samples)
+
+
+def _append_samples(store: TableStore, run_id: str, phase: str, samples: list[BookieSample]) -> None:
+    if samples:
+        store.append_rows("bookie_samples", [s.as_row(run_id, phase) for s in samples], BOOKIE_SAMPLES,
+                          commit_metadata={"run_id": run_id, "phase": phase})
+
+
+def _read_samples(store: TableStore, run_id: str, phase: str) -> dict[str, BookieSample]:
+    if not store.exists("bookie_samples"):
+        return {}
+    rows = store.read_arrow("bookie_samples", where={"run_id": run_id, "phase": phase}).to_pylist()
+    out: dict[str, BookieSample] = {}
+    for row in sorted(rows, key=lambda r: r["sampled_at"]):
+        out.setdefault(row["bookie_id"], BookieSample.from_row(row))  # the first is the baseline
+    return out
+
+
+def deleted_ledgers(store: TableStore, run_id: str) -> tuple[list[DeletedLedger], list[dict[str, Any]]]:
+    """The run's executed deletes: BookKeeper ledgers (with their snapshot metadata) and offloaded copies."""
+    if not store.exists("delete_results"):
+        return [], []
+    results = store.read_arrow("delete_results", where={"run_id": run_id, "outcome": "deleted", "dry_run": False},
+                               columns=["ledger_id", "ledger_type", "s3_bucket", "s3_keys"]).to_pylist()
+    ids = sorted({r["ledger_id"] for r in results if r["ledger_type"] != OFFLOAD_LEDGER and r["ledger_id"] is not None})
+    objects = [r for r in results if r["ledger_type"] == OFFLOAD_LEDGER and r["s3_keys"]]
+    ledgers: dict[int, dict[str, Any]] = {}
+    if ids and store.exists("bk_ledgers"):
+        for row in store.read_arrow("bk_ledgers", where={"ledger_id": ids},
+                                    columns=["ledger_id", "captured_at", "length", "ensemble_size", "write_quorum",
+                                             "bookies"]).to_pylist():
+            seen = ledgers.get(row["ledger_id"])
+            if seen is None or row["captured_at"] > seen["captured_at"]:
+                ledgers[row["ledger_id"]] = row
+    out = [DeletedLedger(i, int(r["length"] or 0), int(r["ensemble_size"] or 0), int(r["write_quorum"] or 0),
+                         tuple(r["bookies"] or ())) for i, r in sorted(ledgers.items())]
+    return out, objects
+
+
+def _triggered(store: TableStore, run_id: str) -> set[str]:
+    if not store.exists("reclaim_journal"):
+        return set()
+    return {r["bookie_id"] for r in store.read_arrow("reclaim_journal", where={"run_id": run_id, "phase": "intent"},
+                                                     columns=["bookie_id"]).to_pylist()}
+
+
+def _journal(store: TableStore, run_id: str, bookie: str, phase: str, major: bool, minor: bool, detail: str) -> None:
+    store.append_rows("reclaim_journal", [{"run_id": run_id, "bookie_id": bookie, "at": datetime.now(UTC),
+                                           "phase": phase, "force_major": major, "force_minor": minor,
+                                           "detail": detail}], RECLAIM_JOURNAL, commit_metadata={"run_id": run_id})
+
+
+def _wait_for_gc(http: BookieHttp, target: BookieTarget, timeout_s: float, poll_s: float,
+                 sleep: Callable[[float], None] = time.sleep) -> tuple[bool, float]:
+    """Poll GET /api/v1/bookie/gc until it no longer says is_in_force_gc (or the timeout): (finished, seconds)."""
+    t0 = time.monotonic()
+    sleep(min(poll_s, 0.5))  # the PUT only queues the GC on the collector's thread
+    while time.monotonic() - t0 < timeout_s:
+        try:
+            if not http.in_force_gc(target):
+                return True, time.monotonic() - t0
+        except (BookieUnreachable, BookieAnswerError):
+            pass
+        sleep(poll_s)
+    return False, time.monotonic() - t0
+
+
+def run_reclaim(config: SweeperConfig, store: TableStore, run_id: str, trigger: bool = False,
+                log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep) -> ReclaimResult:
+    t0 = time.monotonic()
+    ledgers, objects = deleted_ledgers(store, run_id)
+    shares = expected_shares(ledgers)
+    before = _read_samples(store, run_id, BEFORE)
+    registrations, problem = _registrations(config)
+    targets = _targets(config, registrations, set(shares) | set(before))
+    http = BookieHttp(config.reclaim)
+    triggered_before = _triggered(store, run_id)
+    now = {b: http.sample(t) for b, t in targets.items() if b in shares}
+    actions: dict[str, tuple[str, str, float | None, bool | None]] = {}
+    gc_count = 0
+    for bookie in sorted(shares):
+        sample = now[bookie]
+        plan = gc_plan(sample, shares[bookie], trigger, config.reclaim.compaction, bookie in triggered_before)
+        if not plan.trigger:
+            actions[bookie] = (plan.action, plan.why, None, None)
+            continue
+        target = targets[bookie]
+        _journal(store, run_id, bookie, "intent", plan.force_major, plan.force_minor, plan.action)
+        try:
+            http.trigger_gc(target, plan.force_major, plan.force_minor)
+        except BookieUnreachable as exc:
+            _journal(store, run_id, bookie, "failed", plan.force_major, plan.force_minor, str(exc))
+            actions[bookie] = ("gc request failed", str(exc), None, None)
+            continue
+        gc_count += 1
+        log(f"[reclaim] {bookie}: {plan.action} requested; waiting for it (at most {config.reclaim.gc_timeout_s:.0f}s)")
+        finished, seconds = _wait_for_gc(http, target, config.reclaim.gc_timeout_s, config.reclaim.gc_poll_s, sleep)
+        _journal(store, run_id, bookie, "done" if finished else "failed", plan.force_major, plan.force_minor,
+                 f"finished in {seconds:.1f}s" if finished else f"still running after {seconds:.0f}s")
+        actions[bookie] = (plan.action, plan.why, round(seconds, 2), finished)
+        now[bookie] = http.sample(target)
+    _append_samples(store, run_id, AFTER, [now[b] for b in sorted(now)])
+    measured_at = datetime.now(UTC)
+    rows = [_bookie_row(run_id, measured_at, bookie, targets[bookie], shares[bookie], before.get(bookie),
+                        now.get(bookie), actions[bookie], config.reclaim.freed_fraction, problem)
+            for bookie in sorted(shares)]
+    rows += _offload_rows(config, store, run_id, measured_at, objects)
+    if rows:
+        store.append_rows("reclaim", rows, RECLAIM, commit_metadata={"run_id": run_id})
+    return ReclaimResult(run_id, _counts(rows, gc_count), time.monotonic() - t0, rows)
+
+
+def _bookie_row(run_id: str, measured_at: datetime, bookie: str, target: BookieTarget, expected: Expected,
+                before: BookieSample | None, after: BookieSample | None,
+                action: tuple[str, str, float | None, bool | None], freed_fraction: float,
+                problem: str) -> dict[str, Any]:
+    action_name, action_why, gc_seconds, finished = action
+    judged, got = verdict(expected, before, after, freed_fraction, finished)
+    why = "; ".join(x for x in (judged.why, action_why if action_name not in ("measured only",) else "",
+                                problem if judged.verdict == NOT_MEASURED else "") if x)
+    return {
+        "run_id": run_id, "measured_at": measured_at, "target_kind": "bookie", "target": bookie,
+        "url": target.url, "found_by": target.found_by, "expected_bytes": expected.bytes,
+        "expected_ledgers": expected.ledgers,
+        "freed_deletion_bytes": got.deletion if got else None,
+        "freed_compaction_bytes": got.compaction if got else None,
+        "freed_bytes": got.total if got else None,
+        "active_log_delta_bytes": got.active_log_delta if got else None,
+        "free_space_delta_bytes": got.free_space_delta if got else None,
+        "pending_bytes": judged.pending_bytes, "verdict": judged.verdict, "why": why, "action": action_name,
+        "gc_seconds": gc_seconds, "counter_reset": got.counter_reset if got else None,
+    }
+
+
+def _offload_rows(config: SweeperConfig, store: TableStore, run_id: str, measured_at: datetime,
+                  objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per bucket: the deleted objects' bytes, counted as freed once a HEAD finds each gone."""
+    by_bucket: dict[str, set[str]] = {}
+    for r in objects:
+        by_bucket.setdefault(r["s3_bucket"], set()).update(r["s3_keys"] or ())
+    rows = []
+    for bucket, keys in sorted(by_bucket.items()):
+        sizes: dict[str, int] = {}
+        if store.exists("offload_objects"):
+            for o in store.read_arrow("offload_objects", where={"bucket": bucket, "key": sorted(keys)},
+                                      columns=["key", "size"]).to_pylist():
+                sizes[o["key"]] = max(sizes.get(o["key"], 0), int(o["size"] or 0))
+        expected = sum(sizes.values())
+        row: dict[str, Any] = {"run_id": run_id, "measured_at": measured_at, "target_kind": "offload",
+                               "target": bucket, "url": "", "found_by": "", "expected_bytes": expected,
+                               "expected_ledgers": len(keys), "action": "measured only"}
+        try:
+            present, versioned = _objects_present(config, bucket, keys)
+        except Exception as exc:  # an object-store outage is reported, never a failed run
+            rows.append({**row, "verdict": NOT_MEASURED, "pending_bytes": 0, "why": f"listing {bucket} failed: {exc}"})
+            continue
+        gone = sum(size for key, size in sizes.items() if key not in present)
+        pending = expected - gone
+        if versioned:
+            verdict_, why = PENDING_GC, ("the bucket keeps versions: the deleted objects' bytes stay billed until a "
+                                          "lifecycle rule expires noncurrent versions")
+        elif present:
+            verdict_, why = PENDING_GC, f"{len(present)} of the deleted objects are still listed"
+        else:
+            verdict_, why = FREED, ""
+        rows.append({**row, "freed_deletion_bytes": gone, "freed_compaction_bytes": 0, "freed_bytes": gone,
+                     "pending_bytes": pending, "verdict": verdict_, "why": why})
+    return rows
+
+
+def _objects_present(config: SweeperConfig, bucket: str, keys: set[str]) -> tuple[set[str], bool]:
+    from botocore.exceptions import ClientError
+
+    from sweeper.offload import S3Target
+
+    client = Connections.from_config(config).s3(S3Target(bucket))
+    present: set[str] = set()
+    for key in sorted(keys):
+        try:
+            client.head_object(Bucket=bucket, Key=key)
+            present.add(key)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
+                raise
+    try:
+        versioned = client.get_bucket_versioning(Bucket=bucket).get("Status") == "Enabled"
+    except ClientError:
+        versioned = False  # not allowed to ask: said nothing about versions
+    return present, versioned
+
+
+def _counts(rows: list[dict[str, Any]], gc_count: int) -> ReclaimCounts:
+    bookies = [r for r in rows if r["target_kind"] == "bookie"]
+    offload = [r for r in rows if r["target_kind"] == "offload"]
+    return ReclaimCounts(
+        bookies=len(bookies), measured=sum(r["verdict"] != NOT_MEASURED for r in bookies),
+        freed=sum(r["verdict"] == FREED for r in bookies),
+        pending_compaction=sum(r["verdict"] == PENDING_COMPACTION for r in bookies),
+        pending_gc=sum(r["verdict"] == PENDING_GC for r in bookies),
+        not_measured=sum(r["verdict"] == NOT_MEASURED for r in bookies), gc_triggered=gc_count,
+        offload_buckets=len(offload),
+        expected_bytes=sum(r["expected_bytes"] or 0 for r in bookies),
+        freed_bytes=sum(min(r["freed_bytes"] or 0, r["expected_bytes"] or 0) for r in bookies),
+        pending_bytes=sum(r["pending_bytes"] or 0 for r in bookies),
+        offload_freed_bytes=sum(r["freed_bytes"] or 0 for r in offload))
+
+
+def latest_rows(store: TableStore, run_id: str) -> list[dict[str, Any]]:
+    """The newest `reclaim` row per target of a run."""
+    if not store.exists("reclaim"):
+        return []
+    newest: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in store.read_arrow("reclaim", where={"run_id": run_id}).to_pylist():
+        key = (row["target_kind"], row["target"])
+        if key not in newest or row["measured_at"] > newest[key]["measured_at"]:
+            newest[key] = row
+    return [newest[k] for k in sorted(newest)]
+
+
+def summary_line(rows: list[dict[str, Any]]) -> str:
+    """The sweep summary's line: "bookies gave back 18.2 MiB of 20.0 MiB expected; 1.8 MiB waits for compaction on
+    bookie-2"."""
+    from sweeper.console import human_bytes
+
+    bookies = [r for r in rows if r["target_kind"] == "bookie"]
+    if not bookies:
+        return "no bookie held data this run deleted"
+    measured = [r for r in bookies if r["verdict"] != NOT_MEASURED]
+    expected = sum(r["expected_bytes"] or 0 for r in measured)
+    given = sum(min(r["freed_bytes"] or 0, r["expected_bytes"] or 0) for r in measured)
+    parts = [f"bookies gave back {human_bytes(given)} of {human_bytes(expected)} expected"]
+    for kind, words in ((PENDING_COMPACTION, "waits for compaction"), (PENDING_GC, "waits for the bookies' GC")):
+        waiting = [r for r in bookies if r["verdict"] == kind]
+        if waiting:
+            parts.append(f"{human_bytes(sum(r['pending_bytes'] or 0 for r in waiting))} {words} on "
+                         + ", ".join(r["target"] for r in waiting))
+    unmeasured = [r for r in bookies if r["verdict"] == NOT_MEASURED]
+    if unmeasured:
+        parts.append(f"not measured on {', '.join(r['target'] for r in unmeasured)} "
+                     f"({unmeasured[0]['why']})")
+    for r in rows:
+        if r["target_kind"] == "offload":
+            parts.append(f"{human_bytes(r['freed_bytes'] or 0)} of offloaded objects gone from {r['target']}"
+                         + (f" ({r['why']})" if r["why"] else ""))
+    return "; ".join(parts)
