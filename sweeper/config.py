@@ -277,7 +277,7 @@ class ReclaimConfig:
     tls_key_file: str = ""
     tls_verify_hostname: bool = True
     timeout_s: float = 10.0  # per HTTP call; a bookie that does not answer is not_measured, never a failure
-    calls_per_second: float = 2.0  # HTTP calls per second over all bookies
+    calls_per_second: float = 10.0  # HTTP calls per second over all bookies (a sample is five calls)
     gc_timeout_s: float = 600.0  # how long to wait for one bookie's triggered GC to finish
     gc_poll_s: float = 2.0
     freed_fraction: float = 0.9  # freed >= this share of the expected bytes: verdict "freed"

@@ -85,7 +85,7 @@ def gc_plan(sample: BookieSample, expected: Expected, asked: bool, compaction: s
     if not asked:
         return GcPlan(False, why="trigger_gc is off: measured only")
     if not sample.measured:
-        return GcPlan(False, action="none", why="not measured: no GC triggered")
+        return GcPlan(False, action="none")  # the verdict says why
     if expected.bytes <= 0 and expected.ledgers == 0:
         return GcPlan(False, why="held none of the deleted data")
     if already_triggered:
@@ -143,12 +143,15 @@ class Verdict:
 
 def verdict(expected: Expected, before: BookieSample | None, after: BookieSample | None, freed_fraction: float,
             gc_finished: bool | None = None) -> tuple[Verdict, Freed | None]:
-    if before is None or not before.measured:
-        why = before.error if before is not None and before.error else "no sample before the delete"
-        return Verdict(NOT_MEASURED, 0, f"before: {why}"), None
+    # What the bookie says now explains more than a missing baseline: it is the reason checked first.
     if after is None or not after.measured:
         why = after.error if after is not None and after.error else "no sample after the delete"
-        return Verdict(NOT_MEASURED, 0, f"after: {why}"), None
+        return Verdict(NOT_MEASURED, 0, why), None
+    if before is None or not before.measured:
+        why = before.error if before is not None and before.error else (
+            "no sample before the delete (it was not registered then, [reclaim] enabled was false, or the run "
+            "predates the reclaim step)")
+        return Verdict(NOT_MEASURED, 0, f"before the delete: {why}"), None
     got = freed(before, after)
     notes: list[str] = []
     if got.counter_reset:

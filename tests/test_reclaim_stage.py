@@ -1,0 +1,189 @@
+"""The reclaim step end to end against a real ZooKeeper (the bookie's registration), a loopback HTTP server standing
+in for the bookie's HTTP service (tests/support/bookie_server.py) and real Delta tables (delta-rs, no Spark)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+
+from sweeper import runs
+from sweeper._proto.bookkeeper_metadata_pb2 import BookieServiceInfoFormat
+from sweeper.config import SweeperConfig
+from sweeper.metrics import render
+from sweeper.pipeline import reclaim_stage, sample_bookies_before
+from sweeper.reclaim.decide import FREED, NOT_MEASURED, PENDING_COMPACTION, PENDING_GC
+from sweeper.reclaim.discovery import FOUND_IN_REGISTRATION
+from sweeper.reclaim.stage import latest_rows, run_reclaim, sample_before, summary_line
+from sweeper.table_schemas import BK_LEDGERS, BOOKIE_SAMPLES, DELETE_RESULTS
+from sweeper.tables.delta_rs import DeltaRsTableStore
+from tests.support.bookie_server import BookieHttpServer, BookieState
+from tests.support.config import BASE_CONFIG, ZkTarget
+
+RUN = "20261127T120000Z-reclaim1"
+BOOKIE = "bk0test"
+MIB = 1 << 20
+
+
+@pytest.fixture
+def bookie() -> Iterator[BookieHttpServer]:
+    with BookieHttpServer(BookieState(bookie_id=BOOKIE), gc_duration_s=0.1) as server:
+        yield server
+
+
+def register(zk: KazooClient, bookie_id: str, http_url: str | None, readonly: bool = False) -> None:
+    info = BookieServiceInfoFormat()
+    info.endpoints.add(id="bookie", host="127.0.0.1", port=3181, protocol="bookie-rpc")
+    if http_url:
+        host, port = http_url.removeprefix("http://").rsplit(":", 1)
+        info.endpoints.add(id="httpserver", host=host, port=int(port), protocol="http")
+    parent = "/ledgers/available/readonly" if readonly else "/ledgers/available"
+    zk.create(f"{parent}/{bookie_id}", info.SerializeToString(), makepath=True)
+
+
+def config_for(zk_target: ZkTarget, tables: Path, **reclaim: Any) -> SweeperConfig:
+    return BASE_CONFIG.replace(bookkeeper={"zookeeper": zk_target.hosts, "ledgers_root": "/ledgers"},
+                               tables={"root": str(tables), "engine": "delta-rs"},
+                               offload={"enabled": False},
+                               reclaim={"calls_per_second": 50.0, "gc_poll_s": 0.05, "gc_timeout_s": 5.0, **reclaim})
+
+
+def seed_deleted(store: DeltaRsTableStore, lengths: dict[int, int], bookies: tuple[str, ...] = (BOOKIE,)) -> None:
+    now = datetime.now(UTC)
+    store.append_rows("bk_ledgers", [
+        {"run_id": RUN, "captured_at": now, "ledger_id": lid, "path": f"/ledgers/00/0000/L{lid:04d}",
+         "ensemble_size": len(bookies), "write_quorum": len(bookies), "ack_quorum": 1, "length": length,
+         "bookies": list(bookies)} for lid, length in lengths.items()], BK_LEDGERS)
+    store.append_rows("delete_results", [
+        {"run_id": RUN, "finished_at": now, "record_key": f"LEDGER:{lid}", "ledger_id": lid, "ledger_type": "LEDGER",
+         "outcome": "deleted", "attempt": 1, "dry_run": False, "source": "emitted"} for lid in lengths],
+        DELETE_RESULTS)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> DeltaRsTableStore:
+    return DeltaRsTableStore(str(tmp_path / "tables"), None)  # type: ignore[arg-type] - driver commits need no Spark
+
+
+def test_a_triggered_gc_frees_the_expected_bytes_once_per_run(zk: KazooClient, zk_target: ZkTarget, tmp_path: Path,
+                                                              bookie: BookieHttpServer,
+                                                              store: DeltaRsTableStore) -> None:
+    register(zk, BOOKIE, bookie.url)
+    config = config_for(zk_target, tmp_path / "tables", trigger_gc=True)
+    seed_deleted(store, {1: 8 * MIB, 2: 8 * MIB, 3: 4 * MIB})
+    assert sample_before(config, store, RUN) == 1
+    with bookie.lock:  # the delete happened: the next GC finds three ledgers gone, their logs whole
+        bookie.state.pending_deleted_ledgers = 3
+        bookie.state.pending_deletion_bytes = 20 * MIB
+    result = reclaim_stage(config, store, RUN, trigger=True)
+    [row] = result.rows
+    assert (row["verdict"], row["expected_bytes"], row["freed_bytes"]) == (FREED, 20 * MIB, 20 * MIB)
+    assert row["found_by"] == FOUND_IN_REGISTRATION and row["action"] == "gc (deletion + minor compaction)"
+    [put] = bookie.gc_puts
+    assert put.json() == {"forceMajor": False, "forceMinor": True}  # both keys: an omitted one defaults to true
+    assert result.counts.gc_triggered == 1 and runs.rows(store, RUN, "reclaim")[-1]["status"] == runs.SUCCEEDED
+    assert summary_line(result.rows) == "bookies gave back 20.0 MiB of 20.0 MiB expected"
+
+    again = run_reclaim(config, store, RUN, trigger=True)  # a rerun measures, never triggers twice
+    assert len(bookie.gc_puts) == 1 and again.rows[0]["verdict"] == FREED
+    assert "already triggered" in again.rows[0]["why"]
+    assert [r["measured_at"] for r in latest_rows(store, RUN)] == [again.rows[0]["measured_at"]]
+    journal = store.read_arrow("reclaim_journal", where={"run_id": RUN}).to_pylist()
+    assert [j["phase"] for j in sorted(journal, key=lambda j: j["at"])] == ["intent", "done"]
+
+
+def test_without_a_trigger_the_deleted_data_waits_for_the_gc(zk: KazooClient, zk_target: ZkTarget, tmp_path: Path,
+                                                             bookie: BookieHttpServer,
+                                                             store: DeltaRsTableStore) -> None:
+    register(zk, BOOKIE, bookie.url)
+    config = config_for(zk_target, tmp_path / "tables")
+    seed_deleted(store, {7: 5 * MIB})
+    sample_before(config, store, RUN)
+    row = run_reclaim(config, store, RUN, trigger=False).rows[0]
+    assert (row["verdict"], row["pending_bytes"], row["action"]) == (PENDING_GC, 5 * MIB, "measured only")
+    assert bookie.gc_puts == []
+    # The collector then ran by itself (gcWaitTime) but the ledger shared its logs with live data: compaction's turn.
+    with bookie.lock:
+        bookie.state.pending_deleted_ledgers = 1
+        bookie.state.pending_compaction_bytes = 5 * MIB
+        bookie.state.pending_compaction_needs_major = True
+    bookie.state.in_force_gc = False
+    run_reclaim(config, store, RUN, trigger=True)  # compaction = minor: not enough for logs over 20 % live
+    row = latest_rows(store, RUN)[0]
+    assert (row["verdict"], row["pending_bytes"]) == (PENDING_COMPACTION, 5 * MIB)
+    assert "compaction" in row["why"]
+    major = config_for(zk_target, tmp_path / "tables", compaction="major")
+    other_run = "20261127T120001Z-reclaim2"  # once per run: a new run may ask again
+    seed_deleted_run(store, other_run, 7, 5 * MIB)
+    store.append_rows("bookie_samples", [{**s, "run_id": other_run} for s in store.read_arrow(
+        "bookie_samples", where={"run_id": RUN, "phase": "before"}).to_pylist()], BOOKIE_SAMPLES)
+    row = run_reclaim(major, store, other_run, trigger=True).rows[0]
+    assert row["verdict"] == FREED and bookie.gc_puts[-1].json() == {"forceMajor": True, "forceMinor": True}
+
+
+def seed_deleted_run(store: DeltaRsTableStore, run_id: str, ledger_id: int, length: int) -> None:
+    now = datetime.now(UTC)
+    store.append_rows("delete_results", [
+        {"run_id": run_id, "finished_at": now, "record_key": f"LEDGER:{ledger_id}", "ledger_id": ledger_id,
+         "ledger_type": "LEDGER", "outcome": "deleted", "attempt": 1, "dry_run": False, "source": "emitted"}],
+        DELETE_RESULTS)
+
+
+def test_a_bookie_that_does_not_answer_is_not_measured_and_fails_nothing(zk: KazooClient, zk_target: ZkTarget,
+                                                                         tmp_path: Path, bookie: BookieHttpServer,
+                                                                         store: DeltaRsTableStore) -> None:
+    register(zk, BOOKIE, bookie.url)
+    register(zk, "bk-no-http", None)
+    config = config_for(zk_target, tmp_path / "tables", trigger_gc=True, timeout_s=1.0)
+    seed_deleted(store, {1: 2 * MIB}, bookies=(BOOKIE, "bk-no-http", "bk-gone"))
+    sample_bookies_before(config, store, RUN)
+    bookie.stopped = True
+    result = reclaim_stage(config, store, RUN, trigger=True)
+    verdicts = {r["target"]: (r["verdict"], r["why"]) for r in result.rows}
+    assert {k: v[0] for k, v in verdicts.items()} == {BOOKIE: NOT_MEASURED, "bk-gone": NOT_MEASURED,
+                                                        "bk-no-http": NOT_MEASURED}
+    assert "httpServerEnabled" in verdicts["bk-no-http"][1] and "not registered" in verdicts["bk-gone"][1]
+    assert "refused" in verdicts[BOOKIE][1].lower() or "connection" in verdicts[BOOKIE][1].lower()
+    assert result.counts.not_measured == 3 and bookie.gc_puts == []
+    assert "not measured on" in summary_line(result.rows)
+
+
+def test_a_read_only_bookie_gets_a_deletion_only_gc_and_a_restart_is_said(zk: KazooClient, zk_target: ZkTarget,
+                                                                         tmp_path: Path, bookie: BookieHttpServer,
+                                                                         store: DeltaRsTableStore) -> None:
+    register(zk, BOOKIE, bookie.url, readonly=True)
+    config = config_for(zk_target, tmp_path / "tables", compaction="major")
+    seed_deleted(store, {1: 3 * MIB})
+    with bookie.lock:
+        bookie.state.only.reclaimed_deletion_bytes = 40 * MIB  # what it had freed before this run
+    sample_before(config, store, RUN)
+    bookie.restart()
+    with bookie.lock:
+        bookie.state.pending_deleted_ledgers = 1
+        bookie.state.pending_deletion_bytes = 3 * MIB
+    row = run_reclaim(config, store, RUN, trigger=True).rows[0]
+    assert bookie.gc_puts[-1].json() == {"forceMajor": False, "forceMinor": False}
+    assert row["action"] == "gc (deletion only)" and "read-only" in row["why"]
+    assert row["counter_reset"] and row["freed_bytes"] == 3 * MIB and "restarted" in row["why"]
+
+
+def test_calls_are_paced_and_metrics_name_each_bookie(zk: KazooClient, zk_target: ZkTarget, tmp_path: Path,
+                                                     bookie: BookieHttpServer, store: DeltaRsTableStore) -> None:
+    register(zk, BOOKIE, bookie.url)
+    config = config_for(zk_target, tmp_path / "tables", calls_per_second=10.0)
+    seed_deleted(store, {1: MIB})
+    sample_before(config, store, RUN)
+    row = run_reclaim(config, store, RUN).rows[0]
+    times = sorted(r.monotonic for r in bookie.requests)
+    assert len(times) == 10  # five reads per sample, before and after
+    for phase in (times[:5], times[5:]):
+        gaps = [b - a for a, b in itertools.pairwise(phase)]
+        assert min(gaps) >= 0.08  # 10 calls a second, never a burst
+    text = render(RUN, {}, reclaim=[row])
+    assert f'ledger_sweeper_reclaim_expected_bytes{{kind="bookie",target="{BOOKIE}"}} {MIB}' in text
+    assert f'ledger_sweeper_reclaim_verdict{{kind="bookie",target="{BOOKIE}",verdict="pending_gc"}} 1' in text
