@@ -12,15 +12,17 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 
+from harness.s3server import S3ServerInfo
 from sweeper import runs
 from sweeper._proto.bookkeeper_metadata_pb2 import BookieServiceInfoFormat
 from sweeper.config import SweeperConfig
 from sweeper.metrics import render
+from sweeper.offload import S3Target, s3_client
 from sweeper.pipeline import reclaim_stage, sample_bookies_before
 from sweeper.reclaim.decide import FREED, NOT_MEASURED, PENDING_COMPACTION, PENDING_GC
 from sweeper.reclaim.discovery import FOUND_IN_REGISTRATION
 from sweeper.reclaim.stage import latest_rows, run_reclaim, sample_before, summary_line
-from sweeper.table_schemas import BK_LEDGERS, BOOKIE_SAMPLES, DELETE_RESULTS
+from sweeper.table_schemas import BK_LEDGERS, BOOKIE_SAMPLES, DELETE_RESULTS, OFFLOAD_OBJECTS
 from sweeper.tables.delta_rs import DeltaRsTableStore
 from tests.support.bookie_server import BookieHttpServer, BookieState
 from tests.support.config import BASE_CONFIG, ZkTarget
@@ -187,3 +189,30 @@ def test_calls_are_paced_and_metrics_name_each_bookie(zk: KazooClient, zk_target
     text = render(RUN, {}, reclaim=[row])
     assert f'ledger_sweeper_reclaim_expected_bytes{{kind="bookie",target="{BOOKIE}"}} {MIB}' in text
     assert f'ledger_sweeper_reclaim_verdict{{kind="bookie",target="{BOOKIE}",verdict="pending_gc"}} 1' in text
+
+
+def test_offloaded_objects_count_as_freed_once_listed_gone(zk_target: ZkTarget, tmp_path: Path,
+                                                          store: DeltaRsTableStore, s3_server: S3ServerInfo) -> None:
+    bucket = "reclaim-offload"
+    client = s3_client(S3Target(bucket), s3_server.endpoint)
+    client.create_bucket(Bucket=bucket)
+    config = config_for(zk_target, tmp_path / "tables").replace(offload={"endpoint_override": s3_server.endpoint})
+    now = datetime.now(UTC)
+    keys = {"u1-ledger-5": 3000, "u1-ledger-5-index": 100, "u2-ledger-6": 5000, "u2-ledger-6-index": 200}
+    store.append_rows("offload_objects", [
+        {"run_id": RUN, "captured_at": now, "bucket": bucket, "key": key, "uuid": key[:2], "ledger_id": 5, "size": size}
+        for key, size in keys.items()], OFFLOAD_OBJECTS)
+    store.append_rows("delete_results", [
+        {"run_id": RUN, "finished_at": now, "record_key": f"OFFLOAD_LEDGER:{lid}", "ledger_id": lid,
+         "ledger_type": "OFFLOAD_LEDGER", "outcome": "deleted", "attempt": 1, "dry_run": False, "source": "emitted",
+         "s3_bucket": bucket, "s3_keys": [k for k in keys if k.startswith(uuid)]}
+        for lid, uuid in ((5, "u1"), (6, "u2"))], DELETE_RESULTS)
+    client.put_object(Bucket=bucket, Key="u2-ledger-6", Body=b"x")  # one delete that did not take
+    [row] = run_reclaim(config, store, RUN).rows
+    assert (row["target_kind"], row["verdict"], row["expected_bytes"], row["freed_bytes"]) == (
+        "offload", PENDING_GC, 8300, 3300)
+    assert "still listed" in row["why"]
+    client.delete_object(Bucket=bucket, Key="u2-ledger-6")
+    [row] = run_reclaim(config, store, RUN).rows
+    assert (row["verdict"], row["freed_bytes"], row["pending_bytes"]) == (FREED, 8300, 0)
+    assert summary_line([row]).endswith(f"8.1 KiB of offloaded objects gone from {bucket}")

@@ -330,23 +330,27 @@ def summary_line(rows: list[dict[str, Any]]) -> str:
     from sweeper.console import human_bytes
 
     bookies = [r for r in rows if r["target_kind"] == "bookie"]
-    if not bookies:
-        return "no bookie held data this run deleted"
     measured = [r for r in bookies if r["verdict"] != NOT_MEASURED]
     expected = sum(r["expected_bytes"] or 0 for r in measured)
     given = sum(min(r["freed_bytes"] or 0, r["expected_bytes"] or 0) for r in measured)
-    parts = [f"bookies gave back {human_bytes(given)} of {human_bytes(expected)} expected"]
+    parts = [f"bookies gave back {human_bytes(given)} of {human_bytes(expected)} expected" if bookies
+             else "no bookie held data this run deleted"]
     for kind, words in ((PENDING_COMPACTION, "waits for compaction"), (PENDING_GC, "waits for the bookies' GC")):
         waiting = [r for r in bookies if r["verdict"] == kind]
         if waiting:
             parts.append(f"{human_bytes(sum(r['pending_bytes'] or 0 for r in waiting))} {words} on "
-                         + ", ".join(r["target"] for r in waiting))
+                         + _names(waiting))
     unmeasured = [r for r in bookies if r["verdict"] == NOT_MEASURED]
     if unmeasured:
-        parts.append(f"not measured on {', '.join(r['target'] for r in unmeasured)} "
-                     f"({unmeasured[0]['why']})")
+        parts.append(f"not measured on {_names(unmeasured)} ({unmeasured[0]['why']})")
     for r in rows:
         if r["target_kind"] == "offload":
             parts.append(f"{human_bytes(r['freed_bytes'] or 0)} of offloaded objects gone from {r['target']}"
                          + (f" ({r['why']})" if r["why"] else ""))
     return "; ".join(parts)
+
+
+def _names(rows: list[dict[str, Any]], shown: int = 3) -> str:
+    names = [r["target"] for r in rows]
+    more = f" and {len(names) - shown} more (`sweeper show RUN reclaim`)" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
