@@ -263,3 +263,96 @@ def _empty(title: str, why: str) -> Figure:
     ax.set_title(title)
     ax.text(0.5, 0.5, f"{NOTHING_TO_SHOW}: {why}", transform=ax.transAxes, ha="center", va="center", fontsize="large")
     return fig
+
+
+# The reclaim table's verdicts (sweeper.reclaim.decide) as the figure writes them, and their colours.
+VERDICT_WORDS: dict[str, str] = {
+    "freed": "freed",
+    "pending_compaction": "waits for compaction",
+    "pending_gc": "waits for the GC",
+    "not_measured": "not measured",
+}
+VERDICT_COLORS: dict[str, str] = {
+    "freed": "tab:green",
+    "pending_compaction": "tab:orange",
+    "pending_gc": "tab:orange",
+    "not_measured": "tab:red",
+}
+NO_RECLAIM = "no reclaim measured: a dry run, or [reclaim] enabled = false"
+
+
+def reclaim_by_bookie(rows: pd.DataFrame, run_id: str | None = None) -> Figure:
+    """What each bookie (then each offload bucket) gave back after a run's deletes, next to what was expected.
+
+    `rows` are the run's current `reclaim` rows (`sweeper.reclaim.stage.latest_rows`). Per target two bars: the
+    expected bytes, and the freed bytes split into what the garbage collector freed by deleting whole entry logs
+    (for a bucket: the deleted objects listed gone) and what compaction freed by rewriting logs shared with live
+    data. The freed bar ends with the verdict, and
+    with the bytes still pending when some are: freed is what the bookie's own counters say, and it lags the
+    delete by the bookie's gcWaitTime or until a compaction (so a short bar is not an error by itself). A target
+    that was not measured has no freed bar, only its verdict."""
+    if run_id is None and not rows.empty and "run_id" in rows and rows["run_id"].nunique() == 1:
+        run_id = str(rows["run_id"].iloc[0])
+    title = "Space given back per bookie" + (f" (run {run_id})" if run_id else "")
+    if rows.empty:
+        return _empty(title, NO_RECLAIM)
+    table = _reclaim_table(rows)
+    freed = table["deletion"] + table["compaction"]
+    unit, scale = bytes_unit(float(max(table["expected"].max(), freed.max())))
+    table[["expected", "deletion", "compaction", "pending"]] /= scale
+    freed = freed / scale
+
+    fig = _figure(min(max(3.2, 2.0 + 0.6 * len(table)), 12.0))
+    ax = fig.add_subplot()
+    positions = range(len(table))
+    height = 0.38
+    expected_y = [p - height / 2 for p in positions]
+    freed_y = [p + height / 2 for p in positions]
+    expected = ax.barh(expected_y, table["expected"], height, color="0.7", label="expected")
+    ax.barh(freed_y, table["deletion"], height, color="tab:blue", label="freed by deletion")
+    ax.barh(freed_y, table["compaction"], height, left=table["deletion"], color="tab:cyan",
+            label="freed by compaction")
+    ax.bar_label(expected, labels=[_value(v, False) for v in table["expected"]], padding=3, fontsize="small")
+    for y, total, row in zip(freed_y, freed, table.itertuples(index=False), strict=True):
+        words = VERDICT_WORDS.get(row.verdict, row.verdict)
+        if row.verdict == "not_measured":
+            text = words
+        else:
+            text = f"{_value(total, False)}: {words}"
+            if row.pending > 0 and row.verdict != "freed":
+                text += f" ({_value(row.pending, False)} pending)"
+        ax.annotate(text, xy=(total, y), xytext=(3, 0), textcoords="offset points", va="center",
+                    fontsize="small", color=VERDICT_COLORS.get(row.verdict, "black"))
+    widest = float(max(table["expected"].max(), freed.max()))
+    # Room past the longest bar for its verdict; all zero would get matplotlib's -0.05..0.05, read as "tiny".
+    ax.set_xlim(0, widest * 1.6 if widest > 0 else 1)
+    ax.set_yticks(list(positions), labels=list(table["label"]))
+    ax.yaxis.set_inverted(True)
+    ax.set_title(title)
+    ax.set_xlabel(f"space ({unit})")
+    ax.set_ylabel("bookie, then offload bucket")
+    fig.legend(loc="outside lower center", ncols=3, fontsize="small", frameon=False)
+    return fig
+
+
+def _reclaim_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per target, bookies first then offload buckets, each by name: label, verdict and the byte columns
+    as floats (a target that was not measured has null freed bytes: nothing freed is drawn for it)."""
+
+    def column(name: str) -> pd.Series:
+        values = rows[name] if name in rows else pd.Series(index=rows.index, dtype="float64")
+        return pd.to_numeric(values, errors="coerce").fillna(0).clip(lower=0).astype("float64")
+
+    kind = rows["target_kind"].fillna("bookie").astype(str)
+    target = rows["target"].astype(str)
+    deletion, compaction = column("freed_deletion_bytes"), column("freed_compaction_bytes")
+    # A row with a total but no split (written by hand, or by an older step) counts the total as deletion.
+    deletion = deletion.where(deletion + compaction > 0, column("freed_bytes"))
+    table = pd.DataFrame({
+        "order": (kind != "bookie").astype(int), "target": target,
+        "label": target.where(kind == "bookie", target + " (offload)"),
+        "verdict": rows["verdict"].fillna("not_measured").astype(str),
+        "expected": column("expected_bytes"), "deletion": deletion, "compaction": compaction,
+        "pending": column("pending_bytes"),
+    })
+    return table.sort_values(["order", "target"], kind="stable").reset_index(drop=True)

@@ -70,6 +70,24 @@ def _trend(days: int = 6) -> pd.DataFrame:
                          "candidates": [120, 118, 131, 97, 64, 66][:days]})
 
 
+def _reclaim(run_id: str = "night-1") -> pd.DataFrame:
+    """A run's current `reclaim` rows (sweeper.reclaim.stage.latest_rows), one of each verdict, in no order."""
+    def row(kind: str, target: str, expected: int, deletion: int | None, compaction: int | None, pending: int,
+            verdict: str) -> dict:
+        freed = None if deletion is None else deletion + (compaction or 0)
+        return {"run_id": run_id, "target_kind": kind, "target": target, "expected_bytes": expected,
+                "freed_deletion_bytes": deletion, "freed_compaction_bytes": compaction, "freed_bytes": freed,
+                "pending_bytes": pending, "verdict": verdict, "why": "", "action": "measured only"}
+
+    return pd.DataFrame([
+        row("offload", "pulsar-offload", 30 * MiB, 30 * MiB, 0, 0, "freed"),
+        row("bookie", "bookie-2:3181", 20 * MiB, 16 * MiB, 2 * MiB, 2 * MiB, "pending_compaction"),
+        row("bookie", "bookie-1:3181", 20 * MiB, 21 * MiB, 0, 0, "freed"),
+        row("bookie", "bookie-4:3181", 8 * MiB, None, None, 0, "not_measured"),
+        row("bookie", "bookie-3:3181", 12 * MiB, 0, 0, 12 * MiB, "pending_gc"),
+    ])
+
+
 def _figures() -> dict[str, Figure]:
     """One of each figure, over data shaped like the operator's report (the PNGs in docs/img/ are these)."""
     candidates = _candidates({
@@ -84,6 +102,7 @@ def _figures() -> dict[str, Figure]:
         "audit-reasons": plots.candidates_by_reason(candidates),
         "audit-by-cause": plots.reclaimable_by_cause(_causes()),
         "audit-trend": plots.candidates_per_run(_trend()),
+        "audit-reclaim": plots.reclaim_by_bookie(_reclaim()),
     }
 
 
@@ -127,6 +146,7 @@ def test_every_figure_has_titles_and_axis_labels(figures: dict[str, Figure]) -> 
 def test_one_byte_unit_per_figure_matching_the_magnitude(figures: dict[str, Figure]) -> None:
     assert _units(figures["audit-by-namespace"]) == {"MiB"}  # 600 MiB at most
     assert _units(figures["audit-by-cause"]) == {"MiB"}
+    assert _units(figures["audit-reclaim"]) == {"MiB"}  # 30 MiB at most
     big = _draw(plots.reclaimable_by_namespace(_candidates({("t", "a"): [2 * GiB, GiB], ("t", "b"): [3 * MiB]})))
     assert _units(big) == {"GiB"}
     (ax,) = _axes(big)
@@ -217,12 +237,69 @@ def test_trend_ticks_are_dated_at_any_spacing(offsets: list[timedelta]) -> None:
     lambda: plots.reclaimable_by_cause(_causes().iloc[0:0]),
     lambda: plots.reclaimable_by_cause(_causes().iloc[3:]),  # rows, but nothing reclaimable
     lambda: plots.candidates_per_run(pd.DataFrame()),  # no runs rows at all: not even columns
+    lambda: plots.reclaim_by_bookie(pd.DataFrame()),  # no `reclaim` table at all: latest_rows gives []
+    lambda: plots.reclaim_by_bookie(_reclaim().iloc[0:0]),
 ])
 def test_empty_inputs_say_nothing_to_show(draw) -> None:
     fig = _draw(draw())
     texts = [t.get_text() for ax in fig.axes for t in ax.texts]
     assert any(plots.NOTHING_TO_SHOW in t for t in texts), texts
     assert all(ax.get_title() for ax in fig.axes)
+
+
+def test_reclaim_shows_expected_and_freed_per_bookie_then_offload_with_verdicts(figures: dict[str, Figure]) -> None:
+    fig = figures["audit-reclaim"]
+    (ax,) = _axes(fig)
+    assert ax.get_title() == "Space given back per bookie (run night-1)"
+    # Bookies by id, then the offload buckets; the first on top.
+    assert [t.get_text() for t in ax.get_yticklabels()] == [
+        "bookie-1:3181", "bookie-2:3181", "bookie-3:3181", "bookie-4:3181", "pulsar-offload (offload)"]
+    assert ax.yaxis.get_inverted()
+    # Per target: expected, freed by deletion, freed by compaction (stacked on the deletion bar), in MiB.
+    expected, deletion, compaction = (ax.containers[i] for i in range(3))
+    assert [p.get_width() for p in expected] == pytest.approx([20, 20, 12, 8, 30])
+    assert [p.get_width() for p in deletion] == pytest.approx([21, 16, 0, 0, 30])
+    assert [p.get_width() for p in compaction] == pytest.approx([0, 2, 0, 0, 0])
+    assert [p.get_x() for p in compaction] == pytest.approx([21, 16, 0, 0, 30])
+    for e, d in zip(expected, deletion, strict=True):  # the two bars of a target sit side by side
+        assert d.get_y() == pytest.approx(e.get_y() + e.get_height())
+    legend = fig.legends[0]
+    assert [t.get_text() for t in legend.get_texts()] == ["expected", "freed by deletion", "freed by compaction"]
+    # Each expected bar ends with its value; each freed bar with its value, its verdict, and what is still pending.
+    texts = [t.get_text() for t in ax.texts]
+    assert texts[:5] == ["20.0", "20.0", "12.0", "8.0", "30.0"]
+    assert texts[5:] == ["21.0: freed", "18.0: waits for compaction (2.0 pending)",
+                        "0: waits for the GC (12.0 pending)", "not measured", "30.0: freed"]
+    renderer = fig.canvas.get_renderer()
+    box = ax.get_window_extent(renderer)
+    for text in ax.texts:  # room for them inside the axes, past the longest bar
+        extent = text.get_window_extent(renderer)
+        assert box.x0 <= extent.x0 and extent.x1 <= box.x1, text.get_text()
+
+
+def test_reclaim_of_a_run_without_rows_says_why() -> None:
+    fig = _draw(plots.reclaim_by_bookie(pd.DataFrame(), run_id="dry-1"))
+    (ax,) = fig.axes
+    assert ax.get_title() == "Space given back per bookie (run dry-1)"
+    assert [t.get_text() for t in ax.texts] == [f"{plots.NOTHING_TO_SHOW}: {plots.NO_RECLAIM}"]
+    assert "a dry run" in plots.NO_RECLAIM and "[reclaim] enabled = false" in plots.NO_RECLAIM
+
+
+def test_reclaim_with_only_unmeasured_bookies_or_a_freed_total_without_split() -> None:
+    # The sandbox's bookies run without their HTTP server: every row is not_measured, with no freed bytes.
+    rows = _reclaim().iloc[[3]].assign(expected_bytes=3 * GiB)
+    (ax,) = _axes(_draw(plots.reclaim_by_bookie(rows)))
+    assert _units(ax.figure) == {"GiB"}
+    assert [t.get_text() for t in ax.texts] == ["3.0", "not measured"]
+    assert [p.get_width() for p in ax.containers[1]] == [0]
+    # A row with a freed total but no split draws the total as freed by deletion.
+    rows = _reclaim().iloc[[2]].assign(freed_deletion_bytes=None, freed_compaction_bytes=None)
+    (ax,) = _axes(_draw(plots.reclaim_by_bookie(rows)))
+    assert [p.get_width() for p in ax.containers[1]] == pytest.approx([21])
+    # Nothing expected and nothing freed: an axis from zero, not matplotlib's -0.05..0.05.
+    rows = _reclaim().iloc[[0]].assign(expected_bytes=0, freed_deletion_bytes=0, freed_bytes=0)
+    (ax,) = _axes(_draw(plots.reclaim_by_bookie(rows)))
+    assert ax.get_xlim() == (0, 1)
 
 
 def test_empty_candidates_aggregate_to_empty_tables() -> None:
