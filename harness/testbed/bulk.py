@@ -1,0 +1,219 @@
+"""Bulk data for the reclaim tests (issue 35): megabytes of reproducible messages laid out in the bookie's entry logs
+so that a test knows which logs hold only orphan data, which share orphan data with live data, and how much.
+
+The bookie (harness.testbed.server.bookie_settings) rotates its entry log every 4 MiB (`logSizeLimit`) and writes
+entries in the order they arrive, so what a test produces back to back lands in consecutive logs. A log the
+garbage collector can drop whole must hold nothing live: a burst of orphan data is fenced off from live data on
+both sides by a *pad*, an ordinary topic of more than one log's worth that the test deletes through the broker's
+admin API (a proper delete: Pulsar deletes its ledgers itself) before the measured sweep. Live filler produced
+last makes the bookie rotate past everything before it, so those logs are flushed and no longer the one being
+written (the collector skips that one).
+
+Payloads are reproducible from (seed, topic, index): a live topic's messages can be compared byte for byte after
+a compaction rewrote them.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulsar
+
+from harness.testbed.admin import Admin
+from harness.testbed.orphans import Metadata, ledger_znode, ml_path
+from harness.testbed.server import TestbedInfo
+from sweeper.codecs import pulsar as codec
+from sweeper.codecs.bookkeeper import decode_ledger_metadata
+
+KIB = 1024
+MIB = 1024 * KIB
+LOG_SIZE_LIMIT = 4 * MIB  # the testbed bookie's logSizeLimit
+# More than one entry log of data: nothing produced before a pad shares a log with anything produced after it.
+PAD_BYTES = LOG_SIZE_LIMIT + 512 * KIB
+
+
+def payload(seed: int, topic: str, index: int, size: int) -> bytes:
+    """The `index`-th message of `topic`: `size` bytes any run rebuilds from the same seed."""
+    return random.Random(f"{seed}/{topic}/{index}").randbytes(size)
+
+
+def payloads(seed: int, topic: str, count: int, size: int) -> Iterator[bytes]:
+    return (payload(seed, topic, i, size) for i in range(count))
+
+
+def ensure_namespaces(admin: Admin, cluster: str, namespaces: list[str]) -> None:
+    for tenant in sorted({ns.split("/", 1)[0] for ns in namespaces}):
+        admin.ensure_tenant(tenant, cluster)
+    for namespace in namespaces:
+        admin.ensure_namespace(namespace)
+
+
+class Producers:
+    """One unbatched producer per topic, kept open so interleaved sends go out in the order they are made."""
+
+    def __init__(self, client: pulsar.Client) -> None:
+        self.client = client
+        self.open: dict[str, Any] = {}
+        self.sent: dict[str, int] = {}  # topic -> messages sent
+        self.bytes: dict[str, int] = {}  # topic -> payload bytes sent
+
+    def send(self, topic: str, data: bytes) -> None:
+        if topic not in self.open:
+            self.open[topic] = self.client.create_producer(topic, batching_enabled=False, send_timeout_millis=60_000)
+        self.open[topic].send(data)
+        self.sent[topic] = self.sent.get(topic, 0) + 1
+        self.bytes[topic] = self.bytes.get(topic, 0) + len(data)
+
+    def burst(self, topic: str, total_bytes: int, size: int, seed: int) -> int:
+        """At least `total_bytes` into `topic` in `size`-byte messages, back to back. Returns the bytes sent."""
+        start = self.sent.get(topic, 0)
+        count = -(-total_bytes // size)
+        for i in range(start, start + count):
+            self.send(topic, payload(seed, topic, i, size))
+        return count * size
+
+    def interleave(self, orphan: str, live: str, rounds: int, orphan_size: int, live_size: int, seed: int) -> None:
+        """`rounds` times one message into `orphan`, then one into `live`: both topics' entries share every log."""
+        for _ in range(rounds):
+            self.send(orphan, payload(seed, orphan, self.sent.get(orphan, 0), orphan_size))
+            self.send(live, payload(seed, live, self.sent.get(live, 0), live_size))
+
+    def close(self) -> None:
+        for producer in self.open.values():
+            producer.close()
+        self.open.clear()
+
+
+def orphan_topic(metadata: Metadata, admin: Admin, topic: str) -> list[int]:
+    """Make every ledger of `topic` an orphan as Pulsar leaves one (harness.testbed.orphans.forget_topic): the topic
+    is unloaded, then its managed-ledger record and its cursors' are deleted, the ledgers are not. Returns them."""
+    admin.unload(topic)
+    path = ml_path(topic)
+    ledgers = [info.ledgerId for info in codec.decode_managed_ledger_info(metadata.get(path)[0]).ledgerInfo]
+    transaction = metadata.transaction()
+    for cursor in metadata.get_children(path):
+        transaction.delete(f"{path}/{cursor}", version=metadata.exists(f"{path}/{cursor}").version)
+    transaction.delete(path, version=metadata.exists(path).version)
+    results = transaction.commit()
+    if any(isinstance(r, Exception) for r in results):
+        raise RuntimeError(f"deleting {path} failed: {results}")
+    return [ledger for ledger in ledgers if metadata.exists(ledger_znode(ledger))]
+
+
+def ledger_lengths(metadata: Metadata, ledgers: list[int]) -> dict[int, int]:
+    """Each ledger's `length` as BookKeeper's metadata records it (what the sweeper expects the bookie to free)."""
+    return {ledger: decode_ledger_metadata(metadata.get(ledger_znode(ledger))[0]).length for ledger in ledgers}
+
+
+@dataclass
+class Orphans:
+    """A topic made an orphan: its ledgers, their lengths, the payload bytes produced into it."""
+
+    topic: str
+    ledgers: list[int] = field(default_factory=list)
+    lengths: dict[int, int] = field(default_factory=dict)
+    produced_bytes: int = 0
+    made_at: float = 0.0  # wall clock once orphaned: the sweep waits out its grace period from here
+
+    @property
+    def ledger_bytes(self) -> int:
+        return sum(self.lengths.values())
+
+
+def make_orphans(metadata: Metadata, admin: Admin, topic: str, produced_bytes: int) -> Orphans:
+    ledgers = orphan_topic(metadata, admin, topic)
+    return Orphans(topic, ledgers, ledger_lengths(metadata, ledgers), produced_bytes, time.time())
+
+
+def wait_flushed(seconds: float = 3.0) -> None:
+    """The bookie flushes its write cache and rotated logs every `flushInterval` (1 s): give it a few."""
+    time.sleep(seconds)
+
+
+
+# The reclaim tests' cases (tests/real_pulsar/test_reclaim.py), each in its own namespace of the layout's tenant.
+FREED, INTERLEAVED, DOWN = "freed", "interleaved", "down"
+LIVE, PADS = "live", "pads"
+ORPHAN_MESSAGE = 100 * KIB
+LIVE_MESSAGE = 50 * KIB  # interleaved: two orphan bytes per live byte, each log about a third live
+FILLER_BYTES = LOG_SIZE_LIMIT + 2 * MIB  # rotates the bookie past every log before it
+
+
+@dataclass
+class ReclaimLayout:
+    """What `build_reclaim_layout` wrote, in the bookie's order:
+
+        down (a few KiB of orphans) | pad | interleaved (orphan, live, orphan, live, ...) | pad | pad | freed (a burst
+        of orphans) | pad | filler (live)
+
+    The `freed` burst's logs hold nothing but its orphans and its pads, which the test deletes before the sweep: every
+    one of its logs is dropped whole once the orphans are deleted. The interleaved logs stay about a third live
+    (over minor compaction's 0.2, under major's 0.5) while their pads live; deleting the pads leaves the edge logs
+    under a third live as well."""
+
+    tenant: str
+    seed: int
+    orphans: dict[str, Orphans] = field(default_factory=dict)  # case -> its orphans
+    pads: dict[str, list[str]] = field(default_factory=dict)  # case -> the pad topics fencing its logs
+    live_topic: str = ""  # the interleaved case's live messages
+    live_count: int = 0
+    filler_topic: str = ""
+    produced_s: float = 0.0
+
+    def namespace(self, case: str) -> str:
+        return f"{self.tenant}/{case}"
+
+    def topic(self, case: str, local: str) -> str:
+        return f"persistent://{self.namespace(case)}/{local}"
+
+    @property
+    def made_at(self) -> float:
+        return max(o.made_at for o in self.orphans.values())
+
+    def live_payloads(self) -> list[bytes]:
+        return list(payloads(self.seed, self.live_topic, self.live_count, LIVE_MESSAGE))
+
+
+def build_reclaim_layout(info: TestbedInfo, admin: Admin, metadata: Metadata, client: pulsar.Client,
+                         cases: tuple[str, ...] = (DOWN, INTERLEAVED, FREED), tenant: str = "reclaim", seed: int = 35,
+                         freed_bytes: int = 24 * MIB, interleaved_rounds: int = 120) -> ReclaimLayout:
+    """Produce the layout (see ReclaimLayout) for `cases`, then make each case's orphan topic an orphan."""
+    layout = ReclaimLayout(tenant, seed)
+    ensure_namespaces(admin, info.cluster, [layout.namespace(c) for c in (*cases, LIVE, PADS)])
+    started = time.monotonic()
+    producers = Producers(client)
+    produced: dict[str, int] = {}
+
+    def pad(case: str, n: int) -> None:
+        name = layout.topic(PADS, f"{case}-{n}")
+        producers.burst(name, PAD_BYTES, ORPHAN_MESSAGE, seed)
+        layout.pads.setdefault(case, []).append(name)
+
+    try:
+        if DOWN in cases:
+            produced[DOWN] = producers.burst(layout.topic(DOWN, "orphan"), 20 * KIB, KIB, seed)
+        if INTERLEAVED in cases:
+            pad(INTERLEAVED, 1)
+            layout.live_topic = layout.topic(LIVE, "interleaved")
+            orphan = layout.topic(INTERLEAVED, "orphan")
+            producers.interleave(orphan, layout.live_topic, interleaved_rounds, ORPHAN_MESSAGE, LIVE_MESSAGE, seed)
+            produced[INTERLEAVED] = producers.bytes[orphan]
+            layout.live_count = producers.sent[layout.live_topic]
+            pad(INTERLEAVED, 2)
+        if FREED in cases:
+            pad(FREED, 1)
+            produced[FREED] = producers.burst(layout.topic(FREED, "orphan"), freed_bytes, ORPHAN_MESSAGE, seed)
+            pad(FREED, 2)
+        layout.filler_topic = layout.topic(LIVE, "filler")
+        producers.burst(layout.filler_topic, FILLER_BYTES, ORPHAN_MESSAGE, seed)
+    finally:
+        producers.close()
+    layout.produced_s = time.monotonic() - started
+    for case in cases:
+        layout.orphans[case] = make_orphans(metadata, admin, layout.topic(case, "orphan"), produced[case])
+    wait_flushed()
+    return layout
