@@ -111,3 +111,8 @@ class BookieHttp:
 
     def in_force_gc(self, target: BookieTarget) -> bool:
         return parse_gc_state(self.call(target.url, GC))
+
+    def busy(self, target: BookieTarget) -> bool:
+        """A forced GC or a compaction still runs. The force flag drops when the forced run ends, compaction
+        included (`GarbageCollectorThread.runWithFlags`' finally); gc_details also covers the collector's own runs."""
+        return self.in_force_gc(target) or parse_gc_details(self.call(target.url, GC_DETAILS))

@@ -159,12 +159,12 @@ def _journal(store: TableStore, run_id: str, bookie: str, phase: str, major: boo
 
 def _wait_for_gc(http: BookieHttp, target: BookieTarget, timeout_s: float, poll_s: float,
                  sleep: Callable[[float], None] = time.sleep) -> tuple[bool, float]:
-    """Poll GET /api/v1/bookie/gc until it no longer says is_in_force_gc (or the timeout): (finished, seconds)."""
+    """Poll the bookie until neither a forced GC nor a compaction runs (or the timeout): (finished, seconds)."""
     t0 = time.monotonic()
     sleep(min(poll_s, 0.5))  # the PUT only queues the GC on the collector's thread
     while time.monotonic() - t0 < timeout_s:
         try:
-            if not http.in_force_gc(target):
+            if not http.busy(target):
                 return True, time.monotonic() - t0
         except (BookieUnreachable, BookieAnswerError):
             pass
