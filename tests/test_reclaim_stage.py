@@ -4,6 +4,7 @@ in for the bookie's HTTP service (tests/support/bookie_server.py) and real Delta
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -73,8 +74,8 @@ def store(tmp_path: Path) -> DeltaRsTableStore:
 
 
 def test_a_triggered_gc_frees_the_expected_bytes_once_per_run(zk: KazooClient, zk_target: ZkTarget, tmp_path: Path,
-                                                              bookie: BookieHttpServer,
-                                                              store: DeltaRsTableStore) -> None:
+                                                              bookie: BookieHttpServer, store: DeltaRsTableStore,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
     register(zk, BOOKIE, bookie.url)
     config = config_for(zk_target, tmp_path / "tables", trigger_gc=True)
     seed_deleted(store, {1: 8 * MIB, 2: 8 * MIB, 3: 4 * MIB})
@@ -97,6 +98,13 @@ def test_a_triggered_gc_frees_the_expected_bytes_once_per_run(zk: KazooClient, z
     assert [r["measured_at"] for r in latest_rows(store, RUN)] == [again.rows[0]["measured_at"]]
     journal = store.read_arrow("reclaim_journal", where={"run_id": RUN}).to_pylist()
     assert [j["phase"] for j in sorted(journal, key=lambda j: j["at"])] == ["intent", "done"]
+
+    from sweeper.cli import EXIT_OK, main
+
+    capsys.readouterr()
+    assert main(["show", RUN, "reclaim", "--tables", str(tmp_path / "tables"), "--format", "json"]) == EXIT_OK
+    shown = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["target"], r["verdict"]) for r in shown] == [(BOOKIE, FREED)] * 2  # both measurements, oldest first
 
 
 def test_without_a_trigger_the_deleted_data_waits_for_the_gc(zk: KazooClient, zk_target: ZkTarget, tmp_path: Path,
