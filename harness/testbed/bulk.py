@@ -136,8 +136,9 @@ def wait_flushed(seconds: float = 3.0) -> None:
 
 
 # The reclaim tests' cases (tests/real_pulsar/test_reclaim.py), each in its own namespace of the layout's tenant.
+# Everything a case writes (orphans, pads, live topics) is in its namespace: a sweep scoped to it also takes what
+# Pulsar leaks there by itself (schema ledgers of the namespace's first topics), and leaves nothing behind.
 FREED, INTERLEAVED, DOWN = "freed", "interleaved", "down"
-LIVE, PADS = "live", "pads"
 ORPHAN_MESSAGE = 100 * KIB
 LIVE_MESSAGE = 50 * KIB  # interleaved: two orphan bytes per live byte, each log about a third live
 FILLER_BYTES = LOG_SIZE_LIMIT + 2 * MIB  # rotates the bookie past every log before it
@@ -183,13 +184,13 @@ def build_reclaim_layout(info: TestbedInfo, admin: Admin, metadata: Metadata, cl
                          freed_bytes: int = 24 * MIB, interleaved_rounds: int = 120) -> ReclaimLayout:
     """Produce the layout (see ReclaimLayout) for `cases`, then make each case's orphan topic an orphan."""
     layout = ReclaimLayout(tenant, seed)
-    ensure_namespaces(admin, info.cluster, [layout.namespace(c) for c in (*cases, LIVE, PADS)])
+    ensure_namespaces(admin, info.cluster, [layout.namespace(c) for c in cases])
     started = time.monotonic()
     producers = Producers(client)
     produced: dict[str, int] = {}
 
     def pad(case: str, n: int) -> None:
-        name = layout.topic(PADS, f"{case}-{n}")
+        name = layout.topic(case, f"pad-{n}")
         producers.burst(name, PAD_BYTES, ORPHAN_MESSAGE, seed)
         layout.pads.setdefault(case, []).append(name)
 
@@ -198,7 +199,7 @@ def build_reclaim_layout(info: TestbedInfo, admin: Admin, metadata: Metadata, cl
             produced[DOWN] = producers.burst(layout.topic(DOWN, "orphan"), 20 * KIB, KIB, seed)
         if INTERLEAVED in cases:
             pad(INTERLEAVED, 1)
-            layout.live_topic = layout.topic(LIVE, "interleaved")
+            layout.live_topic = layout.topic(INTERLEAVED, "live")
             orphan = layout.topic(INTERLEAVED, "orphan")
             producers.interleave(orphan, layout.live_topic, interleaved_rounds, ORPHAN_MESSAGE, LIVE_MESSAGE, seed)
             produced[INTERLEAVED] = producers.bytes[orphan]
@@ -208,7 +209,7 @@ def build_reclaim_layout(info: TestbedInfo, admin: Admin, metadata: Metadata, cl
             pad(FREED, 1)
             produced[FREED] = producers.burst(layout.topic(FREED, "orphan"), freed_bytes, ORPHAN_MESSAGE, seed)
             pad(FREED, 2)
-        layout.filler_topic = layout.topic(LIVE, "filler")
+        layout.filler_topic = layout.topic(cases[-1], "filler")
         producers.burst(layout.filler_topic, FILLER_BYTES, ORPHAN_MESSAGE, seed)
     finally:
         producers.close()

@@ -14,9 +14,10 @@ measures the entry-log files on disk itself (`entry_log_bytes`), never through t
 - down: a bookie whose HTTP server does not answer is `not_measured` with why, and the sweep and `sweeper reclaim`
   exit 0.
 
-The cases' orphans are in the tenant `reclaim`, one namespace each, and every sweep here is scoped to its case's
-namespace (`[safety] allow`) and emits to a deletion topic of its own, so no other test's orphans or marks are
-touched. They are made after the session's own sweep (`swept`), whose plan must not see them.
+Each case writes everything (orphans, pads, live topics) in a namespace of its own in the tenant `reclaim`, and its
+sweep is scoped to it (`[safety] allow`) and emits to a deletion topic of its own: no other test's orphans or marks are
+touched, and what Pulsar leaks there by itself (schema ledgers) goes with the case's orphans. They are made after the
+session's own sweep (`swept`), whose plan must not see them.
 """
 
 from __future__ import annotations
