@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import threading
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the harness lives beside the package, not in it
 
 from harness.testbed import bookie
 from harness.testbed.server import testbed_down, testbed_up
