@@ -333,8 +333,13 @@ def summary_line(rows: list[dict[str, Any]]) -> str:
     measured = [r for r in bookies if r["verdict"] != NOT_MEASURED]
     expected = sum(r["expected_bytes"] or 0 for r in measured)
     given = sum(min(r["freed_bytes"] or 0, r["expected_bytes"] or 0) for r in measured)
-    parts = [f"bookies gave back {human_bytes(given)} of {human_bytes(expected)} expected" if bookies
-             else "no bookie held data this run deleted"]
+    if measured:
+        parts = [f"bookies gave back {human_bytes(given)} of {human_bytes(expected)} expected"]
+    elif bookies:
+        parts = [f"no bookie could be measured ({human_bytes(sum(r['expected_bytes'] or 0 for r in bookies))} "
+                 f"expected back from {len(bookies)})"]
+    else:
+        parts = ["no bookie held data this run deleted"]
     for kind, words in ((PENDING_COMPACTION, "waits for compaction"), (PENDING_GC, "waits for the bookies' GC")):
         waiting = [r for r in bookies if r["verdict"] == kind]
         if waiting:
@@ -342,7 +347,7 @@ def summary_line(rows: list[dict[str, Any]]) -> str:
                          + _names(waiting))
     unmeasured = [r for r in bookies if r["verdict"] == NOT_MEASURED]
     if unmeasured:
-        parts.append(f"not measured on {_names(unmeasured)} ({unmeasured[0]['why']})")
+        parts.append(f"not measured on {_names(unmeasured)}: {unmeasured[0]['why']}")
     for r in rows:
         if r["target_kind"] == "offload":
             parts.append(f"{human_bytes(r['freed_bytes'] or 0)} of offloaded objects gone from {r['target']}"
@@ -352,5 +357,5 @@ def summary_line(rows: list[dict[str, Any]]) -> str:
 
 def _names(rows: list[dict[str, Any]], shown: int = 3) -> str:
     names = [r["target"] for r in rows]
-    more = f" and {len(names) - shown} more (`sweeper show RUN reclaim`)" if len(names) > shown else ""
+    more = f" and {len(names) - shown} more (`sweeper show RUN reclaim` lists them)" if len(names) > shown else ""
     return ", ".join(names[:shown]) + more
