@@ -23,7 +23,7 @@ from sweeper.emit import EmitCounts, EmitFailed, EmitRefused, EmitResult, run_em
 from sweeper.errors import StageRefused as StageRefused  # where the sweep's callers catch it
 from sweeper.gates import GateFailed, run_gates
 from sweeper.metastore.migration import MigrationRefused
-from sweeper.metrics import MetricsError, publish, render
+from sweeper.metrics import MetricsError, publish, registry
 from sweeper.reclaim.stage import ReclaimCounts, ReclaimResult, run_reclaim, sample_before, summary_line
 from sweeper.reconcile import ReconcileCounts, ReconcileRefused, ReconcileResult, SafetySettings, run_reconcile
 from sweeper.retention_debt import (
@@ -206,10 +206,10 @@ def export_metrics(config: SweeperConfig, result: SweepResult, log: Any = print)
     """Prometheus text file / Pushgateway, when configured; a metrics outage never fails a sweep."""
     if not (config.metrics.textfile or config.metrics.pushgateway_url):
         return
-    text = render(result.run_id, result.stages, result.outcomes, finished_at_s=time.time(),
-                  status="partial" if result.partial else "succeeded", reclaim=result.reclaim)
+    metrics = registry(result.run_id, result.stages, result.outcomes, finished_at_s=time.time(),
+                       status="partial" if result.partial else "succeeded", reclaim=result.reclaim)
     try:
-        for target in publish(text, config.metrics):
+        for target in publish(metrics, config.metrics):
             log(f"metrics written to {target}")
     except MetricsError as exc:
         log(f"warning: {exc}")

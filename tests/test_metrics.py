@@ -12,7 +12,7 @@ import pytest
 
 from harness.zkserver import free_port
 from sweeper.config import ConfigError, MetricsConfig
-from sweeper.metrics import MetricsError, publish, render
+from sweeper.metrics import MetricsError, publish, registry, render
 from tests.support.config import BASE_CONFIG
 
 STAGES = {"snapshot": {"seconds": 3.5, "pending_deletes": 7}, "reconcile": {"seconds": 1, "candidate": 12,
@@ -21,21 +21,44 @@ STAGES = {"snapshot": {"seconds": 3.5, "pending_deletes": 7}, "reconcile": {"sec
 OUTCOMES = [("LEDGER", "deleted")] * 9 + [("OFFLOAD_LEDGER", "deleted"), ("LEDGER", "in_use"), ("LEDGER", "failed")]
 
 
+def samples(text: str) -> dict[str, float]:
+    """Every sample of an exposition text, read with prometheus_client's own parser: `name{k="v",...}` -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
+            out[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return out
+
+
 def test_render_has_pip186_counters_per_ledger_type() -> None:
     text = render("r-1", STAGES, OUTCOMES, finished_at_s=1700000000.5)
-    lines = set(text.splitlines())
-    assert "ledger_sweeper_pending_deletes_sent 12" in lines
-    assert "ledger_sweeper_pending_deletes_received 7" in lines
-    assert 'ledger_sweeper_deleted{ledger_type="LEDGER"} 9' in lines
-    assert 'ledger_sweeper_deleted{ledger_type="OFFLOAD_LEDGER"} 1' in lines
-    assert 'ledger_sweeper_acked{ledger_type="LEDGER"} 10' in lines  # deleted + in_use: both final
-    assert 'ledger_sweeper_failed{ledger_type="LEDGER"} 1' in lines
-    assert "ledger_sweeper_dead_lettered 1" in lines
-    assert 'ledger_sweeper_stage_seconds{stage="snapshot"} 3.5' in lines
-    assert "ledger_sweeper_last_run_timestamp_seconds 1700000000.5" in lines
+    values = samples(text)
+    assert values["ledger_sweeper_pending_deletes_sent"] == 12
+    assert values["ledger_sweeper_pending_deletes_received"] == 7
+    assert values['ledger_sweeper_deleted{ledger_type="LEDGER"}'] == 9
+    assert values['ledger_sweeper_deleted{ledger_type="OFFLOAD_LEDGER"}'] == 1
+    assert values['ledger_sweeper_acked{ledger_type="LEDGER"}'] == 10  # deleted + in_use: both final
+    assert values['ledger_sweeper_failed{ledger_type="LEDGER"}'] == 1
+    assert values["ledger_sweeper_dead_lettered"] == 1
+    assert values['ledger_sweeper_stage_seconds{stage="snapshot"}'] == 3.5
+    assert values["ledger_sweeper_last_run_timestamp_seconds"] == 1700000000.5
+    assert values['ledger_sweeper_run_info{run_id="r-1",status="succeeded"}'] == 1
     # Every sample has HELP and TYPE, as the text format asks.
+    lines = set(text.splitlines())
     names = {line.split("{")[0].split(" ")[0] for line in lines if line and not line.startswith("#")}
-    assert all(f"# TYPE {n} gauge" in lines for n in names)
+    assert all(f"# TYPE {n} gauge" in lines and any(x.startswith(f"# HELP {n} ") for x in lines) for n in names)
+
+
+def test_label_values_are_escaped() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    odd = 'r"1\\\n2'
+    text = render(odd, {})
+    [info] = [f for f in text_string_to_metric_families(text) if f.name == "ledger_sweeper_run_info"]
+    assert info.samples[0].labels["run_id"] == odd  # quoted, escaped and read back whole
 
 
 class _Sink(BaseHTTPRequestHandler):
@@ -60,14 +83,16 @@ def pushgateway() -> Iterator[str]:
 
 
 def test_textfile_and_pushgateway(tmp_path: Path, pushgateway: str) -> None:
+    metrics = registry("r-2", STAGES, OUTCOMES)
     text = render("r-2", STAGES, OUTCOMES)
     target = tmp_path / "textfile" / "ledger_sweeper.prom"
-    done = publish(text, MetricsConfig(textfile=str(target), pushgateway_url=pushgateway, job="sweeper"))
+    done = publish(metrics, MetricsConfig(textfile=str(target), pushgateway_url=pushgateway, job="sweeper"))
     assert target.read_text() == text and len(done) == 2
+    assert [p.name for p in target.parent.iterdir()] == [target.name]  # the temporary file was renamed
     path, body = _Sink.received[-1]
     assert path == "/metrics/job/sweeper" and body.decode() == text
     with pytest.raises(MetricsError, match="unreachable"):
-        publish(text, MetricsConfig(pushgateway_url=f"http://127.0.0.1:{free_port()}"))
+        publish(metrics, MetricsConfig(pushgateway_url=f"http://127.0.0.1:{free_port()}"))
 
 
 def test_metrics_config_is_checked() -> None:

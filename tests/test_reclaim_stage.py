@@ -27,6 +27,7 @@ from sweeper.table_schemas import BK_LEDGERS, BOOKIE_SAMPLES, DELETE_RESULTS, OF
 from sweeper.tables.delta_rs import DeltaRsTableStore
 from tests.support.bookie_server import BookieHttpServer, BookieState
 from tests.support.config import BASE_CONFIG, ZkTarget
+from tests.test_metrics import samples
 
 RUN = "20261127T120000Z-reclaim1"
 BOOKIE = "bk0test"
@@ -194,9 +195,9 @@ def test_calls_are_paced_and_metrics_name_each_bookie(zk: KazooClient, zk_target
     for phase in (times[:5], times[5:]):
         gaps = [b - a for a, b in itertools.pairwise(phase)]
         assert min(gaps) >= 0.08  # 10 calls a second, never a burst
-    text = render(RUN, {}, reclaim=[row])
-    assert f'ledger_sweeper_reclaim_expected_bytes{{kind="bookie",target="{BOOKIE}"}} {MIB}' in text
-    assert f'ledger_sweeper_reclaim_verdict{{kind="bookie",target="{BOOKIE}",verdict="pending_gc"}} 1' in text
+    values = samples(render(RUN, {}, reclaim=[row]))
+    assert values[f'ledger_sweeper_reclaim_expected_bytes{{kind="bookie",target="{BOOKIE}"}}'] == MIB
+    assert values[f'ledger_sweeper_reclaim_verdict{{kind="bookie",target="{BOOKIE}",verdict="pending_gc"}}'] == 1
 
 
 def test_offloaded_objects_count_as_freed_once_listed_gone(zk_target: ZkTarget, tmp_path: Path,
