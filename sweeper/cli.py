@@ -456,10 +456,18 @@ def cmd_dlq(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _limit(args: argparse.Namespace) -> int:
+    """--limit, or its default: 20 rows for people (a table), every row for scripts (json, csv)."""
+    if args.limit is not None:
+        return int(args.limit)
+    return 20 if args.format == "table" else 0
+
+
 def cmd_runs(args: argparse.Namespace) -> int:
     """The runs in the tables, newest first: read-only, no Spark."""
     from sweeper.console import read_store, render, run_rows, run_summaries
 
+    args.limit = _limit(args)
     store = read_store(_load_config(args))
     summaries = run_summaries(run_rows(store))  # with the attempts a kill left in the journals, not yet folded in
     if args.status:
@@ -480,6 +488,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     """One run's rows of one table (orphans, deletes, ...), filtered: read-only, no Spark."""
     from sweeper.console import read_store, render, show_rows
 
+    args.limit = _limit(args)
     store = read_store(_load_config(args))
     filters = {"reason": args.reason, "status": args.status, "tenant": args.tenant, "namespace": args.namespace}
     rows, view = show_rows(store, args.run, args.what, filters, args.limit)
@@ -727,7 +736,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--tables", help="table root (overrides [tables] root)")
         p.add_argument("--format", choices=FORMATS, default="table",
                        help="table (aligned, for people), json (one object per line) or csv (every column)")
-        p.add_argument("--limit", type=int, default=20, help="at most this many rows (0: all; default 20)")
+        p.add_argument("--limit", type=int, default=None,
+                       help="at most this many rows (0: all; default: 20 in a table, all in json and csv, which a "
+                            "script reads as the whole answer)")
         common(p)
 
     runs_parser = sub.add_parser("runs", help="list the runs in the tables, newest first (read-only, no Spark)")

@@ -156,8 +156,10 @@ class RetentionDebtCounts(runs.StageCounts):
 
     @property
     def idle_cursors(self) -> int:
-        """Every idle cursor the step found, whatever its status (the sweep's line and table agree)."""
-        return sum(self.cursors.values())
+        """The cursors found idle (a candidate, idle, or idle outside the repair's scope): not those the step could
+        not judge (`unknown`) nor those Pulsar protects (compaction, replication: `protected`). The sweep's line
+        and table agree."""
+        return sum(n for status, n in self.cursors.items() if status not in ("unknown", "protected"))
 
 
 @dataclass

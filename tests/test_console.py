@@ -381,3 +381,19 @@ def test_a_killed_retention_repair_is_shown_from_its_journal_until_folded_in_and
     assert "0 calls intended" in shown["message"]
     assert {r["recorded_in"] for r in _show(["show", run, "actions", "--tables", tables], capsys)} == \
         {"retention_actions"}
+
+
+def test_json_and_csv_give_every_row_unless_limited(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A script reads json or csv as the whole answer: no silent cut at the table's 20 rows (issue 36)."""
+    tables = _tables(tmp_path)
+    store = DeltaRsTableStore(str(tables), None)  # type: ignore[arg-type]
+    base = store.read_arrow("delete_results").to_pylist()[0]
+    store.append_rows("delete_results", [{**base, "record_key": f"M{i}", "ledger_id": 100 + i} for i in range(30)],
+                      DELETE_RESULTS)
+    for fmt, header in (("json", 0), ("csv", 1)):
+        assert main(["show", "night-1", "deletes", "--tables", str(tables), "--format", fmt]) == EXIT_OK
+        assert len(capsys.readouterr().out.splitlines()) == 33 + header
+        assert main(["show", "night-1", "deletes", "--tables", str(tables), "--format", fmt, "--limit", "5"]) == 0
+        assert len(capsys.readouterr().out.splitlines()) == 5 + header
+    assert main(["show", "night-1", "deletes", "--tables", str(tables)]) == EXIT_OK
+    assert "20 deletes rows of run night-1 (first 20: --limit 0 shows all)" in capsys.readouterr().out

@@ -145,8 +145,10 @@ def test_typed_counts_are_the_runs_map_and_read_back_whole(tmp_path: Path) -> No
     runs.record(store, "r1", "reconcile", runs.SUCCEEDED, datetime.now(UTC), counts, None)
     assert ReconcileCounts.from_row(runs.succeeded(store, "r1", "reconcile") or {}) == counts
 
-    debt = RetentionDebtCounts.from_row({"topic.candidate": 2, "cursor.idle": 3, "cursor.protected": 1,
-                                         "bytes.idle_cursor": 10, "something_new": 7})
+    debt = RetentionDebtCounts.from_row({"topic.candidate": 2, "cursor.idle": 3, "cursor.candidate": 1,
+                                         "cursor.protected": 1, "cursor.unknown": 2, "bytes.idle_cursor": 10,
+                                         "something_new": 7})
+    # Idle means idle: neither the cursors the step could not judge nor those Pulsar protects (issue 36).
     assert debt.topics == {"candidate": 2} and debt.idle_cursors == 4 and debt.idle_cursor_bytes == 10
     assert debt.extra == {"something_new": 7} and debt.as_row()["something_new"] == 7
     with pytest.raises(dataclasses.FrozenInstanceError):
