@@ -128,6 +128,8 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def _stage_of(module: str) -> str | None:
     if module.startswith("sweeper.delete"):
         return "delete"
+    if module.startswith("sweeper.reclaim"):
+        return "reclaim"  # the step after the delete (issue 35): it reads the delete's tables, never its code
     return STAGES.get(module)
 
 
