@@ -225,3 +225,20 @@ def test_offloaded_objects_count_as_freed_once_listed_gone(zk_target: ZkTarget, 
     [row] = run_reclaim(config, store, RUN).rows
     assert (row["verdict"], row["freed_bytes"], row["pending_bytes"]) == (FREED, 8300, 0)
     assert summary_line([row]).endswith(f"8.1 KiB of offloaded objects gone from {bucket}")
+
+
+def test_unreadable_registrations_are_the_reason_given(tmp_path: Path, store: DeltaRsTableStore,
+                                                       bookie: BookieHttpServer) -> None:
+    from harness.zkserver import free_port
+
+    config = BASE_CONFIG.replace(bookkeeper={"zookeeper": f"127.0.0.1:{free_port()}", "ledgers_root": "/ledgers",
+                                             "session_timeout_s": 1.0},
+                                 tables={"root": str(tmp_path / "tables"), "engine": "delta-rs"},
+                                 offload={"enabled": False},
+                                 reclaim={"http_urls": [f"{BOOKIE}={bookie.url}"], "calls_per_second": 50.0})
+    seed_deleted(store, {1: MIB}, bookies=(BOOKIE, "bk-elsewhere"))
+    sample_before(config, store, RUN)  # the registrations cannot be read; the one the config names still answers
+    rows = {r["target"]: r for r in run_reclaim(config, store, RUN).rows}
+    assert rows[BOOKIE]["verdict"] == PENDING_GC and rows[BOOKIE]["found_by"] == "config"
+    assert rows["bk-elsewhere"]["verdict"] == NOT_MEASURED
+    assert rows["bk-elsewhere"]["why"].startswith("bookie registrations unreadable")

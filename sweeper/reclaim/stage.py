@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -71,11 +71,16 @@ class ReclaimRefused(RuntimeError):
     pass
 
 
-def _targets(config: SweeperConfig, registrations: dict[str, Registration], bookie_ids: Iterable[str]) -> dict[
-        str, BookieTarget]:
+def _targets(config: SweeperConfig, registrations: dict[str, Registration], bookie_ids: Iterable[str],
+             problem: str = "") -> dict[str, BookieTarget]:
+    """Each bookie's HTTP server; with the registrations unreadable (`problem`), that is why a bookie the config
+    does not name has none (not "not registered")."""
     overrides = parse_overrides(config.reclaim.http_urls)
-    return {b: locate(b, registrations.get(b), overrides, config.reclaim.http_port, config.reclaim.http_scheme)
-            for b in sorted(set(bookie_ids))}
+    out = {b: locate(b, registrations.get(b), overrides, config.reclaim.http_port, config.reclaim.http_scheme)
+           for b in sorted(set(bookie_ids))}
+    if problem:
+        out = {b: t if t.reachable else replace(t, why=problem) for b, t in out.items()}
+    return out
 
 
 def _registrations(config: SweeperConfig) -> tuple[dict[str, Registration], str]:
@@ -90,19 +95,19 @@ def _registrations(config: SweeperConfig) -> tuple[dict[str, Registration], str]
 
 
 def sample_before(config: SweeperConfig, store: TableStore, run_id: str, log: Callable[[str], None] = print) -> int:
-    """Sample every registered bookie before the run deletes (the first such sample of a run is kept: it is the
-    baseline). Returns how many bookies answered."""
+    """Sample every registered bookie, and every bookie `[reclaim] http_urls` names, before the run deletes (the
+    first such sample of a run is kept: it is the baseline). Returns how many bookies answered."""
     if not config.reclaim.enabled:
         return 0
     if store.exists("bookie_samples") and store.read_arrow(
             "bookie_samples", where={"run_id": run_id, "phase": BEFORE}, columns=["bookie_id"]).num_rows:
         return 0
     registrations, problem = _registrations(config)
+    named = {b for b in parse_overrides(config.reclaim.http_urls) if b != "*"}
     if problem:
-        log(f"[reclaim] {problem}: the bookies are measured after the delete only where [reclaim] http_urls names "
-            "them")
+        log(f"[reclaim] {problem}: only the bookies [reclaim] http_urls names can be measured")
     http = BookieHttp(config.reclaim)
-    samples = [http.sample(t) for t in _targets(config, registrations, registrations).values()]
+    samples = [http.sample(t) for t in _targets(config, registrations, set(registrations) | named, problem).values()]
     _append_samples(store, run_id, BEFORE, samples)
     return sum(s.measured for s in samples)
 
@@ -179,7 +184,7 @@ def run_reclaim(config: SweeperConfig, store: TableStore, run_id: str, trigger: 
     shares = expected_shares(ledgers)
     before = _read_samples(store, run_id, BEFORE)
     registrations, problem = _registrations(config)
-    targets = _targets(config, registrations, set(shares) | set(before))
+    targets = _targets(config, registrations, set(shares) | set(before), problem)
     http = BookieHttp(config.reclaim)
     triggered_before = _triggered(store, run_id)
     now = {b: http.sample(t) for b, t in targets.items() if b in shares}
@@ -209,7 +214,7 @@ def run_reclaim(config: SweeperConfig, store: TableStore, run_id: str, trigger: 
     _append_samples(store, run_id, AFTER, [now[b] for b in sorted(now)])
     measured_at = datetime.now(UTC)
     rows = [_bookie_row(run_id, measured_at, bookie, targets[bookie], shares[bookie], before.get(bookie),
-                        now.get(bookie), actions[bookie], config.reclaim.freed_fraction, problem)
+                        now.get(bookie), actions[bookie], config.reclaim.freed_fraction)
             for bookie in sorted(shares)]
     rows += _offload_rows(config, store, run_id, measured_at, objects)
     if rows:
@@ -219,12 +224,10 @@ def run_reclaim(config: SweeperConfig, store: TableStore, run_id: str, trigger: 
 
 def _bookie_row(run_id: str, measured_at: datetime, bookie: str, target: BookieTarget, expected: Expected,
                 before: BookieSample | None, after: BookieSample | None,
-                action: tuple[str, str, float | None, bool | None], freed_fraction: float,
-                problem: str) -> dict[str, Any]:
+                action: tuple[str, str, float | None, bool | None], freed_fraction: float) -> dict[str, Any]:
     action_name, action_why, gc_seconds, finished = action
     judged, got = verdict(expected, before, after, freed_fraction, finished)
-    why = "; ".join(x for x in (judged.why, action_why if action_name not in ("measured only",) else "",
-                                problem if judged.verdict == NOT_MEASURED else "") if x)
+    why = "; ".join(x for x in (judged.why, action_why if action_name not in ("measured only",) else "") if x)
     return {
         "run_id": run_id, "measured_at": measured_at, "target_kind": "bookie", "target": bookie,
         "url": target.url, "found_by": target.found_by, "expected_bytes": expected.bytes,
