@@ -42,6 +42,7 @@ from sweeper.metastore.migration import check_stores
 from sweeper.metastore.urls import StoreUrl
 from sweeper.offload import S3Target, list_offload_objects, listing_units, s3_client
 from sweeper.ratelimit import TokenBucket
+from sweeper.records import ChildrenRead, ZnodeRead
 from sweeper.references import PEER_NAMESPACE, PEER_READ, PEER_UNREAD, peer_rows
 from sweeper.retention import parse_namespace_policies
 from sweeper.scan import bookkeeper as bk_scan
@@ -56,7 +57,6 @@ from sweeper.tables import TableStore
 from sweeper.vocabulary import LISTING_FAILED
 from sweeper.zk import client as zkutil
 from sweeper.zk.errors import ZooKeeperPermissionError, ZooKeeperSecurityError, ZooKeeperUnavailableError
-from sweeper.zk.reads import ChildrenRead, ZnodeRead
 
 log = logging.getLogger(__name__)
 

@@ -14,28 +14,19 @@ import ssl
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sweeper import names
 from sweeper.config import SystemTopicConfig
 from sweeper.errors import Refused
+from sweeper.records import Secret
 from sweeper.vocabulary import NOT_SET, SET, UNREAD
 
 
 class SystemTopicError(Refused):
     """The broker or its admin API cannot be used as configured: unreachable, refusing, or mismatched."""
-
-
-@dataclass(frozen=True)
-class Secret:
-    """A value that must not be printed: repr and str show only that it is set."""
-
-    value: str = field(repr=False)
-
-    def __str__(self) -> str:
-        return "***"
 
 
 @dataclass(frozen=True)

@@ -286,7 +286,7 @@ class _ListingFails(KazooReader):
         self.failing = failing
 
     def children_many(self, paths: Any, window: int = 1000) -> Any:
-        from sweeper.zk.reads import ChildrenRead
+        from sweeper.records import ChildrenRead
 
         for read in super().children_many(paths, window):
             yield ChildrenRead(read.path, None, ConnectionError("lost")) if read.path == self.failing else read

@@ -9,7 +9,7 @@ import pytest
 from kazoo.security import ACL, Id, Permissions
 
 from harness.zkserver import super_digest
-from sweeper.system_topic import Secret
+from sweeper.records import Secret
 from sweeper.zk import client as zkutil
 from sweeper.zk.errors import ZooKeeperPermissionError, ZooKeeperSecurityError, ZooKeeperUnavailableError
 from sweeper.zk.wire import WireReader

@@ -9,9 +9,9 @@ import pytest
 from kazoo.client import KazooClient
 
 from harness.zkserver import free_port
+from sweeper.records import ChildrenRead, ZnodeRead
 from sweeper.zk import wire as zkwire
 from sweeper.zk.errors import ZooKeeperPermissionError, ZooKeeperUnavailableError
-from sweeper.zk.reads import ChildrenRead, ZnodeRead
 from sweeper.zk.wire import WireReader, ZooKeeperWireError
 
 from .conftest import ZkTarget

@@ -45,7 +45,7 @@ from kazoo.exceptions import (
 from kazoo.protocol.states import ZnodeStat
 
 from sweeper.errors import Refused
-from sweeper.zk.reads import ChildrenRead, ZnodeRead
+from sweeper.records import ChildrenRead, ZnodeRead
 
 if TYPE_CHECKING:
     from sweeper.metastore.oxia_grpc import OxiaReadClient, Record

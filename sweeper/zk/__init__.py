@@ -4,6 +4,6 @@
 - `wire`: the wire-protocol bulk reader (multiRead, TLS, SASL) the snapshot and the delete verify with;
 - `security`: TLS, SASL and digest settings per store, the same for both clients;
 - `acl`: ACL rules (may this identity read or delete that znode?);
-- `errors`: how access fails (refusals, exit 3); `reads`: what a read returns. Both clients share them, so
-  neither imports the other for them.
+- `errors`: how access fails (refusals, exit 3). Both clients share it, so neither imports the other for it;
+  what a read returns (`ZnodeRead`, `ChildrenRead`) is `sweeper.records`', shared with Oxia's reader.
 """

@@ -15,13 +15,13 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import AuthFailedError, NoAuthError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 
+from sweeper.records import ChildrenRead, ZnodeRead
 from sweeper.zk.errors import (
     WrongRootError,
     ZooKeeperPermissionError,
     ZooKeeperSecurityError,
     ZooKeeperUnavailableError,
 )
-from sweeper.zk.reads import ChildrenRead, ZnodeRead
 
 if TYPE_CHECKING:
     from sweeper.zk.security import ZkSecurity

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sweeper.config import ConfigError, ZooKeeperAccessConfig
-from sweeper.system_topic import Secret
+from sweeper.records import Secret
 
 if TYPE_CHECKING:
     from sweeper.config import SweeperConfig

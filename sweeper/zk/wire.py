@@ -51,8 +51,8 @@ from kazoo.hosts import collect_hosts
 from kazoo.protocol.paths import normpath
 from kazoo.protocol.states import ZnodeStat
 
+from sweeper.records import ChildrenRead, ZnodeRead
 from sweeper.zk.errors import ZooKeeperPermissionError, ZooKeeperSecurityError, ZooKeeperUnavailableError
-from sweeper.zk.reads import ChildrenRead, ZnodeRead
 
 if TYPE_CHECKING:
     from sweeper.ratelimit import TokenBucket

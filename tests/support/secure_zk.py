@@ -13,7 +13,7 @@ from kazoo.client import KazooClient
 from kazoo.security import ACL, Id, Permissions
 
 from harness.zkserver import ServerSecurity, ZooKeeperServerInfo, start_zookeeper, stop_zookeeper
-from sweeper.system_topic import Secret
+from sweeper.records import Secret
 from sweeper.zk.security import ZkSecurity
 from tests.support.tls_certs import MutualTls, make_mutual_tls
 
