@@ -27,7 +27,7 @@ from sweeper.emit import run_emit
 from sweeper.errors import Refused
 from sweeper.layout import LedgerLayout, layout_znode, ledger_path
 from sweeper.metastore import oxia as oxia_store
-from sweeper.metastore import oxia_grpc
+from sweeper.metastore import oxia_grpc, oxia_keys
 from sweeper.metastore.migration import MIGRATION_FLAG_PATH, MigrationRefused
 from sweeper.metastore.oxia import OxiaStore, OxiaUnavailableError, children_range
 from sweeper.metastore.oxia_grpc import OxiaReadClient
@@ -204,7 +204,7 @@ def test_keys_reach_the_shard_the_server_routes_them_to(oxia_server: OxiaServerI
     """On a namespace of several shards, a key must be read where the server's own routing (xxh3, the Java and Go
     clients') put it. PyPI's client 0.2.1 routes with xxh64: the control shows how many of a ledger tree's keys
     it would look for in the wrong shard (a ledger Pulsar wrote would read as absent)."""
-    assert {k: oxia_store._server_hash(k) for k in ("foo", "bar", "baz")} == oxia_store._ROUTING_VECTORS
+    assert {k: oxia_keys.server_hash(k) for k in ("foo", "bar", "baz")} == oxia_keys.ROUTING_VECTORS
     store = OxiaStore(oxia_server.address, "default")
     try:
         keys = [f"/ledgers/00/{i // 100:04d}/L{i % 10_000:04d}" for i in range(200)]
@@ -520,14 +520,14 @@ ORDER_KEYS = ["/a", "/b", "/a/b", "/ab/c", "/a-b/c", "/a/b/c", "/b/c", "/a/", "/
 def test_records_come_in_the_servers_order_and_several_shards_merge_into_it(
         oxia_server: OxiaServerInfo, tmp_path: Path) -> None:
     """The order a shard returns its records in is the server's hierarchical encoding (by depth, then bytes with '/'
-    last: `oxia_store.hierarchical_key`), not the `CompareWithSlash` order the PyPI client merges shards with. A
+    last: `oxia_keys.hierarchical_key`), not the `CompareWithSlash` order the PyPI client merges shards with. A
     scan of a whole four-shard namespace merges into exactly the one-shard order, with the PyPI client's records."""
     import functools
 
     from oxia.internal.compare import compare_with_slash
 
     # The two orders do differ on these keys (`/ab/c` before `/a/`, `/b` before `/a/b`, ...).
-    assert sorted(ORDER_KEYS, key=oxia_store.hierarchical_key) != sorted(
+    assert sorted(ORDER_KEYS, key=oxia_keys.hierarchical_key) != sorted(
         ORDER_KEYS, key=functools.cmp_to_key(compare_with_slash))
     four = start_oxia(tmp_path / "four-shards", shards=4)
     orders = []
@@ -548,7 +548,7 @@ def test_records_come_in_the_servers_order_and_several_shards_merge_into_it(
                 store.close()
     finally:
         stop_oxia(four)
-    assert orders[0] == orders[1] == sorted(ORDER_KEYS, key=oxia_store.hierarchical_key)
+    assert orders[0] == orders[1] == sorted(ORDER_KEYS, key=oxia_keys.hierarchical_key)
 
 
 @pytest.mark.parametrize("oxia_server", [4], indirect=True)
@@ -593,7 +593,7 @@ def test_a_directorys_children_are_listed_from_one_scan_of_its_grandchildren(oxi
             store.delete(f"{namespace}/gone")  # listed a moment ago, gone now
             scans.clear()
             listings = {r.path: r for r in reader.children_many(topics)}
-            assert scans == [oxia_store.grandchildren_range(namespace)]  # one scan for all the cursor listings
+            assert scans == [oxia_keys.grandchildren_range(namespace)]  # one scan for all the cursor listings
             for topic, names in cursors.items():
                 got = listings[f"{namespace}/{topic}"]
                 assert got.error is None, got

@@ -435,7 +435,7 @@ def _store_for_the_task(target: DeleteTarget) -> Any:
     client = target.bookkeeper.connect()
     if target.pulsar is None:
         return client
-    from sweeper.metastore.oxia import SplitStore
+    from sweeper.metastore.oxia_split import SplitStore
 
     return SplitStore(client, target.pulsar.connect(), target.ledgers_root)
 
@@ -446,7 +446,7 @@ def _reader_for_the_task(target: DeleteTarget) -> Any:
     reader = target.bookkeeper.wire_reader(target.multi_read)
     if target.pulsar is None:
         return reader
-    from sweeper.metastore.oxia import SplitReader
+    from sweeper.metastore.oxia_split import SplitReader
 
     return SplitReader(reader, target.pulsar.wire_reader(target.multi_read), target.ledgers_root)
 

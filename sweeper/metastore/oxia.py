@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import threading
 import time
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
@@ -44,7 +43,13 @@ from kazoo.exceptions import (
 )
 from kazoo.protocol.states import ZnodeStat
 
-from sweeper.errors import Refused
+from sweeper.metastore.oxia_client_fix import mend_the_pypi_client
+from sweeper.metastore.oxia_keys import (
+    OxiaUnavailableError,
+    children_range,
+    grandchildren_range,
+    parent_of,
+)
 from sweeper.records import ChildrenRead, ZnodeRead
 
 if TYPE_CHECKING:
@@ -74,122 +79,6 @@ def capabilities_of(client: Any) -> Capabilities:
     return getattr(client, "capabilities", ZOOKEEPER_CAPABILITIES)
 
 
-class OxiaUnavailableError(Refused, ConnectionError):
-    """The Oxia server cannot be reached, or answers in a way this client cannot use."""
-
-
-# ---- shard routing ---------------------------------------------------------------------------------------------
-
-# The server routes a key to the shard whose hash range holds xxh3_64(key) & 0xffffffff (oxia-db/oxia
-# common/hash/hash.go `Xxh332`; its test vectors: foo 125730186, bar 2687685474, baz 862947621). PyPI's
-# `oxia` 0.2.1 hashes with xxh64 instead (internal/service_discovery.py `get_shard`), so on a namespace of more
-# than one shard its `get`, `put` and `delete` reach the wrong shard: a ledger Pulsar wrote reads as absent.
-# Range scans ask every shard and are unaffected. The client's router is replaced, once, by the server's rule,
-# and `check_server_hash` proves it on the server's vectors before any store or read client is used.
-_ROUTING_VECTORS = {"foo": 125730186, "bar": 2687685474, "baz": 862947621}
-_mend_lock = threading.Lock()
-_mended = False
-
-
-def _server_hash(key: str) -> int:
-    import xxhash
-
-    return int(xxhash.xxh3_64(key).intdigest()) & 0xFFFFFFFF
-
-
-def _mend_the_pypi_client() -> None:
-    """Once per process, before any store is made: the server's key routing and a race-free wait for the first
-    shard map (`_wait_for_the_first_map_safely`) in place of the PyPI client's own."""
-    global _mended
-    with _mend_lock:
-        if _mended:
-            return
-        from oxia.internal import service_discovery
-
-        def get_shard(self: Any, key: str) -> Any:
-            h = _server_hash(key)
-            with self._lock:
-                for shard in self._assignments.values():
-                    if shard.contains(h):
-                        return shard
-            raise OxiaUnavailableError(f"no Oxia shard holds the hash of key {key!r}: shard assignments incomplete")
-
-        if not hasattr(service_discovery.ServiceDiscovery, "get_shard"):
-            raise OxiaUnavailableError("the installed oxia client has no ServiceDiscovery.get_shard to route keys "
-                                       "with: install the version pyproject.toml pins")
-        service_discovery.ServiceDiscovery.get_shard = get_shard
-        _wait_for_the_first_map_safely(service_discovery)
-        _mended = True
-    check_server_hash()
-
-
-def _wait_for_the_first_map_safely(service_discovery: Any) -> None:
-    """Replaces the client's wait for its first shard map, which two races make fail or go stale.
-
-    PyPI's `oxia` 0.2.1 (internal/service_discovery.py) starts the assignments thread before it creates the barrier
-    that thread meets: on a loaded host the first map can arrive first, the thread dies on the missing attribute,
-    and the constructor gives up after 30 s (a CI run lost the Oxia testbed's tests to it). The thread also meets
-    the two-party barrier again on every later map, with nobody on the other side, so it never applies a second
-    map. An event set by each map, waited on by the constructor, has neither race.
-    """
-    import grpc
-    from oxia.internal.backoff import Backoff
-    from oxia.internal.proto.io.streamnative.oxia import proto as pb
-
-    discovery = service_discovery.ServiceDiscovery
-    log = service_discovery.log
-
-    def __init__(self: Any, service_address: str, connection_pool: Any, namespace: str,
-                 init_timeout: float = 30) -> None:
-        self._assignments = {}
-        self._service_address = service_address
-        self._connection_pool = connection_pool
-        self._namespace = namespace
-        self._closed = False
-        self._lock = threading.Lock()
-        self._has_a_map = threading.Event()
-        self._thread = threading.Thread(target=self.get_assignments, daemon=True, name="oxia-shard-assignments")
-        self._thread.start()
-        if not self._has_a_map.wait(init_timeout):
-            self._closed = True
-            raise RuntimeError(f"Timed out after {init_timeout}s waiting for initial shard assignments from "
-                               f"{service_address}")
-
-    def get_assignments(self: Any) -> None:
-        stub = self._connection_pool.get(self._service_address)
-        backoff = Backoff()
-        while not self._closed:
-            try:
-                request = pb.ShardAssignmentsRequest(namespace=self._namespace)
-                for update in stub.get_shard_assignments(request):
-                    self._parse_assignments(update.namespaces[self._namespace])
-                    self._has_a_map.set()
-                    backoff.reset()
-            except grpc.RpcError as exc:
-                if not self._closed:
-                    if exc.code() != grpc.StatusCode.CANCELLED:
-                        log.warning("Failed to get assignments: %s", exc)
-                    backoff.wait_next()
-            except ValueError as exc:
-                # The client's close() closes its channels before it marks this object closed: the stream ends
-                # CANCELLED, and the next call on the closed channel raises this. Nothing is left to read then; any
-                # other ValueError still ends the thread loudly (a map it cannot apply must not pass unseen).
-                if self._closed or "Channel closed" in str(exc):
-                    return
-                raise
-
-    discovery.__init__ = __init__
-    discovery.get_assignments = get_assignments
-
-
-def check_server_hash() -> None:
-    """Refuses a host whose xxhash would route keys unlike the server (the store's gets and the read client's)."""
-    wrong = {k: _server_hash(k) for k, v in _ROUTING_VECTORS.items() if _server_hash(k) != v}
-    if wrong:
-        raise OxiaUnavailableError(f"this host's xxhash routes keys unlike the Oxia server ({wrong}): refusing to "
-                                   "read a store whose records would look absent")
-
-
 # ---- records ---------------------------------------------------------------------------------------------------
 
 
@@ -206,40 +95,8 @@ def stat_of(version: Any, data_length: int, children: int = 0) -> ZnodeStat:
                      ephemeralOwner=session, dataLength=data_length, numChildren=children, pzxid=0)
 
 
-def children_range(path: str) -> tuple[str, str]:
-    """The key range of `path`'s direct children under Oxia's hierarchical sort (`OxiaMetadataStore.getChildren`)."""
-    prefix = "/" if path == "/" else path.rstrip("/") + "/"
-    return prefix, prefix + "/"
 
-
-def _parent(path: str) -> str:
-    return path.rstrip("/").rsplit("/", 1)[0] or "/"
-
-
-def hierarchical_key(key: str) -> tuple[int, bytes]:
-    """A sort key for the order a shard returns its records in: the server's hierarchical encoding
-    (common/compare/encode.go `encoderHierarchical.Encode`, what its Pebble store compares): keys sort by their
-    number of '/' (a trailing "//" counting once), then bytewise with '/' after every other byte. The PyPI and Go
-    clients merge shards with `CompareWithSlash` instead, which orders keys of different depths otherwise; for the
-    keys of one directory listing ([P/, P//): one depth, one prefix, no '/' after it) both are plain byte order."""
-    depth = key.count("/")
-    if depth and key.endswith("//"):
-        depth -= 1
-    return depth, key.encode().replace(b"/", b"\xff")
-
-
-def grandchildren_range(path: str) -> tuple[str, str]:
-    """The keys two levels below `path` (`path/a/b`), as one range under the hierarchical encoding
-    (`hierarchical_key`): all of them have `path`'s depth + 2 and begin with `path/`, so they lie together, after
-    `path/\\x00/` and before `path///` (whose trailing "//" counts once). Only that encoding makes it so: under
-    `CompareWithSlash` the range is empty (its start sorts after its end), and under byte order it holds `path`'s
-    own children whose names sort below '/' (a topic named `-x` or `.x`) next to their children. A caller takes a
-    non-empty answer whose every key is `path/a/b` for the grandchildren, and anything else as no answer."""
-    base = path.rstrip("/")
-    return f"{base}/\x00/", f"{base}///"
-
-
-class _Done:
+class Settled:
     """An already-settled call, in kazoo's async result shape (`.get(timeout)`)."""
 
     def __init__(self, value: Any = None, error: BaseException | None = None) -> None:
@@ -251,11 +108,11 @@ class _Done:
         return self.value
 
 
-def _settled(call: Any) -> _Done:
+def _settled(call: Any) -> Settled:
     try:
-        return _Done(call())
+        return Settled(call())
     except Exception as exc:
-        return _Done(error=exc)
+        return Settled(error=exc)
 
 
 # ---- the store -------------------------------------------------------------------------------------------------
@@ -270,7 +127,7 @@ class OxiaStore:
     capabilities = OXIA_CAPABILITIES
 
     def __init__(self, address: str, namespace: str, timeout_s: float = 15.0) -> None:
-        _mend_the_pypi_client()
+        mend_the_pypi_client()
         import oxia
 
         self.address, self.namespace = address, namespace
@@ -315,10 +172,10 @@ class OxiaStore:
             raise NoNodeError(path)  # kazoo's answer for a missing parent, which callers rely on
         return names
 
-    def get_async(self, path: str) -> _Done:
+    def get_async(self, path: str) -> Settled:
         return _settled(lambda: self.get(path))
 
-    def get_children_async(self, path: str) -> _Done:
+    def get_children_async(self, path: str) -> Settled:
         return _settled(lambda: self.get_children(path))
 
     # -- writes --
@@ -389,7 +246,7 @@ class OxiaStore:
             raise NoNodeError(path)
         return True
 
-    def delete_async(self, path: str, version: int = -1) -> _Done:
+    def delete_async(self, path: str, version: int = -1) -> Settled:
         return _settled(lambda: self.delete(path, version))
 
     def transaction(self) -> OxiaTransaction:
@@ -449,7 +306,7 @@ class OxiaTransaction:
     such a store (`capabilities.atomic_multi` is false), so a failed check never leaves half a batch deleted.
     """
 
-    def __init__(self, store: OxiaStore | SplitStore) -> None:
+    def __init__(self, store: Any) -> None:  # an OxiaStore, or an oxia_split.SplitStore
         self.store = store
         self.checks: list[tuple[str, int]] = []
         self.deletes: list[tuple[str, int]] = []
@@ -484,7 +341,7 @@ class OxiaTransaction:
                 results.append(exc)
         return results
 
-    def commit_async(self) -> _Done:
+    def commit_async(self) -> Settled:
         return _settled(self.commit)
 
 
@@ -527,7 +384,7 @@ class OxiaReader:
         grandchildren = self._grandchildren_of(paths)
         pending: deque[tuple[str, Future[list[Record]]]] = deque()
         for path in paths:
-            parent = _parent(path)
+            parent = parent_of(path)
             scan = (self._from(grandchildren[parent], path) if parent in grandchildren
                     else self._pool.submit(self.client.range_scan, *children_range(path)))
             pending.append((path, scan))
@@ -539,7 +396,7 @@ class OxiaReader:
     def _grandchildren_of(self, paths: list[str]) -> dict[str, Future[dict[str, list[Record]] | None]]:
         """One scan of the grandchildren for each parent of many of `paths` (see GRANDCHILDREN_MIN), started now:
         each listing is read when it is asked for, never reused by a later call."""
-        asked = Counter(_parent(path) for path in paths)
+        asked = Counter(parent_of(path) for path in paths)
         return {parent: self._pool.submit(self._grandchildren, parent) for parent, count in asked.items()
                 if parent != "/" and parent in self._sizes and count >= self.GRANDCHILDREN_MIN
                 and count * self.GRANDCHILDREN_SHARE >= self._sizes[parent]}
@@ -663,92 +520,3 @@ class OxiaReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class SplitStore:
-    """BookKeeper's records in one Oxia namespace and Pulsar's in another (Pulsar's documented layout, with
-    `bookkeeperMetadataServiceUri=metadata-store:oxia://host:6648/bookkeeper`): what lies under the ledgers root
-    is read and deleted in the first, every referrer is read in the second. Only for stores without a multi-key
-    transaction, where the split loses nothing atomic (on ZooKeeper the delete refuses two ensembles instead)."""
-
-    capabilities = OXIA_CAPABILITIES
-
-    def __init__(self, bookkeeper: OxiaStore, pulsar: OxiaStore, ledgers_root: str) -> None:
-        self.bookkeeper, self.pulsar, self.ledgers_root = bookkeeper, pulsar, ledgers_root.rstrip("/")
-        self.hosts = f"{bookkeeper.hosts} (ledgers), {pulsar.hosts} (Pulsar)"
-
-    def _for(self, path: str) -> OxiaStore:
-        inside = path == self.ledgers_root or path.startswith(self.ledgers_root + "/")
-        return self.bookkeeper if inside else self.pulsar
-
-    @property
-    def connected(self) -> bool:
-        return self.bookkeeper.connected and self.pulsar.connected
-
-    @property
-    def client_id(self) -> tuple[int, bytes]:
-        return self.bookkeeper.client_id
-
-    def get(self, path: str) -> tuple[bytes, ZnodeStat]:
-        return self._for(path).get(path)
-
-    def exists(self, path: str) -> ZnodeStat | None:
-        return self._for(path).exists(path)
-
-    def get_children(self, path: str) -> list[str]:
-        return self._for(path).get_children(path)
-
-    def get_async(self, path: str) -> _Done:
-        return self._for(path).get_async(path)
-
-    def get_children_async(self, path: str) -> _Done:
-        return self._for(path).get_children_async(path)
-
-    def delete(self, path: str, version: int = -1) -> bool:
-        return self._for(path).delete(path, version)
-
-    def delete_async(self, path: str, version: int = -1) -> _Done:
-        return self._for(path).delete_async(path, version)
-
-    def transaction(self) -> OxiaTransaction:
-        return OxiaTransaction(self)
-
-    def stop(self) -> None:
-        self.bookkeeper.stop()
-        self.pulsar.stop()
-
-    def close(self) -> None:
-        self.bookkeeper.close()
-        self.pulsar.close()
-
-
-class SplitReader:
-    """The bulk reader of a `SplitStore`: each path read in its own namespace, results in input order. The
-    delete's verification prefetches ledgers and referrers through one reader; a reader of BookKeeper's namespace
-    alone would find no managed ledger there and take a listed ledger for unreferenced."""
-
-    def __init__(self, bookkeeper: OxiaReader, pulsar: OxiaReader, ledgers_root: str) -> None:
-        self.bookkeeper, self.pulsar, self.ledgers_root = bookkeeper, pulsar, ledgers_root.rstrip("/")
-
-    def _inside(self, path: str) -> bool:
-        return path == self.ledgers_root or path.startswith(self.ledgers_root + "/")
-
-    def _routed(self, paths: Iterable[str], read: Any) -> Iterator[Any]:
-        ordered = list(paths)
-        ours = [p for p in ordered if self._inside(p)]
-        theirs = [p for p in ordered if not self._inside(p)]
-        by_path: dict[str, Any] = {}
-        for result in [*read(self.bookkeeper, ours), *read(self.pulsar, theirs)]:
-            by_path[result.path] = result
-        return (by_path[p] for p in ordered)
-
-    def get_many(self, paths: Iterable[str], window: int = DEFAULT_WINDOW) -> Iterator[ZnodeRead]:
-        return self._routed(paths, lambda reader, some: list(reader.get_many(some, window)))
-
-    def children_many(self, paths: Iterable[str], window: int = DEFAULT_WINDOW,
-                      multi_read: int = 1) -> Iterator[ChildrenRead]:
-        return self._routed(paths, lambda reader, some: list(reader.children_many(some, window)))
-
-    def close(self) -> None:
-        self.bookkeeper.close()
-        self.pulsar.close()

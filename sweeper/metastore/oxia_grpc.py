@@ -16,7 +16,7 @@ How a client reads a namespace, as the Go client does (oxia-db/oxia v0.17.1, `ox
 - a range scan goes to every shard's leader (`RangeScan` with the shard id: the server resolves the shard by id
   alone and answers a node that is not its leader with an error, `public_rpc_server.go` `resolveLeader`), and the
   shards' records, each already in the hierarchical key order, are merged in that order;
-- a get goes to the shard holding xxh3(key) & 0xffffffff (`oxia.OxiaStore` routes its gets the same way), many to
+- a get goes to the shard holding xxh3(key) & 0xffffffff (`oxia_keys.server_hash`, as `oxia.OxiaStore` routes), many to
   one `Read` request.
 
 What this client adds, because a partial scan would make a referenced ledger look unreferenced: a map that does not
@@ -42,12 +42,16 @@ from kazoo.protocol.states import ZnodeStat
 
 from sweeper._proto import oxia_client_pb2 as pb
 from sweeper._proto import oxia_client_pb2_grpc as pb_grpc
-from sweeper.metastore.oxia import OxiaUnavailableError, check_server_hash, hierarchical_key
-from sweeper.metastore.oxia import _server_hash as server_hash
+from sweeper.metastore.oxia_keys import (
+    HASH_SPACE_END,
+    OxiaUnavailableError,
+    check_server_hash,
+    hierarchical_key,
+    server_hash,
+)
 
 log = logging.getLogger(__name__)
 
-HASH_SPACE_END = 0xFFFFFFFF
 # A stalled leader must fail the read rather than hang the task; the largest listing the snapshot makes (a
 # namespace of 100,000 topics, with their ledger lists) takes seconds, far below this.
 RPC_DEADLINE_S = 300.0
