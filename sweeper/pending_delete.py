@@ -11,15 +11,11 @@ import io
 import json
 from collections.abc import Iterable, Mapping
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import fastavro
 
-from sweeper import names
-
-SCHEMA_MEMBER = "schemas/avro/pending_delete_ledger_info.avsc"  # relative to the repo, and in the shipped zip
-SCHEMA_PATH = Path(__file__).resolve().parents[1] / SCHEMA_MEMBER
+from sweeper import names, resources
 
 # Ledger custom-metadata component -> record component (cursor ledgers are managed-ledger ledgers
 # that carry `pulsar/cursor`).
@@ -41,20 +37,9 @@ class InvalidPendingDelete(ValueError):
 
 @cache
 def schema_json() -> str:
-    """The Avro schema's JSON, as registered for the topic."""
-    try:
-        return SCHEMA_PATH.read_text()
-    except (FileNotFoundError, NotADirectoryError):
-        # Shipped to executors inside spark-submit.sh's zip, which executors import by a path
-        # relative to their working directory (./ledger_sweeper.zip): read the member from the
-        # archive the zip importer loaded us from, whatever its spelling.
-        import zipfile
-
-        archive = getattr(__loader__, "archive", None)
-        if archive is None:
-            raise
-        with zipfile.ZipFile(archive) as shipped:
-            return shipped.read(SCHEMA_MEMBER).decode()
+    """The Avro schema's JSON, as registered for the topic: shipped in the package (sweeper/resources), so it is read
+    the same from a checkout, an installed wheel and the zip spark-submit ships to executors."""
+    return resources.read_text(resources.PENDING_DELETE_SCHEMA)
 
 
 @cache
