@@ -3,13 +3,19 @@
 #
 #   SPARK_MASTER=yarn ./spark-submit.sh snapshot --config conf/prod.toml
 #
+# The code is the `sweeper` package SWEEPER_PYTHON imports (an installed wheel, or this checkout in a development
+# install): zipped by scripts/build_pyfiles.py, shipped to the executors with --py-files, and run through this
+# checkout's jobs/<stage>.py wrapper (which only calls sweeper.jobs.<stage>.main).
+#
 # The JVM parts come from jvm/target/, where scripts/setup.sh (`mvn -f jvm/pom.xml package`) put
 # them: delta-spark + delta-storage (the delta-spark table engine, which `[tables] engine = "auto"`
 # picks in a session this script starts) and hadoop-aws + the AWS SDK bundle (tables on s3://).
 #
 # Environment:
 #   SPARK_MASTER       --master (default: local[*])
-#   SPARK_SUBMIT       spark-submit binary (default: spark-submit on PATH, else the venv's)
+#   SWEEPER_PYTHON     the Python whose `sweeper` package is submitted (default: .venv/bin/python here, else
+#                      python3 on PATH); a wheel installed elsewhere: that environment's python
+#   SPARK_SUBMIT       spark-submit binary (default: spark-submit on PATH, else the one beside SWEEPER_PYTHON)
 #   PYSPARK_PYTHON     Python on the executors (must have the project's dependencies)
 #   DELTA_JARS         comma-separated Delta jars (default: jvm/target/delta/*.jar); "provided": the
 #                      cluster has them on its class path (only Delta's extension is set); "": no Delta
@@ -30,10 +36,23 @@ stage="${1:?usage: spark-submit.sh <stage> [stage options]}"; shift
 job="$here/jobs/$stage.py"
 [ -f "$job" ] || { echo "no such stage: $stage (jobs/: $(ls "$here/jobs" | grep -v __ | tr '\n' ' '))" >&2; exit 2; }
 
-submit="${SPARK_SUBMIT:-$(command -v spark-submit || echo "$here/.venv/bin/spark-submit")}"
+python="${SWEEPER_PYTHON:-}"
+if [ -z "$python" ]; then
+  if [ -x "$here/.venv/bin/python" ]; then python="$here/.venv/bin/python"; else python="$(command -v python3)"; fi
+fi
+# The package to ship: where that Python imports `sweeper` from (never this checkout by assumption).
+package="$(cd / && "$python" -c 'import os, sweeper; print(os.path.dirname(sweeper.__file__))' 2>/dev/null)" || {
+  echo "spark-submit.sh: $python cannot import sweeper: pip install ledger-sweeper there, or set SWEEPER_PYTHON" >&2
+  exit 2; }
+[ -f "$package/jobs/$stage.py" ] || {
+  echo "spark-submit.sh: the sweeper package in $package has no job $stage (an older version?)" >&2; exit 2; }
+
+# The driver runs that Python too (spark-submit's default is PYSPARK_PYTHON, else python3).
+export PYSPARK_DRIVER_PYTHON="${PYSPARK_DRIVER_PYTHON:-$python}"
+submit="${SPARK_SUBMIT:-$(command -v spark-submit || echo "$(dirname "$python")/spark-submit")}"
 build="${SWEEPER_BUILD_DIR:-$here/build}"; mkdir -p "$build"
-# Ship our packages (and the Avro schema they read) to the executors as one zip.
-python3 "$here/scripts/build_pyfiles.py" "$build/ledger_sweeper.zip" >&2
+# Ship the package (its code and the data it reads, sweeper/resources) to the executors as one zip.
+"$python" "$here/scripts/build_pyfiles.py" "$build/ledger_sweeper.zip" "$package" >&2
 
 master="${SPARK_MASTER:-local[*]}"
 jars_dir="${SWEEPER_JARS_DIR:-$here/jvm/target}"

@@ -1,10 +1,10 @@
-"""Spark entry point for the delete stage (PIP-186 phase 2): `spark-submit jobs/delete.py --config conf/x.toml`."""
+"""`spark-submit jobs/delete.py --config conf/x.toml ...`: runs sweeper.jobs.delete, the package's entry point."""
 
 from __future__ import annotations
 
 import sys
 
-from sweeper.cli import main
+from sweeper.jobs.delete import main
 
 if __name__ == "__main__":
-    sys.exit(main(["delete", *sys.argv[1:]]))
+    sys.exit(main())

@@ -1,10 +1,10 @@
-"""Spark entry point for the emit stage (PIP-186 phase 1): `spark-submit jobs/emit.py --config conf/x.toml`."""
+"""`spark-submit jobs/emit.py --config conf/x.toml ...`: runs sweeper.jobs.emit, the package's entry point."""
 
 from __future__ import annotations
 
 import sys
 
-from sweeper.cli import main
+from sweeper.jobs.emit import main
 
 if __name__ == "__main__":
-    sys.exit(main(["emit", *sys.argv[1:]]))
+    sys.exit(main())

@@ -1,10 +1,10 @@
-"""Spark entry point for the reconcile stage: `spark-submit jobs/reconcile.py --config conf/x.toml [--run-id R]`."""
+"""`spark-submit jobs/reconcile.py --config conf/x.toml ...`: runs sweeper.jobs.reconcile, the package's entry point."""
 
 from __future__ import annotations
 
 import sys
 
-from sweeper.cli import main
+from sweeper.jobs.reconcile import main
 
 if __name__ == "__main__":
-    sys.exit(main(["reconcile", *sys.argv[1:]]))
+    sys.exit(main())

@@ -1,11 +1,10 @@
-"""Spark entry point for the retention-debt stage: `spark-submit jobs/retention_debt.py --config conf/x.toml
-[--run-id R]` (a reconciled run; default the latest)."""
+"""`spark-submit jobs/retention_debt.py --config conf/x.toml ...`: runs sweeper.jobs.retention_debt."""
 
 from __future__ import annotations
 
 import sys
 
-from sweeper.cli import main
+from sweeper.jobs.retention_debt import main
 
 if __name__ == "__main__":
-    sys.exit(main(["retention-debt", *sys.argv[1:]]))
+    sys.exit(main())

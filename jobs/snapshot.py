@@ -1,10 +1,10 @@
-"""Spark entry point for the snapshot stage: `spark-submit jobs/snapshot.py --config conf/x.toml`."""
+"""`spark-submit jobs/snapshot.py --config conf/x.toml ...`: runs sweeper.jobs.snapshot, the package's entry point."""
 
 from __future__ import annotations
 
 import sys
 
-from sweeper.cli import main
+from sweeper.jobs.snapshot import main
 
 if __name__ == "__main__":
-    sys.exit(main(["snapshot", *sys.argv[1:]]))
+    sys.exit(main())

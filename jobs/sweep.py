@@ -1,10 +1,10 @@
-"""Spark entry point for a whole run: `spark-submit jobs/sweep.py --config conf/x.toml [--until reconcile]`."""
+"""`spark-submit jobs/sweep.py --config conf/x.toml ...`: runs sweeper.jobs.sweep, the package's entry point."""
 
 from __future__ import annotations
 
 import sys
 
-from sweeper.cli import main
+from sweeper.jobs.sweep import main
 
 if __name__ == "__main__":
-    sys.exit(main(["sweep", *sys.argv[1:]]))
+    sys.exit(main())

@@ -29,9 +29,9 @@ def test_the_zip_alone_is_enough_for_executors_to_encode_and_decode_records(tmp_
     shipped = tmp_path / "ledger_sweeper.zip"
     _build_zip(shipped)
     names = set(zipfile.ZipFile(shipped).namelist())
-    assert {"sweeper/__init__.py", "sweeper/delete/stage.py", "jobs/sweep.py",
-            "schemas/avro/pending_delete_ledger_info.avsc"} <= names
-    assert not any("__pycache__" in n for n in names)
+    assert {"sweeper/__init__.py", "sweeper/delete/stage.py", "sweeper/jobs/sweep.py",
+            "sweeper/resources/pending_delete_ledger_info.avsc"} <= names
+    assert not any("__pycache__" in n for n in names) and {n.split("/")[0] for n in names} == {"sweeper"}
     # A fresh interpreter with the zip first on its path by a relative name, as an executor sees
     # --py-files (./ledger_sweeper.zip in its work directory): the package and its Avro schema must
     # come from the zip, not from this checkout.
@@ -39,7 +39,8 @@ def test_the_zip_alone_is_enough_for_executors_to_encode_and_decode_records(tmp_
         "import sys; sys.path.insert(0, sys.argv[1])\n"
         "import sweeper.pending_delete as pd\n"
         "assert pd.__file__.startswith(sys.argv[1]), pd.__file__\n"
-        "assert not pd.SCHEMA_PATH.exists()\n"
+        "import sweeper.resources as r\n"
+        "assert r.__file__.startswith(sys.argv[1]), r.__file__\n"
         "record = {'topicName': 'persistent://t/n/x', 'ledgerComponent': 'MANAGED_LEDGER',\n"
         "          'ledgerType': 'LEDGER', 'ledgerId': 7, 'cursorName': None, 'schemaId': None,\n"
         "          'offloadContext': None, 'properties': {}, 'reason': 'r', 'runId': 'x'}\n"
