@@ -1,9 +1,10 @@
 """The test and development harness: the embedded sandbox, the real-Pulsar testbed, local ZooKeeper, S3 and Spark
 standalone servers, and the process and port helpers they share.
 
-Not product code (issue 22): it lives beside the `sweeper` package, never inside it, so neither the wheel nor
-the zip spark-submit ships to executors carries it, and no product module imports it. The CLI reaches it
-only for the commands that start it (`sweeper sandbox`, `sweeper testbed`, `sweep --sandbox`), from a checkout.
+Not product code (issues 22 and 36): it lives beside the `sweeper` package, never inside it, so neither the wheel nor
+the zip spark-submit ships to executors carries it, and no product module imports it. Its commands (`sweeper
+sandbox`, `sweeper testbed`, `sweeper audit`, `sweep --sandbox`) reach the CLI as a plugin, `harness.cli_plugin`,
+through the `ledger_sweeper.cli` entry point of a checkout installed for development.
 """
 
 from __future__ import annotations

@@ -1,10 +1,14 @@
-"""`sweeper` command line: sandbox management and the pipeline stages.
+"""`sweeper` command line: the pipeline stages and the commands that read their tables.
 
 Exit codes (for schedulers): 0 success, 1 unexpected error, 2 usage or configuration error,
 3 a stage refused to run (wrong root, unreachable server or broker, a ZooKeeper certificate, login or
 permission refused, failed gate, circuit breaker, a system topic that is not as configured, another
 delete run holding the lock), 4 partial: some
 deletes failed and wait in the retry queue (or were dead-lettered); rerun later.
+
+Development commands (the sandbox, the testbed, `sweep --sandbox`, `audit`) are not part of the product: they come
+from plugins registered under the `ledger_sweeper.cli` entry-point group (a checkout installed for development
+registers `harness.cli_plugin`). A plugin whose module is not installed (the wheel carries no harness) is skipped.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -23,7 +29,7 @@ from sweeper.config import ConfigError, SweeperConfig
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED, EXIT_PARTIAL = 0, 1, 2, 3, 4
 # The stages `sweep --until` names, in order (sweeper.pipeline.STAGES; spelled here so parsing imports no Spark).
 SWEEP_STAGES = ("snapshot", "reconcile", "retention_debt", "emit", "delete")
-DEFAULT_PORT = 21810  # the sandbox's (harness.sandbox.DEFAULT_PORT; the CLI does not import the harness to parse)
+PLUGIN_GROUP = "ledger_sweeper.cli"  # entry points: `register(cli: CliPlugins)` adds commands, flags, pre-hooks
 EXIT_INTERRUPTED = 130  # SIGINT or SIGTERM: stopped, what was done is on record
 
 
@@ -39,12 +45,14 @@ def strict(cfg: SweeperConfig) -> SweeperConfig:
 
 # Commands that only read tables may run outside a checkout with just --tables; every other one needs a config.
 _READ_ONLY = {"runs", "show", "dlq"}
+_NO_HEARTBEAT = _READ_ONLY | {"init-config"}
 _said_config: list[str] = []  # once per command, however many times its parts load the config
 _heartbeat: list[Any] = []  # the running command's (sweeper.progress.Heartbeat), told of the Spark session
 
 
 def _config_choice(args: argparse.Namespace) -> config_mod.ConfigChoice:
-    home = getattr(args, "home", None) if args.command in ("sandbox", "sweep") else None
+    # A plugin's command whose --home holds a config (the sandbox's sweeper.toml) says so with `home_holds_config`.
+    home = getattr(args, "home", None) if getattr(args, "home_holds_config", False) else None
     sandbox_config = Path(home) / "sweeper.toml" if home else config_mod.SANDBOX_CONFIG
     return config_mod.find_config(args.config, sandbox_config=sandbox_config)
 
@@ -53,7 +61,8 @@ def _load_config(args: argparse.Namespace) -> SweeperConfig:
     choice = _config_choice(args)
     if choice.path is None and not (args.command in _READ_ONLY and getattr(args, "tables", None)):
         raise ConfigError(f"no config found (searched {config_mod.search_order()}): pass --config PATH "
-                          "(conf/cluster.example.toml is a template) or run `sweeper sandbox up` for the sandbox")
+                          "(`sweeper init-config` prints a template), or in a development checkout run `sweeper "
+                          "sandbox up` for the sandbox")
     if choice.path is None:
         # A read of named tables: only the root matters, none of the cluster settings a stage would check.
         import dataclasses
@@ -63,7 +72,7 @@ def _load_config(args: argparse.Namespace) -> SweeperConfig:
         print(choice.describe(), flush=True)  # which cluster a command acts on is never a guess
         _said_config.append(str(choice.path))
     cfg = config_mod.load(choice.path)
-    if args.command not in _READ_ONLY and args.command != "testbed":
+    if args.command not in _READ_ONLY and getattr(args, "check_credentials", True):
         _check_credentials(cfg)
     if getattr(args, "strict", False):
         cfg = strict(cfg)
@@ -93,87 +102,6 @@ def _print_counts(title: str, counts: dict[str, int]) -> None:
         print(f"  {key:<{width}}  {counts[key]:>12,}")
 
 
-def _reach_harness() -> None:
-    """The sandbox and testbed are development tools that live in the checkout's `harness/`, outside the installed
-    package (issue 22): an installed console script finds them beside this checkout's `sweeper/`, or says why not."""
-    # Beside this sweeper/ (an editable install, `python -m`); beside the job script spark-submit ran (the
-    # package itself then comes from the shipped zip); or the directory the command runs in.
-    candidates = [Path(__file__).resolve().parents[1], Path.cwd()]
-    if sys.argv and sys.argv[0].endswith(".py"):
-        candidates.insert(1, Path(sys.argv[0]).resolve().parents[1])
-    for checkout in candidates:
-        if (checkout / "harness" / "__init__.py").is_file():
-            if str(checkout) not in sys.path:
-                sys.path.insert(0, str(checkout))
-            return
-    from sweeper.errors import UsageError
-
-    raise UsageError("the sandbox and the testbed are development tools of the source checkout (its harness/ "
-                     "directory), not part of the installed package: run this command from a checkout")
-
-
-def cmd_sandbox(args: argparse.Namespace) -> int:
-    _reach_harness()
-    from harness.sandbox import SandboxSpec, s3_endpoint, sandbox_down, sandbox_up, seed_sandbox
-    from sweeper.layout import LedgerLayout
-
-    home = Path(args.home)
-    if args.action == "up":
-        info = sandbox_up(home, port=args.port or DEFAULT_PORT)
-        written = _write_sandbox_config(args)
-        print(f"ZooKeeper sandbox serving on {info.connect_string} (pid {info.pid}, data {info.data_dir}); "
-              f"S3 on {s3_endpoint(home)}; every command finds its config in {written}")
-        return EXIT_OK
-    if args.action == "status":
-        from harness.sandbox import sandbox_status
-
-        status = sandbox_status(home)
-        for line in status.lines():
-            print(line)
-        return EXIT_OK if status.up else EXIT_REFUSED
-    if args.action == "down":
-        down = sandbox_down(home, wipe=args.wipe)
-        wiped = "; data wiped" if args.wipe else ""
-        if not down.stopped:
-            print(f"no sandbox was running in {home}{wiped}")
-        elif down.still_taken:
-            print(f"sandbox stopped ({', '.join(down.stopped)}), but port(s) {down.still_taken} are still taken "
-                  f"after 30 s: `ss -ltnp` names the process holding them{wiped}")
-            return EXIT_REFUSED
-        else:
-            print(f"sandbox stopped ({', '.join(down.stopped)}); ports {', '.join(map(str, down.ports))} are free"
-                  f"{wiped}")
-        return EXIT_OK
-    if args.action == "seed":
-        from harness.zkserver import running_server
-        from sweeper.errors import UsageError
-
-        # The sandbox's own ZooKeeper (under its ServerClock, so ledger znodes get their past creation times).
-        running = running_server(home / "zookeeper")
-        if running is None:
-            raise UsageError(f"no sandbox runs in {home}: `sweeper sandbox up{_port_flag(args)}` first")
-        if args.port is not None and args.port != running.port:
-            raise UsageError(f"--port {args.port}: the sandbox in {home} serves ZooKeeper on {running.port}; drop "
-                             f"--port, or `sweeper sandbox down` and `up --port {args.port}`")
-        cfg = _load_config(args).replace(bookkeeper={"zookeeper": running.connect_string}, pulsar={"zookeeper": ""})
-        spec = SandboxSpec(
-            seed=args.seed,
-            topics=args.topics,
-            layout=LedgerLayout(args.layout),
-            max_rollovers=args.max_rollovers,
-            ledgers_root=cfg.bookkeeper.ledgers_root,
-            managed_ledgers_root=cfg.pulsar.managed_ledgers_root,
-            schemas_root=cfg.pulsar.schemas_root,
-            cluster_name=cfg.pulsar.cluster_name or "sandbox",
-        )
-        seeded = seed_sandbox(cfg.bookkeeper.zookeeper, spec, home / "manifest.json", s3=s3_endpoint(home))
-        print(f"seeded {seeded.seed.znodes:,} znodes in {seeded.seed.seconds:.1f}s "
-              f"({seeded.seed.rate:,.0f}/s); manifest: {seeded.manifest_path}")
-        _print_counts("ground truth:", seeded.cluster.counts())
-        return EXIT_OK
-    raise AssertionError(args.action)
-
-
 def _check_credentials(cfg: SweeperConfig) -> None:
     """Every secret the config names is read now, before Spark starts: an unset variable or an unreadable file is
     the operator's configuration (exit 2, in a second), not a refusal 20 seconds into a run."""
@@ -185,19 +113,6 @@ def _check_credentials(cfg: SweeperConfig) -> None:
         read_token(cfg.system_topic)
     except SystemTopicError as exc:
         raise ConfigError(str(exc)) from None
-
-
-def _port_flag(args: argparse.Namespace) -> str:
-    return f" --port {args.port}" if getattr(args, "port", None) else ""
-
-
-def _write_sandbox_config(args: argparse.Namespace) -> Path:
-    """The sandbox's `sweeper.toml`, made from --config or the checkout's conf/local.toml (never from
-    $SWEEPER_CONFIG, which may name a production cluster) with the running sandbox's ports."""
-    from harness.sandbox import write_sandbox_config
-
-    base = args.config or (str(config_mod.CHECKOUT_CONFIG) if config_mod.CHECKOUT_CONFIG.exists() else None)
-    return write_sandbox_config(Path(args.home), config_mod.load(base))
 
 
 def _session(cfg: SweeperConfig) -> tuple[Any, Any]:
@@ -214,47 +129,6 @@ def _session(cfg: SweeperConfig) -> tuple[Any, Any]:
     store = open_table_store(cfg.tables.root, spark, engine=cfg.tables.engine,
                              s3_endpoint=cfg.tables.s3_endpoint, s3_region=cfg.tables.s3_region)
     return spark, store
-
-
-def cmd_testbed(args: argparse.Namespace) -> int:
-    """The real Apache Pulsar testbed (tests and experiments only; see harness/testbed)."""
-    _reach_harness()
-    from harness.testbed.server import TestbedError, status, testbed_crash, testbed_down, testbed_up
-
-    home = Path(args.home)
-    try:
-        if args.action == "up":
-            info = testbed_up(home, pulsar_home=args.pulsar_home, metadata=args.metadata)
-            print(f"Pulsar {info.pulsar_version} testbed serving: broker {info.service_url}, admin {info.admin_url}, "
-                  f"metadata {info.metadata_store_url}, S3 {info.s3_endpoint} (bucket {info.offload_bucket})")
-            print(f"superuser token: {info.superuser_token_file}; sweeper config: {info.sweeper_config}; "
-                  f"broker log: {info.log_file}")
-        elif args.action == "seed":
-            from harness.testbed.server import running_testbed
-            from harness.testbed.world import build_world
-
-            running = running_testbed(home)
-            if running is None:
-                print(f"no testbed running under {home}: run `sweeper testbed up` first", file=sys.stderr)
-                return EXIT_REFUSED
-            world = build_world(running)
-            kinds: dict[str, int] = {}
-            for orphan in world.manifest.orphans:
-                kinds[orphan.kind] = kinds.get(orphan.kind, 0) + len(orphan.ledgers) + len(orphan.objects)
-            print(f"workload and orphans written in {world.built_s:.0f}s; ground truth in {world.manifest_path}")
-            _print_counts("induced orphans:", kinds)
-        elif args.action == "crash":
-            testbed_crash(home)
-            print("broker killed (-9); the metadata store and the bookie still run; `sweeper testbed up` restarts it")
-        elif args.action == "down":
-            stopped = testbed_down(home, wipe=args.wipe)
-            print("testbed stopped" if stopped else "no testbed was running", "(data wiped)" if args.wipe else "")
-        else:
-            print(json.dumps(status(home), indent=2))
-    except TestbedError as exc:
-        print(f"testbed: {exc}", file=sys.stderr)
-        return EXIT_REFUSED
-    return EXIT_OK
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
@@ -499,67 +373,6 @@ def cmd_show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_audit(args: argparse.Namespace) -> int:
-    """Run notebooks/audit.ipynb headless and keep the executed copy, plots included."""
-    import os
-
-    import nbformat
-    from nbclient import NotebookClient
-
-    repo = Path(__file__).resolve().parents[1]
-    source = repo / "notebooks" / "audit.ipynb"
-    out = Path(args.out)
-    env = {"SWEEPER_REPO": str(repo), "PYSPARK_PYTHON": sys.executable}
-    if args.config:
-        env["SWEEPER_CONFIG"] = str(Path(args.config).resolve())
-    if args.tables:
-        env["SWEEPER_TABLES"] = str(Path(args.tables).resolve())
-    os.environ.pop("SWEEPER_RUN_ID", None)
-    if args.run_id:
-        from sweeper import runs
-        from sweeper.console import read_store
-        from sweeper.errors import UsageError
-
-        store = read_store(_load_config(args))
-        if runs.succeeded(store, args.run_id, "reconcile") is None:
-            raise UsageError(f"run {args.run_id} has no successful reconcile in {store.root}: `sweeper runs` lists "
-                             "the runs there")
-        env["SWEEPER_RUN_ID"] = args.run_id
-    os.environ.update(env)
-    notebook = nbformat.read(source, as_version=4)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    print("[audit] running notebooks/audit.ipynb" + (f" on run {args.run_id}" if args.run_id else
-                                                    " (a new snapshot and reconcile)") + "...", flush=True)
-    try:
-        NotebookClient(notebook, timeout=3600, kernel_name="python3",
-                       resources={"metadata": {"path": str(source.parent)}}).execute()
-    except Exception as exc:  # a cell failed: keep what ran, name the cell's error in one line
-        nbformat.write(notebook, out)
-        error = getattr(exc, "ename", type(exc).__name__), getattr(exc, "evalue", str(exc).splitlines()[0])
-        print(f"audit failed: {error[0]}: {error[1]}; the notebook as far as it ran is in {out}", file=sys.stderr)
-        return EXIT_ERROR
-    nbformat.write(notebook, out)
-    print(f"audit written to {out} (open it in Jupyter, VS Code or any notebook viewer)")
-    return EXIT_OK
-
-
-def _sandbox_table_bucket(args: argparse.Namespace) -> None:
-    """A table root on S3 with no endpoint of its own lives on the sandbox's S3: create its bucket."""
-    from sweeper.offload import S3Target, s3_client
-    from sweeper.tables.storage import TableStorage
-
-    cfg = _load_config(args)
-    storage = TableStorage(cfg.tables.root)
-    if not storage.on_s3 or cfg.tables.s3_endpoint:
-        return
-    args.tables_s3_endpoint = args.s3_endpoint
-    client = s3_client(S3Target(storage.bucket), args.s3_endpoint)
-    existing = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
-    if storage.bucket not in existing:
-        client.create_bucket(Bucket=storage.bucket)
-    print(f"sandbox: tables on {cfg.tables.root} (the sandbox's S3)")
-
-
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Run the stages in order with one run id, stopping at the first refusal."""
     from sweeper.pipeline import sweep
@@ -569,25 +382,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"usage error: --execute deletes, but --until {args.until} stops before the delete: drop --execute "
               f"to stop after {args.until}, or drop --until to delete", file=sys.stderr)
         return EXIT_USAGE
-    if args.sandbox:
-        _reach_harness()
-        from harness.sandbox import SandboxError, s3_endpoint, sandbox_up
-        from harness.sandbox.pulsar import running_pulsar
-
-        info = sandbox_up(Path(args.home), port=args.port or DEFAULT_PORT)
-        _write_sandbox_config(args)
-        args.zookeeper = args.zookeeper or info.connect_string
-        args.s3_endpoint = s3_endpoint(Path(args.home))
-        pulsar = running_pulsar(Path(args.home) / "pulsar")
-        if pulsar is not None:
-            args.pulsar_urls = (pulsar.service_url, pulsar.admin_url)
-        print(f"sandbox: ZooKeeper on {info.connect_string}, S3 on {args.s3_endpoint}, Pulsar on "
-              f"{pulsar.service_url if pulsar else '-'}")
-        try:
-            cmd_sandbox(argparse.Namespace(**{**vars(args), "action": "seed", "port": None}))
-        except SandboxError as exc:
-            print(f"sandbox: {exc}; scanning what is there")
-        _sandbox_table_bucket(args)
+    for hook in getattr(args, "before", ()):  # a plugin's preparation (`--sandbox` starts and seeds the sandbox)
+        hook(args)
     cfg = _load_config(args)
     spark, store = _session(cfg)
     until = args.until or ("delete" if args.execute else "retention_debt")
@@ -621,42 +417,6 @@ def build_parser() -> argparse.ArgumentParser:
                                         "var/sandbox/sweeper.toml, else conf/local.toml; the one used is printed)")
         p.add_argument("-v", "--verbose", action="store_true",
                        help="Spark's, the JVM's and the libraries' output on the terminal instead of the log file")
-
-    def sandbox_options(p: argparse.ArgumentParser, when: str = "") -> None:
-        p.add_argument("--home", default="var/sandbox", help=f"{when}sandbox state directory (default var/sandbox)")
-        p.add_argument("--port", type=int, default=None,
-                       help=f"{when}ZooKeeper port for `up` (default {DEFAULT_PORT}); S3 and the Pulsar endpoint take "
-                            "the three after it. `seed` uses the running sandbox's")
-        p.add_argument("--topics", type=int, default=200,
-                       help=f"{when}topics in the seeded sandbox cluster (default 200)")
-        p.add_argument("--seed", type=int, default=7,
-                       help=f"{when}random seed of the sandbox cluster: the same seed seeds the same cluster "
-                            "(default 7)")
-        p.add_argument("--max-rollovers", type=int, default=6,
-                       help=f"{when}most ledgers a sandbox topic rolled over to (default 6)")
-        p.add_argument("--layout", default="hierarchical", choices=["flat", "hierarchical", "long_hierarchical"],
-                       help=f"{when}BookKeeper ledger layout of the sandbox (default hierarchical)")
-
-    sandbox = sub.add_parser("sandbox", help="local ZooKeeper with a synthetic Pulsar cluster")
-    sandbox.add_argument("action", choices=["up", "seed", "status", "down"],
-                         help="status: what runs (ports, pids, data) and the seed's counts; exit 0 up, 3 down")
-    sandbox_options(sandbox)
-    sandbox.add_argument("--wipe", action="store_true", help="with `down`: delete the sandbox data too")
-    common(sandbox)
-    sandbox.set_defaults(func=cmd_sandbox)
-
-    testbed = sub.add_parser("testbed", help="a real Apache Pulsar on loopback for tests (never production)")
-    testbed.add_argument("action", choices=["up", "seed", "status", "crash", "down"],
-                         help="up: start; seed: workload + orphans + manifest; crash: kill -9 the broker")
-    testbed.add_argument("--home", default="var/testbed", help="testbed state, data and logs")
-    testbed.add_argument("--pulsar-home", help="a Pulsar distribution (default: the one jvm/pom.xml fetches)")
-    testbed.add_argument("--metadata", choices=["zookeeper", "oxia"],
-                         help="with `up`: where broker and bookie keep their metadata (default zookeeper; a broker "
-                              "restarted after `crash` keeps its store). oxia needs the Oxia server binary "
-                              "(docs/development.md)")
-    testbed.add_argument("--wipe", action="store_true", help="with `down`: delete the testbed data too")
-    common(testbed)
-    testbed.set_defaults(func=cmd_testbed)
 
     def stage_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--strict", action="store_true",
@@ -760,20 +520,9 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--namespace", help="only this namespace (its local name, as in the tables)")
     show.set_defaults(func=cmd_show)
 
-    audit = sub.add_parser("audit", help="run notebooks/audit.ipynb headless and save it with its plots")
-    audit.add_argument("--out", default="var/reports/audit.ipynb",
-                       help="where to save the executed notebook with its plots (default var/reports/audit.ipynb)")
-    audit.add_argument("--tables", help="table root (overrides [tables] root)")
-    audit.add_argument("--run-id", help="render this existing run (`sweeper runs` lists them) instead of taking a "
-                                        "new snapshot")
-    common(audit)
-    audit.set_defaults(func=cmd_audit)
-
     sweep = sub.add_parser("sweep", help="run the pipeline stages in order")
     stage_options(sweep)
-    sandbox_options(sweep, when="with --sandbox: ")
     common(sweep)
-    sweep.add_argument("--sandbox", action="store_true", help="start and seed the embedded sandbox first")
     sweep.add_argument("--until", default=None, choices=SWEEP_STAGES,
                        help="last stage to run (default: retention_debt, a dry run that reports; emit marks ledgers "
                             "for deletion; delete without --execute only reports)")
@@ -782,7 +531,92 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--allow-no-brokers", action="store_true",
                        help="pass the liveness gate with no broker registered (a cleanup with brokers stopped)")
     sweep.set_defaults(func=cmd_sweep)
+
+    init = sub.add_parser("init-config", help="print (or write) an example config for a real cluster to edit")
+    init.add_argument("--out", help="write it to this file (refused if it exists) instead of printing it")
+    init.set_defaults(func=cmd_init_config)
+
+    _load_plugins(CliPlugins(sub, dict(sub.choices), common, stage_options))
     return parser
+
+
+@dataclass
+class CliPlugins:
+    """What a plugin's `register(cli)` gets: add commands, add flags to a product command, and run a hook before it
+    (`cli.before("sweep", hook)`: the command calls `hook(args)` after checking its own flags, before loading the
+    config, so the hook may set the connection overrides `_load_config` reads: zookeeper, s3_endpoint,
+    pulsar_urls, tables_s3_endpoint)."""
+
+    subcommands: Any  # argparse's _SubParsersAction
+    commands: dict[str, argparse.ArgumentParser]
+    common: Callable[[argparse.ArgumentParser], None]  # --config and -v
+    stage_options: Callable[[argparse.ArgumentParser], None]
+    loaded: list[str] = field(default_factory=list)
+
+    def add_command(self, name: str, func: Callable[[argparse.Namespace], int], **kwargs: Any
+                    ) -> argparse.ArgumentParser:
+        parser = self.subcommands.add_parser(name, **kwargs)
+        parser.set_defaults(func=func)
+        self.commands[name] = parser
+        return parser
+
+    def command(self, name: str) -> argparse.ArgumentParser:
+        return self.commands[name]
+
+    def before(self, name: str, hook: Callable[[argparse.Namespace], None]) -> None:
+        parser = self.commands[name]
+        parser.set_defaults(before=[*(parser.get_default("before") or ()), hook])
+
+
+def plugin_entry_points() -> list[Any]:
+    """The entry points of PLUGIN_GROUP in every installed distribution, once each. Not `entry_points(group=...)`,
+    which reads one distribution per name: a stale `ledger_sweeper.egg-info` left in a checkout that is first on
+    sys.path (pytest puts it there) would hide the dev install's own metadata, and with it the plugin."""
+    from importlib.metadata import distributions
+
+    found: dict[tuple[str, str], Any] = {}
+    for dist in distributions():
+        for point in dist.entry_points:
+            if point.group == PLUGIN_GROUP:
+                found.setdefault((point.name, point.value), point)
+    return list(found.values())
+
+
+def _load_plugins(cli: CliPlugins) -> None:
+    """Every plugin of the entry-point group; one whose module is not installed is skipped without a word, one that
+    fails otherwise is named on stderr and skipped: the product's commands never depend on a plugin."""
+    for point in plugin_entry_points():
+        try:
+            register = point.load()
+        except ModuleNotFoundError as exc:
+            if exc.name and (point.module == exc.name or point.module.startswith(exc.name + ".")):
+                continue  # e.g. harness.cli_plugin from a wheel, which carries no harness
+            print(f"warning: CLI plugin {point.name} ({point.value}) not loaded: {exc}", file=sys.stderr)
+            continue
+        except Exception as exc:
+            print(f"warning: CLI plugin {point.name} ({point.value}) not loaded: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)
+            continue
+        register(cli)
+        cli.loaded.append(point.name)
+
+
+def cmd_init_config(args: argparse.Namespace) -> int:
+    """The example config for a real cluster, shipped in the package: printed, or written to --out."""
+    from sweeper import resources
+    from sweeper.errors import UsageError
+
+    text = resources.read_text(resources.EXAMPLE_CONFIG)
+    if not args.out:
+        sys.stdout.write(text)
+        return EXIT_OK
+    out = Path(args.out)
+    if out.exists():
+        raise UsageError(f"{out} exists: not overwritten (remove it, or pass another --out)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(f"example config written to {out}: edit it, then `sweeper sweep --config {out}` (a dry run)")
+    return EXIT_OK
 
 
 LOG_FILE_ENV = "SWEEPER_LOG_FILE"
@@ -828,8 +662,8 @@ def _restore_stderr(terminal_fd: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    log_path, terminal_fd = _chatter_to_log_file(args.verbose)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+    log_path, terminal_fd = _chatter_to_log_file(getattr(args, "verbose", False))
+    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         **({"filename": str(log_path)} if log_path else {}))
     try:
@@ -903,7 +737,7 @@ def _run(args: argparse.Namespace) -> int:
     _said_config.clear()
     _heartbeat.clear()
     try:
-        if args.command in _READ_ONLY:
+        if args.command in _NO_HEARTBEAT:
             return int(args.func(args))
         # A stage is silent for tens of seconds at a time: a line at least every 10 s, terminal or not.
         with Heartbeat().running() as heartbeat:

@@ -25,8 +25,10 @@ from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
-# Parent of the `sweeper` package: workers need it on their path to unpickle our functions.
-REPO_ROOT = str(Path(__file__).resolve().parents[1])
+# The directory the `sweeper` package is imported from: site-packages when installed, the checkout in development.
+# Python workers get it on their path, so they unpickle our functions whatever their working directory.
+PACKAGE_PARENT = str(Path(__file__).resolve().parents[1])
+REPO_ROOT = PACKAGE_PARENT  # its older name
 
 DEFAULT_MASTER = "local[*]"
 MASTER_ENV = "SWEEPER_SPARK_MASTER"
@@ -47,7 +49,8 @@ DELTA_PACKAGES = (f"io.delta:delta-spark_2.13:{DELTA_VERSION}",)
 S3A_PACKAGES = (f"org.apache.hadoop:hadoop-aws:{HADOOP_AWS_VERSION}",
                 f"software.amazon.awssdk:bundle:{AWS_SDK_VERSION}",
                 f"software.amazon.s3.analyticsaccelerator:analyticsaccelerator-s3:{S3_ANALYTICS_VERSION}")
-JARS_DIR_ENV = "SWEEPER_JARS_DIR"  # where `mvn -f jvm/pom.xml package` put them (default jvm/target)
+JARS_DIR_ENV = "SWEEPER_JARS_DIR"  # where `mvn -f jvm/pom.xml package` put them (see jars_dir)
+JARS_SUBDIR = Path("jvm") / "target"
 
 # Settings our code depends on wherever it runs: timestamps are UTC end to end, and
 # mapInArrow / createDataFrame(arrow) paths assume Arrow is on.
@@ -89,7 +92,17 @@ class ProjectJars:
 
 
 def jars_dir() -> Path:
-    return Path(os.environ.get(JARS_DIR_ENV) or Path(REPO_ROOT) / "jvm" / "target")
+    """Where the fetched jars are looked for: $SWEEPER_JARS_DIR when set; else jvm/target in the working directory,
+    else beside the imported package (a development checkout, where scripts/setup.sh fetched them). An installed
+    wheel has no jars of its own: then it is the working directory's jvm/target, which holds none, the embedded
+    session runs without them (delta-rs), and what needs them says so naming this directory and the variable."""
+    if os.environ.get(JARS_DIR_ENV):
+        return Path(os.environ[JARS_DIR_ENV])
+    here = JARS_SUBDIR.absolute()
+    for candidate in (here, Path(PACKAGE_PARENT) / JARS_SUBDIR):
+        if candidate.is_dir():
+            return candidate
+    return here
 
 
 def project_jars() -> ProjectJars:
@@ -156,10 +169,10 @@ def _launched_by_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def _python_path_with_repo() -> str:
+def _python_path_with_package() -> str:
     parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if REPO_ROOT not in parts:
-        parts.insert(0, REPO_ROOT)
+    if PACKAGE_PARENT not in parts:
+        parts.insert(0, PACKAGE_PARENT)
     return os.pathsep.join(parts)
 
 
@@ -197,11 +210,11 @@ def get_spark(app_name: str = "ledger-sweeper", master: str | None = None,
         return spark
 
     # Python workers are forked by the JVM from these variables: they must run this venv's
-    # interpreter (pyarrow, deltalake, our code) and find the repo even when cwd is elsewhere.
+    # interpreter (pyarrow, deltalake, our code) and find our package even when cwd is elsewhere.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ["PYTHONPATH"] = _python_path_with_repo()
+    os.environ["PYTHONPATH"] = _python_path_with_package()
 
     settings = {
         **LOCAL_CONF,

@@ -1,6 +1,7 @@
-"""The package's shape (issue 22), read from the source: no import circle, no stage importing another stage, and
-the test harness (sandbox, testbed, local servers), a package of its own beside `sweeper`, reached only by the
-commands that start it and shipped neither in the wheel nor in the executors' zip.
+"""The package's shape (issues 22 and 36), read from the source: no import circle, no stage importing another stage,
+and the test harness (sandbox, testbed, local servers), a package of its own beside `sweeper`, never imported by the
+product: its commands reach the CLI as an entry-point plugin (harness.cli_plugin), and neither the wheel nor the
+executors' zip carries it.
 
 Every import statement counts, at module level or inside a function (a lazy import is still a dependency);
 only `if TYPE_CHECKING:` blocks, which never run, are left out.
@@ -29,9 +30,9 @@ STAGES = {
     "sweeper.retention_repair": "retention_repair",
 }
 HARNESS = ("harness",)
-# The commands that start the harness (`sweeper sandbox`, `sweeper testbed`, `sweep --sandbox`); no other product
-# module may import it.
-HARNESS_USERS = {"sweeper.cli"}
+# Product modules allowed to import the harness: none (issue 36). `sweeper sandbox`, `testbed`, `audit` and
+# `sweep --sandbox` come from harness.cli_plugin through the `ledger_sweeper.cli` entry point.
+HARNESS_USERS: set[str] = set()
 
 
 def _modules() -> dict[str, Path]:
@@ -147,13 +148,50 @@ def test_no_stage_imports_another_stage() -> None:
     assert crossing == []
 
 
-def test_only_the_commands_that_start_the_harness_import_it() -> None:
+def test_no_product_module_imports_the_harness() -> None:
     def harness(module: str) -> bool:
         return any(module == h or module.startswith(h + ".") for h in HARNESS)
 
     leaks = sorted((module, target) for module, targets in _graph().items() for target in targets
                    if harness(target) and not harness(module) and module not in HARNESS_USERS)
     assert leaks == []
+
+
+def test_no_product_module_changes_the_import_path() -> None:
+    """No path hacks: the product finds nothing by putting a directory on sys.path (the dev install's .pth does)."""
+    changes = sorted(str(path.relative_to(REPO)) for path in PACKAGE.rglob("*.py")
+                     if "sys.path.insert" in path.read_text() or "sys.path.append" in path.read_text())
+    assert changes == []
+
+
+def test_the_dev_install_registers_the_harness_plugin_and_the_cli_loads_it() -> None:
+    from sweeper.cli import build_parser, plugin_entry_points
+
+    assert [p.value for p in plugin_entry_points()] == ["harness.cli_plugin:register"], (
+        "reinstall the checkout for development: pip install -e . (scripts/setup.sh)")
+    parser = build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    assert {"sandbox", "testbed", "audit"} <= set(commands)
+    assert "--sandbox" in commands["sweep"].format_help()
+
+
+def test_a_plugin_whose_module_is_missing_is_skipped_silently(monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """What an installed wheel sees: the entry point is declared, its module (harness.cli_plugin) absent."""
+    import importlib.metadata
+
+    from sweeper import cli
+
+    missing = importlib.metadata.EntryPoint("harness", "no_such_harness.cli_plugin:register", cli.PLUGIN_GROUP)
+    monkeypatch.setattr(cli, "plugin_entry_points", lambda: [missing])
+    commands = next(a for a in cli.build_parser()._actions if a.dest == "command").choices
+    assert "sandbox" not in commands and "snapshot" in commands and "--sandbox" not in commands["sweep"].format_help()
+    assert capsys.readouterr().err == ""
+    # A plugin that is there but fails to load is named on stderr, and skipped: the product's commands still parse.
+    broken = importlib.metadata.EntryPoint("broken", "json:no_such_register", cli.PLUGIN_GROUP)
+    monkeypatch.setattr(cli, "plugin_entry_points", lambda: [broken])
+    assert "init-config" in next(a for a in cli.build_parser()._actions if a.dest == "command").choices
+    assert "CLI plugin broken (json:no_such_register) not loaded" in capsys.readouterr().err
 
 
 def test_the_harness_lives_outside_the_product_package() -> None:
@@ -172,7 +210,8 @@ def test_the_harness_check_finds_a_leak(tmp_path: Path) -> None:
 @pytest.mark.integration  # pip builds the wheel
 def test_neither_the_wheel_nor_the_executor_zip_carries_the_harness(tmp_path: Path) -> None:
     """The wheel built from pyproject.toml as it is (in a copy of the sources, so the checkout gets no build/
-    directory), and the zip spark-submit ships: the product's packages only."""
+    directory), and the zip spark-submit ships: the `sweeper` package only (tests/test_wheel.py installs and runs
+    the wheel)."""
     import shutil
     import subprocess
     import sys
@@ -188,7 +227,9 @@ def test_neither_the_wheel_nor_the_executor_zip_carries_the_harness(tmp_path: Pa
                     str(tmp_path / "dist"), str(source)], check=True, capture_output=True)
     (wheel,) = (tmp_path / "dist").glob("ledger_sweeper-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert any(n.startswith("sweeper/cli.py") for n in names) and any(n.startswith("jobs/") for n in names)
+    assert {"sweeper/cli.py", "sweeper/jobs/sweep.py", "sweeper/resources/pending_delete_ledger_info.avsc",
+            "sweeper/resources/cluster.example.toml"} <= set(names)
+    assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"sweeper"}
     assert not [n for n in names if n.startswith("harness/") or "/sandbox/" in n or "/testbed/" in n]
 
     sys.path.insert(0, str(REPO / "scripts"))
@@ -197,12 +238,12 @@ def test_neither_the_wheel_nor_the_executor_zip_carries_the_harness(tmp_path: Pa
     finally:
         sys.path.remove(str(REPO / "scripts"))
     shipped = build(tmp_path / "pyfiles.zip")
-    assert "sweeper/cli.py" in shipped and not [n for n in shipped if n.startswith("harness/")]
+    assert "sweeper/cli.py" in shipped and {n.split("/")[0] for n in shipped} == {"sweeper"}
 
 
 @pytest.mark.integration  # the CLI as a process
 def test_the_commands_that_start_the_harness_find_it_from_any_directory(tmp_path: Path) -> None:
-    """The harness is not installed: `sweeper sandbox` run elsewhere than the checkout still reaches it."""
+    """The dev install reaches the harness plugin from any directory, with no PYTHONPATH."""
     import os
     import subprocess
     import sys
