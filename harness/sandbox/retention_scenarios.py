@@ -14,13 +14,37 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from harness.sandbox.entities import BkLedger, Cursor, ManagedLedger, MlLedger, Status, cursor_custom, ml_custom
+from harness.sandbox.entities import (
+    BkLedger,
+    Cursor,
+    ManagedLedger,
+    MlLedger,
+    OrphanKind,
+    SandboxSpec,
+    Status,
+    cursor_custom,
+    ml_custom,
+)
 from sweeper.vocabulary import DAY_MS
 
-if TYPE_CHECKING:  # pragma: no cover
-    from harness.sandbox.model import _Builder
+
+class LedgerBuilder(Protocol):
+    """What the scenarios use of the model's builder (`model._Builder`), which calls them: they add to its ledgers
+    and managed ledgers, never import it."""
+
+    spec: SandboxSpec
+    ledgers: dict[int, BkLedger]
+    managed_ledgers: list[ManagedLedger]
+    bookies: list[str]
+
+    def new_id(self, long_ids: bool) -> int: ...
+
+    def add_ledger(self, ledger_id: int, custom: dict[str, bytes], age_ms: int, status: Status,
+                   orphan_kind: OrphanKind | None = None, open_ledger: bool = False,
+                   referrer: str | None = None) -> BkLedger: ...
+
 
 HOUR_MS = 3_600_000
 MIB = 1024 * 1024
@@ -88,7 +112,7 @@ def namespace_policies(cluster_name: str, regular: list[str],
 
 
 class _Scenarios:
-    def __init__(self, builder: _Builder, rng: random.Random) -> None:
+    def __init__(self, builder: LedgerBuilder, rng: random.Random) -> None:
         self.b = builder
         self.rng = rng
         self.now = builder.spec.now_ms
@@ -249,7 +273,7 @@ class _Scenarios:
             self.expect(ml, scenario, "protected", "topic_policy_events", trimmed=1)
 
 
-def add_retention_scenarios(builder: _Builder) -> list[RetentionExpectation]:
+def add_retention_scenarios(builder: LedgerBuilder) -> list[RetentionExpectation]:
     spec = builder.spec
     scenarios = _Scenarios(builder, random.Random(spec.seed * 7919 + 15))
     for rep in range(max(1, spec.topics // 100)):
