@@ -303,6 +303,16 @@ class SweeperConfig:
     def pulsar_zookeeper(self) -> str:
         return self.pulsar.zookeeper or self.bookkeeper.zookeeper
 
+    def zookeeper_access(self, store: str) -> tuple[str, ZooKeeperAccessConfig]:
+        """The section whose TLS / SASL / digest settings reach `store` ("bookkeeper" or "pulsar"), with its name:
+        [pulsar]'s own when [pulsar] zookeeper names an ensemble, else [bookkeeper]'s (the same ensemble, the same
+        login; `validate_zookeeper_access` refuses [pulsar] access options without it)."""
+        if store == "pulsar" and self.pulsar.zookeeper:
+            return "pulsar", self.pulsar
+        if store not in ("bookkeeper", "pulsar"):
+            raise ValueError(f"no ZooKeeper access settings for store {store!r}")
+        return "bookkeeper", self.bookkeeper
+
     def bookkeeper_store(self) -> StoreUrl:
         """Where BookKeeper's ledger metadata is: a ZooKeeper (with chroot) or an Oxia namespace."""
         if self.bookkeeper.metadata_service_uri:

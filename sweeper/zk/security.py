@@ -1,10 +1,11 @@
 """Connection settings for a secured ZooKeeper: TLS, SASL (DIGEST-MD5, GSSAPI) and digest credentials.
 
-One picklable, secret-safe `ZkSecurity` per metadata store, built on the driver from the
-[bookkeeper] / [pulsar] options (secrets are read there, from a file or an environment variable,
-never from the config), then used alike by kazoo (`kazoo_kwargs`) and by the wire reader
-(`ssl_context`, `sasl_client`, `digest_credentials`). Secrets stay in `Secret`, whose repr and str
-never show them.
+One picklable, secret-safe `ZkSecurity` per metadata store, built on the driver from one section's
+access settings (`ZooKeeperAccessConfig`, [bookkeeper]'s or [pulsar]'s; the config says which reaches
+which store, this module never reads the whole config), then used alike by kazoo (`kazoo_kwargs`) and
+by the wire reader (`ssl_context`, `sasl_client`, `digest_credentials`). Secrets are read when it is
+built, from a file or an environment variable, never from the config, and stay in `Secret`, whose repr
+and str never show them.
 
 Upstream facts relied on:
 - DIGEST-MD5: ZooKeeper's server and Java client use protocol "zookeeper" and the fixed server name
@@ -22,13 +23,10 @@ import os
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sweeper.config import ConfigError, ZooKeeperAccessConfig
 from sweeper.records import Secret
-
-if TYPE_CHECKING:
-    from sweeper.config import SweeperConfig
 
 DIGEST_MD5_SERVER_NAME = "zk-sasl-md5"
 
@@ -194,13 +192,17 @@ def security_from_options(section: str, options: ZooKeeperAccessConfig) -> ZkSec
         sasl_keytab=options.sasl_keytab, sasl_service=options.sasl_service or "zookeeper", digest=digest)
 
 
-def bookkeeper_security(config: SweeperConfig) -> ZkSecurity:
+class HasZooKeeperAccess(Protocol):
+    """Whatever says which access settings reach a store (`SweeperConfig.zookeeper_access`)."""
+
+    def zookeeper_access(self, store: str) -> tuple[str, ZooKeeperAccessConfig]: ...
+
+
+def bookkeeper_security(settings: HasZooKeeperAccess) -> ZkSecurity:
     """How to reach BookKeeper's metadata store."""
-    return security_from_options("bookkeeper", config.bookkeeper)
+    return security_from_options(*settings.zookeeper_access("bookkeeper"))
 
 
-def pulsar_security(config: SweeperConfig) -> ZkSecurity:
+def pulsar_security(settings: HasZooKeeperAccess) -> ZkSecurity:
     """How to reach Pulsar's: its own options when [pulsar] zookeeper names an ensemble, else BookKeeper's."""
-    if config.pulsar.zookeeper:
-        return security_from_options("pulsar", config.pulsar)
-    return bookkeeper_security(config)
+    return security_from_options(*settings.zookeeper_access("pulsar"))
