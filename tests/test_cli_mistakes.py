@@ -125,3 +125,16 @@ def test_wrong_root_unknown_and_forged_ids_and_a_held_lock(zk: KazooClient, zk_t
     assert main(["delete", "--config", config, "--from-json", str(listed), "--execute"]) == EXIT_REFUSED
     line = _one_line(capsys, "refused:", "nightly-7", "2026-09-21T", "Wait for it to end")
     assert "1790000000000" not in line
+
+
+def test_init_config_prints_the_example_and_never_overwrites_a_file(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """The example config ships in the package (issue 36): printed, or written once; an existing file is exit 2."""
+    assert main(["init-config"]) == EXIT_OK
+    assert capsys.readouterr().out == (REPO / "conf" / "cluster.example.toml").read_text()
+    out = tmp_path / "prod.toml"
+    assert main(["init-config", "--out", str(out)]) == EXIT_OK
+    assert out.read_text() == (REPO / "conf" / "cluster.example.toml").read_text()
+    capsys.readouterr()
+    assert main(["init-config", "--out", str(out)]) == EXIT_USAGE
+    _one_line(capsys, "exists: not overwritten")

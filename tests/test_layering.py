@@ -252,3 +252,10 @@ def test_the_commands_that_start_the_harness_find_it_from_any_directory(tmp_path
                           cwd=tmp_path, capture_output=True, text=True, timeout=60,
                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert done.returncode == 3 and "not running" in done.stdout and "Traceback" not in done.stderr, done.stderr
+
+
+def test_the_plugin_spells_the_sandbox_port_as_the_harness_does() -> None:
+    from harness import cli_plugin
+    from harness.sandbox import DEFAULT_PORT
+
+    assert cli_plugin.DEFAULT_PORT == DEFAULT_PORT
