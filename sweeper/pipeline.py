@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from pyspark.sql import SparkSession
 
-from sweeper import runs
+from sweeper import retention_repair, runs
 from sweeper.config import SweeperConfig
 from sweeper.console import human_bytes, plural
 from sweeper.delete.lock import RunLockHeld
@@ -33,7 +33,7 @@ from sweeper.retention_debt import (
     RetentionSettings,
     run_retention_debt,
 )
-from sweeper.retention_repair import RepairCounts, RepairResult, RetentionRepairRefused, run_repair
+from sweeper.retention_repair import RepairCounts, RepairResult, RepairSettings, RetentionRepairRefused
 from sweeper.snapshot import SnapshotCounts, SnapshotResult, run_snapshot, zk_load
 from sweeper.system_topic import SystemTopicError
 from sweeper.tables import TableStore
@@ -84,7 +84,7 @@ def retention_stage(spark: SparkSession, config: SweeperConfig, store: TableStor
         lookup = None
         if config.retention.topic_policies == "admin":
             from sweeper.connections import Connections
-            from sweeper.retention_repair import TopicPolicyLookup
+            from sweeper.topic_policies import TopicPolicyLookup
 
             # The owner of a topic is often another broker of this cluster: its redirects are followed, others not.
             lookup = TopicPolicyLookup(Connections.from_config(config).cluster_admin(),
@@ -183,7 +183,8 @@ def repair_stage(config: SweeperConfig, store: TableStore, plan_run_id: str, run
         return runs.Ending(result.counts, status, result.stopped or "")
 
     return runs.stage(store, config, run_id, "retention_repair",
-                  lambda: run_repair(config, store, plan_run_id, run_id, execute=execute), ending,
+                  lambda: retention_repair.run(None, store, run_id,
+                                               RepairSettings.from_config(config, plan_run_id, execute)), ending,
                   (RetentionRepairRefused,))
 
 

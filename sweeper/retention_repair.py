@@ -72,7 +72,7 @@ from sweeper.safety import Scope, retention_scope
 from sweeper.system_topic import AdminClient, RedirectRefused, SystemTopicError
 from sweeper.table_schemas import RETENTION_ACTIONS
 from sweeper.tables import TableStore
-from sweeper.vocabulary import DAY_MS, UNREAD
+from sweeper.vocabulary import DAY_MS
 from sweeper.zk import client as zkutil
 
 WOULD_LOAD, WOULD_DELETE = "would_load", "would_delete"
@@ -212,27 +212,6 @@ def subscription_activity(stats: dict[str, Any], subscription: str, since_ms: in
     return None
 
 
-class TopicPolicyLookup:
-    """[retention] topic_policies = "admin": the broker's answer per topic, paced like the repair's calls. Once
-    the admin API is unreachable the rest are `unread` without asking (their topics stay `unknown`): a broker
-    we cannot reach never stops the run, and never makes a topic look expired."""
-
-    def __init__(self, admin: AdminClient, per_second: float, sleep: Callable[[float], None] = time.sleep) -> None:
-        self.admin, self.pacer, self.failure = admin, TokenBucket(per_second, sleep=sleep), ""
-
-    def __call__(self, topic_name: str) -> tuple[str, str]:
-        if self.failure:
-            return UNREAD, f"not asked: {self.failure}"
-        self.pacer.acquire(1)
-        try:
-            return self.admin.topic_policy(topic_name)
-        except RedirectRefused as exc:
-            return UNREAD, str(exc)  # this topic's namespace is served elsewhere: the others may still be asked
-        except SystemTopicError as exc:
-            self.failure = str(exc)
-            return UNREAD, self.failure
-
-
 # ---- the rules a planned action must pass again under today's config: pure, over plain values ----------
 
 
@@ -251,6 +230,37 @@ class TodaysRules:
                                 config.safety.deny)
         return cls(scope, Protection.of(config.retention.protected_subscriptions, config.retention.protected_topics),
                    config.pulsar.cluster_name.strip())
+
+
+@dataclass(frozen=True)
+class RepairSettings:
+    """What the repair reads of the config, narrowed once (as every stage's `XSettings.from_config`)."""
+
+    plan_run_id: str
+    execute: bool
+    tables_root: str
+    connections: Connections
+    policies_root: str
+    managed_ledgers_root: str
+    brokers_path: str
+    plan_max_age_hours: float
+    actions_per_second: float
+    cursor_idle_days: float
+    max_actions_per_run: int
+    delete_lock_path: str
+    rules: TodaysRules
+    config_hash: str
+
+    def hash(self) -> str:
+        return self.config_hash
+
+    @classmethod
+    def from_config(cls, config: SweeperConfig, plan_run_id: str, execute: bool = False) -> RepairSettings:
+        r = config.retention
+        return cls(plan_run_id, execute, config.tables.root, Connections.from_config(config),
+                   config.pulsar.policies_root, config.pulsar.managed_ledgers_root, config.pulsar.brokers_path,
+                   r.plan_max_age_hours, r.actions_per_second, r.cursor_idle_days, r.max_actions_per_run,
+                   config.delete.lock_path, TodaysRules.from_config(config), config.hash())
 
 
 def plan_age_refusal(plan_run_id: str, planned_at_s: float | None, now_s: float, max_age_hours: float) -> str | None:
@@ -391,6 +401,16 @@ def _flush(store: TableStore, result: RepairResult) -> None:
 
 def run_repair(config: SweeperConfig, store: TableStore, plan_run_id: str, run_id: str, execute: bool = False,
                admin: AdminClient | None = None, zk_client: Any = None) -> RepairResult:
+    """The repair of one plan from a whole config (the CLI, notebooks, tests): `run` with its settings."""
+    return run(None, store, run_id, RepairSettings.from_config(config, plan_run_id, execute), admin=admin,
+               zk_client=zk_client)
+
+
+def run(spark: Any, store: TableStore, run_id: str, settings: RepairSettings, admin: AdminClient | None = None,
+        zk_client: Any = None) -> RepairResult:
+    """The retention repair of `settings.plan_run_id` under `run_id` (no Spark of its own: `spark` is unused, the
+    plan is read through the store). `admin` and `zk_client` replace the clients the settings would open."""
+    plan_run_id, execute = settings.plan_run_id, settings.execute
     started = time.monotonic()
     result = RepairResult(run_id, plan_run_id, execute)
     journal: RepairJournal | None = None
@@ -401,36 +421,37 @@ def run_repair(config: SweeperConfig, store: TableStore, plan_run_id: str, run_i
     store_client: Any = None
     try:
         if not store.exists("retention_debt"):
-            raise RetentionRepairRefused(f"no retention_debt table in {config.tables.root}: run `sweeper sweep` first")
+            raise RetentionRepairRefused(f"no retention_debt table in {settings.tables_root}: run `sweeper sweep` "
+                                         "first")
         if execute:
             # DESIGN.md invariant 19: a plan made from a snapshot the gates never passed (`reconcile --skip-gates`,
             # or a refused or missing reconcile) is for reading only, as for emit and delete.
             runs.require_gated(store, plan_run_id, RetentionRepairRefused)
             refusal = plan_age_refusal(plan_run_id, _planned_at(store, plan_run_id), time.time(),
-                                       config.retention.plan_max_age_hours)
+                                       settings.plan_max_age_hours)
             if refusal:
                 raise RetentionRepairRefused(refusal)
         rows = [r.asDict() for r in store.read("retention_debt").where(F.col("run_id") == plan_run_id).collect()]
         plan = plan_actions(rows)
-        connections = Connections.from_config(config)
+        connections = settings.connections
         if execute and admin is None:
-            if not config.system_topic.admin_url:
+            if not connections.system_topic.admin_url:
                 raise RetentionRepairRefused("[system_topic] admin_url is not set: the repair acts only through the "
                                              "broker's admin REST API")
             admin = connections.admin()
-        rules = TodaysRules.from_config(config)
+        rules = settings.rules
         client = zk_client or connections.pulsar.connect()
         store_client = (connections.configuration_store.connect()
                         if connections.configuration_store is not None and plan else client)
-        policies = NamespacePolicies(store_client, config.pulsar.policies_root)
-        pacer = TokenBucket(config.retention.actions_per_second)
-        idle_cutoff_ms = int(time.time() * 1000) - int(config.retention.cursor_idle_days * DAY_MS)
+        policies = NamespacePolicies(store_client, settings.policies_root)
+        pacer = TokenBucket(settings.actions_per_second)
+        idle_cutoff_ms = int(time.time() * 1000) - int(settings.cursor_idle_days * DAY_MS)
         deleted_on: set[str] = set()
         if execute:
             # The lock lives with the delete's, in the BookKeeper store the sweeper already writes to.
             same = connections.bookkeeper.hosts == connections.pulsar.hosts
             lock_client = client if same else connections.bookkeeper.connect()
-            lock = _acquire_lock(lock_client, config.delete.lock_path, run_id)
+            lock = _acquire_lock(lock_client, settings.delete_lock_path, run_id)
             # Under the lock, a run the journal shows unclosed has stopped: what the broker did for it is recorded
             # as its own before this run could take those actions for its own.
             found = resolve_interrupted(store, lambda path: _read(client, path), run_id, RepairCounts.from_row)
@@ -441,17 +462,17 @@ def run_repair(config: SweeperConfig, store: TableStore, plan_run_id: str, run_i
             journal = RepairJournal(store, run_id, plan_run_id)
         if admin is not None:
             # Once per run: the brokers registered now are the hosts a redirect may lead to.
-            admin.allow_brokers(registered_web_origins(client, config.pulsar.brokers_path))
+            admin.allow_brokers(registered_web_origins(client, settings.brokers_path))
         for index, action in enumerate(plan):
-            if result.stopped or index >= config.retention.max_actions_per_run:
-                cap = config.retention.max_actions_per_run
+            if result.stopped or index >= settings.max_actions_per_run:
+                cap = settings.max_actions_per_run
                 why = result.stopped or f"beyond [retention] max_actions_per_run = {cap}: next run"
                 _record(result, action, DEFERRED, why)
             else:
                 intend = _Intents(journal, index, action)
                 try:
-                    _act(action, result, client, admin, pacer, config, idle_cutoff_ms, deleted_on, rules, policies,
-                         intend)
+                    _act(action, result, client, admin, pacer, settings.managed_ledgers_root, idle_cutoff_ms,
+                         deleted_on, rules, policies, intend)
                 except RedirectRefused as exc:
                     _record(result, action, SKIPPED, str(exc))
                 except SystemTopicError as exc:
@@ -566,14 +587,14 @@ def _reason(body: bytes) -> str:
 
 
 def _act(action: PlannedAction, result: RepairResult, client: Any, admin: AdminClient | None, pacer: TokenBucket,
-         config: SweeperConfig, idle_cutoff_ms: int, deleted_on: set[str], rules: TodaysRules,
+         managed_ledgers_root: str, idle_cutoff_ms: int, deleted_on: set[str], rules: TodaysRules,
          policies: NamespacePolicies, intend: Callable[..., None] = lambda call, **facts: None) -> None:
     """One planned action: re-checked, then (with --execute) its admin calls, each after its intent is on disk."""
     refusal = plan_refusal(action, rules) or policies.refusal(action, rules.cluster_name)
     if refusal:
         _record(result, action, SKIPPED, refusal)
         return
-    ml_path = zkutil.join(config.pulsar.managed_ledgers_root, action.managed_ledger)
+    ml_path = zkutil.join(managed_ledgers_root, action.managed_ledger)
     if action.action == DELETE_SUBSCRIPTION:
         assert action.cursor is not None
         cursor_path = zkutil.join(ml_path, names.encode_local_name(action.cursor))

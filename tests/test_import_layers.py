@@ -41,7 +41,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         "sweeper.run_lock", "sweeper.runs", "sweeper.metrics", "sweeper.scan",  # scan: the package's row helpers
     )),
     ("connections and readers", "a run's endpoints, the liveness probes, the scanners, the repair's journal", (
-        "sweeper.connections", "sweeper.liveness", "sweeper.scan.bookkeeper", "sweeper.scan.pulsar",
+        "sweeper.connections", "sweeper.liveness", "sweeper.topic_policies", "sweeper.scan.bookkeeper",
+        "sweeper.scan.pulsar",
         "sweeper.scan.ownership", "sweeper.scan.pending_deletes", "sweeper.repair_journal",
     )),
     ("stages", "one step of a run each (test_layering: no stage imports another), and the run's report", (

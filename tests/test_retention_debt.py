@@ -180,8 +180,8 @@ class _TopicPolicyBroker(AdminServer):
 @pytest.mark.integration  # an HTTP server answering as the broker
 def test_the_broker_is_asked_for_local_and_global_topic_policies_of_the_partitioned_topic() -> None:
     from sweeper.retention_debt import NOT_SET, SET, UNREAD
-    from sweeper.retention_repair import TopicPolicyLookup
     from sweeper.system_topic import AdminClient
+    from sweeper.topic_policies import TopicPolicyLookup
 
     broker = _TopicPolicyBroker({
         "t/ns/ttl/messageTTL?isGlobal=true": (200, b"3600"),

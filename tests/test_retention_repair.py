@@ -49,7 +49,6 @@ from sweeper.retention_repair import (
     WOULD_DELETE,
     WOULD_LOAD,
     RetentionRepairRefused,
-    TopicPolicyLookup,
     plan_actions,
     plan_age_refusal,
     replication_refusal,
@@ -60,6 +59,7 @@ from sweeper.runs import record as record_run
 from sweeper.system_topic import AdminClient, RedirectRefused, broker_web_origins, redirect_target
 from sweeper.table_schemas import RETENTION_DEBT
 from sweeper.tables import open_table_store
+from sweeper.topic_policies import TopicPolicyLookup
 from tests.support.admin_server import AdminServer, Answer, pulsar_like_answers
 from tests.support.config import BASE_CONFIG, ZkTarget
 from tests.support.gates import record_gated_reconcile

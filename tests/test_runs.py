@@ -176,7 +176,9 @@ def test_the_retention_repair_records_its_run_through_the_stage_wrapper(tmp_path
             raise ending
         return ending
 
-    monkeypatch.setattr(pipeline, "run_repair", run_repair)
+    from sweeper import retention_repair
+
+    monkeypatch.setattr(retention_repair, "run", run_repair)
     for n in range(3):
         pipeline.repair_stage(cfg, store, "plan", f"retention-{n}", execute=True)
     with pytest.raises(KeyboardInterrupt):
