@@ -24,7 +24,7 @@ def build(out: Path, package: Path = CHECKOUT_PACKAGE) -> list[str]:
         raise SystemExit(f"build_pyfiles.py: {package} is not the sweeper package")
     out.parent.mkdir(parents=True, exist_ok=True)
     members = sorted(p for p in package.rglob("*") if p.is_file() and "__pycache__" not in p.parts
-                     and not p.name.endswith(SKIP_SUFFIXES))
+                     and not p.name.endswith(SKIP_SUFFIXES) and not p.name.startswith("."))
     tmp = out.with_suffix(".zip.tmp")
     with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
         for path in members:
