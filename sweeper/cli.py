@@ -25,12 +25,18 @@ from typing import Any
 
 from sweeper import config as config_mod
 from sweeper.config import ConfigError, SweeperConfig
+from sweeper.errors import (  # the exit codes, with the errors they map from (one place: sweeper.errors)
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_PARTIAL,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+)
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED, EXIT_PARTIAL = 0, 1, 2, 3, 4
 # The stages `sweep --until` names, in order (sweeper.pipeline.STAGES; spelled here so parsing imports no Spark).
 SWEEP_STAGES = ("snapshot", "reconcile", "retention_debt", "emit", "delete")
 PLUGIN_GROUP = "ledger_sweeper.cli"  # entry points: `register(cli: CliPlugins)` adds commands, flags, pre-hooks
-EXIT_INTERRUPTED = 130  # SIGINT or SIGTERM: stopped, what was done is on record
 
 
 def strict(cfg: SweeperConfig) -> SweeperConfig:
@@ -730,9 +736,8 @@ def _stop_on_signals() -> list[str]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from sweeper.errors import Refused, UsageError
+    from sweeper.errors import SweeperError, terminal_line
     from sweeper.progress import Heartbeat
-    from sweeper.tables import DeltaSparkUnavailableError, TableStorageUnavailableError
 
     _said_config.clear()
     _heartbeat.clear()
@@ -743,16 +748,13 @@ def _run(args: argparse.Namespace) -> int:
         with Heartbeat().running() as heartbeat:
             _heartbeat.append(heartbeat)
             return int(args.func(args))
-    except (ConfigError, DeltaSparkUnavailableError, TableStorageUnavailableError) as exc:
-        # A missing jar is a setup problem: its message names the jar and how to get it.
-        print(f"configuration error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except UsageError as exc:
-        print(f"usage error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except Refused as exc:  # every stage's refusal, the lock, an unreachable or unreadable store (sweeper.errors)
-        print(f"refused: {exc}", file=sys.stderr)
-        return EXIT_REFUSED
+    except SweeperError as exc:
+        # A usage or configuration error (2: a missing jar names the jar and how to get it) or a refusal (3: every
+        # stage's, the lock, an unreachable or unreadable store): one line, the code sweeper.errors gives it.
+        if exc.exit_code == EXIT_ERROR:
+            raise  # an error nobody classified: the trace goes to the log file
+        print(terminal_line(exc), file=sys.stderr)
+        return exc.exit_code
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from sweeper.errors import ConfigurationError
 from sweeper.metastore.urls import (
     ZOOKEEPER,
     StoreUrl,
@@ -20,7 +21,7 @@ from sweeper.metastore.urls import (
 )
 
 
-class ConfigError(ValueError):
+class ConfigError(ConfigurationError, ValueError):
     pass
 
 

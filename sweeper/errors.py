@@ -1,20 +1,47 @@
-"""Errors an operator acts on, by the exit code the CLI gives them (issue 22). The CLI maps them in one place.
+"""Every error an operator acts on, by the exit code the CLI gives it (issue 22, one hierarchy since issue 36).
 
 - `UsageError` (exit 2): the command as typed cannot be run (flags, config, input files); the message names the fix.
+  `ConfigurationError` is the part of it that is the config or the machine's setup: a bad setting, a store URL,
+  a missing jar, a table root Spark cannot reach (`config.ConfigError`, `tables.DeltaSparkUnavailableError`,
+  `tables.storage.TableStorageUnavailableError`, `metastore.urls.StoreUrlError`, `safety.SafetyConfigError`).
 - `Refused` (exit 3): the run stopped on purpose before doing harm: a gate, a safety rule, a lock, an unreachable
   or unreadable store. Each stage's refusal is a subclass, so callers may still catch the narrow one.
 - An interrupt (SIGINT, SIGTERM) is Python's KeyboardInterrupt: exit 130.
+- Anything else is a bug or an outage nobody foresaw: exit 1, its trace in the log file.
+`exit_code` and `terminal_line` are the one mapping (the CLI's `_run` and `main` use nothing else).
 """
 
 from __future__ import annotations
 
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED, EXIT_PARTIAL = 0, 1, 2, 3, 4
+EXIT_INTERRUPTED = 130  # SIGINT or SIGTERM: stopped, what was done is on record
 
-class UsageError(Exception):
+
+class SweeperError(Exception):
+    """The root of the errors an operator acts on: each class says its exit code and how its line starts."""
+
+    exit_code = EXIT_ERROR
+    label = "error"
+
+
+class UsageError(SweeperError):
     """The operator's command or its arguments are wrong; nothing was written."""
 
+    exit_code = EXIT_USAGE
+    label = "usage error"
 
-class Refused(RuntimeError):
+
+class ConfigurationError(UsageError):
+    """The config, or the machine's setup (jars, storage), is wrong: the message names the setting or the fix."""
+
+    label = "configuration error"
+
+
+class Refused(SweeperError, RuntimeError):
     """The run stopped on purpose, nothing unsafe done; the message says why and what to do."""
+
+    exit_code = EXIT_REFUSED
+    label = "refused"
 
 
 class StageRefused(Refused):
@@ -24,6 +51,18 @@ class StageRefused(Refused):
 
 class RunIdTaken(UsageError):
     """A run id given for a new run already names rows in the tables."""
+
+
+def exit_code(exc: BaseException) -> int:
+    """The exit code of a command that ended with `exc`."""
+    if isinstance(exc, KeyboardInterrupt) or caused_by_interrupt(exc):
+        return EXIT_INTERRUPTED
+    return exc.exit_code if isinstance(exc, SweeperError) else EXIT_ERROR
+
+
+def terminal_line(exc: SweeperError) -> str:
+    """The one line an operator's mistake or a refusal gets on the terminal (never a traceback)."""
+    return f"{exc.label}: {exc}"
 
 
 def one_line(exc: BaseException, limit: int = 500) -> str:

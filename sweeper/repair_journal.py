@@ -43,6 +43,7 @@ from kazoo.exceptions import NoAuthError
 from sweeper import runs
 from sweeper.codecs import pulsar as codec
 from sweeper.codecs.errors import MetadataDecodeError
+from sweeper.errors import Refused
 from sweeper.run_lock import RunLock, RunLockHeld
 from sweeper.table_schemas import REPAIR_JOURNAL, RETENTION_ACTIONS
 from sweeper.tables import TableStore
@@ -147,7 +148,7 @@ def node_now(read: Callable[[str], tuple[bytes, Any] | None], intent: Intent) ->
                    info.HasField("terminatedPosition"))
 
 
-class RepairLockHeld(Exception):
+class RepairLockHeld(Refused):
     """The repair lock could not be taken (another repair holds it, or the sweeper may not create it): why."""
 
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass, field
 
+from sweeper.errors import ConfigurationError
 from sweeper.vocabulary import DAY_MS, HOUR_MS
 
 MIN_AGE_FLOOR_MS = DAY_MS
 DEFAULT_MIN_AGE_MS = 7 * DAY_MS
 
 
-class SafetyConfigError(ValueError):
+class SafetyConfigError(ConfigurationError, ValueError):
     pass
 
 

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sweeper.errors import ConfigurationError
+
 ZOOKEEPER, OXIA = "zookeeper", "oxia"
 DEFAULT_LEDGERS_ROOT = "/ledgers"
 DEFAULT_OXIA_NAMESPACE = "default"
 
 
-class StoreUrlError(ValueError):
+class StoreUrlError(ConfigurationError, ValueError):
     """An address neither Pulsar nor BookKeeper would accept; the message names the accepted spellings."""
 
 

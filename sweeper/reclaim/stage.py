@@ -67,10 +67,6 @@ class ReclaimResult:
     rows: list[dict[str, Any]] = field(default_factory=list)
 
 
-class ReclaimRefused(RuntimeError):
-    pass
-
-
 def _targets(config: SweeperConfig, registrations: dict[str, Registration], bookie_ids: Iterable[str],
              problem: str = "") -> dict[str, BookieTarget]:
     """Each bookie's HTTP server; with the registrations unreadable (`problem`), that is why a bookie the config

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from pyspark.sql import SparkSession
 
+from sweeper.errors import ConfigurationError
 from sweeper.spark import (
     DELTA_CATALOG_CLASS,
     DELTA_EXTENSION_CLASS,
@@ -47,7 +48,7 @@ from sweeper.tables.storage import (
 ENGINES = ("delta-rs", "delta-spark")
 
 
-class DeltaSparkUnavailableError(RuntimeError):
+class DeltaSparkUnavailableError(ConfigurationError, RuntimeError):
     """engine="delta-spark" on a session without Delta's jars or SQL extension."""
 
 

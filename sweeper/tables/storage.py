@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
+from sweeper.errors import ConfigurationError
 from sweeper.spark import (
     AWS_SDK_VERSION,
     HADOOP_AWS_VERSION,
@@ -52,7 +53,7 @@ S3A_JAR_CLASSES = (
 )
 
 
-class TableStorageUnavailableError(RuntimeError):
+class TableStorageUnavailableError(ConfigurationError, RuntimeError):
     """A table root Spark cannot reach: e.g. s3:// without hadoop-aws and the AWS SDK on the class path."""
 
 

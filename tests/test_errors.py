@@ -1,0 +1,103 @@
+"""One exception hierarchy (issue 36 item 5): every error an operator may see is a `sweeper.errors.SweeperError`
+whose class says its exit code, mapped in one place; the rest are internal and named here with why."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+
+import pytest
+
+import sweeper
+from sweeper import errors
+from sweeper.config import ConfigError
+from sweeper.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    ConfigurationError,
+    Refused,
+    SweeperError,
+    UsageError,
+    exit_code,
+    terminal_line,
+)
+
+# Exceptions that never reach the operator as such: each is caught where it is raised and becomes one of the
+# hierarchy's (or a recorded outcome), and why.
+INTERNAL = {
+    "sweeper.tables.base.TableNotFoundError": "a missing table is read as empty or refused by the caller",
+    "sweeper.tables.base.TableSchemaError": "a programming error in a stage's rows: a bug, exit 1 with its trace",
+    "sweeper.tables.files.NotNullViolation": "raised inside a table write: a bug, exit 1",
+    "sweeper.pending_delete.InvalidPendingDelete": "a malformed record is quarantined as `invalid`, never raised",
+    "sweeper.codecs.errors.MetadataDecodeError": "a corrupt znode is quarantined, never raised to the CLI",
+    "sweeper.zk.wire.ZooKeeperWireError": "the wire reader's failure, turned into ZooKeeperUnavailableError",
+    "sweeper.metrics.MetricsError": "a metrics outage is a warning line, never a failed sweep",
+    "sweeper.emit.EmitFailed": "escalated by the pipeline to a refusal naming what was acknowledged",
+    "sweeper.snapshot.SnapshotIncomplete": "a scan that lost part of its input: a failure (exit 1), recorded",
+    "sweeper.reclaim.samples.BookieAnswerError": "a bookie's answer we cannot read: the bookie is not_measured",
+    "sweeper.reclaim.bookie_http.BookieUnreachable": "a bookie that does not answer: not_measured",
+}
+
+
+def _exception_classes() -> dict[str, type[BaseException]]:
+    found: dict[str, type[BaseException]] = {}
+    for info in pkgutil.walk_packages(sweeper.__path__, "sweeper."):
+        if "_proto" in info.name or info.name.startswith("sweeper.jobs"):
+            continue
+        module = importlib.import_module(info.name)
+        for name, value in vars(module).items():
+            if (inspect.isclass(value) and issubclass(value, BaseException) and value.__module__ == info.name
+                    and not name.startswith("_")):
+                found[f"{info.name}.{name}"] = value
+    return found
+
+
+def test_every_error_of_the_package_is_in_the_hierarchy_or_named_internal() -> None:
+    outside = sorted(name for name, cls in _exception_classes().items()
+                     if not issubclass(cls, SweeperError) and name not in INTERNAL)
+    assert outside == [], "put these under sweeper.errors (UsageError, ConfigurationError, Refused) or name them " \
+                          "in INTERNAL with why they never reach the operator"
+    stale = sorted(set(INTERNAL) - set(_exception_classes()))
+    assert stale == []
+
+
+def test_config_and_setup_errors_are_usage_errors_and_refusals_are_refusals() -> None:
+    from sweeper.metastore.urls import StoreUrlError
+    from sweeper.repair_journal import RepairLockHeld
+    from sweeper.safety import SafetyConfigError
+    from sweeper.tables import DeltaSparkUnavailableError
+    from sweeper.tables.storage import TableStorageUnavailableError
+    from sweeper.zk.errors import ZooKeeperUnavailableError
+
+    for cls in (ConfigError, DeltaSparkUnavailableError, TableStorageUnavailableError, StoreUrlError,
+                SafetyConfigError):
+        exc = cls("x")
+        assert isinstance(exc, ConfigurationError) and isinstance(exc, UsageError)
+        assert exit_code(exc) == EXIT_USAGE and terminal_line(exc) == "configuration error: x"
+    for cls in (RepairLockHeld, ZooKeeperUnavailableError, errors.StageRefused):
+        assert exit_code(cls("y")) == EXIT_REFUSED and terminal_line(cls("y")) == "refused: y"
+    assert exit_code(UsageError("z")) == EXIT_USAGE and terminal_line(UsageError("z")) == "usage error: z"
+    assert issubclass(Refused, RuntimeError) and issubclass(ConfigError, ValueError)  # what callers caught before
+
+
+def test_interrupts_and_the_unforeseen() -> None:
+    assert exit_code(KeyboardInterrupt()) == EXIT_INTERRUPTED
+    try:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise RuntimeError("SPARK_JOB_CANCELLED") from None
+    except RuntimeError as cancelled:
+        assert exit_code(cancelled) == EXIT_INTERRUPTED  # the job PySpark cancelled for the interrupt
+    assert exit_code(ValueError("a bug")) == 1
+
+
+@pytest.mark.parametrize("argv", [["show", "r", "orphans", "--tables", "/nonexistent-tables-dir"]])
+def test_the_cli_maps_through_the_hierarchy(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from sweeper.cli import main
+
+    assert main(argv) == EXIT_USAGE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("usage error: no tables at /nonexistent-tables-dir")
