@@ -36,7 +36,8 @@ TABLE_BUCKET = "sweeper-tables"
 # and of every worker (so of every executor), as an instance role or a pod's secret would on a cluster.
 AWS_ENV = {"AWS_ACCESS_KEY_ID": "cluster-test", "AWS_SECRET_ACCESS_KEY": "cluster-test-secret",
            "AWS_REGION": "us-east-1"}
-STAGES = ("snapshot", "reconcile", "retention_debt", "emit", "delete")  # a sweep reports retention debt too
+STAGES = ("snapshot", "reconcile", "retention_debt", "emit", "delete", "reclaim")  # retention debt too; reclaim after
+# an executed delete (issue 35: the sandbox's bookies are names without servers, so it reports them not_measured)
 
 # Minutes: a master, two workers and spark-submit, each its own JVM.
 pytestmark = pytest.mark.slow
