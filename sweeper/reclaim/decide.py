@@ -49,6 +49,9 @@ class Expected:
     bytes: int = 0
     ledgers: int = 0
     estimated: int = 0  # ledgers whose share is an estimate (their ensemble changed)
+    # Ledgers whose metadata gives them bytes: those the bookie surely indexed. An empty ledger (or one left open,
+    # whose metadata length stays 0) may have no index entry on the bookie, so its collector never counts it.
+    with_data: int = 0
 
 
 def expected_shares(ledgers: Iterable[DeletedLedger]) -> dict[str, Expected]:
@@ -65,6 +68,7 @@ def expected_shares(ledgers: Iterable[DeletedLedger]) -> dict[str, Expected]:
             e = out.setdefault(bookie, Expected())
             e.bytes += share
             e.ledgers += 1
+            e.with_data += 1
             e.estimated += int(len(bookies) != ledger.ensemble_size)
     return out
 
@@ -166,7 +170,7 @@ def verdict(expected: Expected, before: BookieSample | None, after: BookieSample
     if got.total >= freed_fraction * expected.bytes:
         return Verdict(FREED, 0, "; ".join(notes)), got
     # DELETED_LEDGER_TOTAL counts the ledgers the collector dropped from the bookie's index (doGcLedgers).
-    collected = got.deleted_ledgers >= expected.ledgers if got.deleted_ledgers is not None else got.total > 0
+    collected = got.deleted_ledgers >= expected.with_data if got.deleted_ledgers is not None else got.total > 0
     if not collected:
         return Verdict(PENDING_GC, pending, "; ".join([
             "the bookie's garbage collector has not run over the deleted ledgers yet (gcWaitTime): "
