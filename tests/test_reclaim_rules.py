@@ -21,6 +21,7 @@ from sweeper.reclaim.decide import (
     DeletedLedger,
     Expected,
     expected_shares,
+    gc_level,
     gc_plan,
     verdict,
 )
@@ -144,18 +145,22 @@ def test_a_restarted_bookie_never_reports_a_negative() -> None:
 def test_a_gc_is_triggered_only_when_asked_once_and_never_on_a_busy_bookie() -> None:
     share = Expected(bytes=10, ledgers=1)
     idle = _sample()
-    assert not gc_plan(idle, share, asked=False, compaction="major", already_triggered=False).trigger
-    assert not gc_plan(idle, share, asked=True, compaction="minor", already_triggered=True).trigger
-    assert not gc_plan(idle, Expected(), asked=True, compaction="minor", already_triggered=False).trigger
-    assert not gc_plan(_sample(in_force_gc=True), share, True, "minor", False).trigger
-    assert not gc_plan(_sample(compacting=True), share, True, "minor", False).trigger
-    assert not gc_plan(idle.failed("down"), share, True, "minor", False).trigger
-    minor = gc_plan(idle, share, True, "minor", False)
+    assert not gc_plan(idle, share, asked=False, compaction="major", already_triggered=None).trigger
+    assert not gc_plan(idle, Expected(), asked=True, compaction="minor", already_triggered=None).trigger
+    assert not gc_plan(_sample(in_force_gc=True), share, True, "minor", None).trigger
+    assert not gc_plan(_sample(compacting=True), share, True, "minor", None).trigger
+    assert not gc_plan(idle.failed("down"), share, True, "minor", None).trigger
+    minor = gc_plan(idle, share, True, "minor", None)
     assert (minor.trigger, minor.force_major, minor.force_minor, minor.action) == (True, False, True, GC_MINOR)
-    major = gc_plan(idle, share, True, "major", False)
+    major = gc_plan(idle, share, True, "major", None)
     assert (major.force_major, major.action) == (True, GC_MAJOR)
+    # Once per bookie per run for each kind: the same GC never twice, a stronger one when an operator asks.
+    assert not gc_plan(idle, share, True, "minor", gc_level(False, True)).trigger
+    assert not gc_plan(idle, share, True, "minor", gc_level(True, True)).trigger
+    assert gc_plan(idle, share, True, "major", gc_level(False, True)).trigger
+    assert not gc_plan(idle, share, True, "none", gc_level(False, False)).trigger
     for quiet in (_sample(readonly=True), _sample(major_suspended=True), _sample(minor_suspended=True)):
-        plan = gc_plan(quiet, share, True, "major", False)
+        plan = gc_plan(quiet, share, True, "major", None)
         assert (plan.trigger, plan.force_major, plan.force_minor, plan.action) == (True, False, False,
                                                                                    GC_DELETION_ONLY)
 

@@ -96,16 +96,19 @@ def test_a_triggered_gc_frees_the_expected_bytes_once_per_run(zk: KazooClient, z
     again = run_reclaim(config, store, RUN, trigger=True)  # a rerun measures, never triggers twice
     assert len(bookie.gc_puts) == 1 and again.rows[0]["verdict"] == FREED
     assert "already triggered" in again.rows[0]["why"]
-    assert [r["measured_at"] for r in latest_rows(store, RUN)] == [again.rows[0]["measured_at"]]
+    stronger = run_reclaim(config.replace(reclaim={"compaction": "major"}), store, RUN, trigger=True)
+    assert len(bookie.gc_puts) == 2 and stronger.rows[0]["action"] == "gc (deletion + major compaction)"
+    assert len(run_reclaim(config.replace(reclaim={"compaction": "major"}), store, RUN, trigger=True).rows) == 1
+    assert len(bookie.gc_puts) == 2  # and that one once too
     journal = store.read_arrow("reclaim_journal", where={"run_id": RUN}).to_pylist()
-    assert [j["phase"] for j in sorted(journal, key=lambda j: j["at"])] == ["intent", "done"]
+    assert [j["phase"] for j in sorted(journal, key=lambda j: j["at"])] == ["intent", "done"] * 2
 
     from sweeper.cli import EXIT_OK, main
 
     capsys.readouterr()
     assert main(["show", RUN, "reclaim", "--tables", str(tmp_path / "tables"), "--format", "json"]) == EXIT_OK
     shown = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [(r["target"], r["verdict"]) for r in shown] == [(BOOKIE, FREED)] * 2  # both measurements, oldest first
+    assert [(r["target"], r["verdict"]) for r in shown] == [(BOOKIE, FREED)] * 4  # every measurement, oldest first
 
 
 def test_without_a_trigger_the_deleted_data_waits_for_the_gc(zk: KazooClient, zk_target: ZkTarget, tmp_path: Path,

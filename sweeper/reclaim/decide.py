@@ -82,27 +82,40 @@ class GcPlan:
     why: str = ""
 
 
+# How much a GC may do: a deletion-only GC < one with a minor compaction < one with a major compaction.
+DELETION_ONLY, MINOR, MAJOR = 0, 1, 2
+
+
+def gc_level(force_major: bool, force_minor: bool) -> int:
+    return MAJOR if force_major else MINOR if force_minor else DELETION_ONLY
+
+
 def gc_plan(sample: BookieSample, expected: Expected, asked: bool, compaction: str,
-            already_triggered: bool) -> GcPlan:
-    """Whether (and how) to trigger this bookie's GC: only when asked, once per run, never on a busy bookie, and a
-    read-only bookie or one whose compaction is suspended gets a deletion-only GC."""
+            already_triggered: int | None) -> GcPlan:
+    """Whether (and how) to trigger this bookie's GC: only when asked, never on a busy bookie, and a read-only
+    bookie or one whose compaction is suspended gets a deletion-only GC. At most once per bookie per run for each
+    kind: `already_triggered` is the strongest kind (`gc_level`) this run asked of it (None: none), and only a
+    stronger one is asked again (an operator's `reclaim --execute` with compaction = "major" after the sweep's
+    minor one; never the same GC twice, whatever re-runs)."""
     if not asked:
         return GcPlan(False, why="trigger_gc is off: measured only")
     if not sample.measured:
         return GcPlan(False, action="none")  # the verdict says why
     if expected.bytes <= 0 and expected.ledgers == 0:
         return GcPlan(False, why="held none of the deleted data")
-    if already_triggered:
-        return GcPlan(False, action="none", why="a GC was already triggered on it for this run")
-    if sample.in_force_gc or sample.compacting:
-        return GcPlan(False, action="skipped", why="already in a forced GC or compacting: left alone")
     if sample.readonly or sample.major_suspended or sample.minor_suspended or compaction == "none":
         reason = ("read-only" if sample.readonly else "compaction suspended" if
                   (sample.major_suspended or sample.minor_suspended) else "[reclaim] compaction = none")
-        return GcPlan(True, False, False, GC_DELETION_ONLY, why=f"{reason}: deletion only")
-    if compaction == "major":
-        return GcPlan(True, True, True, GC_MAJOR)
-    return GcPlan(True, False, True, GC_MINOR)
+        plan = GcPlan(True, False, False, GC_DELETION_ONLY, why=f"{reason}: deletion only")
+    elif compaction == "major":
+        plan = GcPlan(True, True, True, GC_MAJOR)
+    else:
+        plan = GcPlan(True, False, True, GC_MINOR)
+    if already_triggered is not None and already_triggered >= gc_level(plan.force_major, plan.force_minor):
+        return GcPlan(False, action="none", why="a GC of this kind was already triggered on it for this run")
+    if sample.in_force_gc or sample.compacting:
+        return GcPlan(False, action="skipped", why="already in a forced GC or compacting: left alone")
+    return plan
 
 
 @dataclass(frozen=True)

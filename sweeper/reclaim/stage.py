@@ -3,7 +3,8 @@
 `sample_before` runs right before the delete stage deletes (the sweep with `--execute`, `sweeper delete
 --execute`); `run_reclaim` right after it, and again whenever `sweeper reclaim --run-id RUN` asks. With `trigger`
 (the sweep's `[reclaim] trigger_gc = true`, or `sweeper reclaim --execute`) it first asks each bookie that held
-deleted data for one GC, one bookie at a time, at most once per bookie per run, and waits for it.
+deleted data for one GC, one bookie at a time, at most once per bookie per run for each kind of GC (a stronger
+compaction may follow a weaker one, nothing repeats), and waits for it.
 
 A bookie that does not answer is `not_measured`: nothing here fails a run (DESIGN.md invariant 20). Every call is
 paced (`[reclaim] calls_per_second`) and time-limited (`timeout_s`), and a GC is the only thing ever asked of a
@@ -30,6 +31,7 @@ from sweeper.reclaim.decide import (
     DeletedLedger,
     Expected,
     expected_shares,
+    gc_level,
     gc_plan,
     verdict,
 )
@@ -145,11 +147,17 @@ def deleted_ledgers(store: TableStore, run_id: str) -> tuple[list[DeletedLedger]
     return out, objects
 
 
-def _triggered(store: TableStore, run_id: str) -> set[str]:
+def _triggered(store: TableStore, run_id: str) -> dict[str, int]:
+    """The strongest GC (`decide.gc_level`) this run asked of each bookie, from the intents (written before each
+    PUT, so a killed run's request counts too)."""
     if not store.exists("reclaim_journal"):
-        return set()
-    return {r["bookie_id"] for r in store.read_arrow("reclaim_journal", where={"run_id": run_id, "phase": "intent"},
-                                                     columns=["bookie_id"]).to_pylist()}
+        return {}
+    out: dict[str, int] = {}
+    for r in store.read_arrow("reclaim_journal", where={"run_id": run_id, "phase": "intent"},
+                              columns=["bookie_id", "force_major", "force_minor"]).to_pylist():
+        level = gc_level(bool(r["force_major"]), bool(r["force_minor"]))
+        out[r["bookie_id"]] = max(level, out.get(r["bookie_id"], level))
+    return out
 
 
 def _journal(store: TableStore, run_id: str, bookie: str, phase: str, major: bool, minor: bool, detail: str) -> None:
@@ -188,7 +196,7 @@ def run_reclaim(config: SweeperConfig, store: TableStore, run_id: str, trigger: 
     gc_count = 0
     for bookie in sorted(shares):
         sample = now[bookie]
-        plan = gc_plan(sample, shares[bookie], trigger, config.reclaim.compaction, bookie in triggered_before)
+        plan = gc_plan(sample, shares[bookie], trigger, config.reclaim.compaction, triggered_before.get(bookie))
         if not plan.trigger:
             actions[bookie] = (plan.action, plan.why, None, None)
             continue
