@@ -22,6 +22,7 @@ session's own sweep (`swept`), whose plan must not see them.
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -36,7 +37,6 @@ from harness.testbed.bulk import DOWN, FREED, INTERLEAVED, ReclaimLayout
 from harness.testbed.server import TestbedInfo
 from harness.testbed.workload import admin_for, client_for, read_all
 from harness.testbed.world import World, metadata_for
-from harness.zkserver import free_port
 from sweeper.cli import main
 from sweeper.config import SweeperConfig, to_toml
 from sweeper.pipeline import sweep
@@ -248,7 +248,13 @@ def test_a_bookie_that_does_not_answer_is_not_measured_and_the_run_exits_0(
         tmp_path_factory: pytest.TempPathFactory, config_file: Any) -> None:
     """Its HTTP server off or the bookie down look the same from here: nothing answers on the port."""
     info = testbed_world.info
-    closed = free_port()
+    with socket.socket() as held:  # bound and never listening: refused, and no other process can take it meanwhile
+        held.bind(("127.0.0.1", 0))
+        _down_case(info, layout, spark, tmp_path_factory, config_file, held.getsockname()[1])
+
+
+def _down_case(info: TestbedInfo, layout: ReclaimLayout, spark: SparkSession,
+               tmp_path_factory: pytest.TempPathFactory, config_file: Any, closed: int) -> None:
     cfg = case_config(info, tmp_path_factory.mktemp("reclaim-down"), layout, DOWN, trigger_gc=True,
                       http_urls=[f"{bookie.bookie_id(info)}=http://127.0.0.1:{closed}"], timeout_s=2.0)
     path = config_file(cfg, "down")
