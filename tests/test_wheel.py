@@ -73,8 +73,15 @@ def _build_wheel(out: Path) -> Path:
     return wheel
 
 
+def _outside_env() -> dict[str, str]:
+    """This process's environment without PYTHONPATH: a Spark session started earlier in the worker puts the
+    checkout on it (sweeper.spark), and pip would then find the checkout's egg-info and install nothing."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
 def _fresh_venv(venv: Path, deps: Path, wheel: Path) -> None:
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True,
+                   env=_outside_env(), cwd=venv.parent)
     deps.mkdir()
     site_dirs = {Path(sysconfig.get_paths()[key]) for key in ("purelib", "platlib")}
     for site in site_dirs:
@@ -84,11 +91,14 @@ def _fresh_venv(venv: Path, deps: Path, wheel: Path) -> None:
             (deps / entry.name).symlink_to(entry)
     (new_site,) = {Path(p) for p in subprocess.run(
         [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True, capture_output=True, text=True).stdout.split()}
+        check=True, capture_output=True, text=True, env=_outside_env(), cwd=venv.parent).stdout.split()}
     (new_site / "_dev_venv_dependencies.pth").write_text(f"{deps}\n")
     # The dev venv's pip installs into the fresh one; --no-index: nothing comes from the network.
+    # --ignore-installed: whatever the new environment may see of the checkout, the wheel is what gets installed.
     subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
-                    "--no-deps", "--no-index", str(wheel)], check=True, capture_output=True)
+                    "--no-deps", "--no-index", "--ignore-installed", str(wheel)], check=True, capture_output=True,
+                   env=_outside_env(), cwd=venv.parent)
+    assert (new_site / "sweeper" / "__init__.py").is_file(), f"the wheel was not installed into {new_site}"
 
 
 @pytest.fixture(scope="module")
