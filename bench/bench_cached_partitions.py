@@ -24,9 +24,9 @@ from harness.sandbox.model import SandboxSpec, build_cluster
 from harness.sandbox.seed import seed_zookeeper
 from harness.zkserver import start_zookeeper, stop_zookeeper
 from sweeper.config import SweeperConfig
+from sweeper.pipeline import snapshot_stage
 from sweeper.reconcile import SafetySettings, run_reconcile
 from sweeper.safety import CircuitBreaker
-from sweeper.snapshot import run_snapshot
 from sweeper.spark import get_spark
 from sweeper.tables import open_table_store
 from sweeper.zk import client as zkutil
@@ -60,7 +60,7 @@ def main() -> None:
                                               tables={"root": str(root), "engine": "delta-rs"})
                 store = open_table_store(str(root), spark, engine="delta-rs")
                 t0 = time.monotonic()
-                run_id = run_snapshot(spark, cfg, store).run_id
+                run_id = snapshot_stage(spark, cfg, store).run_id
                 t1 = time.monotonic()
                 run_reconcile(spark, store, run_id, SafetySettings(breaker=CircuitBreaker(1.0),
                                                                    bookkeeper_dedicated=True))

@@ -29,7 +29,7 @@ from harness.zkserver import start_zookeeper, stop_zookeeper
 from sweeper.config import PulsarMetadataConfig, SweeperConfig
 from sweeper.layout import LedgerLayout, ledger_path
 from sweeper.metastore.oxia import OxiaStore
-from sweeper.snapshot import run_snapshot
+from sweeper.pipeline import snapshot_stage
 from sweeper.spark import get_spark
 from sweeper.tables import open_table_store
 from sweeper.zk import client as zkutil
@@ -56,7 +56,7 @@ def sequential_oxia_baseline(store: OxiaStore, paths: list[str]) -> float:
 def snapshot_rates(spark: Any, cfg: SweeperConfig, label: str) -> tuple[float, float]:
     """The real snapshot on `cfg`'s store: (scan stage, end to end) in ledgers per second."""
     store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
-    result = run_snapshot(spark, cfg, store)
+    result = snapshot_stage(spark, cfg, store)
     ours_rate = result.counts.bk_ledgers / result.scan_s
     end_to_end_rate = result.counts.bk_ledgers / result.duration_s
     print(f"{label} snapshot: {result.counts.bk_ledgers:,} ledgers, {result.counts.ml_ledgers:,} ml ledgers, "

@@ -103,7 +103,7 @@ def main() -> None:
             scan={"reads_per_second": 0.0})  # raw speed, as before the limit (bench_zk_impact.py measures it)
         spark = get_spark("bench-sweep", master="local[2]", conf={"spark.driver.memory": "6g"})
         store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
-        for name, stage in (("run_snapshot", "snapshot"), ("reconcile_stage", "reconcile"), ("emit_stage", "emit"),
+        for name, stage in (("snapshot_stage", "snapshot"), ("reconcile_stage", "reconcile"), ("emit_stage", "emit"),
                             ("delete_stage", "delete")):
             setattr(pipeline, name, memory.tagged(stage, getattr(pipeline, name)))
         memory.thread.start()

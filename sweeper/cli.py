@@ -138,11 +138,12 @@ def _session(cfg: SweeperConfig) -> tuple[Any, Any]:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    from sweeper.snapshot import run_snapshot, zk_load
+    from sweeper.pipeline import snapshot_stage
+    from sweeper.snapshot import zk_load
 
     cfg = _load_config(args)
     spark, store = _session(cfg)
-    result = run_snapshot(spark, cfg, store, run_id=args.run_id)
+    result = snapshot_stage(spark, cfg, store, run_id=args.run_id)
     print(f"snapshot {result.run_id}: layout {result.layout}, {result.units} scan units, "
           f"{result.duration_s:.1f}s ({result.ledgers_per_second:,.0f} ledgers/s scanned), engine {store.engine}")
     print(f"ZooKeeper load: {zk_load(result.counts)}")

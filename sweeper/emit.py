@@ -41,7 +41,7 @@ from pyspark.sql import functions as F
 from sweeper import pending_delete, runs
 from sweeper.config import SweeperConfig, SystemTopicConfig
 from sweeper.connections import Connections
-from sweeper.errors import Refused
+from sweeper.errors import Refused, caused_by_interrupt
 from sweeper.spark import task_error
 from sweeper.system_topic import (
     BrokerSettings,
@@ -360,16 +360,17 @@ def run_emit(spark: SparkSession, config: SweeperConfig, store: TableStore, run_
 
 
 def run(spark: SparkSession, store: TableStore, run_id: str, settings: EmitSettings) -> EmitResult:
-    """The run's candidates as records on the system topic; what the broker acknowledged is in `emitted`."""
-    started = datetime.now(UTC)
-    try:
-        return _run_emit(spark, settings, store, run_id)
-    except KeyboardInterrupt as interrupt:
-        if not getattr(interrupt, "sweeper_recorded", False):  # stopped before its first send: nothing sent
-            with contextlib.suppress(Exception):
-                runs.record(store, run_id, "emit", runs.INTERRUPTED, started, {}, settings,
-                            "interrupted during emit before anything was sent; re-run emit")
-        raise
+    """The run's candidates as records on the system topic; what the broker acknowledged is in `emitted`. An
+    interrupt is recorded by the stage's wrapper through `record_interrupt` (pipeline.emit_stage)."""
+    return _run_emit(spark, settings, store, run_id)
+
+
+def record_interrupt(store: TableStore, run_id: str, started: datetime, settings: EmitSettings) -> None:
+    """The `interrupted` row of an emit stopped by SIGINT or SIGTERM: from its journal and `emitted` once it had
+    started sending (`fold_interrupted`), else a plain one (nothing was sent)."""
+    if not fold_interrupted(store, run_id, by="its own interrupt handler (SIGINT or SIGTERM)"):
+        runs.record(store, run_id, "emit", runs.INTERRUPTED, started, {}, settings,
+                    "interrupted during emit before anything was sent; re-run emit")
 
 
 def _run_emit(spark: SparkSession, settings: EmitSettings, store: TableStore, run_id: str) -> EmitResult:
@@ -465,12 +466,9 @@ def _emit_planned(spark: SparkSession, store: TableStore, run_id: str, planned: 
         # One job: each producer task records what it sent in `emitted` itself, once the broker acknowledged it.
         by_status: dict[str, int] = dict(by_slot.mapPartitions(send_partition).reduceByKey(lambda a, b: a + b)
                                          .collect())
-    except KeyboardInterrupt as interrupt:
-        with contextlib.suppress(Exception):  # the interrupt is what the operator must see
-            fold_interrupted(store, run_id, by="its own interrupt handler (SIGINT or SIGTERM)")
-            interrupt.sweeper_recorded = True  # type: ignore[attr-defined]
-        raise
     except Exception as exc:
+        if caused_by_interrupt(exc):
+            raise  # the wrapper records it from the journal (record_interrupt)
         error = _task_error(exc)
         with contextlib.suppress(Exception):  # `runs` says failed; the journal must not read as a kill
             journal.closed(f"failed: {error}"[:2000])

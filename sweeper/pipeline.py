@@ -10,16 +10,17 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from pyspark.sql import SparkSession
 
-from sweeper import retention_repair, runs
+from sweeper import emit, retention_repair, runs, snapshot
 from sweeper.config import SweeperConfig
 from sweeper.console import human_bytes, plural
 from sweeper.delete.lock import RunLockHeld
 from sweeper.delete.stage import DeleteCounts, DeleteRefused, DeleteRunResult, run_delete
-from sweeper.emit import EmitCounts, EmitFailed, EmitRefused, EmitResult, run_emit
+from sweeper.emit import EmitCounts, EmitFailed, EmitRefused, EmitResult, EmitSettings
 from sweeper.errors import StageRefused as StageRefused  # where the sweep's callers catch it
 from sweeper.gates import GateFailed, run_gates
 from sweeper.metastore.migration import MigrationRefused
@@ -34,7 +35,7 @@ from sweeper.retention_debt import (
     run_retention_debt,
 )
 from sweeper.retention_repair import RepairCounts, RepairResult, RepairSettings, RetentionRepairRefused
-from sweeper.snapshot import SnapshotCounts, SnapshotResult, run_snapshot, zk_load
+from sweeper.snapshot import SnapshotCounts, SnapshotResult, SnapshotSettings, zk_load
 from sweeper.system_topic import SystemTopicError
 from sweeper.tables import TableStore
 
@@ -53,6 +54,19 @@ class SweepResult:
     outcomes: list[tuple[str | None, str]] = field(default_factory=list)  # (ledger type, outcome) of deletes
     execute: bool = False
     reclaim: list[dict[str, Any]] = field(default_factory=list)  # the `reclaim` rows: what the bookies gave back
+
+
+def snapshot_stage(spark: SparkSession, config: SweeperConfig, store: TableStore,
+                   run_id: str | None = None) -> SnapshotResult:
+    """The snapshot from a whole config, under a new run id (or `run_id`, refused when it names rows already), with
+    its `runs` row: a refusal such as a wrong root is `refused`, as its exit code 3 says."""
+    run_id = snapshot.claim_run_id(store, run_id)
+    settings = SnapshotSettings.from_config(config)
+    started = datetime.now(UTC)
+    return runs.stage(store, settings, run_id, "snapshot",
+                      lambda: snapshot.run(spark, store, run_id, settings, started),
+                      lambda result: runs.Ending(result.counts), started=started,
+                      interrupted="interrupted during the snapshot: its rows are never reconciled; start a new run")
 
 
 def reconcile_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str,
@@ -129,9 +143,11 @@ def emit_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
                                 f"sends only the rest: {exc}")
         return None
 
-    # An interrupted emit records itself, with what its journal and `emitted` hold (issue 22).
-    return runs.stage(store, config, run_id, "emit", lambda: run_emit(spark, config, store, run_id),
-                  lambda result: runs.Ending(result.counts), (EmitRefused,), escalate, record_interrupt=False)
+    settings = EmitSettings.from_config(config)
+    # An interrupted emit is recorded with what its journal and `emitted` hold (issue 22), here, by the wrapper.
+    return runs.stage(store, settings, run_id, "emit", lambda: emit.run(spark, store, run_id, settings),
+                      lambda result: runs.Ending(result.counts), (EmitRefused,), escalate,
+                      on_interrupt=lambda started: emit.record_interrupt(store, run_id, started, settings))
 
 
 def delete_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str, execute: bool = False,
@@ -262,7 +278,7 @@ class Step:
 
 def _snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str | None,
               execute: bool) -> SnapshotResult:
-    return run_snapshot(spark, config, store, run_id=run_id)
+    return snapshot_stage(spark, config, store, run_id=run_id)
 
 
 def _report_snapshot(snap: SnapshotResult, config: SweeperConfig, sweep: SweepResult, log: Any) -> None:

@@ -127,33 +127,37 @@ class Ending:
 def stage(store: TableStore, config: ConfigHash | None, run_id: str, name: str, body: Callable[[], R],
           ending: Callable[[R], Ending], refusals: tuple[type[Exception], ...] = (),
           escalate: Callable[[Exception], Exception | None] = lambda exc: None, record_interrupt: bool = True,
-          interrupted: str = "", started: datetime | None = None) -> R:
+          interrupted: str = "", started: datetime | None = None,
+          on_interrupt: Callable[[datetime], None] | None = None) -> R:
     """Run one stage's `body` and record how it ended in `runs`, whatever the end: the one wrapper of every stage.
 
     The status always agrees with the exit code the CLI gives the same end:
     - a `Refused` (exit 3) is `refused`; one of the stage's own `refusals` is raised again as `StageRefused`;
     - an interrupt (Ctrl-C, SIGTERM, or a Spark job PySpark cancelled for one) is `interrupted`, with the
-      `interrupted` line (the delete and the emit record their own, with their journal's counts, and pass
-      `record_interrupt=False`);
+      `interrupted` line; a stage whose journal says more passes `on_interrupt(started)`, which records the row
+      from it here (the emit); the delete's next attempt records a stopped one (`record_interrupt=False`);
     - any other exception is `failed`, recorded as its first line (the trace goes to the log file), unless
       `escalate` turns it into a refusal.
     """
     started = started or datetime.now(UTC)
     said = interrupted or f"interrupted during {name}; re-run the stage (or the sweep) to do it again"
+    def record_the_interrupt() -> None:
+        with contextlib.suppress(Exception):  # the interrupt is what the operator must see
+            if on_interrupt is not None:
+                on_interrupt(started)
+            elif record_interrupt:
+                record(store, run_id, name, INTERRUPTED, started, {}, config, said)
+
     try:
         result = body()
     except KeyboardInterrupt:
-        if record_interrupt:
-            with contextlib.suppress(Exception):  # the interrupt is what the operator must see
-                record(store, run_id, name, INTERRUPTED, started, {}, config, said)
+        record_the_interrupt()
         raise
     except Exception as exc:
         # First: a Spark job cancelled by PySpark's SIGINT handler, even when a stage turned that failure into
         # a refusal on its way out, is the interrupt (the CLI exits 130 for it).
         if caused_by_interrupt(exc):
-            if record_interrupt:
-                with contextlib.suppress(Exception):
-                    record(store, run_id, name, INTERRUPTED, started, {}, config, said)
+            record_the_interrupt()
             raise KeyboardInterrupt from exc
         if isinstance(exc, (Refused, *refusals)):
             record(store, run_id, name, REFUSED, started, {}, config, str(exc))

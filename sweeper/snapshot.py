@@ -628,27 +628,23 @@ def run_id_holder(store: TableStore, run_id: str) -> str | None:
     return None
 
 
-def run_snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore,
-                 run_id: str | None = None) -> SnapshotResult:
-    """The snapshot from a whole config, under a new run id (or `run_id`, refused when it names rows already)."""
+def claim_run_id(store: TableStore, run_id: str | None) -> str:
+    """A new run id, or `run_id` when it names no rows yet: a scheduler retrying a job with the same id would
+    otherwise append a second copy of the snapshot under it (issue 27), refused before anything is written."""
     if run_id is not None:
-        # A scheduler retrying a job with the same id would otherwise append a second copy of the snapshot under
-        # it (issue 27): refused before anything is written.
         holder = run_id_holder(store, run_id)
         if holder is not None:
             raise RunIdTaken(f"run id {run_id} is taken: {holder}. Leave out --run-id for a new run, or give one "
                              "not used before; later stages of that run take it with --run-id")
-    run_id = run_id or runs.new_run_id()
-    return run(spark, store, run_id, SnapshotSettings.from_config(config))
+    return run_id or runs.new_run_id()
 
 
-def run(spark: SparkSession, store: TableStore, run_id: str, settings: SnapshotSettings) -> SnapshotResult:
-    """Every store's metadata into the snapshot tables under `run_id`, and the run's `runs` row (through the
-    stages' one wrapper, `runs.stage`: a refusal such as a wrong root is `refused`, as its exit code 3 says)."""
-    started = datetime.now(UTC)
-    return runs.stage(store, settings, run_id, "snapshot", lambda: _snapshot(spark, store, run_id, settings, started),
-                      lambda result: runs.Ending(result.counts), started=started,
-                      interrupted="interrupted during the snapshot: its rows are never reconciled; start a new run")
+def run(spark: SparkSession, store: TableStore, run_id: str, settings: SnapshotSettings,
+        started: datetime | None = None) -> SnapshotResult:
+    """Every store's metadata into the snapshot tables under `run_id`. Its `runs` row is the pipeline's to write
+    (`pipeline.snapshot_stage`, the one wrapper of every stage); `started` is the row's start, the rows'
+    `captured_at`."""
+    return _snapshot(spark, store, run_id, settings, started or datetime.now(UTC))
 
 
 def _snapshot(spark: SparkSession, store: TableStore, run_id: str, settings: SnapshotSettings,

@@ -19,8 +19,7 @@ from sweeper.config import GatesConfig
 from sweeper.errors import StageRefused
 from sweeper.gates import GateFailed, baseline, run_gates
 from sweeper.layout import LedgerLayout, layout_znode, ledger_path
-from sweeper.pipeline import reconcile_stage
-from sweeper.snapshot import run_snapshot
+from sweeper.pipeline import reconcile_stage, snapshot_stage
 from sweeper.table_schemas import BK_LEDGERS
 from sweeper.tables import open_table_store
 from tests.support.config import ZkTarget
@@ -41,7 +40,7 @@ def test_good_snapshot_passes_and_a_sharp_drop_fails(
     # baseline (test_two_bad_snapshots_in_a_row_are_both_refused weighs a shrink against the last good run).
     zk.delete("/ledgers/00", recursive=True)
     zk.create("/ledgers/00/0000/L0001", b"BookieMetadataFormatVersion\t3\n\x00", makepath=True)
-    second = run_snapshot(spark, cfg, store)
+    second = snapshot_stage(spark, cfg, store)
     bad = gates_on_both_engines(store, second.run_id, GatesConfig(max_drop_fraction=0.5))
     assert not bad.passed
     assert any("bk_ledgers" in f and "row_count" in f for f in bad.failures), bad.failures
@@ -65,13 +64,13 @@ def test_two_bad_snapshots_in_a_row_are_both_refused(
         path = ledger_path("/ledgers", ledger_id, cluster.spec.layout)
         if ledger_id % 10 < 7 and zk.exists(path):
             zk.delete(path)
-    first_bad = run_snapshot(spark, cfg, store).run_id
+    first_bad = snapshot_stage(spark, cfg, store).run_id
     with pytest.raises(StageRefused, match="row_count"):
         reconcile_stage(spark, cfg, store, first_bad)
     assert runs.rows(store, run_id=first_bad, stage="reconcile")[-1]["status"] == runs.REFUSED
 
     # The same bad state again: compared with the refused snapshot it would be no drop at all.
-    second_bad = run_snapshot(spark, cfg, store).run_id
+    second_bad = snapshot_stage(spark, cfg, store).run_id
     gate = gates_on_both_engines(store, second_bad, cfg.gates)
     assert any("bk_ledgers" in f and "row_count" in f for f in gate.failures), gate.failures
     assert gate.baseline == good, gate.baseline
@@ -79,9 +78,9 @@ def test_two_bad_snapshots_in_a_row_are_both_refused(
         reconcile_stage(spark, cfg, store, second_bad)
 
     # An audit of the bad snapshot (--skip-gates) succeeds, and is no baseline either.
-    audited = reconcile_stage(spark, cfg, store, run_snapshot(spark, cfg, store).run_id, check_gates=False)
+    audited = reconcile_stage(spark, cfg, store, snapshot_stage(spark, cfg, store).run_id, check_gates=False)
     assert not runs.gates_passed(runs.rows(store, run_id=audited.run_id, stage="reconcile")[-1])
-    third_bad = run_snapshot(spark, cfg, store).run_id
+    third_bad = snapshot_stage(spark, cfg, store).run_id
     gate = gates_on_both_engines(store, third_bad, cfg.gates)
     assert any("bk_ledgers" in f and "row_count" in f for f in gate.failures), gate.failures
     assert gate.baseline == good, gate.baseline
@@ -111,7 +110,7 @@ def test_empty_snapshot_fails(zk: KazooClient, zk_target: ZkTarget, spark: Spark
     zk.ensure_path("/managed-ledgers")
     cfg = sandbox_config(zk_target.hosts, tmp_path / "tables")
     store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
-    result = run_snapshot(spark, cfg, store)
+    result = snapshot_stage(spark, cfg, store)
     gate = gates_on_both_engines(store, result.run_id, GatesConfig())
     assert any("bk_ledgers" in f for f in gate.failures), gate.failures
     assert run_gates(store, result.run_id, GatesConfig(allow_empty=True, require_live_brokers=False)).passed
@@ -139,7 +138,7 @@ def test_metadata_with_no_live_broker_or_lagging_the_ledgers_is_refused(
     zk.create("/loadbalance/brokers/10.0.0.9:8080", b"{}", makepath=True)  # left behind: no session holds it
     cfg = sandbox_config(zk_target.hosts, tmp_path / "tables")
     store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
-    run = run_snapshot(spark, cfg, store)
+    run = snapshot_stage(spark, cfg, store)
     gate = gates_on_both_engines(store, run.run_id, GatesConfig())
     assert [f for f in gate.failures if "/loadbalance/brokers" in f and "--allow-no-brokers" in f], gate.failures
     assert run_gates(store, run.run_id, GatesConfig(require_live_brokers=False)).passed
@@ -154,7 +153,7 @@ def test_metadata_with_no_live_broker_or_lagging_the_ledgers_is_refused(
                                 "custom": custom})
         zk.create(ledger_path("/ledgers", other.ledger_id, cluster.spec.layout), ledger_znode_data(other),
                   makepath=True)
-    not_data = run_snapshot(spark, cfg, store)
+    not_data = snapshot_stage(spark, cfg, store)
     gate = gates_on_both_engines(store, not_data.run_id, GatesConfig(require_live_brokers=False))
     assert gate.passed, gate.failures
 
@@ -162,7 +161,7 @@ def test_metadata_with_no_live_broker_or_lagging_the_ledgers_is_refused(
     newer = type(newest)(**{**newest.__dict__, "ledger_id": newest.ledger_id + 1002, "ctime_ms": later})
     zk.create(ledger_path("/ledgers", newer.ledger_id, cluster.spec.layout), ledger_znode_data(newer),
               makepath=True)
-    lagging = run_snapshot(spark, cfg, store)
+    lagging = snapshot_stage(spark, cfg, store)
     gate = gates_on_both_engines(store, lagging.run_id, GatesConfig(require_live_brokers=False))
     assert [f for f in gate.failures if "max_metadata_lag_minutes" in f], gate.failures
 
@@ -213,7 +212,7 @@ def test_a_busy_peers_fresh_ledgers_are_not_this_clusters_metadata_lag(
     cfg = sandbox_config(zk_target.hosts, tmp_path / "tables",
                          safety={"bookkeeper_dedicated": False, "peer_metadata": [f"{zk_target.hosts}/peer"]})
     store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
-    quiet = run_snapshot(spark, cfg, store).run_id
+    quiet = snapshot_stage(spark, cfg, store).run_id
     gate = gates_on_both_engines(store, quiet, cfg.gates)
     assert gate.passed, gate.failures
     # On a BookKeeper declared dedicated, every ledger on it is this cluster's: then they are its lag.
@@ -225,7 +224,7 @@ def test_a_busy_peers_fresh_ledgers_are_not_this_clusters_metadata_lag(
     for custom in (ml_custom(ours), ml_custom(f"{namespace}/persistent/created-since"),
                    {"application": b"pulsar", "component": b"managed-ledger"}):
         path = _add_ledger(zk, cluster, first + 10, later, custom)
-        stale = run_snapshot(spark, cfg, store).run_id
+        stale = snapshot_stage(spark, cfg, store).run_id
         gate = gates_on_both_engines(store, stale, cfg.gates)
         assert [f for f in gate.failures if "max_metadata_lag_minutes" in f], (custom, gate.failures)
         zk.delete(path)

@@ -31,9 +31,9 @@ from sweeper.metastore import oxia_grpc, oxia_keys
 from sweeper.metastore.migration import MIGRATION_FLAG_PATH, MigrationRefused
 from sweeper.metastore.oxia import OxiaStore, OxiaUnavailableError, children_range
 from sweeper.metastore.oxia_grpc import OxiaReadClient
+from sweeper.pipeline import snapshot_stage
 from sweeper.reconcile import SafetySettings, run_reconcile
 from sweeper.runs import record as record_run
-from sweeper.snapshot import run_snapshot
 from sweeper.tables import TableStore, open_table_store
 from sweeper.vocabulary import CANDIDATE, DAY_MS
 from tests.support.broker import Broker
@@ -104,7 +104,7 @@ def _planned(spark: SparkSession, cfg: SweeperConfig, broker: Broker) -> tuple[T
     from datetime import UTC, datetime
 
     store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
-    run_id = run_snapshot(spark, cfg, store).run_id
+    run_id = snapshot_stage(spark, cfg, store).run_id
     started = datetime.now(UTC)
     rec = run_reconcile(spark, store, run_id, SafetySettings.from_config(cfg), now_ms=later())
     record_gated_reconcile(store, run_id, rec.counts, cfg, started)
@@ -306,7 +306,7 @@ def test_a_store_migrated_away_from_is_refused_naming_the_target(
     cfg = oxia_config(oxia_server, oxia_server, tmp_path / "tables")
     store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
     with pytest.raises(MigrationRefused, match="oxia://new-oxia:6648/pulsar"):
-        run_snapshot(spark, cfg, store)
+        snapshot_stage(spark, cfg, store)
     assert [r["status"] for r in store.read_arrow("runs").to_pylist()] == ["refused"]
 
 

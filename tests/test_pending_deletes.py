@@ -14,9 +14,8 @@ from sweeper.codecs import pulsar as codec
 from sweeper.delete.stage import run_delete
 from sweeper.emit import run_emit
 from sweeper.gates import run_gates
-from sweeper.pipeline import reconcile_stage
+from sweeper.pipeline import reconcile_stage, snapshot_stage
 from sweeper.runs import record as record_run
-from sweeper.snapshot import run_snapshot
 from sweeper.system_topic import partition_topic
 from sweeper.zk import client as zkutil
 from tests.support.broker import TOPIC, Broker
@@ -72,7 +71,7 @@ def test_pending_deletes_are_read_quarantined_and_classified(
     info.ledgerInfo.add(ledgerId=regained, entries=1, size=1)
     zk.set(ml_path, codec.encode_managed_ledger_info(info))
 
-    second = run_snapshot(spark, cfg, store).run_id
+    second = snapshot_stage(spark, cfg, store).run_id
     pending = store.read("pending_deletes").where(f"run_id = '{second}'").collect()
     assert {r["record_key"] for r in pending} == set(records)  # every emitted record, read back once
     assert all(r["source_run_id"] == first and r["payload"] == records[r["record_key"]]["payload"] for r in pending)

@@ -19,8 +19,8 @@ from harness.sandbox.seed import seed_zookeeper
 from sweeper.config import SweeperConfig
 from sweeper.delete.stage import run_delete
 from sweeper.layout import ledger_path
+from sweeper.pipeline import snapshot_stage
 from sweeper.reconcile import CANDIDATE, OTHER_CLUSTER, ReconcileRefused, SafetySettings, run_reconcile
-from sweeper.snapshot import run_snapshot
 from sweeper.tables import TableStore, open_table_store
 from sweeper.zk import client as zkutil
 from tests.support.config import ZkTarget
@@ -72,7 +72,7 @@ def test_a_peer_on_the_same_bookies_is_read_and_its_ledgers_never_candidates(
 
     # Shared, and nobody said who else writes here: nothing is a candidate, the run completes.
     shared = _config(zk_target, tmp_path, bookkeeper_dedicated=False)
-    run_id = run_snapshot(spark, shared, store).run_id
+    run_id = snapshot_stage(spark, shared, store).run_id
     result = run_reconcile(spark, store, run_id, SafetySettings.from_config(shared))
     rows = _orphans(store, run_id)
     assert result.counts.candidate == 0
@@ -81,7 +81,7 @@ def test_a_peer_on_the_same_bookies_is_read_and_its_ledgers_never_candidates(
 
     # Every peer read: the union of references decides; the peer's ledger and its topic's are never ours.
     with_peer = _config(zk_target, tmp_path, bookkeeper_dedicated=False, peer_metadata=[peer])
-    run_id = run_snapshot(spark, with_peer, store).run_id
+    run_id = snapshot_stage(spark, with_peer, store).run_id
     result = run_reconcile(spark, store, run_id, SafetySettings.from_config(with_peer))
     rows = _orphans(store, run_id)
     candidates = {i for i, r in rows.items() if r["status"] == CANDIDATE}
@@ -92,7 +92,7 @@ def test_a_peer_on_the_same_bookies_is_read_and_its_ledgers_never_candidates(
 
     # A peer whose store shows no live broker may be a stale copy: unread, so nothing is a candidate again.
     zk.delete("/peer/loadbalance/brokers/peer-broker:8080")
-    run_id = run_snapshot(spark, with_peer, store).run_id
+    run_id = snapshot_stage(spark, with_peer, store).run_id
     result = run_reconcile(spark, store, run_id, SafetySettings.from_config(with_peer))
     assert result.counts.candidate == 0
     assert peer in result.sharing and "no live broker" in result.sharing
@@ -108,7 +108,7 @@ def test_delete_from_json_refuses_a_denied_namespace_and_an_unverified_or_peer_l
     peers = _orphans_of(cluster, OrphanKind.DROPPED_FROM_LIST, "tenant-0")[0]
     seed_peer(zk, {_owner(cluster, peers): [peers]})
     store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
-    run_snapshot(spark, _config(zk_target, tmp_path), store)  # shadow topics known, as the delete requires
+    snapshot_stage(spark, _config(zk_target, tmp_path), store)  # shadow topics known, as the delete requires
     listing = tmp_path / "ledgers.json"
     listing.write_text(json.dumps([denied, ours, peers]))
 
@@ -145,7 +145,7 @@ def test_a_wrong_chroot_for_bookkeeper_is_refused_on_a_first_run(
     cfg = _config(zk_target, tmp_path).replace(bookkeeper={"zookeeper": f"{zk_target.hosts}/other"},
                                                pulsar={"zookeeper": zk_target.hosts})
     store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
-    run_id = run_snapshot(spark, cfg, store).run_id
+    run_id = snapshot_stage(spark, cfg, store).run_id
     with pytest.raises(ReconcileRefused, match="max_missing_reference_fraction") as refused:
         run_reconcile(spark, store, run_id, SafetySettings.from_config(cfg))
     assert "/ledgers" in str(refused.value)

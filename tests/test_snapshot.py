@@ -15,8 +15,8 @@ from harness.zkserver import free_port
 from sweeper.codecs.bookkeeper import decode_ledger_metadata, encode_ledger_metadata
 from sweeper.config import BookKeeperConfig
 from sweeper.layout import LedgerLayout, ledger_path
+from sweeper.pipeline import snapshot_stage
 from sweeper.scan import bookkeeper as bk_scan
-from sweeper.snapshot import run_snapshot
 from sweeper.tables import open_table_store
 from sweeper.zk.client import KazooReader
 from sweeper.zk.errors import WrongRootError, ZooKeeperUnavailableError
@@ -54,7 +54,7 @@ def test_every_seeded_ledger_and_reference_lands_in_its_table(
 ) -> None:
     cluster = _seeded(zk, layout)
     store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
-    result = run_snapshot(spark, sandbox_config(zk_target.hosts, tmp_path / "tables"), store)
+    result = snapshot_stage(spark, sandbox_config(zk_target.hosts, tmp_path / "tables"), store)
 
     assert result.layout == layout.value
     assert result.counts.quarantine == 0, _rows(store, "quarantine")
@@ -165,7 +165,7 @@ def test_bad_znodes_are_quarantined_and_the_rest_is_scanned(
     _put(zk, "/schemas/tenant-0/ns-0/broken", b"\xff\xff\xff")
 
     store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
-    result = run_snapshot(spark, sandbox_config(zk_target.hosts, tmp_path / "tables"), store)
+    result = snapshot_stage(spark, sandbox_config(zk_target.hosts, tmp_path / "tables"), store)
 
     quarantine = {row["path"]: row for row in _rows(store, "quarantine")}
     for ledger_id, (data, kind) in bad_ledgers.items():
@@ -207,7 +207,7 @@ def test_wrong_root_fails_the_run_naming_the_path(
     cfg = sandbox_config(zk_target.hosts, tmp_path / "tables", bookkeeper={"ledgers_root": "/bookkeeper/ledgers"})
     store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
     with pytest.raises(WrongRootError, match="/bookkeeper/ledgers"):
-        run_snapshot(spark, cfg, store)
+        snapshot_stage(spark, cfg, store)
     runs = _rows(store, "runs")
     # Refused, as the CLI's exit code 3 says (issue 23's rule: the `runs` status and the exit code agree).
     assert [r["status"] for r in runs] == ["refused"] and "/bookkeeper/ledgers" in runs[0]["message"]
@@ -233,7 +233,7 @@ def test_a_table_committed_short_of_the_scan_fails_the_run(
     _seeded(zk, LedgerLayout.HIERARCHICAL, seed=2, topics=5)
     store = LosingStore(str(tmp_path / "tables"), spark)
     with pytest.raises(SnapshotIncomplete, match="ml_cursors"):
-        run_snapshot(spark, sandbox_config(zk_target.hosts, tmp_path / "tables"), store)
+        snapshot_stage(spark, sandbox_config(zk_target.hosts, tmp_path / "tables"), store)
     [run] = _rows(store, "runs")
     assert run["status"] == "failed" and "ml_cursors" in run["message"]
     with pytest.raises(ReconcileRefused):
@@ -246,7 +246,7 @@ def test_a_root_without_layout_is_refused(zk: KazooClient, zk_target: ZkTarget, 
     zk.ensure_path("/ledgers/00/0000")
     store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
     with pytest.raises(Exception, match=r"LAYOUT.*metadata-store:"):
-        run_snapshot(spark, sandbox_config(zk_target.hosts, tmp_path / "tables"), store)
+        snapshot_stage(spark, sandbox_config(zk_target.hosts, tmp_path / "tables"), store)
 
 
 def test_without_layout_under_pulsars_metadata_store_driver_the_zookeeper_root_is_hierarchical(
@@ -260,7 +260,7 @@ def test_without_layout_under_pulsars_metadata_store_driver_the_zookeeper_root_i
     cfg = sandbox_config(zk_target.hosts, tmp_path / "tables", bookkeeper=driver)
     assert not cfg.bookkeeper.writes_layout_record
     store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
-    result = run_snapshot(spark, cfg, store)
+    result = snapshot_stage(spark, cfg, store)
     assert result.layout == "hierarchical" and result.counts.bk_ledgers == len(cluster.ledgers)
     # BookKeeper's own spellings: the same root refused (test_a_root_without_layout_is_refused).
     assert sandbox_config(zk_target.hosts, tmp_path / "t").bookkeeper.writes_layout_record
@@ -272,7 +272,7 @@ def test_unreachable_zookeeper_is_a_clear_error(spark: SparkSession, tmp_path: P
     cfg = sandbox_config(hosts, tmp_path / "tables", bookkeeper={"session_timeout_s": 2.0})
     store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
     with pytest.raises(ZooKeeperUnavailableError, match=hosts):
-        run_snapshot(spark, cfg, store)
+        snapshot_stage(spark, cfg, store)
 
 
 # ---- issue 11: what a scan must not drop or misread --------------------------------------------------------
@@ -342,7 +342,7 @@ def test_snapshot_records_namespaces_brokers_and_the_clock(
     zk.create("/loadbalance/brokers/10.0.0.1:8080", b"{}", ephemeral=True, makepath=True)
     zk.create("/loadbalance/brokers/10.0.0.2:8080", b"{}", makepath=True)  # left over: no live session
     store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
-    result = run_snapshot(spark, sandbox_config(zk_target.hosts, tmp_path / "tables"), store)
+    result = snapshot_stage(spark, sandbox_config(zk_target.hosts, tmp_path / "tables"), store)
     namespaces = {r["namespace"]: set(r["sources"]) for r in _rows(store, "namespaces")}
     assert set(namespaces) == set(cluster.namespaces) | {"tenant-9/ns-empty"}
     assert namespaces["tenant-9/ns-empty"] == {"policies"}
@@ -358,7 +358,7 @@ def test_a_host_clock_far_from_zookeepers_refuses_the_snapshot(
     store = open_table_store(str(tmp_path / "tables"), spark, engine="delta-rs")
     with zk_clock.back_in_time(1.0), pytest.raises(ClockSkewRefused, match="ahead of ZooKeeper"):
         # ZooKeeper a day behind this host: ledgers would look a day older than they are.
-        run_snapshot(spark, sandbox_config(zk_target.hosts, tmp_path / "tables"), store)
+        snapshot_stage(spark, sandbox_config(zk_target.hosts, tmp_path / "tables"), store)
     assert [r["status"] for r in _rows(store, "runs")] == ["refused"]
 
 

@@ -59,9 +59,8 @@ from harness.testbed.world import World, zk_for
 from sweeper import config as config_mod
 from sweeper.codecs import pulsar as codec
 from sweeper.config import SweeperConfig
-from sweeper.pipeline import retention_stage
+from sweeper.pipeline import retention_stage, snapshot_stage
 from sweeper.retention_repair import DELETED, NOT_NEEDED, SKIPPED_ACTIVE, TRIMMED, run_repair
-from sweeper.snapshot import run_snapshot
 from sweeper.tables import open_table_store
 from tests.support.gates import record_gated_reconcile
 from tests.support.real_pulsar import COST, GRACE_S, AsBuilt, Reconciled
@@ -182,7 +181,7 @@ def repaired(testbed_world: World, reconciled: Reconciled, as_built: AsBuilt, sp
         holders.append(client.subscribe(PINNED, "active"))
         COST["retention_setup_s"] = time.monotonic() - started
         step = time.monotonic()
-        run_id = run_snapshot(spark, cfg, store).run_id
+        run_id = snapshot_stage(spark, cfg, store).run_id
         # The repair acts only on a run whose gates passed (DESIGN.md invariant 19); the gates themselves are the
         # subject of the sweep tests, the repair against a real broker this one's.
         record_gated_reconcile(store, run_id, {}, None)

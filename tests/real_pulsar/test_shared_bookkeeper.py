@@ -30,8 +30,7 @@ from harness.testbed.workload import produce, read_all
 from harness.testbed.world import World, broker_references, zk_for
 from sweeper.config import SweeperConfig
 from sweeper.delete.stage import run_delete
-from sweeper.pipeline import delete_stage, emit_stage, reconcile_stage
-from sweeper.snapshot import run_snapshot
+from sweeper.pipeline import delete_stage, emit_stage, reconcile_stage, snapshot_stage
 from sweeper.tables import TableStore, open_table_store
 from tests.support.real_pulsar import COST, GRACE_S, Swept, sweeper_config
 
@@ -88,7 +87,7 @@ def _config(world: World, tables: Path, **safety: Any) -> SweeperConfig:
 
 
 def _snapshot_reconcile(spark: SparkSession, cfg: SweeperConfig, store: TableStore) -> tuple[str, Any]:
-    run_id = run_snapshot(spark, cfg, store).run_id
+    run_id = snapshot_stage(spark, cfg, store).run_id
     return run_id, reconcile_stage(spark, cfg, store, run_id)
 
 

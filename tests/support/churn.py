@@ -13,8 +13,7 @@ from harness.testbed.admin import Admin
 from harness.testbed.server import TestbedInfo
 from harness.testbed.workload import CHURN_NAMESPACE, admin_for, client_for, produce, read_all, topic
 from harness.testbed.world import World, broker_references, metadata_for
-from sweeper.pipeline import delete_stage, emit_stage, reconcile_stage
-from sweeper.snapshot import run_snapshot
+from sweeper.pipeline import delete_stage, emit_stage, reconcile_stage, snapshot_stage
 from sweeper.tables import open_table_store
 from tests.support.real_pulsar import COST, sweeper_config
 
@@ -74,7 +73,7 @@ def churn_sweep_deletes_nothing_in_use(world: World, spark: SparkSession, tables
     started = time.monotonic()
     try:
         time.sleep(3)
-        snap = run_snapshot(spark, cfg, store)
+        snap = snapshot_stage(spark, cfg, store)
         reconcile_stage(spark, cfg, store, snap.run_id)
         emit_stage(spark, cfg, store, snap.run_id)
         result = delete_stage(spark, cfg, store, snap.run_id, execute=True)

@@ -22,8 +22,7 @@ from harness.testbed.world import World, broker_references, metadata_for
 from sweeper import config as config_mod
 from sweeper.codecs.bookkeeper import decode_ledger_metadata
 from sweeper.config import SweeperConfig
-from sweeper.pipeline import delete_stage, emit_stage, reconcile_stage
-from sweeper.snapshot import run_snapshot
+from sweeper.pipeline import delete_stage, emit_stage, reconcile_stage, snapshot_stage
 from sweeper.tables import TableStore, open_table_store
 
 GRACE_S = 45.0
@@ -100,7 +99,7 @@ def reconcile_the_world(world: World, spark: SparkSession, tables: Path, cost_pr
         # A ledger the broker deleted in between (an old compacted or cursor ledger) is in neither either.
         bk = {ledger for ledger in listed if metadata.exists(ledger_znode(ledger))}
         started = time.monotonic()
-        snap = run_snapshot(spark, cfg, store)
+        snap = snapshot_stage(spark, cfg, store)
         COST[f"{cost_prefix}snapshot_s"] = time.monotonic() - started
         started = time.monotonic()
         reconcile_stage(spark, cfg, store, snap.run_id)

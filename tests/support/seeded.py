@@ -21,10 +21,9 @@ from harness.sandbox.seed import seed_s3, seed_zookeeper
 from sweeper.config import SweeperConfig
 from sweeper.emit import run_emit
 from sweeper.offload import S3Target, s3_client
-from sweeper.pipeline import reconcile_stage
+from sweeper.pipeline import reconcile_stage, snapshot_stage
 from sweeper.reconcile import SafetySettings, run_reconcile
 from sweeper.runs import record as record_run
-from sweeper.snapshot import run_snapshot
 from sweeper.tables import TableStore, open_table_store
 from sweeper.vocabulary import DAY_MS
 from tests.support.broker import Broker
@@ -76,7 +75,7 @@ def seed_and_snapshot(zk: KazooClient, hosts: str, spark: SparkSession, tables: 
         seed_zookeeper(zk, cluster)
     cfg = sandbox_config(hosts, tables, **sections)
     store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
-    return SeededSnapshot(cluster, cfg, store, run_snapshot(spark, cfg, store).run_id)
+    return SeededSnapshot(cluster, cfg, store, snapshot_stage(spark, cfg, store).run_id)
 
 
 def later() -> int:
