@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_import_layers import circles as _cycles  # one Tarjan for both shape tests
+
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "sweeper"
 HARNESS_PACKAGE = REPO / "harness"
@@ -79,51 +81,6 @@ def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
     return {name: _imports(path, modules) - {name} for name, path in modules.items()}
-
-
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (Tarjan, iterative)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-    counter = 0
-    for root in sorted(graph):
-        if root in index:
-            continue
-        work = [(root, iter(sorted(graph[root])))]
-        index[root] = low[root] = counter
-        counter += 1
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            node, children = work[-1]
-            child = next(children, None)
-            if child is not None:
-                if child not in index:
-                    index[child] = low[child] = counter
-                    counter += 1
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(graph.get(child, ())))))
-                elif child in on_stack:
-                    low[node] = min(low[node], index[child])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                component = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.append(member)
-                    if member == node:
-                        break
-                if len(component) > 1:
-                    found.append(sorted(component))
-    return found
 
 
 def _stage_of(module: str) -> str | None:
@@ -212,20 +169,12 @@ def test_neither_the_wheel_nor_the_executor_zip_carries_the_harness(tmp_path: Pa
     """The wheel built from pyproject.toml as it is (in a copy of the sources, so the checkout gets no build/
     directory), and the zip spark-submit ships: the `sweeper` package only (tests/test_wheel.py installs and runs
     the wheel)."""
-    import shutil
-    import subprocess
     import sys
     import zipfile
 
-    source = tmp_path / "source"
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for top in ("sweeper", "jobs", "harness", "schemas"):
-        shutil.copytree(REPO / top, source / top, ignore=ignore)
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(REPO / name, source / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(tmp_path / "dist"), str(source)], check=True, capture_output=True)
-    (wheel,) = (tmp_path / "dist").glob("ledger_sweeper-*.whl")
+    from tests.test_wheel import _build_wheel
+
+    wheel = _build_wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     assert {"sweeper/cli.py", "sweeper/jobs/sweep.py", "sweeper/resources/pending_delete_ledger_info.avsc",
             "sweeper/resources/cluster.example.toml"} <= set(names)
