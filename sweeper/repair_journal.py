@@ -12,7 +12,8 @@ unclosed run in: each action with an intent and no `retention_actions` row is se
 (`settle`, a pure function of the intent and what the znode says now), recorded as the killed run's row, and the
 killed run gets a `runs` row `interrupted` with its counts. What the killed run set out to do and is now done was
 done by it (DESIGN.md invariant 18); what cannot be told is `unknown` (invariant 13), and never the re-run's: the
-re-run leaves those actions out of its own plan.
+re-run leaves those actions out of its own plan, all but a trim still owed after a deleted subscription, which the
+re-run makes as its own call (`_owed_and_done`).
 
 The evidence, from Pulsar's own code:
 - Deleting a subscription removes its cursor's znode before the broker answers (`PersistentSubscription.delete`
@@ -217,6 +218,24 @@ class Resolution:
     trim_owed: set[str] = field(default_factory=set)
 
 
+def _owed_and_done(settled: Iterable[Mapping[str, Any]]) -> tuple[set[str], set[tuple[str, str, str | None]]]:
+    """From every row of the runs being folded (theirs and the fold's): the managed ledgers whose subscription a
+    killed run deleted and that no killed run is known to have trimmed, and the actions the re-run leaves out.
+
+    A trim owed stays in the re-run's plan even when a killed run's trim call is `unknown` (its intent committed, the
+    call perhaps never sent: a trim of a loaded topic that dropped nothing leaves no trace). That row stays the
+    killed run's; the re-run's trim is its own call. Asking again is safe where asking a delete again would not be:
+    the broker trims only what its own retention rules let go (`ManagedLedgerImpl.internalTrimLedgers`), so a
+    second trim drops nothing the first would have kept."""
+    rows = list(settled)
+    trimmed = {r["managed_ledger"] for r in rows if r["action"] == LOAD_TOPIC and r["outcome"] in (TRIMMED, LOADED)}
+    owed = {r["managed_ledger"] for r in rows if r["action"] == DELETE_SUBSCRIPTION and r["outcome"] == DELETED}
+    owed -= trimmed
+    done = {action_key(r) for r in rows if r["outcome"] in DONE_OR_UNKNOWN
+            and not (r["action"] == LOAD_TOPIC and r["managed_ledger"] in owed)}
+    return owed, done
+
+
 def unclosed_runs(store: TableStore) -> list[str]:
     if not store.exists(JOURNAL_TABLE):
         return []
@@ -261,6 +280,7 @@ def resolve_interrupted(store: TableStore, read: Callable[[str], tuple[bytes, An
     now = datetime.now(UTC)
     run_rows: list[dict[str, Any]] = []
     closing: list[dict[str, Any]] = []
+    settled: list[dict[str, Any]] = []
     for run_id in pending:
         intents = [r for r in journal if r["run_id"] == run_id and r["phase"] == INTENT]
         own = [r for r in recorded if r["run_id"] == run_id]
@@ -278,10 +298,7 @@ def resolve_interrupted(store: TableStore, read: Callable[[str], tuple[bytes, An
                 "bytes_after": None, "dry_run": False})
         mine = own + added
         found.rows += added
-        found.done |= {action_key(r) for r in mine if r["outcome"] in DONE_OR_UNKNOWN}
-        trimmed = {r["managed_ledger"] for r in mine if r["action"] == LOAD_TOPIC and r["outcome"] in DONE_OR_UNKNOWN}
-        found.trim_owed |= {r["managed_ledger"] for r in mine
-                            if r["action"] == DELETE_SUBSCRIPTION and r["outcome"] == DELETED} - trimmed
+        settled += mine
         stamps = [r["at"] for r in journal if r["run_id"] == run_id]
         started, ended = min(stamps), max([*stamps, *(r["finished_at"] for r in own)])
         if record_runs and run_id not in with_runs_row:
@@ -297,6 +314,7 @@ def resolve_interrupted(store: TableStore, read: Callable[[str], tuple[bytes, An
         closing.append({"run_id": run_id, "plan_run_id": intents[0]["plan_run_id"] if intents else None, "at": now,
                         "phase": CLOSED, "detail": f"interrupted; resolved by {by_run}"})
         found.run_ids.append(run_id)
+    found.trim_owed, found.done = _owed_and_done(settled)
     metadata = {"stage": STAGE, "resolved_by": by_run}
     if found.rows:
         store.append_rows("retention_actions", found.rows, RETENTION_ACTIONS, commit_metadata=metadata)

@@ -458,6 +458,45 @@ def test_every_action_is_on_disk_before_the_next_call_to_the_broker(
                                                                                   TRIMMED)]
 
 
+class _Killed(BaseException):
+    """Stands for a SIGKILL: nothing in the run catches it, so its journal stays unclosed."""
+
+
+def test_a_trim_owed_by_a_killed_run_whose_trim_call_cannot_be_told_is_made_by_the_next_run(
+        zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path, servers: list[AdminServer],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI caught this race: a run killed right after the broker answered a subscription delete had already committed
+    the intent of the topic's trim, and the fold left that trim (`unknown`: a trim of a loaded topic that dropped
+    nothing leaves no trace) out of the next run's plan, so nobody trimmed the topic."""
+    monkeypatch.setenv("SWEEPER_TEST_TOKEN", TOKEN)
+    broker = _serve(servers, pulsar_like_answers(zk))
+    _seed_topic(zk, "t/ns/persistent/a", {"idle-sub": {}})
+    cfg, store = _repair_setup(zk_target, spark, tmp_path, broker.url)
+    plan = _write_plan(store, cfg, [_plan_row("plan-1", "t/ns/persistent/a", "idle-sub")])
+    real_call = AdminClient._call
+
+    def killed_before_the_trim(self: AdminClient, method: str, url: str, body: bytes | None = None,
+                               hops: int = 3) -> tuple[int, bytes]:
+        if method == "POST" and "/trim" in url:
+            raise _Killed  # its intent is on disk; the call is never sent
+        return real_call(self, method, url, body, hops)
+
+    monkeypatch.setattr(AdminClient, "_call", killed_before_the_trim)
+    with pytest.raises(_Killed):
+        run_repair(cfg, store, plan, "repair-1", execute=True)
+    monkeypatch.setattr(AdminClient, "_call", real_call)
+    assert [m for m, _, _ in broker.requests] == ["GET", "DELETE"]
+
+    again = run_repair(cfg, store, plan, "repair-2", execute=True)
+    rows = {(r["run_id"], r["action"]): r for r in store.read_arrow("retention_actions").to_pylist()}
+    assert rows[("repair-1", DELETE_SUBSCRIPTION)]["outcome"] == DELETED
+    assert rows[("repair-1", LOAD_TOPIC)]["outcome"] == UNKNOWN  # the killed run's, whatever the next one does
+    assert rows[("repair-2", LOAD_TOPIC)]["outcome"] == TRIMMED
+    assert ("repair-2", DELETE_SUBSCRIPTION) not in rows
+    assert [m for m, _, _ in broker.requests] == ["GET", "DELETE", "POST"]
+    assert (again.counts.interrupted_runs, again.counts.done_by_interrupted_runs, again.counts.trimmed) == (1, 1, 1)
+
+
 def test_topic_policy_lookups_follow_redirects_to_this_clusters_brokers_only(
         zk: KazooClient, zk_target: ZkTarget, servers: list[AdminServer]) -> None:
     owner = _serve(servers, lambda method, path: (200, {}, b'{"retentionTimeInMinutes": 60}'))

@@ -177,11 +177,16 @@ def test_a_repair_killed_right_after_the_broker_answered_leaves_every_call_on_re
         assert done == made, (done, made)
         # The last call of each killed run: its row is the fold's ("stopped before recording"), unless the run wrote
         # it itself in the instant between the broker's answer and the kill (seen on a loaded machine). Either way
-        # it is the killed run's, as `done == made` says.
-        last_calls = {(run_1, "persistent://t/ns/a"): "deleted", (run_2, "persistent://t/ns/b"): "trimmed"}
-        recovered = {(r["run_id"], r["topic_name"]): r for r in actions if "stopped before recording" in r["detail"]}
-        assert recovered.keys() <= last_calls.keys(), recovered.keys()
-        assert all(row["outcome"] == last_calls[key] for key, row in recovered.items())
+        # it is the killed run's, as `done == made` says. In that instant the run may also have committed the next
+        # call's intent and never sent it (CI saw it): that row is the killed run's too, and says it was not done.
+        may_recover = {(run_1, "delete_subscription", "persistent://t/ns/a"): "deleted",
+                       (run_1, "load_topic", "persistent://t/ns/a"): "unknown",
+                       (run_2, "load_topic", "persistent://t/ns/b"): "trimmed",
+                       (run_2, "delete_subscription", "persistent://t/ns/c"): "interrupted"}
+        recovered = {(r["run_id"], r["action"], r["topic_name"]): r for r in actions
+                     if "stopped before recording" in r["detail"]}
+        assert recovered.keys() <= may_recover.keys(), recovered.keys()
+        assert all(row["outcome"] == may_recover[key] for key, row in recovered.items())
         # The re-runs claim nothing of a's and b's: at most a's subscription, found gone by run 3.
         assert {(r["action"], r["topic_name"], r["outcome"]) for r in actions
                 if r["run_id"] == run_3 and r["topic_name"] != "persistent://t/ns/c"} <= {
@@ -192,9 +197,9 @@ def test_a_repair_killed_right_after_the_broker_answered_leaves_every_call_on_re
         counts = {r: COUNTS["retention_repair"].from_row(dict(runs[r]["counts"])) for r in (run_1, run_2, run_3)}
         assert all(c.extra == {} for c in counts.values()), counts
         assert (counts[run_1].deleted, counts[run_1].recovered_from_journal) == (
-            1, int((run_1, "persistent://t/ns/a") in recovered))
+            1, sum(key[0] == run_1 for key in recovered))
         assert (counts[run_2].trimmed, counts[run_2].recovered_from_journal) == (
-            2, int((run_2, "persistent://t/ns/b") in recovered))
+            2, sum(key[0] == run_2 for key in recovered))
         assert (counts[run_3].deleted, counts[run_3].trimmed, counts[run_3].interrupted_runs) == (1, 1, 1)
         assert counts[run_3].done_by_interrupted_runs == 2  # a's and b's trims, done by run 2
         assert all(len(runs[r]["message"]) < 500 for r in (run_1, run_2))
