@@ -8,7 +8,7 @@ from `sweeper.safety`. One run's snapshot in, one run's `orphans` and `orphan_re
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -535,7 +535,8 @@ def check_snapshot_run(store: TableStore, run_id: str) -> dict[str, int]:
     (an empty snapshot) counts too."""
     counts = runs.require(store, run_id, "snapshot", ReconcileRefused, f"no successful snapshot for run {run_id}")
     if runs.succeeded(store, run_id, "reconcile") is not None or (
-            store.exists("orphans") and store.read("orphans").where(F.col("run_id") == run_id).limit(1).count()):
+            store.exists("orphans") and store.read_arrow("orphans", where={"run_id": run_id},
+                                                          columns=["run_id"]).num_rows):
         raise ReconcileRefused(f"run {run_id} is already reconciled (a run is reconciled once, with or without "
                                "--skip-gates): take a new snapshot for a new run")
     return counts
@@ -550,7 +551,7 @@ def run_reconcile(
 ) -> ReconcileResult:
     settings = settings or SafetySettings()
     started = time.monotonic()
-    check_snapshot_run(store, run_id)
+    snapshot_counts = check_snapshot_run(store, run_id)
     frames = snapshot_frames(store, run_id)
     peers = frames["peer_references"]
     # Peer status rows and namespaces are few: read on the driver.
@@ -567,9 +568,13 @@ def run_reconcile(
                                       .select("ledger_id", "ref_kind", "owner", "referrer")).cache()
         ref_ids = None
     facts = _facts_frame(frames, refs, settings.local_cluster, ref_ids)
-    captured = frames["bk_ledgers"].agg(F.max("captured_at")).first()
+    # One job for the BookKeeper snapshot's totals and its capture time (each was a job of its own).
+    bk_totals = frames["bk_ledgers"].agg(F.count_if(F.col("is_pulsar")).alias("pulsar"),
+                                         F.count_if(~F.col("is_pulsar")).alias("non_pulsar"),
+                                         F.max("captured_at").alias("captured")).first()
     if now_ms is None:
-        now_ms = int(captured[0].timestamp() * 1000) if captured and captured[0] else int(time.time() * 1000)
+        captured = bk_totals["captured"] if bk_totals else None
+        now_ms = int(captured.timestamp() * 1000) if captured else int(time.time() * 1000)
     # Namespaces are few (thousands at most): a set on the driver, shipped with the classifier.
     known = frozenset(r["namespace"] for r in frames["namespaces"].select("namespace").distinct().collect())
     classified = facts.mapInArrow(
@@ -579,15 +584,14 @@ def run_reconcile(
     # Only this cluster's references can be missing from its BookKeeper snapshot (the gate below).
     orphans = classified.unionByName(objects).unionByName(missing_ledgers(frames, local_refs, run_id,
                                                                           now_ms)).cache()
-    counts: dict[str, int] = {}  # the rows of ReconcileCounts, typed once complete
-    for row in orphans.groupBy("object_type", "status").count().collect():
-        counts[row["status"]] = counts.get(row["status"], 0) + int(row["count"])
-        counts[f"{row['status']}.{row['object_type']}"] = int(row["count"])
-    for row in orphans.where(F.col("status") == CANDIDATE).groupBy("reason").count().collect():
-        counts[f"reason.{row['reason']}"] = int(row["count"])
-    pulsar_ledgers = frames["bk_ledgers"].where(F.col("is_pulsar")).count()
+    # Every breakdown the run reports and the breakers weigh, from one aggregation (a few dozen rows).
+    tally = orphan_tally(orphans.groupBy("object_type", "status", "reason")
+                         .agg(F.count("*").alias("rows"), F.sum(F.coalesce("size_bytes", F.lit(0))).alias("bytes"))
+                         .collect())
+    counts: dict[str, int] = dict(tally.counts)  # the rows of ReconcileCounts, typed once complete
+    pulsar_ledgers = int(bk_totals["pulsar"]) if bk_totals else 0
     counts["pulsar_ledgers"] = pulsar_ledgers
-    counts["non_pulsar_ledgers"] = frames["bk_ledgers"].where(~F.col("is_pulsar")).count()
+    counts["non_pulsar_ledgers"] = int(bk_totals["non_pulsar"]) if bk_totals else 0
     counts["shared_bookkeeper_unverified"] = int(sharing is Sharing.UNVERIFIED)
     counts["peer_clusters_read"] = sum(1 for p in peer_notes if p["kind"] == PEER_READ)
     referenced = local_ids.count()
@@ -598,12 +602,9 @@ def run_reconcile(
     tripped = tripped or settings.breaker.tripped(counts.get(f"{CANDIDATE}.ledger", 0), pulsar_ledgers)
     if not tripped:
         objects_total = frames["offload_objects"].agg(F.count("*"), F.sum(F.coalesce("size", F.lit(0)))).first()
-        candidate_objects = orphans.where((F.col("object_type") == "offload_object")
-                                          & (F.col("status") == CANDIDATE)).agg(
-            F.count("*"), F.sum(F.coalesce("size_bytes", F.lit(0)))).first()
         counts["offload_objects"] = int(objects_total[0] or 0)
-        tripped = settings.breaker.tripped_objects(int(candidate_objects[0] or 0), counts["offload_objects"],
-                                                   int(candidate_objects[1] or 0), int(objects_total[1] or 0))
+        tripped = settings.breaker.tripped_objects(tally.candidate_objects, counts["offload_objects"],
+                                                   tally.candidate_object_bytes, int(objects_total[1] or 0))
     if tripped:
         refs.unpersist()
         local_refs.unpersist()
@@ -614,18 +615,50 @@ def run_reconcile(
     report = build_report(orphans, run_id)
     store.append("orphan_report", report, ORPHAN_REPORT, commit_metadata={"run_id": run_id, "stage": "reconcile"})
     report_rows = [r.asDict() for r in report.orderBy(F.desc("reclaimable_bytes")).limit(20).collect()]
-    states = pending_delete_states(frames, refs, run_id).cache()
-    for row in states.groupBy("state").count().collect():
-        counts[f"pending_delete.{row['state']}"] = int(row["count"])
-    store.append("pending_delete_status", states, PENDING_DELETE_STATUS,
-                 commit_metadata={"run_id": run_id, "stage": "reconcile"})
-    states.unpersist()
+    if snapshot_counts.get("pending_deletes", 1):
+        states = pending_delete_states(frames, refs, run_id).cache()
+        for row in states.groupBy("state").count().collect():
+            counts[f"pending_delete.{row['state']}"] = int(row["count"])
+        store.append("pending_delete_status", states, PENDING_DELETE_STATUS,
+                     commit_metadata={"run_id": run_id, "stage": "reconcile"})
+        states.unpersist()
+    else:
+        # The snapshot read no pending delete (its count says so): nothing to join, and no Spark job for it.
+        store.append_rows("pending_delete_status", [], PENDING_DELETE_STATUS,
+                          commit_metadata={"run_id": run_id, "stage": "reconcile"})
     refs.unpersist()
     local_refs.unpersist()
     local_ids.unpersist()
     orphans.unpersist()
     return ReconcileResult(run_id, ReconcileCounts.from_row(counts), time.monotonic() - started, report_rows,
                            sharing_note)
+
+
+@dataclass(frozen=True)
+class OrphanTally:
+    """The orphan rows counted by status, by status and object type, and the candidates by reason, with the
+    candidate offloaded objects' count and bytes (for the object breaker)."""
+
+    counts: Mapping[str, int]
+    candidate_objects: int = 0
+    candidate_object_bytes: int = 0
+
+
+def orphan_tally(groups: Iterable[Mapping[str, Any]]) -> OrphanTally:
+    """From rows of (object_type, status, reason, rows, bytes): a pure function, so the counts the run reports are
+    tested without Spark."""
+    counts: dict[str, int] = {}
+    objects = object_bytes = 0
+    for group in groups:
+        status, kind, rows = group["status"], group["object_type"], int(group["rows"])
+        counts[status] = counts.get(status, 0) + rows
+        counts[f"{status}.{kind}"] = counts.get(f"{status}.{kind}", 0) + rows
+        if status == CANDIDATE:
+            counts[f"reason.{group['reason']}"] = counts.get(f"reason.{group['reason']}", 0) + rows
+            if kind == "offload_object":
+                objects += rows
+                object_bytes += int(group["bytes"] or 0)
+    return OrphanTally(counts, objects, object_bytes)
 
 
 def missing_reference_problem(missing: int, referenced: int, settings: SafetySettings) -> str | None:

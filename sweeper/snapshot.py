@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -72,6 +73,10 @@ TASK_BK, TASK_ML, TASK_SCHEMA = "bk", "ml", "schema"
 BATCH_ROWS = 10_000
 # Packed rows that are no table's: what each scan task read and how long its rate limit held it back.
 STAT_READS, STAT_WAIT_MS = "zk_reads", "zk_wait_ms"
+# Packed rows that are no table's either, and never counts: each distinct offload target (bucket, region,
+# endpoint) a scan task met in the managed ledgers' offload contexts, its payload the target as JSON; and the
+# listing slices that failed, which the listing tasks count as they write their quarantine rows.
+OFFLOAD_TARGET, STAT_LISTING_FAILED = "offload_target", "offload_listing_failed"
 
 
 @dataclass(frozen=True)
@@ -300,10 +305,36 @@ def zk_load(counts: SnapshotCounts) -> str:
             "limit " + (f"{limit:,} reads/s" if limit else "none") + f", {counts.zk_wait_ms / 1000:,.1f}s held back")
 
 
-def scan_sessions(spark: SparkSession, settings: SnapshotSettings, units: int) -> int:
-    """Scan partitions, each one ZooKeeper session per ensemble at a time: at most [scan] max_sessions."""
-    parallelism = settings.spark.scan_partitions or 4 * spark.sparkContext.defaultParallelism
-    return max(1, min(parallelism, units, settings.scan.max_sessions))
+# Znodes one scan session reads before another one pays for itself: a session (and its Spark task and Python
+# worker) costs about as much as reading this many, so a cluster of a few thousand znodes is one task and one
+# session, and a large one as many as the cores can use.
+ZNODES_PER_SESSION = 25_000
+
+
+def scan_sessions(spark: SparkSession, settings: SnapshotSettings, units: int, znodes: int | None = None) -> int:
+    """Scan partitions, each one ZooKeeper session per ensemble at a time: at most [scan] max_sessions, and no
+    more than the estimated `znodes` keep busy ([spark] scan_partitions, when set, decides alone)."""
+    return session_count(spark.sparkContext.defaultParallelism, settings.spark.scan_partitions,
+                         settings.scan.max_sessions, units, znodes)
+
+
+def session_count(parallelism: int, scan_partitions: int, max_sessions: int, units: int,
+                  znodes: int | None = None) -> int:
+    """scan_sessions' rule as a plain function: 4 per core, at most one per ZNODES_PER_SESSION estimated znodes,
+    never more than the units or [scan] max_sessions; [spark] scan_partitions replaces the first two."""
+    if scan_partitions:
+        return max(1, min(scan_partitions, units, max_sessions))
+    wanted = 4 * parallelism
+    if znodes is not None:
+        wanted = min(wanted, -(-znodes // ZNODES_PER_SESSION))
+    return max(1, min(wanted, units, max_sessions))
+
+
+def estimated_znodes(plan: SnapshotPlan) -> int:
+    """The znodes the scan will read, from what planning saw: the managed ledgers and schemas it counted, and
+    each ledger directory's children as its stat says (a full directory when the store gives no count)."""
+    return (sum(n for _, n in plan.pulsar.managed_ledger_domains) + sum(n for _, n in plan.pulsar.schema_namespaces)
+            + sum(plan.ledger_children))
 
 
 def _shard_payload(parent: str, shard: int, shards: int) -> str:
@@ -337,6 +368,30 @@ class SnapshotPlan:
     owner_rows: list[dict[str, Any]] = field(default_factory=list)
     owners_problem: str | None = None
     peers: list[PeerPlan] = field(default_factory=list)
+    ledger_children: list[int] = field(default_factory=list)  # per ledger unit, its leaves (an estimate)
+
+
+def _ledger_children(client: Any, root: str, units: list[str]) -> list[int]:
+    """Each ledger unit's leaf count: a flat unit names its leaves; a tree unit's directory stat counts them (one
+    pipelined read per unit). A store whose stat has no count is taken as full (a tree directory holds at most
+    10,000 leaves): more sessions than needed, never fewer."""
+    flat = [u for u in units if u.startswith(bk_scan.LEAVES_PREFIX)]
+    sizes = [u.count(",") + 1 for u in flat]
+    trees = [u for u in units if not u.startswith(bk_scan.LEAVES_PREFIX)]
+    try:
+        if hasattr(client, "exists_async"):  # kazoo: pipelined
+            pending = [client.exists_async(zkutil.join(root, u)) for u in trees]
+            stats = [r.get(timeout=30) for r in pending]
+        else:  # an Oxia store: its stat counts a directory's children too
+            stats = [client.exists(zkutil.join(root, u)) for u in trees]
+        return sizes + [int(getattr(stat, "numChildren", None) or LEAVES_PER_DIRECTORY) if stat else 0
+                        for stat in stats]
+    except Exception as exc:  # an estimate only: never a reason to fail the snapshot
+        log.debug("cannot size the ledger units: %s", exc)
+        return sizes + [LEAVES_PER_DIRECTORY] * len(trees)
+
+
+LEAVES_PER_DIRECTORY = 10_000
 
 
 def plan_tasks(settings: SnapshotSettings) -> SnapshotPlan:
@@ -352,6 +407,7 @@ def plan_tasks(settings: SnapshotSettings) -> SnapshotPlan:
         with _readable(root):
             ledger_plan = bk_scan.plan_ledger_units(
                 bk_client, root, driver_writes_layout=settings.bookkeeper.writes_layout_record)
+        ledger_children = _ledger_children(bk_client, root, ledger_plan.units)
         clock = probe_clock(bk_client, settings.safety.clock_probe_path)
     finally:
         zkutil.close(bk_client)
@@ -377,7 +433,8 @@ def plan_tasks(settings: SnapshotSettings) -> SnapshotPlan:
     tasks = [(TASK_BK, unit) for unit in ledger_plan.units] + _pulsar_tasks(pulsar_plan, settings.scan.chunk)
     return SnapshotPlan(tasks, ledger_plan, pulsar_plan, brokers, clock,
                         [namespace_policy_row(ns, data, version) for ns, (data, version) in sorted(contents.items())],
-                        owner_rows, owners_problem, [plan_peer(settings, peer) for peer in connections.peers])
+                        owner_rows, owners_problem, [plan_peer(settings, peer) for peer in connections.peers],
+                        ledger_children)
 
 
 def _pulsar_tasks(plan: pulsar_scan.PulsarScanPlan, chunk: int) -> list[tuple[str, str]]:
@@ -424,14 +481,61 @@ def namespace_policy_row(namespace: str, data: bytes, version: int) -> dict[str,
 
 
 def scan_dataframe(spark: SparkSession, settings: SnapshotSettings, target: ScanTarget,
-                   tasks: list[tuple[str, str]]) -> DataFrame:
-    partitions = scan_sessions(spark, settings, len(tasks))
+                   tasks: list[tuple[str, str]], partitions: int | None = None) -> DataFrame:
+    partitions = partitions or scan_sessions(spark, settings, len(tasks))
     # Deal units round-robin so big and small ones interleave; parallelize keeps that split
     # without a shuffle.
     dealt = [tasks[i::partitions] for i in range(partitions)]
     rdd = spark.sparkContext.parallelize([t for part in dealt for t in part], partitions)
     units = spark.createDataFrame(rdd, "kind string, payload string")
-    return units.mapInArrow(lambda batches: _scan_partition(target, batches), PACKED_SCHEMA)
+    return units.mapInArrow(lambda batches: _with_offload_targets(_scan_partition(target, batches)), PACKED_SCHEMA)
+
+
+def _with_offload_targets(packed: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A scan task's packed output as it is, then one OFFLOAD_TARGET row per distinct offload target in its
+    `ml_ledgers` rows: the driver learns which buckets to list from the scan's own totals, without a job that
+    unpacks every managed ledger's ledgers again."""
+    targets: set[tuple[str, str, str]] = set()
+    schema = None
+    for batch in packed:
+        schema = batch.schema
+        yield batch
+        kinds = batch.column("record_type").to_pylist()
+        for kind, payload in zip(kinds, batch.column("payload").to_pylist(), strict=True):
+            if kind != "ml_ledgers":
+                continue
+            with pa.ipc.open_stream(payload) as reader:
+                rows = reader.read_all().select(["offload_bucket", "offload_region", "offload_endpoint"])
+            for bucket, region, endpoint in zip(*(rows.column(i).to_pylist() for i in range(3)), strict=True):
+                if bucket is not None:
+                    targets.add((bucket, region or "", endpoint or ""))
+    if targets and schema is not None:
+        ordered = sorted(targets)
+        yield pa.RecordBatch.from_pydict(
+            {"record_type": [OFFLOAD_TARGET] * len(ordered), "rows": [1] * len(ordered),
+             "payload": [json.dumps(t).encode() for t in ordered]}, schema=schema)
+
+
+@dataclass
+class ScanTotals:
+    """What the packed output of a scan, listing or read holds: rows per table and per statistic, and the
+    offload targets its tasks met."""
+
+    counts: dict[str, int]
+    offload_targets: list[S3Target] = field(default_factory=list)
+
+
+def scan_totals(packed: DataFrame) -> ScanTotals:
+    """One job: rows per record type, and the offload targets' payloads (a handful of distinct values)."""
+    target = F.when(F.col("record_type") == OFFLOAD_TARGET, F.col("payload")).alias("target")
+    counts: dict[str, int] = {}
+    targets: set[tuple[str, str, str]] = set()
+    for row in packed.groupBy("record_type", target).agg(F.sum("rows").alias("rows")).collect():
+        if row["record_type"] == OFFLOAD_TARGET:
+            targets.add(tuple(json.loads(bytes(row["target"]))))
+        else:
+            counts[row["record_type"]] = counts.get(row["record_type"], 0) + int(row["rows"])
+    return ScanTotals(counts, [S3Target(*t) for t in sorted(targets)])
 
 
 class TablePacker:
@@ -483,16 +587,15 @@ def table_frame(scan: DataFrame, table: str) -> DataFrame:
 
 
 def _counts(packed: DataFrame) -> dict[str, int]:
-    return {r["record_type"]: int(r["rows"]) for r in packed.groupBy("record_type").agg(F.sum("rows").alias("rows"))
-            .collect()}
+    return scan_totals(packed).counts
 
 
-def offload_targets(scan: DataFrame, settings: SnapshotSettings) -> list[S3Target]:
-    """Buckets named in the managed ledgers' offload contexts, plus the configured extras."""
-    rows = (table_frame(scan, "ml_ledgers").where(F.col("offload_bucket").isNotNull())
-            .select("offload_bucket", "offload_region", "offload_endpoint").distinct().collect())
-    targets = {r["offload_bucket"]: S3Target(r["offload_bucket"], r["offload_region"] or "",
-                                             r["offload_endpoint"] or "") for r in rows}
+def offload_targets(found: Iterable[S3Target], settings: SnapshotSettings) -> list[S3Target]:
+    """Buckets named in the managed ledgers' offload contexts (as the scan tasks found them), plus the configured
+    extras."""
+    targets: dict[str, S3Target] = {}
+    for target in found:
+        targets.setdefault(target.bucket, target)
     for bucket in (b.strip() for b in settings.offload.extra_buckets.split(",")):
         if bucket and bucket not in targets:
             targets[bucket] = S3Target(bucket, settings.offload.region)
@@ -505,6 +608,7 @@ def _list_partition(batches: Iterator[pa.RecordBatch], endpoint_override: str, h
 
     packer = TablePacker(run_id, captured_at)
     clients: dict[tuple[str, str, str], Any] = {}
+    failed = 0
     for batch in batches:
         for item in batch.to_pylist():
             target = S3Target(item["bucket"], item["region"], item["endpoint"])
@@ -521,9 +625,13 @@ def _list_partition(batches: Iterator[pa.RecordBatch], endpoint_override: str, h
                 where = prefix or f"({start_after!r}, {stop_at!r})"
                 rows = [quarantine_row("offload", f"s3://{target.bucket}/{prefix}", LISTING_FAILED,
                                        f"cannot list bucket {target.bucket} slice {where}: {exc}")]
+                failed += 1
             for row in rows:
                 yield from packer.add(row)
     yield from packer.flush()
+    if failed:
+        yield pa.RecordBatch.from_pydict({"record_type": [STAT_LISTING_FAILED], "rows": [failed], "payload": [b""]},
+                                         schema=packer.packed)
 
 
 def offload_dataframe(spark: SparkSession, settings: SnapshotSettings, targets: list[S3Target], run_id: str,
@@ -655,7 +763,7 @@ def _snapshot(spark: SparkSession, store: TableStore, run_id: str, settings: Sna
     if skew:
         raise ClockSkewRefused(skew)
     tasks, ledger_plan = plan.tasks, plan.ledgers
-    sessions = scan_sessions(spark, settings, len(tasks))
+    sessions = scan_sessions(spark, settings, len(tasks), estimated_znodes(plan))
     connections = settings.connections
     target = ScanTarget(
         bookkeeper=connections.bookkeeper,
@@ -670,31 +778,32 @@ def _snapshot(spark: SparkSession, store: TableStore, run_id: str, settings: Sna
         # Every partition may run at once: each gets an equal share, so the sum never exceeds the limit.
         reads_per_task=settings.scan.reads_per_second / sessions,
     )
-    zk_scan = scan_dataframe(spark, settings, target, tasks).persist(StorageLevel.MEMORY_AND_DISK)
+    zk_scan = scan_dataframe(spark, settings, target, tasks, sessions).persist(StorageLevel.MEMORY_AND_DISK)
     scan = zk_scan
     try:
         t_scan = time.monotonic()
         try:
-            counts = _counts(zk_scan)
+            totals = scan_totals(zk_scan)
         except Exception as exc:
             failure = zookeeper_task_error(exc)
             if failure is None:
                 raise
             raise failure from exc
+        counts = totals.counts
         scan_s = time.monotonic() - t_scan
         # The load put on ZooKeeper, and the limits that bounded it, in the run's report.
         counts["scan_sessions"] = sessions
         counts["reads_per_second_limit"] = int(settings.scan.reads_per_second)
         counts["zk_reads_per_second"] = int(counts.get(STAT_READS, 0) / scan_s) if scan_s else 0
-        buckets = offload_targets(zk_scan, settings) if settings.offload.enabled else []
+        buckets = offload_targets(totals.offload_targets, settings) if settings.offload.enabled else []
         if buckets:
             listing = offload_dataframe(spark, settings, buckets, run_id, started).persist(StorageLevel.MEMORY_AND_DISK)
             listing_counts = _counts(listing)
+            failed_slices = listing_counts.pop(STAT_LISTING_FAILED, 0)
             for table, rows in listing_counts.items():
                 counts[table] = counts.get(table, 0) + rows
-            if listing_counts.get("quarantine"):
-                counts["quarantine.offload_listing"] = table_frame(listing, "quarantine").where(
-                    F.col("error_kind") == LISTING_FAILED).count()
+            if failed_slices:
+                counts["quarantine.offload_listing"] = failed_slices
             scan = zk_scan.unionByName(listing)
         if settings.system_topic.service_url and settings.system_topic.read_in_snapshot:
             partitions = topic_partitions(settings)

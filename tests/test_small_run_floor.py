@@ -1,0 +1,36 @@
+"""Issue 37: the work sized to the input, as plain functions (no Spark): how many scan sessions a cluster gets,
+and the reconcile's counts from its one aggregation."""
+
+from __future__ import annotations
+
+from sweeper.reconcile import CANDIDATE, orphan_tally
+from sweeper.snapshot import ZNODES_PER_SESSION, session_count
+
+
+def test_a_small_cluster_is_one_scan_session_and_a_large_one_uses_every_core() -> None:
+    assert session_count(2, 0, 8, units=17, znodes=1_497) == 1  # the README's sandbox
+    assert session_count(2, 0, 8, units=17, znodes=3 * ZNODES_PER_SESSION) == 3
+    assert session_count(2, 0, 8, units=400, znodes=1_250_000) == 8  # 4 per core
+    assert session_count(2, 0, 4, units=400, znodes=1_250_000) == 4  # [scan] max_sessions bounds the load
+    assert session_count(2, 0, 8, units=3, znodes=1_250_000) == 3  # never more than the units
+    assert session_count(2, 0, 8, units=17) == 8  # no estimate: as many as the cores can use
+    assert session_count(2, 6, 8, units=17, znodes=10) == 6  # [spark] scan_partitions decides alone
+    assert session_count(2, 0, 8, units=0, znodes=0) == 1
+
+
+def test_the_reconcile_counts_come_from_one_aggregation() -> None:
+    groups = [
+        {"object_type": "ledger", "status": CANDIDATE, "reason": "topic_deleted", "rows": 5, "bytes": 500},
+        {"object_type": "ledger", "status": CANDIDATE, "reason": "cursor_deleted", "rows": 2, "bytes": 20},
+        {"object_type": "offload_object", "status": CANDIDATE, "reason": "topic_deleted", "rows": 3, "bytes": 30},
+        {"object_type": "ledger", "status": "young", "reason": "topic_deleted", "rows": 4, "bytes": 40},
+        {"object_type": "offload_object", "status": "unknown", "reason": "bucket_unlisted", "rows": 1, "bytes": None},
+    ]
+    tally = orphan_tally(groups)
+    assert tally.counts == {
+        CANDIDATE: 10, f"{CANDIDATE}.ledger": 7, f"{CANDIDATE}.offload_object": 3,
+        "young": 4, "young.ledger": 4, "unknown": 1, "unknown.offload_object": 1,
+        "reason.topic_deleted": 8, "reason.cursor_deleted": 2,  # candidates only
+    }
+    assert (tally.candidate_objects, tally.candidate_object_bytes) == (3, 30)
+    assert orphan_tally([]).counts == {}
