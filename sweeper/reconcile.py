@@ -527,6 +527,14 @@ def build_report(orphans: DataFrame, run_id: str) -> DataFrame:
     )
 
 
+def _few_rows(store: TableStore, table: str, where: Mapping[str, Any], columns: list[str]) -> list[dict[str, Any]]:
+    """A run's few rows of a snapshot table, on the driver; none when a store written by an earlier version has no
+    such table yet (as `run_frames` reads it)."""
+    if not store.exists(table):
+        return []
+    return store.read_arrow(table, where=where, columns=columns).to_pylist()
+
+
 def check_snapshot_run(store: TableStore, run_id: str) -> dict[str, int]:
     """The run's snapshot must have succeeded, be complete, and not be reconciled already.
 
@@ -554,9 +562,11 @@ def run_reconcile(
     snapshot_counts = check_snapshot_run(store, run_id)
     frames = snapshot_frames(store, run_id)
     peers = frames["peer_references"]
-    # Peer status rows and namespaces are few: read on the driver.
-    peer_notes = [r.asDict() for r in peers.where(F.col("kind").isin(PEER_READ, PEER_UNREAD, PEER_NAMESPACE))
-                  .select("cluster", "kind", "owner", "referrer").collect()]
+    # Peer status rows and namespaces are few: read on the driver (from the table's files, not by a Spark job, where
+    # the engine can).
+    peer_notes = _few_rows(store, "peer_references", {"run_id": run_id, "kind": [PEER_READ, PEER_UNREAD,
+                                                                                 PEER_NAMESPACE]},
+                           ["cluster", "kind", "owner", "referrer"])
     sharing, sharing_note = sharing_state(settings, peer_notes)
     peer_namespaces = frozenset(p["owner"] for p in peer_notes if p["kind"] == PEER_NAMESPACE)
     local_refs = references(frames).cache()
@@ -576,7 +586,7 @@ def run_reconcile(
         captured = bk_totals["captured"] if bk_totals else None
         now_ms = int(captured.timestamp() * 1000) if captured else int(time.time() * 1000)
     # Namespaces are few (thousands at most): a set on the driver, shipped with the classifier.
-    known = frozenset(r["namespace"] for r in frames["namespaces"].select("namespace").distinct().collect())
+    known = frozenset(r["namespace"] for r in _few_rows(store, "namespaces", {"run_id": run_id}, ["namespace"]))
     classified = facts.mapInArrow(
         lambda b: _classify_partition(b, run_id, now_ms, settings, known, sharing, peer_namespaces), ORPHANS)
     objects = _object_facts_frame(frames).mapInArrow(lambda b: _classify_objects(b, run_id, now_ms, settings),
@@ -614,7 +624,10 @@ def run_reconcile(
     store.append("orphans", orphans, ORPHANS, commit_metadata={"run_id": run_id, "stage": "reconcile"})
     report = build_report(orphans, run_id)
     store.append("orphan_report", report, ORPHAN_REPORT, commit_metadata={"run_id": run_id, "stage": "reconcile"})
-    report_rows = [r.asDict() for r in report.orderBy(F.desc("reclaimable_bytes")).limit(20).collect()]
+    # The worst topics, from the rows just committed (one per topic with candidates), read back on the driver where
+    # the engine can: the aggregation is not run a second time.
+    report_rows = (store.read_arrow("orphan_report", where={"run_id": run_id})
+                   .sort_by([("reclaimable_bytes", "descending")]).slice(0, 20).to_pylist())
     if snapshot_counts.get("pending_deletes", 1):
         states = pending_delete_states(frames, refs, run_id).cache()
         for row in states.groupBy("state").count().collect():

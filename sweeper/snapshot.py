@@ -12,6 +12,7 @@ import dataclasses
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -495,7 +496,7 @@ def _with_offload_targets(packed: Iterator[pa.RecordBatch]) -> Iterator[pa.Recor
     """A scan task's packed output as it is, then one OFFLOAD_TARGET row per distinct offload target in its
     `ml_ledgers` rows: the driver learns which buckets to list from the scan's own totals, without a job that
     unpacks every managed ledger's ledgers again."""
-    targets: set[tuple[str, str, str]] = set()
+    targets: Counter[tuple[str, str, str]] = Counter()
     schema = None
     for batch in packed:
         schema = batch.schema
@@ -508,11 +509,11 @@ def _with_offload_targets(packed: Iterator[pa.RecordBatch]) -> Iterator[pa.Recor
                 rows = reader.read_all().select(["offload_bucket", "offload_region", "offload_endpoint"])
             for bucket, region, endpoint in zip(*(rows.column(i).to_pylist() for i in range(3)), strict=True):
                 if bucket is not None:
-                    targets.add((bucket, region or "", endpoint or ""))
+                    targets[(bucket, region or "", endpoint or "")] += 1
     if targets and schema is not None:
         ordered = sorted(targets)
         yield pa.RecordBatch.from_pydict(
-            {"record_type": [OFFLOAD_TARGET] * len(ordered), "rows": [1] * len(ordered),
+            {"record_type": [OFFLOAD_TARGET] * len(ordered), "rows": [targets[t] for t in ordered],
              "payload": [json.dumps(t).encode() for t in ordered]}, schema=schema)
 
 
@@ -523,6 +524,7 @@ class ScanTotals:
 
     counts: dict[str, int]
     offload_targets: list[S3Target] = field(default_factory=list)
+    offloaded_ledgers: int = 0  # the ledgers the managed ledgers list as offloaded to those targets
 
 
 def scan_totals(packed: DataFrame) -> ScanTotals:
@@ -530,12 +532,30 @@ def scan_totals(packed: DataFrame) -> ScanTotals:
     target = F.when(F.col("record_type") == OFFLOAD_TARGET, F.col("payload")).alias("target")
     counts: dict[str, int] = {}
     targets: set[tuple[str, str, str]] = set()
+    offloaded = 0
     for row in packed.groupBy("record_type", target).agg(F.sum("rows").alias("rows")).collect():
         if row["record_type"] == OFFLOAD_TARGET:
             targets.add(tuple(json.loads(bytes(row["target"]))))
+            offloaded += int(row["rows"])
         else:
             counts[row["record_type"]] = counts.get(row["record_type"], 0) + int(row["rows"])
-    return ScanTotals(counts, [S3Target(*t) for t in sorted(targets)])
+    return ScanTotals(counts, [S3Target(*t) for t in sorted(targets)], offloaded)
+
+
+# Offloaded objects one listing task handles before another pays for itself (a task imports boto3 and makes a
+# client per bucket); with `head_metadata` each object costs a HEAD, so far fewer.
+OBJECTS_PER_LISTING_TASK, OBJECTS_PER_HEAD_TASK = 100_000, 2_000
+
+
+def listing_tasks(parallelism: int, units: int, offloaded_ledgers: int, head_metadata: bool,
+                  extra_buckets: bool) -> int:
+    """Listing partitions: as many as the cores can use, fewer when the contexts name few offloaded ledgers (two
+    objects each, data and index). A configured extra bucket is of unknown size: as many as the cores can use."""
+    wanted = 4 * parallelism
+    if not extra_buckets:
+        per_task = OBJECTS_PER_HEAD_TASK if head_metadata else OBJECTS_PER_LISTING_TASK
+        wanted = min(wanted, -(-2 * offloaded_ledgers // per_task))
+    return max(1, min(wanted, units))
 
 
 class TablePacker:
@@ -635,13 +655,17 @@ def _list_partition(batches: Iterator[pa.RecordBatch], endpoint_override: str, h
 
 
 def offload_dataframe(spark: SparkSession, settings: SnapshotSettings, targets: list[S3Target], run_id: str,
-                      captured_at: datetime) -> DataFrame:
+                      captured_at: datetime, offloaded_ledgers: int | None = None) -> DataFrame:
     units = [(t.bucket, t.region, t.endpoint, slot, prefix, start_after, stop_at)
              for t in targets for slot, (prefix, start_after, stop_at) in enumerate(listing_units())]
+    extra = offloaded_ledgers is None or any(b.strip() for b in settings.offload.extra_buckets.split(","))
+    tasks = listing_tasks(spark.sparkContext.defaultParallelism, len(units), offloaded_ledgers or 0,
+                          settings.offload.head_metadata, extra)
+    # Dealt round-robin, so each task gets slices of every bucket, and no shuffle to split them.
+    dealt = [unit for part in range(tasks) for unit in units[part::tasks]]
     frame = spark.createDataFrame(
-        units, "bucket string, region string, endpoint string, slot int, prefix string, start_after string, "
-               "stop_at string")
-    frame = frame.repartition(min(len(units), 4 * spark.sparkContext.defaultParallelism))
+        spark.sparkContext.parallelize(dealt, tasks),
+        "bucket string, region string, endpoint string, slot int, prefix string, start_after string, stop_at string")
     override, head = settings.offload.endpoint_override, settings.offload.head_metadata
     return frame.mapInArrow(lambda b: _list_partition(b, override, head, run_id, captured_at), PACKED_SCHEMA)
 
@@ -797,7 +821,8 @@ def _snapshot(spark: SparkSession, store: TableStore, run_id: str, settings: Sna
         counts["zk_reads_per_second"] = int(counts.get(STAT_READS, 0) / scan_s) if scan_s else 0
         buckets = offload_targets(totals.offload_targets, settings) if settings.offload.enabled else []
         if buckets:
-            listing = offload_dataframe(spark, settings, buckets, run_id, started).persist(StorageLevel.MEMORY_AND_DISK)
+            listing = offload_dataframe(spark, settings, buckets, run_id, started,
+                                        totals.offloaded_ledgers).persist(StorageLevel.MEMORY_AND_DISK)
             listing_counts = _counts(listing)
             failed_slices = listing_counts.pop(STAT_LISTING_FAILED, 0)
             for table, rows in listing_counts.items():

@@ -34,3 +34,14 @@ def test_the_reconcile_counts_come_from_one_aggregation() -> None:
     }
     assert (tally.candidate_objects, tally.candidate_object_bytes) == (3, 30)
     assert orphan_tally([]).counts == {}
+
+
+def test_a_few_offloaded_ledgers_are_listed_by_one_task_and_an_unknown_bucket_by_every_core() -> None:
+    from sweeper.snapshot import OBJECTS_PER_HEAD_TASK, listing_tasks
+
+    assert listing_tasks(2, units=76, offloaded_ledgers=70, head_metadata=True, extra_buckets=False) == 1
+    assert listing_tasks(2, units=76, offloaded_ledgers=3 * OBJECTS_PER_HEAD_TASK, head_metadata=True,
+                         extra_buckets=False) == 6
+    assert listing_tasks(2, units=76, offloaded_ledgers=10**6, head_metadata=False, extra_buckets=False) == 8
+    assert listing_tasks(2, units=76, offloaded_ledgers=0, head_metadata=True, extra_buckets=True) == 8
+    assert listing_tasks(2, units=3, offloaded_ledgers=10**6, head_metadata=True, extra_buckets=False) == 3
