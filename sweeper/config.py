@@ -99,7 +99,7 @@ class TablesConfig:
 @dataclass(frozen=True)
 class SparkConfig:
     master: str = ""  # empty: local[*], or whatever spark-submit set
-    scan_partitions: int = 0  # 0: 4 x default parallelism
+    scan_partitions: int = 0  # 0: one per 25,000 znodes planning saw, at most 4 x default parallelism
     app_name: str = "ledger-sweeper"
 
 
