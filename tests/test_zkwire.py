@@ -245,3 +245,19 @@ def test_server_without_multi_read_fails_clearly(
             list(reader.get_many(["/x"] * 12))
         with pytest.raises(ZooKeeperUnavailableError):
             list(reader.get_many(["/x"]))
+
+
+def test_a_paced_reader_is_charged_for_the_reads_it_sends_not_for_the_room_a_send_had(
+        zk: KazooClient, zk_target: ZkTarget) -> None:
+    """Issue 37: each short listing (a few reads) used to take a whole slice of the rate from the bucket (400 tokens
+    at 20,000/s), so a small cluster's scan slept most of its time. Twenty listings of three reads take 60 tokens."""
+    from sweeper.ratelimit import TokenBucket
+
+    for name in ("a", "b", "c"):
+        zk.create(f"/paced/{name}", makepath=True)
+    limiter = TokenBucket(20_000)
+    with WireReader(zk_target.hosts, multi_read=1, limiter=limiter) as reader:
+        for _ in range(20):
+            assert len(list(reader.children_many(["/paced/a", "/paced/b", "/paced/c"]))) == 3
+    assert limiter.acquired == 60
+    assert limiter.waited_s < 0.05

@@ -326,10 +326,17 @@ class WireReader:
             if not exhausted and pending <= refill_at:
                 count = window - pending
                 if self.limiter is not None:
-                    # Paced sends: at most a short slice of the rate at a time, whole requests only.
+                    # Paced sends: at most a short slice of the rate at a time, whole requests only, charged for
+                    # the reads the send carries. (Charging the slice's room made every short listing, a few
+                    # reads, wait out a whole slice: a small cluster's scan slept most of its time.)
                     count = min(count, max(per_request, self.limiter.slice(per_request)))
-                    self.limiter.acquire(count)
-                sent, exhausted = self._send_reads(source, count, opcode, in_flight, per_request)
+                    batch = list(itertools.islice(source, count))
+                    if batch:
+                        self.limiter.acquire(len(batch))
+                    sent, _ = self._send_reads(iter(batch), len(batch), opcode, in_flight, per_request)
+                    exhausted = len(batch) < count
+                else:
+                    sent, exhausted = self._send_reads(source, count, opcode, in_flight, per_request)
                 pending += sent
             if not in_flight:
                 return
