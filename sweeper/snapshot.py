@@ -215,8 +215,13 @@ def _scan_partition(target: ScanTarget, batches: Iterator[pa.RecordBatch]) -> It
     if not tasks:
         return
     readers: dict[MetadataEndpoint, ScanReader] = {}
-    # One budget for the task, whichever ensemble its reads go to.
-    limiter = TokenBucket(target.reads_per_task) if target.reads_per_task > 0 else None
+    # One budget for the task, whichever ensemble its reads go to. It banks one whole send: a send takes a
+    # multiRead request's worth of tokens (100) at once, while the bucket's default bank is 20 ms of the rate (50
+    # at the default share of 2,500/s), so a task whose own work for a send took over 20 ms waited a further 20 ms
+    # on top and stayed below its limit (1,667/s at 40 ms a send). The rate, the limit itself, is unchanged.
+    rate = target.reads_per_task
+    limiter = (TokenBucket(rate, burst=max(1.0, rate * TokenBucket.SLICE_S, float(target.multi_read)))
+               if rate > 0 else None)
 
     def client(endpoint: MetadataEndpoint) -> zkutil.ZnodeReader:
         if endpoint not in readers:
