@@ -9,7 +9,9 @@ Every znode starts with `BookieMetadataFormatVersion\\t<n>\\n`. Then:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from google.protobuf import text_format
 from google.protobuf.message import DecodeError
@@ -148,7 +150,100 @@ def _decode_v3(data: bytes, pos: int) -> pb.LedgerMetadataFormat:
     return msg
 
 
+# The plain v2 text BookKeeper writes (Java's TextFormat.printToString): one `name: value` or `name {` or `}`
+# per line. protobuf's text parser is pure Python and costs ~1 ms a ledger, ~30% of a scan's decode time for
+# 5% of the ledgers; `_fast_v2` reads this shape ~20x faster and hands anything else to text_format.
+_V2_LINE = re.compile(r'\s*(?:(\w+): (?:(-?(?:0|[1-9][0-9]*))|([A-Za-z_]\w*)|"([^"\\]*)")|(\w+) \{|(\}))\s*')
+_INT32 = (-(2**31), 2**31 - 1)
+_INT64 = (-(2**63), 2**63 - 1)
+# Field -> (kind, range or enum names, repeated) per message; kinds: int, enum, str, bytes, msg.
+_V2_FIELDS: dict[str, dict[str, tuple[str, Any, bool]]] = {
+    "": {
+        "quorumSize": ("int", _INT32, False), "ensembleSize": ("int", _INT32, False),
+        "length": ("int", _INT64, False), "lastEntryId": ("int", _INT64, False),
+        "state": ("enum", frozenset(pb.LedgerMetadataFormat.State.keys()), False),
+        "segment": ("msg", None, True),
+        "digestType": ("enum", frozenset(pb.LedgerMetadataFormat.DigestType.keys()), False),
+        "password": ("bytes", None, False), "ackQuorumSize": ("int", _INT32, False),
+        "ctime": ("int", _INT64, False), "customMetadata": ("msg", None, True), "cToken": ("int", _INT64, False),
+    },
+    "segment": {"ensembleMember": ("str", None, True), "firstEntryId": ("int", _INT64, False)},
+    "customMetadata": {"key": ("str", None, False), "value": ("bytes", None, False)},
+}
+
+
+def _fast_v2(text: str) -> pb.LedgerMetadataFormat | None:
+    """The message of plain v2 text, exactly as text_format would build it; None for anything else (comments,
+    escapes, non-ASCII, other spellings, duplicate or unknown fields, bad values, missing required fields),
+    which text_format then parses or reports as before."""
+    if not text.isascii():
+        return None
+    top: dict[str, Any] = {}
+    current, block = top, ""  # the message being filled and its field name ("" for the top level)
+    children: dict[str, list[dict[str, Any]]] = {"segment": [], "customMetadata": []}
+    fields = _V2_FIELDS[""]
+    match = _V2_LINE.fullmatch
+    for line in text.split("\n"):
+        if not line or line.isspace():
+            continue
+        m = match(line)
+        if m is None:
+            return None
+        name, number, ident, string, opened, closed = m.groups()
+        if closed is not None:
+            if not block:
+                return None
+            current, block, fields = top, "", _V2_FIELDS[""]
+            continue
+        if opened is not None:
+            if block or opened not in children:
+                return None
+            current, block, fields = {}, opened, _V2_FIELDS[opened]
+            children[opened].append(current)
+            continue
+        spec = fields.get(name)
+        if spec is None:
+            return None
+        kind, limits, repeated = spec
+        if kind == "int":
+            if number is None:
+                return None
+            value: Any = int(number)
+            if not limits[0] <= value <= limits[1]:
+                return None
+        elif kind == "enum":
+            if ident is None or ident not in limits:
+                return None
+            value = ident
+        elif kind == "msg" or string is None:
+            return None
+        else:
+            value = string if kind == "str" else string.encode("ascii")
+        if repeated:
+            current.setdefault(name, []).append(value)
+        elif name in current:
+            return None  # text_format refuses a second value of a singular field
+        else:
+            current[name] = value
+    if block or not {"quorumSize", "ensembleSize", "length", "state"} <= top.keys():
+        return None
+    if any("firstEntryId" not in s for s in children["segment"]):
+        return None
+    msg = pb.LedgerMetadataFormat(**top)
+    for segment in children["segment"]:
+        msg.segment.add(**segment)
+    for entry in children["customMetadata"]:
+        msg.customMetadata.add(**entry)
+    return msg
+
+
 def _decode_v2(body: bytes) -> pb.LedgerMetadataFormat:
+    try:
+        fast = _fast_v2(body.decode("ascii"))
+    except UnicodeDecodeError:
+        fast = None
+    if fast is not None:
+        return fast
     msg = pb.LedgerMetadataFormat()
     try:
         text_format.Parse(body.decode("utf-8"), msg)
