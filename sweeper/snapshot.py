@@ -345,6 +345,21 @@ def session_count(parallelism: int, scan_partitions: int, max_sessions: int, uni
     return max(1, min(wanted, units, max_sessions))
 
 
+def concurrent_scan_tasks(spark: SparkSession, sessions: int) -> int:
+    """How many scan tasks can run at once: the task slots, when the cluster cannot grow or run a task twice; else
+    every session (dynamic allocation may add executors mid-scan, speculation may start a second copy of a task)."""
+    conf = spark.sparkContext.getConf()
+    may_grow = any(conf.get(key, "false").lower() == "true"
+                   for key in ("spark.dynamicAllocation.enabled", "spark.speculation"))
+    return share_divisor(sessions, spark.sparkContext.defaultParallelism, may_grow)
+
+
+def share_divisor(sessions: int, slots: int, may_grow: bool) -> int:
+    """The rate limit's divisor: on 2 cores only 2 of 8 sessions run at once, and an 8-way split held the scan
+    to a quarter of [scan] reads_per_second; tasks beyond the slots wait for one, so they never add load."""
+    return max(1, sessions if may_grow else min(sessions, slots))
+
+
 def estimated_znodes(plan: SnapshotPlan) -> int:
     """The znodes the scan will read, from what planning saw: the managed ledgers and schemas it counted, and
     each ledger directory's children as its stat says (a full directory when the store gives no count)."""
@@ -824,8 +839,8 @@ def _snapshot(spark: SparkSession, store: TableStore, run_id: str, settings: Sna
         multi_read=settings.scan.multi_read,
         run_id=run_id,
         captured_at=started,
-        # Every partition may run at once: each gets an equal share, so the sum never exceeds the limit.
-        reads_per_task=settings.scan.reads_per_second / sessions,
+        # Each task at once gets an equal share, so the sum never exceeds the limit.
+        reads_per_task=settings.scan.reads_per_second / concurrent_scan_tasks(spark, sessions),
     )
     zk_scan = scan_dataframe(spark, settings, target, tasks, sessions).persist(StorageLevel.MEMORY_AND_DISK)
     scan = zk_scan

@@ -45,3 +45,12 @@ def test_a_few_offloaded_ledgers_are_listed_by_one_task_and_an_unknown_bucket_by
     assert listing_tasks(2, units=76, offloaded_ledgers=10**6, head_metadata=False, extra_buckets=False) == 8
     assert listing_tasks(2, units=76, offloaded_ledgers=0, head_metadata=True, extra_buckets=True) == 8
     assert listing_tasks(2, units=3, offloaded_ledgers=10**6, head_metadata=True, extra_buckets=False) == 3
+
+
+def test_the_read_limit_is_shared_by_the_tasks_that_can_run_at_once() -> None:
+    from sweeper.snapshot import share_divisor
+
+    assert share_divisor(sessions=8, slots=2, may_grow=False) == 2  # local[2]: 2 of 8 run at once
+    assert share_divisor(sessions=8, slots=64, may_grow=False) == 8
+    assert share_divisor(sessions=8, slots=2, may_grow=True) == 8  # executors may be added, tasks re-run
+    assert share_divisor(sessions=1, slots=2, may_grow=False) == 1
