@@ -97,7 +97,7 @@ def main() -> None:
         cfg = SweeperConfig(pulsar=PulsarMetadataConfig(cluster_name="sandbox")).replace(
             bookkeeper={"zookeeper": server.connect_string, "session_timeout_s": 60.0},
             tables={"root": str(work / "tables"), "engine": "delta-rs"}, offload={"enabled": False},
-            safety={"max_orphan_fraction": 0.25},
+            safety={"max_orphan_fraction": 0.25, "bookkeeper_dedicated": True},  # as the sandbox's own config
             system_topic={"service_url": broker.service_url, "admin_url": broker.admin_url},
             delete={"max_deletes_per_run": 1_000_000, "deletes_per_second": 1e9},
             scan={"reads_per_second": 0.0})  # raw speed, as before the limit (bench_zk_impact.py measures it)
