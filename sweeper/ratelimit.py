@@ -31,6 +31,14 @@ class TokenBucket:
         self.acquired = 0  # tokens taken, for the run's report
         self.waited_s = 0.0  # time spent waiting for them
 
+    @classmethod
+    def for_requests(cls, rate: float, request: int) -> TokenBucket:
+        """A bucket for reads sent `request` at a time (a multiRead): it banks at least one whole request. With only
+        the default bank (20 ms of the rate: 50 reads at 2,500/s) a request of 100 waited a further 20 ms each time
+        the reader's own work took longer than that, and the reader stayed below its limit (1,667/s at 40 ms a
+        request). The rate, the limit itself, is unchanged."""
+        return cls(rate, burst=max(1.0, rate * cls.SLICE_S, float(request)))
+
     def slice(self, unit: int = 1) -> int:
         """How many tokens one send should take: about SLICE_S of the rate, in whole `unit`s (at least one)."""
         return max(unit, int(self.rate * self.SLICE_S) // unit * unit)

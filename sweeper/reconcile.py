@@ -543,8 +543,7 @@ def check_snapshot_run(store: TableStore, run_id: str) -> dict[str, int]:
     (an empty snapshot) counts too."""
     counts = runs.require(store, run_id, "snapshot", ReconcileRefused, f"no successful snapshot for run {run_id}")
     if runs.succeeded(store, run_id, "reconcile") is not None or (
-            store.exists("orphans") and store.read_arrow("orphans", where={"run_id": run_id},
-                                                          columns=["run_id"]).num_rows):
+            _few_rows(store, "orphans", {"run_id": run_id}, ["run_id"])):
         raise ReconcileRefused(f"run {run_id} is already reconciled (a run is reconciled once, with or without "
                                "--skip-gates): take a new snapshot for a new run")
     return counts

@@ -221,13 +221,9 @@ def _scan_partition(target: ScanTarget, batches: Iterator[pa.RecordBatch]) -> It
     if not tasks:
         return
     readers: dict[MetadataEndpoint, ScanReader] = {}
-    # One budget for the task, whichever ensemble its reads go to. It banks one whole send: a send takes a
-    # multiRead request's worth of tokens (100) at once, while the bucket's default bank is 20 ms of the rate (50
-    # at the default share of 2,500/s), so a task whose own work for a send took over 20 ms waited a further 20 ms
-    # on top and stayed below its limit (1,667/s at 40 ms a send). The rate, the limit itself, is unchanged.
+    # One budget for the task, whichever ensemble its reads go to, banking at least one whole multiRead request.
     rate = target.reads_per_task
-    limiter = (TokenBucket(rate, burst=max(1.0, rate * TokenBucket.SLICE_S, float(target.multi_read)))
-               if rate > 0 else None)
+    limiter = TokenBucket.for_requests(rate, target.multi_read) if rate > 0 else None
 
     def client(endpoint: MetadataEndpoint) -> zkutil.ZnodeReader:
         if endpoint not in readers:
@@ -401,6 +397,9 @@ class SnapshotPlan:
     ledger_children: list[int] = field(default_factory=list)  # per ledger unit, its leaves (an estimate)
 
 
+LEAVES_PER_DIRECTORY = 10_000  # a tree layout's leaf directory holds at most this many ledgers
+
+
 def _ledger_children(client: Any, root: str, units: list[str]) -> list[int]:
     """Each ledger unit's leaf count: a flat unit names its leaves; a tree unit's directory stat counts them (one
     pipelined read per unit). A store whose stat has no count is taken as full (a tree directory holds at most
@@ -414,14 +413,17 @@ def _ledger_children(client: Any, root: str, units: list[str]) -> list[int]:
             stats = [r.get(timeout=30) for r in pending]
         else:  # an Oxia store: its stat counts a directory's children too
             stats = [client.exists(zkutil.join(root, u)) for u in trees]
-        return sizes + [int(getattr(stat, "numChildren", None) or LEAVES_PER_DIRECTORY) if stat else 0
-                        for stat in stats]
+        return sizes + [_leaves(stat) for stat in stats]
     except Exception as exc:  # an estimate only: never a reason to fail the snapshot
         log.debug("cannot size the ledger units: %s", exc)
         return sizes + [LEAVES_PER_DIRECTORY] * len(trees)
 
 
-LEAVES_PER_DIRECTORY = 10_000
+def _leaves(stat: Any) -> int:
+    if stat is None:  # gone since planning listed it
+        return 0
+    children = getattr(stat, "numChildren", None)
+    return LEAVES_PER_DIRECTORY if children is None else int(children)
 
 
 def plan_tasks(settings: SnapshotSettings) -> SnapshotPlan:
@@ -518,32 +520,7 @@ def scan_dataframe(spark: SparkSession, settings: SnapshotSettings, target: Scan
     dealt = [tasks[i::partitions] for i in range(partitions)]
     rdd = spark.sparkContext.parallelize([t for part in dealt for t in part], partitions)
     units = spark.createDataFrame(rdd, "kind string, payload string")
-    return units.mapInArrow(lambda batches: _with_offload_targets(_scan_partition(target, batches)), PACKED_SCHEMA)
-
-
-def _with_offload_targets(packed: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """A scan task's packed output as it is, then one OFFLOAD_TARGET row per distinct offload target in its
-    `ml_ledgers` rows: the driver learns which buckets to list from the scan's own totals, without a job that
-    unpacks every managed ledger's ledgers again."""
-    targets: Counter[tuple[str, str, str]] = Counter()
-    schema = None
-    for batch in packed:
-        schema = batch.schema
-        yield batch
-        kinds = batch.column("record_type").to_pylist()
-        for kind, payload in zip(kinds, batch.column("payload").to_pylist(), strict=True):
-            if kind != "ml_ledgers":
-                continue
-            with pa.ipc.open_stream(payload) as reader:
-                rows = reader.read_all().select(["offload_bucket", "offload_region", "offload_endpoint"])
-            for bucket, region, endpoint in zip(*(rows.column(i).to_pylist() for i in range(3)), strict=True):
-                if bucket is not None:
-                    targets[(bucket, region or "", endpoint or "")] += 1
-    if targets and schema is not None:
-        ordered = sorted(targets)
-        yield pa.RecordBatch.from_pydict(
-            {"record_type": [OFFLOAD_TARGET] * len(ordered), "rows": [targets[t] for t in ordered],
-             "payload": [json.dumps(t).encode() for t in ordered]}, schema=schema)
+    return units.mapInArrow(lambda batches: _scan_partition(target, batches), PACKED_SCHEMA)
 
 
 @dataclass
@@ -597,6 +574,9 @@ class TablePacker:
         self.schemas = {t: to_arrow_schema(schema, timezone="UTC") for t, schema in SNAPSHOT_TABLES.items()}
         self.packed = to_arrow_schema(PACKED_SCHEMA)
         self.buffers: dict[str, list[dict[str, Any]]] = {t: [] for t in SNAPSHOT_TABLES}
+        # The offload targets (bucket, region, endpoint) the `ml_ledgers` rows name, with their ledgers: flushed as
+        # OFFLOAD_TARGET rows, so the driver learns which buckets to list from the scan's own totals.
+        self.offload_targets: Counter[tuple[str, str, str]] = Counter()
         # run_id and captured_at are the same in every row: one scalar each, repeated per batch, rather than a
         # value per row converted one by one (a timezone-aware datetime is one of the dearest to convert).
         self._constant = {t: {name: pa.scalar(value, type=schema.field(name).type)
@@ -606,6 +586,9 @@ class TablePacker:
 
     def add(self, row: dict[str, Any]) -> Iterator[pa.RecordBatch]:
         table = row.pop("record_type")
+        if table == "ml_ledgers" and row.get("offload_bucket") is not None:
+            self.offload_targets[(row["offload_bucket"], row.get("offload_region") or "",
+                                  row.get("offload_endpoint") or "")] += 1
         buffer = self.buffers[table]
         buffer.append(row)
         if len(buffer) >= self.batch_rows:
@@ -615,6 +598,12 @@ class TablePacker:
         for table, buffer in self.buffers.items():
             if buffer:
                 yield self._pack(table)
+        if self.offload_targets:
+            ordered = sorted(self.offload_targets)
+            yield pa.RecordBatch.from_pydict(
+                {"record_type": [OFFLOAD_TARGET] * len(ordered), "rows": [self.offload_targets[t] for t in ordered],
+                 "payload": [json.dumps(t).encode() for t in ordered]}, schema=self.packed)
+            self.offload_targets.clear()
 
     def _pack(self, table: str) -> pa.RecordBatch:
         rows, self.buffers[table] = self.buffers[table], []

@@ -54,3 +54,27 @@ def test_the_read_limit_is_shared_by_the_tasks_that_can_run_at_once() -> None:
     assert share_divisor(sessions=8, slots=64, may_grow=False) == 8
     assert share_divisor(sessions=8, slots=2, may_grow=True) == 8  # executors may be added, tasks re-run
     assert share_divisor(sessions=1, slots=2, may_grow=False) == 1
+
+
+def test_the_packer_reports_the_offload_targets_its_rows_name_and_an_empty_ledger_directory_is_empty() -> None:
+    import json
+    from datetime import UTC, datetime
+    from types import SimpleNamespace
+
+    from sweeper.snapshot import LEAVES_PER_DIRECTORY, OFFLOAD_TARGET, TablePacker, _leaves
+
+    packer = TablePacker("run-1", datetime.now(UTC))
+    for ledger, bucket in ((1, "b1"), (2, "b1"), (3, None), (4, "b2")):
+        list(packer.add({"record_type": "ml_ledgers", "managed_ledger": "t/ns/persistent/x", "ledger_id": ledger,
+                         "offload_bucket": bucket, "offload_region": "r" if bucket else None}))
+    targets = [b for b in packer.flush() if b.column("record_type")[0].as_py() == OFFLOAD_TARGET]
+    (batch,) = targets
+    assert [(tuple(json.loads(p)), n) for p, n in zip(batch.column("payload").to_pylist(),
+                                                     batch.column("rows").to_pylist(), strict=True)] == [
+        (("b1", "r", ""), 2), (("b2", "r", ""), 1)]
+    assert list(packer.flush()) == []  # reported once
+
+    assert _leaves(SimpleNamespace(numChildren=0)) == 0
+    assert _leaves(SimpleNamespace(numChildren=1_170)) == 1_170
+    assert _leaves(SimpleNamespace()) == LEAVES_PER_DIRECTORY  # a stat with no count: taken as full
+    assert _leaves(None) == 0

@@ -78,7 +78,7 @@ def check(endpoint: ZooKeeperEndpoint, payloads: Sequence[bytes], *,
           ledgers_root: str, layout: LedgerLayout, ml_root: str, schemas_root: str,
           shadows: Mapping[str, Sequence[str]], reads_per_second: float = 0.0, multi_read: int = 1) -> PermissionCheck:
     """Whether this session may do the run: one wire-protocol session (whoAmI, listings, getACL, pipelined)."""
-    limiter = TokenBucket(reads_per_second) if reads_per_second > 0 else None
+    limiter = TokenBucket.for_requests(reads_per_second, multi_read) if reads_per_second > 0 else None
     security = endpoint.security
     with endpoint.wire_reader(multi_read, limiter) as reader:
         try:
