@@ -266,14 +266,14 @@ def _offload_targets(store: TableStore, run_id: str) -> dict[str, tuple[str, str
     """bucket -> (region, endpoint) of the run's offload contexts (a handful of buckets)."""
     targets: dict[str, tuple[str, str]] = {}
     if store.exists("ml_ledgers"):
-        for r in (store.read("ml_ledgers").where((F.col("run_id") == run_id) & F.col("offload_bucket").isNotNull())
+        for r in (store.read("ml_ledgers", where={"run_id": run_id}).where(F.col("offload_bucket").isNotNull())
                   .select("offload_bucket", "offload_region", "offload_endpoint").distinct().collect()):
             targets[r["offload_bucket"]] = (r["offload_region"] or "", r["offload_endpoint"] or "")
     return targets
 
 
 def _candidates(store: TableStore, run_id: str) -> DataFrame:
-    return store.read("orphans").where((F.col("run_id") == run_id) & (F.col("status") == CANDIDATE)) \
+    return store.read("orphans", where={"run_id": run_id, "status": CANDIDATE}) \
         .select(*_ORPHAN_COLUMNS)
 
 
@@ -335,7 +335,7 @@ def check_reconciled(store: TableStore, run_id: str) -> None:
 def already_emitted(store: TableStore, run_id: str) -> set[str]:
     if not store.exists("emitted"):
         return set()
-    return {r["record_key"] for r in store.read("emitted").where(F.col("run_id") == run_id)
+    return {r["record_key"] for r in store.read("emitted", where={"run_id": run_id})
             .select("record_key").distinct().collect()}
 
 
@@ -415,7 +415,7 @@ def _emit_planned(spark: SparkSession, store: TableStore, run_id: str, planned: 
     counts["offload_records"] = records - counts["ledger_records"]
     todo = planned
     if store.exists("emitted"):
-        done = store.read("emitted").where(F.col("run_id") == run_id).select("record_key").distinct()
+        done = store.read("emitted", where={"run_id": run_id}).select("record_key").distinct()
         todo = planned.join(done, "record_key", "left_anti")
     # One Spark partition per producer slot (partition, slot): each task is exactly one producer.
     slots = sorted((r["topic_partition"], r["producer_slot"]) for r in

@@ -135,7 +135,7 @@ class _SparkRows:
 
     def __init__(self, store: TableStore, run_id: str) -> None:
         self.frames: dict[str, DataFrame] = {
-            table: store.read(table).where(F.col("run_id") == run_id).persist(StorageLevel.MEMORY_AND_DISK)
+            table: store.read(table, where={"run_id": run_id}).persist(StorageLevel.MEMORY_AND_DISK)
             for table in GATED if store.exists(table)}
 
     def has(self, table: str) -> bool:

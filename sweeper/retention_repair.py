@@ -385,7 +385,7 @@ def _planned_at(store: TableStore, plan_run_id: str) -> float | None:
     if started is not None:
         found.append(started.timestamp() if started.tzinfo else started.replace(tzinfo=UTC).timestamp())
     if store.exists("retention_debt"):
-        value = (store.read("retention_debt").where(F.col("run_id") == plan_run_id)
+        value = (store.read("retention_debt", where={"run_id": plan_run_id})
                  .agg(F.min(F.col("captured_at").cast("double")).alias("t")).collect()[0]["t"])
         if value is not None:
             found.append(float(value))
@@ -431,7 +431,7 @@ def run(spark: Any, store: TableStore, run_id: str, settings: RepairSettings, ad
                                        settings.plan_max_age_hours)
             if refusal:
                 raise RetentionRepairRefused(refusal)
-        rows = [r.asDict() for r in store.read("retention_debt").where(F.col("run_id") == plan_run_id).collect()]
+        rows = [r.asDict() for r in store.read("retention_debt", where={"run_id": plan_run_id}).collect()]
         plan = plan_actions(rows)
         connections = settings.connections
         if execute and admin is None:

@@ -8,6 +8,7 @@ jar fails the delta-spark cases with the message that names it.
 from __future__ import annotations
 
 import glob
+import json
 import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -346,6 +347,25 @@ def test_read_arrow_filters_on_the_driver(store: TableStore, spark: SparkSession
         store.read_arrow("nope")
 
 
+def test_read_with_a_condition_returns_the_matching_rows(store: TableStore, spark: SparkSession) -> None:
+    runs = {run: sample_rows(8, run_id=run, start=100 * i) for i, run in enumerate(["r1", "r2", "r3"])}
+    for rows in runs.values():
+        store.append("runs", frame(spark, rows, partitions=2), SCHEMA)
+    assert canon(spark_records(store.read("runs", where={"run_id": "r2"}))) == canon(runs["r2"])
+    ids = [runs["r1"][0]["id"], runs["r2"][1]["id"], runs["r3"][2]["id"], 5]
+    both = store.read("runs", where={"run_id": ["r1", "r3"], "id": ids})
+    assert canon(spark_records(both)) == canon([runs["r1"][0], runs["r3"][2]])
+    assert store.read("runs", where={"run_id": "missing"}).count() == 0
+    assert store.read("runs", where={"run_id": []}).count() == 0
+    assert store.read("runs", version=0, where={"run_id": "r2"}).count() == 0  # r2 came with version 1
+    # A long string column carries no usable statistics: its files are read and filtered, never skipped.
+    long_id = f"run-{'x' * 40}"
+    store.append("runs", frame(spark, sample_rows(3, run_id=long_id, start=900), partitions=1), SCHEMA)
+    assert store.read("runs", where={"run_id": long_id}).count() == 3
+    assert sorted(store.run_frames({"runs": SCHEMA, "absent": SCHEMA}, "r3")["runs"]
+                  .select("id").toPandas()["id"]) == [r["id"] for r in runs["r3"]]
+
+
 def test_aggregate_arrow_groups_on_the_engine(store: TableStore, spark: SparkSession) -> None:
     rows = sample_rows(40) + sample_rows(10, run_id="r2", start=100)
     for i, row in enumerate(rows):
@@ -411,6 +431,73 @@ def test_delta_rs_file_statistics_allow_pruning(spark: SparkSession, tmp_path: P
     assert table.count() == 1_000
     # captured_at grows with id (about 1 s per id): only the last file can hold > 900 s.
     assert len(table.file_uris(file_pruning_predicate=[("captured_at", ">", EPOCH + timedelta(seconds=900))])) == 1
+
+
+def test_delta_rs_reads_only_the_files_that_may_hold_the_condition(spark: SparkSession, tmp_path: Path) -> None:
+    store = DeltaRsTableStore(str(tmp_path / "tables"), spark)
+    for run in ("r1", "r2", "r3", "r4"):
+        store.append("runs", frame(spark, sample_rows(6, run_id=run), partitions=2), SCHEMA)
+    everything = store.read("runs").inputFiles()
+    assert len(everything) == 8
+    one_run = store.read("runs", where={"run_id": "r3"}).inputFiles()
+    assert len(one_run) == 2 and set(one_run) < set(everything)
+    assert len(store.read("runs", where={"run_id": ["r1", "r2"]}).inputFiles()) == 4  # r1..r2: one range
+    assert store.read("runs", where={"run_id": "r9"}).inputFiles() == []
+    # The driver reader skips the same files: a run's rows are read, the other runs' files are not opened.
+    for path in set(everything) - set(one_run):
+        os.remove(path.removeprefix("file:"))
+    assert store.read_arrow("runs", {"run_id": "r3"}).num_rows == 6
+    assert store.read("runs", where={"run_id": "r3"}).count() == 6
+
+
+def test_file_statistics_leave_a_file_out_only_when_they_prove_it_holds_no_match() -> None:
+    import pyarrow as pa
+
+    from sweeper.tables.delta_rs import _files_that_may_match
+
+    long = "y" * 40
+    actions = pa.table({
+        "path": ["a", "b", "c", "d", "e"],
+        "min.run": ["r1", "r3", None, "r1", "r0"], "max.run": ["r2", "r4", None, long, "r0"],
+        "min.id": pa.array([0, 10, 20, None, 5], pa.int64()), "max.id": pa.array([9, 19, 29, None, 5], pa.int64()),
+        "min.at": pa.array([0, 0, 0, 0, 0], pa.timestamp("us", tz="UTC")),
+        "max.at": pa.array([0, 0, 0, 0, 0], pa.timestamp("us", tz="UTC")),
+    })
+
+    def kept(where: dict[str, Any]) -> list[str]:
+        return actions.filter(_files_that_may_match(actions, where)).column("path").to_pylist()
+
+    assert kept({}) == ["a", "b", "c", "d", "e"]
+    assert kept({"run": "r3"}) == ["b", "c", "d"]  # c: no statistics; d: a max too long to trust
+    assert kept({"run": ["r0", "r2"]}) == ["a", "c", "d", "e"]
+    assert kept({"run": "r3", "id": 15}) == ["b", "d"]  # c: its ids rule it out
+    assert kept({"id": 25}) == ["c", "d"]
+    assert kept({"id": 2**70}) == ["a", "b", "c", "d", "e"]  # a value the column cannot hold: not decided here
+    assert kept({"id": True}) == ["a", "b", "c", "d", "e"]  # not an integer condition
+    assert kept({"at": datetime(2020, 1, 1, tzinfo=UTC)}) == ["a", "b", "c", "d", "e"]  # only strings, integers
+    assert kept({"missing": "x"}) == ["a", "b", "c", "d", "e"]
+    assert kept({"run": None}) == ["a", "b", "c", "d", "e"]
+
+
+def test_delta_rs_checkpoints_every_ten_commits(spark: SparkSession, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    store = DeltaRsTableStore(str(tmp_path / "tables"), spark)
+    log_dir = Path(store.path("runs")) / "_delta_log"
+    for i in range(10):
+        store.append_rows("runs", sample_rows(1, run_id=f"r{i}", start=i), SCHEMA)
+    assert not (log_dir / "_last_checkpoint").exists()  # versions 0-9: nothing due yet
+    store.append_rows("runs", sample_rows(1, run_id="r10", start=10), SCHEMA)
+    assert json.loads((log_dir / "_last_checkpoint").read_text())["version"] == 10
+    assert DeltaTable(store.path("runs")).version() == 10 and store.read("runs").count() == 11
+    assert len(store.history("runs")) == 11  # the commits stay: they are the table's audit trail
+
+    def broken(self: DeltaTable) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(DeltaTable, "create_checkpoint", broken)
+    for i in range(11, 21):
+        store.append_rows("runs", sample_rows(1, run_id=f"r{i}", start=i), SCHEMA)  # a missed checkpoint is no error
+    assert store.read("runs", where={"run_id": "r20"}).count() == 1
 
 
 def test_engine_selection(spark: SparkSession, tmp_path: Path) -> None:

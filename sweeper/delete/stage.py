@@ -234,13 +234,13 @@ def load_inputs(store: TableStore, run_id: str, now: datetime,
     picked: list[PendingRecord] = []
     pending = 0
     if store.exists("emitted"):
-        emitted = (store.read("emitted").where(F.col("run_id") == run_id).select("record_key", "payload")
+        emitted = (store.read("emitted", where={"run_id": run_id}).select("record_key", "payload")
                    .dropDuplicates(["record_key"]))
         counts["emitted"] = emitted.count()
         todo = emitted
         if store.exists("delete_results"):
-            final = store.read("delete_results").where(
-                (F.col("run_id") == run_id) & (F.col("outcome") != FAILED) & ~F.col("dry_run")).select("record_key")
+            final = store.read("delete_results", where={"run_id": run_id}).where(
+                (F.col("outcome") != FAILED) & ~F.col("dry_run")).select("record_key")
             counts["already_final"] = emitted.join(final, "record_key", "left_semi").count()
             todo = todo.join(final, "record_key", "left_anti")
         if queue:  # the queue governs records that failed before
@@ -533,9 +533,8 @@ def _buckets(store: TableStore, settings: DeleteSettings, run_id: str | None) ->
     """Buckets named by the offload contexts of the run's snapshot (or the latest), plus the configured extras."""
     found: dict[str, tuple[str, str, str]] = {}
     if store.exists("ml_ledgers"):
-        frame = store.read("ml_ledgers").where(F.col("offload_bucket").isNotNull())
-        if run_id is not None:
-            frame = frame.where(F.col("run_id") == run_id)
+        frame = store.read("ml_ledgers", where=None if run_id is None else {"run_id": run_id}).where(
+            F.col("offload_bucket").isNotNull())
         for r in frame.select("offload_bucket", "offload_region", "offload_endpoint").distinct().collect():
             found[r["offload_bucket"]] = (r["offload_bucket"], r["offload_region"] or "", r["offload_endpoint"] or "")
     for bucket in (b.strip() for b in settings.offload.extra_buckets.split(",")):

@@ -138,6 +138,15 @@ def is_value_list(value: Any) -> bool:
     return isinstance(value, list | tuple | set | frozenset)
 
 
+def filtered(df: DataFrame, where: Mapping[str, Any] | None) -> DataFrame:
+    """`df`'s rows matching `where` (as in TableStore.read_arrow) as a Spark filter."""
+    from pyspark.sql import functions as F
+
+    for column, value in (where or {}).items():
+        df = df.where(F.col(column).isin(list(value)) if is_value_list(value) else F.col(column) == value)
+    return df
+
+
 _SCALAR_TYPES = frozenset({str, int, float, bool, bytes, type(None), datetime})
 
 
@@ -290,18 +299,19 @@ class TableStore(ABC):
         plus sweeper.commit_id/table/engine), engine_info."""
 
     @abstractmethod
-    def read(self, name: str, version: int | None = None) -> DataFrame:
-        """The table (or an earlier version of it) as a Spark DataFrame."""
+    def read(self, name: str, version: int | None = None, where: Mapping[str, Any] | None = None) -> DataFrame:
+        """The table (or an earlier version of it) as a Spark DataFrame; with `where` (as in read_arrow), only the
+        rows matching it. Give the condition here rather than filtering the frame: an engine that knows which
+        files can hold such rows hands Spark only those (a table of a run a day holds a year of runs)."""
 
     def run_frames(self, tables: Mapping[str, StructType], run_id: str) -> dict[str, DataFrame]:
         """Each table's rows of one run. A table a store written by an earlier version does not have yet reads as
         empty, in its schema, so a stage reading a run's tables need not know which version wrote them."""
         from concurrent.futures import ThreadPoolExecutor
 
-        from pyspark.sql import functions as F
 
         def frame(name: str, schema: StructType) -> DataFrame:
-            return (self.read(name).where(F.col("run_id") == run_id) if self.exists(name)
+            return (self.read(name, where={"run_id": run_id}) if self.exists(name)
                     else self.spark.createDataFrame([], schema))
 
         # A read is mostly the JVM resolving the table's files and schema, a round trip each: a dozen tables side
@@ -324,11 +334,7 @@ class TableStore(ABC):
         only, in that order (default: all). This default runs the filter as a Spark job; an engine that
         reads the table itself overrides it.
         """
-        from pyspark.sql import functions as F
-
-        df = self.read(name)
-        for column, value in (where or {}).items():
-            df = df.where(F.col(column).isin(list(value)) if is_value_list(value) else F.col(column) == value)
+        df = self.read(name, where=where)
         return df.select(*(columns or df.columns)).toArrow()
 
     AGGREGATES: ClassVar[frozenset[str]] = frozenset({"min", "max", "sum", "count"})
@@ -344,9 +350,7 @@ class TableStore(ABC):
         from pyspark.sql import functions as F
 
         check_aggregates(aggregates, self.AGGREGATES)
-        df = self.read(name)
-        for column, value in (where or {}).items():
-            df = df.where(F.col(column).isin(list(value)) if is_value_list(value) else F.col(column) == value)
+        df = self.read(name, where=where)
         functions = {"min": F.min, "max": F.max, "sum": F.sum, "count": F.count}
         columns = [functions[fn](column).alias(f"{column}_{fn}") for column, fn in aggregates]
         return df.groupBy(*keys).agg(*columns).toArrow()

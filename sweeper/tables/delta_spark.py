@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -35,6 +36,7 @@ from sweeper.tables.base import (
     CommitResult,
     TableNotFoundError,
     TableStore,
+    filtered,
     history_entry,
     parse_user_metadata,
 )
@@ -146,7 +148,7 @@ class DeltaSparkTableStore(TableStore):
             yield version, next((json.loads(line)["commitInfo"] for line in text.splitlines()
                                  if '"commitInfo"' in line), {})
 
-    def read(self, name: str, version: int | None = None) -> DataFrame:
+    def read(self, name: str, version: int | None = None, where: Mapping[str, Any] | None = None) -> DataFrame:
         latest = self.version(name)
         if latest is None:
             raise TableNotFoundError(f"no Delta table {name!r} at {self.path(name)}")
@@ -156,7 +158,8 @@ class DeltaSparkTableStore(TableStore):
                 raise TableNotFoundError(
                     f"Delta table {name!r} at {self.path(name)} has no version {version} (latest is {latest})")
             reader = reader.option("versionAsOf", version)
-        return reader.load(self.path(name))
+        # Delta-Spark skips the files whose statistics rule the condition out itself (data skipping).
+        return filtered(reader.load(self.path(name)), where)
 
     # ---- writing
 
