@@ -7,7 +7,9 @@ its own process, and the real `sweeper.pipeline.sweep(until="delete", execute=Tr
 snapshot, gates, reconcile, emit and delete in this process with a local[2] Spark session. It
 reports each stage's wall time and the peak resident memory of the sweeper's process tree (this
 process, the Spark JVM and its Python workers; not ZooKeeper or the endpoint, which stand in for
-the cluster) while the stage ran, and checks the outcome against the ground truth.
+the cluster) while the stage ran, and checks the outcome against the ground truth, by ledger id: the
+candidates, and the ledgers deleted, must each be exactly the ledgers the model says a correct sweeper deletes
+with this config (`SandboxCluster.deletable`); the bench prints every difference by cause and exits non-zero.
 
 Tiered storage is off here: moto's S3 server takes milliseconds per object and the model has
 ~200,000 offloaded objects at this size, so S3 is measured by the tests at small scale instead.
@@ -21,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,13 +33,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psutil
 
 import sweeper.pipeline as pipeline
-from harness.sandbox.model import SandboxSpec, Status, build_cluster
+from harness.sandbox.model import SandboxCluster, SandboxSpec, Status, build_cluster
 from harness.sandbox.pulsar import start_pulsar, stop_pulsar
 from harness.sandbox.seed import seed_zookeeper
 from harness.zkserver import free_port, start_zookeeper, stop_zookeeper
 from sweeper.config import PulsarMetadataConfig, SweeperConfig
 from sweeper.spark import get_spark
-from sweeper.tables import open_table_store
+from sweeper.tables import TableStore, open_table_store
 from sweeper.zk import client as zkutil
 
 
@@ -61,9 +64,9 @@ class TreeMemory:
         me = psutil.Process()
         total = me.memory_info().rss
         for child in me.children(recursive=True):
-            if child.pid in self.exclude or any(p.pid in self.exclude for p in child.parents()):
-                continue
-            with contextlib.suppress(psutil.Error):  # a worker that just exited
+            with contextlib.suppress(psutil.Error):  # a worker that just exited (its parents() too: it killed the
+                if child.pid in self.exclude or any(p.pid in self.exclude for p in child.parents()):  # sampler)
+                    continue
                 total += child.memory_info().rss
         return total
 
@@ -75,6 +78,40 @@ class TreeMemory:
             time.sleep(0.2)
 
 
+def check_outcome(store: TableStore, run_id: str, cluster: SandboxCluster, truth: set[int]) -> list[str]:
+    """The run's candidates and deleted ledgers against the ground truth, by id; each difference printed by cause
+    (the model's kind and status, the product's status and reason). Returns the problems (none: it matched)."""
+    planned = {r["ledger_id"]: r for r in store.read_arrow(
+        "orphans", where={"run_id": run_id, "object_type": "ledger"},
+        columns=["ledger_id", "status", "reason", "detail"]).to_pylist()}
+    candidates = {i for i, r in planned.items() if r["status"] == "candidate"}
+    deleted = {r["ledger_id"] for r in store.read_arrow(
+        "delete_results", where={"run_id": run_id, "outcome": "deleted", "ledger_type": "LEDGER"},
+        columns=["ledger_id"]).to_pylist()}
+    problems = []
+    for name, got in (("candidates", candidates), ("deleted", deleted)):
+        missed, beyond = sorted(truth - got), sorted(got - truth)
+        verdict = "== ground truth" if not (missed or beyond) else "!= ground truth"
+        print(f"{name}: {len(got):,} {verdict} ({len(truth):,}): {len(missed):,} missed, {len(beyond):,} beyond it")
+        causes: Counter[tuple[str, ...]] = Counter()
+        examples: dict[tuple[str, ...], int] = {}
+        for i in missed + beyond:
+            model, row = cluster.ledgers.get(i), planned.get(i)
+            cause = ("missed" if i in truth else "beyond",
+                     f"model {model.status.value}/{model.orphan_kind.value if model.orphan_kind else '-'}"
+                     if model else "not in the model",
+                     f"product {row['status']}/{row['reason']}" if row else "product: not unreferenced")
+            causes[cause] += 1
+            examples.setdefault(cause, i)
+        for cause, n in causes.most_common():
+            row = planned.get(examples[cause])
+            print(f"  {n:>7,}  {', '.join(cause)}  e.g. ledger {examples[cause]}"
+                  + (f": {row['detail']}" if row and row["detail"] else ""))
+        if missed or beyond:
+            problems.append(f"{name}: {len(missed):,} ground-truth orphans missed, {len(beyond):,} beyond the truth")
+    return problems
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--topics", type=int, default=100_000)
@@ -84,27 +121,37 @@ def main() -> None:
     server = start_zookeeper(work / "zk", heap="4g")
     broker = start_pulsar(work / "pulsar", free_port(), free_port(), register_zookeeper=server.connect_string)
     memory = TreeMemory({server.pid, broker.pid})
+    problems: list[str] = []
     try:
         t0 = time.monotonic()
         cluster = build_cluster(SandboxSpec(topics=args.topics, max_rollovers=args.max_rollovers))
         client = zkutil.connect(server.connect_string, timeout=60)
         seeded = seed_zookeeper(client, cluster)
         zkutil.close(client)
+        offload_enabled = False  # see the module docstring
         orphans = {i for i, x in cluster.ledgers.items() if x.status is Status.ORPHAN}
+        truth = cluster.deletable(offloads_verified=offload_enabled)
         print(f"sandbox: {len(cluster.ledgers):,} ledgers, {len(cluster.managed_ledgers):,} managed ledgers, "
-              f"{seeded.znodes:,} znodes seeded in {time.monotonic() - t0:.0f}s; {len(orphans):,} orphans")
+              f"{seeded.znodes:,} znodes seeded in {time.monotonic() - t0:.0f}s; {len(orphans):,} orphans, "
+              f"{len(truth):,} to delete with this config")
+        for why, n in Counter(cluster.kept(offloads_verified=offload_enabled).values()).most_common():
+            print(f"  kept: {n:,} orphans, {why}")
+        statuses = Counter(x.status for x in cluster.ledgers.values())
+        print("  never candidates: " + ", ".join(f"{statuses[s]:,} {s.value}" for s in (
+            Status.PROTECTED, Status.YOUNG_ORPHAN, Status.UNKNOWN, Status.NON_PULSAR)))
 
         cfg = SweeperConfig(pulsar=PulsarMetadataConfig(cluster_name="sandbox")).replace(
             bookkeeper={"zookeeper": server.connect_string, "session_timeout_s": 60.0},
-            tables={"root": str(work / "tables"), "engine": "delta-rs"}, offload={"enabled": False},
+            tables={"root": str(work / "tables"), "engine": "delta-rs"}, offload={"enabled": offload_enabled},
             safety={"max_orphan_fraction": 0.25, "bookkeeper_dedicated": True},  # as the sandbox's own config
             system_topic={"service_url": broker.service_url, "admin_url": broker.admin_url},
             delete={"max_deletes_per_run": 1_000_000, "deletes_per_second": 1e9},
             scan={"reads_per_second": 0.0})  # raw speed, as before the limit (bench_zk_impact.py measures it)
         spark = get_spark("bench-sweep", master="local[2]", conf={"spark.driver.memory": "6g"})
         store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
-        for name, stage in (("snapshot_stage", "snapshot"), ("reconcile_stage", "reconcile"), ("emit_stage", "emit"),
-                            ("delete_stage", "delete")):
+        for name, stage in (("snapshot_stage", "snapshot"), ("reconcile_stage", "reconcile"),
+                            ("retention_stage", "retention_debt"), ("emit_stage", "emit"), ("delete_stage", "delete"),
+                            ("reclaim_stage", "reclaim")):
             setattr(pipeline, name, memory.tagged(stage, getattr(pipeline, name)))
         memory.thread.start()
         t0 = time.monotonic()
@@ -120,11 +167,15 @@ def main() -> None:
         print(f"{'total':<10} {total:>8.1f} {memory.peaks.get('whole run', 0) / gib:>15.2f}")
         deleted = result.stages["delete"].get("deleted", 0)
         print(f"deleted {deleted:,} of {result.stages['reconcile'].get('candidate', 0):,} candidates; "
-              f"ground-truth orphans (grace passed): {len(orphans):,}")
+              f"ground truth: {len(truth):,} to delete")
+        problems = check_outcome(store, result.run_id, cluster, truth)
         spark.stop()
     finally:
         stop_pulsar(broker)
         stop_zookeeper(server)
+    if problems:
+        sys.exit("outcome != ground truth: " + "; ".join(problems))
+    print("outcome == ground truth: every ledger to delete was a candidate and was deleted, and nothing else")
 
 
 if __name__ == "__main__":
