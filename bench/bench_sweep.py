@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import sys
 import tempfile
 import threading
@@ -78,7 +79,14 @@ class TreeMemory:
             time.sleep(0.2)
 
 
-def check_outcome(store: TableStore, run_id: str, cluster: SandboxCluster, truth: set[int]) -> list[str]:
+def model_labels(cluster: SandboxCluster) -> dict[int, str]:
+    """`status/kind` of every ledger the model does not call in use: all the check needs of the model, so the
+    model itself (1.3 GiB of Python objects at 1M ledgers) is not held in this process while the sweep runs."""
+    return {i: f"{x.status.value}/{x.orphan_kind.value if x.orphan_kind else '-'}" for i, x in cluster.ledgers.items()
+            if x.status is not Status.IN_USE}
+
+
+def check_outcome(store: TableStore, run_id: str, labels: dict[int, str], truth: set[int]) -> list[str]:
     """The run's candidates and deleted ledgers against the ground truth, by id; each difference printed by cause
     (the model's kind and status, the product's status and reason). Returns the problems (none: it matched)."""
     planned = {r["ledger_id"]: r for r in store.read_arrow(
@@ -96,11 +104,10 @@ def check_outcome(store: TableStore, run_id: str, cluster: SandboxCluster, truth
         causes: Counter[tuple[str, ...]] = Counter()
         examples: dict[tuple[str, ...], int] = {}
         for i in missed + beyond:
-            model, row = cluster.ledgers.get(i), planned.get(i)
-            cause = ("missed" if i in truth else "beyond",
-                     f"model {model.status.value}/{model.orphan_kind.value if model.orphan_kind else '-'}"
-                     if model else "not in the model",
-                     f"product {row['status']}/{row['reason']}" if row else "product: not unreferenced")
+            row = planned.get(i)
+            cause = ("missed" if i in truth else "beyond", f"model {labels.get(i, 'in_use (or not in it)')}",
+                     f"product {row['status']}/{row['reason']}" if row
+                     else "product: no orphans row (referenced, or not in the snapshot)")
             causes[cause] += 1
             examples.setdefault(cause, i)
         for cause, n in causes.most_common():
@@ -116,6 +123,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--topics", type=int, default=100_000)
     parser.add_argument("--max-rollovers", type=int, default=16)
+    parser.add_argument("--keep-model", action="store_true",
+                        help="keep the whole sandbox model in this process during the sweep, as the bench did until "
+                             "issue 37 (its RSS then counts ~1.3 GiB of ground truth at 1M ledgers)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
     server = start_zookeeper(work / "zk", heap="4g")
@@ -139,6 +149,12 @@ def main() -> None:
         statuses = Counter(x.status for x in cluster.ledgers.values())
         print("  never candidates: " + ", ".join(f"{statuses[s]:,} {s.value}" for s in (
             Status.PROTECTED, Status.YOUNG_ORPHAN, Status.UNKNOWN, Status.NON_PULSAR)))
+        labels = model_labels(cluster)
+        kept_model = cluster if args.keep_model else None
+        del cluster, seeded
+        gc.collect()
+        print(f"  this process before the sweep: {psutil.Process().memory_info().rss / (1 << 30):.2f} GiB RSS "
+              f"({'model kept' if kept_model else 'model dropped, its labels of non-in-use ledgers kept'})")
 
         cfg = SweeperConfig(pulsar=PulsarMetadataConfig(cluster_name="sandbox")).replace(
             bookkeeper={"zookeeper": server.connect_string, "session_timeout_s": 60.0},
@@ -168,7 +184,8 @@ def main() -> None:
         deleted = result.stages["delete"].get("deleted", 0)
         print(f"deleted {deleted:,} of {result.stages['reconcile'].get('candidate', 0):,} candidates; "
               f"ground truth: {len(truth):,} to delete")
-        problems = check_outcome(store, result.run_id, cluster, truth)
+        problems = check_outcome(store, result.run_id, labels, truth)
+        del kept_model
         spark.stop()
     finally:
         stop_pulsar(broker)
