@@ -51,6 +51,7 @@ class TreeMemory:
         self.exclude = exclude
         self.stage = "setup"
         self.peaks: dict[str, int] = {}
+        self.parts: dict[str, dict[str, int]] = {}  # at each stage's peak: RSS by process kind
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -61,21 +62,27 @@ class TreeMemory:
             return fn(*args, **kwargs)
         return run
 
-    def _rss(self) -> int:
+    def _rss(self) -> dict[str, int]:
+        """RSS by kind: this process (the driver's Python), the Spark JVM, the Python workers, anything else."""
         me = psutil.Process()
-        total = me.memory_info().rss
+        parts = {"driver python": me.memory_info().rss, "jvm": 0, "python workers": 0, "other": 0}
         for child in me.children(recursive=True):
             with contextlib.suppress(psutil.Error):  # a worker that just exited (its parents() too: it killed the
                 if child.pid in self.exclude or any(p.pid in self.exclude for p in child.parents()):  # sampler)
                     continue
-                total += child.memory_info().rss
-        return total
+                name = child.name()
+                kind = "jvm" if name == "java" else "python workers" if name.startswith("python") else "other"
+                parts[kind] += child.memory_info().rss
+        return parts
 
     def _run(self) -> None:
         while not self.stop.is_set():
-            rss = self._rss()
-            self.peaks[self.stage] = max(self.peaks.get(self.stage, 0), rss)
-            self.peaks["whole run"] = max(self.peaks.get("whole run", 0), rss)
+            parts = self._rss()
+            rss = sum(parts.values())
+            for stage in (self.stage, "whole run"):
+                if rss > self.peaks.get(stage, 0):
+                    self.peaks[stage] = rss
+                    self.parts[stage] = parts
             time.sleep(0.2)
 
 
@@ -181,6 +188,9 @@ def main() -> None:
         for stage, counts in result.stages.items():
             print(f"{stage:<10} {counts['seconds']:>8.1f} {memory.peaks.get(stage, 0) / gib:>15.2f}")
         print(f"{'total':<10} {total:>8.1f} {memory.peaks.get('whole run', 0) / gib:>15.2f}")
+        print("at each peak, GiB: " + "; ".join(
+            f"{stage} " + ", ".join(f"{kind} {rss / gib:.2f}" for kind, rss in parts.items() if rss)
+            for stage, parts in memory.parts.items()))
         deleted = result.stages["delete"].get("deleted", 0)
         print(f"deleted {deleted:,} of {result.stages['reconcile'].get('candidate', 0):,} candidates; "
               f"ground truth: {len(truth):,} to delete")
