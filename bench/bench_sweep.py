@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
+import multiprocessing
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ import sweeper.pipeline as pipeline
 from harness.sandbox.model import SandboxCluster, SandboxSpec, Status, build_cluster
 from harness.sandbox.pulsar import start_pulsar, stop_pulsar
 from harness.sandbox.seed import seed_zookeeper
-from harness.zkserver import free_port, start_zookeeper, stop_zookeeper
+from harness.zkserver import ServerClock, free_port, start_zookeeper, stop_zookeeper
 from sweeper.config import PulsarMetadataConfig, SweeperConfig
 from sweeper.spark import get_spark
 from sweeper.tables import TableStore, open_table_store
@@ -102,7 +103,7 @@ def check_outcome(store: TableStore, run_id: str, labels: dict[int, str], truth:
     candidates = {i for i, r in planned.items() if r["status"] == "candidate"}
     deleted = {r["ledger_id"] for r in store.read_arrow(
         "delete_results", where={"run_id": run_id, "outcome": "deleted", "ledger_type": "LEDGER"},
-        columns=["ledger_id"]).to_pylist()}
+        columns=["ledger_id"]).to_pylist()} if store.exists("delete_results") else set()  # none: nothing deleted
     problems = []
     for name, got in (("candidates", candidates), ("deleted", deleted)):
         missed, beyond = sorted(truth - got), sorted(got - truth)
@@ -126,13 +127,45 @@ def check_outcome(store: TableStore, run_id: str, labels: dict[int, str], truth:
     return problems
 
 
+def seed_model(connect_string: str, clock_file: str | None, topics: int, max_rollovers: int,
+               offload_enabled: bool) -> dict[str, Any]:
+    """Build the sandbox model and seed ZooKeeper with it, in a child process: the model (1.3 GiB of Python objects
+    at 1M ledgers, which this process would not give back to the OS once freed) never lives in the process whose
+    RSS is the sweeper's. Returns what the check needs: the ids to delete, the labels of non-in-use ledgers, and a
+    summary."""
+    # The server's clock (set back while ledger znodes are created) is found by port in the process that started
+    # it, so the child is handed its file.
+    clock = ServerClock(Path(clock_file)) if clock_file else None
+    return seed(build_cluster(SandboxSpec(topics=topics, max_rollovers=max_rollovers)), connect_string,
+                offload_enabled, clock)
+
+
+def seed(cluster: SandboxCluster, connect_string: str, offload_enabled: bool,
+         clock: ServerClock | None = None) -> dict[str, Any]:
+    t0 = time.monotonic()
+    client = zkutil.connect(connect_string, timeout=60)
+    seeded = seed_zookeeper(client, cluster, clock=clock)
+    zkutil.close(client)
+    orphans = sum(1 for x in cluster.ledgers.values() if x.status is Status.ORPHAN)
+    truth = cluster.deletable(offloads_verified=offload_enabled)
+    statuses = Counter(x.status for x in cluster.ledgers.values())
+    lines = [f"sandbox: {len(cluster.ledgers):,} ledgers, {len(cluster.managed_ledgers):,} managed ledgers, "
+             f"{seeded.znodes:,} znodes seeded in {time.monotonic() - t0:.0f}s; {orphans:,} orphans, "
+             f"{len(truth):,} to delete with this config"]
+    lines += [f"  kept: {n:,} orphans, {why}"
+              for why, n in Counter(cluster.kept(offloads_verified=offload_enabled).values()).most_common()]
+    lines.append("  never candidates: " + ", ".join(f"{statuses[s]:,} {s.value}" for s in (
+        Status.PROTECTED, Status.YOUNG_ORPHAN, Status.UNKNOWN, Status.NON_PULSAR)))
+    return {"truth": truth, "labels": model_labels(cluster), "lines": lines}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--topics", type=int, default=100_000)
     parser.add_argument("--max-rollovers", type=int, default=16)
     parser.add_argument("--keep-model", action="store_true",
-                        help="keep the whole sandbox model in this process during the sweep, as the bench did until "
-                             "issue 37 (its RSS then counts ~1.3 GiB of ground truth at 1M ledgers)")
+                        help="build and seed the sandbox model in this process and keep it during the sweep, as the "
+                             "bench did until issue 37 (its RSS then counts ~1.3 GiB of ground truth at 1M ledgers)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
     server = start_zookeeper(work / "zk", heap="4g")
@@ -140,28 +173,20 @@ def main() -> None:
     memory = TreeMemory({server.pid, broker.pid})
     problems: list[str] = []
     try:
-        t0 = time.monotonic()
-        cluster = build_cluster(SandboxSpec(topics=args.topics, max_rollovers=args.max_rollovers))
-        client = zkutil.connect(server.connect_string, timeout=60)
-        seeded = seed_zookeeper(client, cluster)
-        zkutil.close(client)
         offload_enabled = False  # see the module docstring
-        orphans = {i for i, x in cluster.ledgers.items() if x.status is Status.ORPHAN}
-        truth = cluster.deletable(offloads_verified=offload_enabled)
-        print(f"sandbox: {len(cluster.ledgers):,} ledgers, {len(cluster.managed_ledgers):,} managed ledgers, "
-              f"{seeded.znodes:,} znodes seeded in {time.monotonic() - t0:.0f}s; {len(orphans):,} orphans, "
-              f"{len(truth):,} to delete with this config")
-        for why, n in Counter(cluster.kept(offloads_verified=offload_enabled).values()).most_common():
-            print(f"  kept: {n:,} orphans, {why}")
-        statuses = Counter(x.status for x in cluster.ledgers.values())
-        print("  never candidates: " + ", ".join(f"{statuses[s]:,} {s.value}" for s in (
-            Status.PROTECTED, Status.YOUNG_ORPHAN, Status.UNKNOWN, Status.NON_PULSAR)))
-        labels = model_labels(cluster)
-        kept_model = cluster if args.keep_model else None
-        del cluster, seeded
-        gc.collect()
+        seeding = (server.connect_string, server.clock_file, args.topics, args.max_rollovers, offload_enabled)
+        kept_model = None
+        if args.keep_model:
+            kept_model = build_cluster(SandboxSpec(topics=args.topics, max_rollovers=args.max_rollovers))
+            seeded = seed(kept_model, server.connect_string, offload_enabled)
+        else:
+            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as child:
+                seeded = child.submit(seed_model, *seeding).result()
+        truth, labels = seeded["truth"], seeded["labels"]
+        for line in seeded["lines"]:
+            print(line)
         print(f"  this process before the sweep: {psutil.Process().memory_info().rss / (1 << 30):.2f} GiB RSS "
-              f"({'model kept' if kept_model else 'model dropped, its labels of non-in-use ledgers kept'})")
+              f"({'the model kept in it' if kept_model else 'the model was built and seeded in a child process'})")
 
         cfg = SweeperConfig(pulsar=PulsarMetadataConfig(cluster_name="sandbox")).replace(
             bookkeeper={"zookeeper": server.connect_string, "session_timeout_s": 60.0},
