@@ -163,6 +163,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--topics", type=int, default=100_000)
     parser.add_argument("--max-rollovers", type=int, default=16)
+    parser.add_argument("--driver-memory", default="6g",
+                        help="spark.driver.memory (local mode: the JVM's -Xmx; the product's default is 4g)")
     parser.add_argument("--keep-model", action="store_true",
                         help="build and seed the sandbox model in this process and keep it during the sweep, as the "
                              "bench did until issue 37 (its RSS then counts ~1.3 GiB of ground truth at 1M ledgers)")
@@ -195,7 +197,7 @@ def main() -> None:
             system_topic={"service_url": broker.service_url, "admin_url": broker.admin_url},
             delete={"max_deletes_per_run": 1_000_000, "deletes_per_second": 1e9},
             scan={"reads_per_second": 0.0})  # raw speed, as before the limit (bench_zk_impact.py measures it)
-        spark = get_spark("bench-sweep", master="local[2]", conf={"spark.driver.memory": "6g"})
+        spark = get_spark("bench-sweep", master="local[2]", conf={"spark.driver.memory": args.driver_memory})
         store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
         for name, stage in (("snapshot_stage", "snapshot"), ("reconcile_stage", "reconcile"),
                             ("retention_stage", "retention_debt"), ("emit_stage", "emit"), ("delete_stage", "delete"),
