@@ -15,6 +15,7 @@ from sweeper.reconcile import (
     CANDIDATE,
     MISSING,
     OUT_OF_SCOPE,
+    PROTECTED,
     STALE_POINTER,
     UNKNOWN,
     YOUNG,
@@ -40,6 +41,7 @@ def _orphans(store: TableStore, run_id: str) -> dict[tuple[str, int], dict[str, 
     (11, 30, LedgerLayout.HIERARCHICAL),
     (23, 80, LedgerLayout.LONG_HIERARCHICAL),
     (5, 50, LedgerLayout.FLAT),
+    (3, 30, LedgerLayout.HIERARCHICAL),  # a replaced cursor ledger of `__compaction` on a live topic: protected
 ])
 def test_every_injected_orphan_found_and_nothing_in_use_listed(
     seed: int, topics: int, layout: LedgerLayout, seeded_snapshot: SeededSnapshotMaker, spark: SparkSession,
@@ -63,6 +65,8 @@ def test_every_injected_orphan_found_and_nothing_in_use_listed(
         i for i, x in truth.items() if x.status is Status.YOUNG_ORPHAN} - kept
     assert {i for i, r in ledgers.items() if r["status"] == UNKNOWN} == {
         i for i, x in truth.items() if x.status is Status.UNKNOWN} | kept
+    assert {i for i, r in ledgers.items() if r["status"] == PROTECTED} == {
+        i for i, x in truth.items() if x.status is Status.PROTECTED}
     in_use = {i for i, x in truth.items() if x.status in (Status.IN_USE, Status.NON_PULSAR)}
     assert not in_use & set(ledgers), "a ledger in use (or not Pulsar's) was listed"
     missing = {lid for (kind, lid), row in found.items() if kind == "missing_ledger" and row["status"] == MISSING}

@@ -127,8 +127,9 @@ def test_every_seeded_ledger_and_reference_lands_in_its_table(
 
 
 def test_the_model_covers_every_status(zk: KazooClient) -> None:
-    cluster = build_cluster(SandboxSpec(seed=11, topics=30))
-    assert {ledger.status for ledger in cluster.ledgers.values()} == set(Status)
+    covered = {ledger.status for seed in (11, 3) for ledger in build_cluster(SandboxSpec(seed=seed, topics=30))
+               .ledgers.values()}  # seed 3: a protected leftover (a topic whose only cursor is `__compaction`)
+    assert covered == set(Status)
 
 
 def _put(zk: KazooClient, path: str, data: bytes) -> None:

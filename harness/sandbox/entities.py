@@ -27,6 +27,12 @@ class Status(StrEnum):
     YOUNG_ORPHAN = "young_orphan"  # unreferenced, but inside the grace period: never a candidate
     UNKNOWN = "unknown"  # Pulsar's, but ownership cannot be established
     NON_PULSAR = "non_pulsar"
+    # Unreferenced and past grace, yet kept by rule: a cursor ledger of a cursor Pulsar protects (`__compaction`,
+    # `pulsar.*`) on a live topic. DESIGN invariant 15 and the safety-rules table (docs/architecture.md, row 21)
+    # make every cursor ledger of such a cursor `protected`, never a candidate. Upstream would delete a replaced
+    # one itself (ManagedCursorImpl.switchToNewLedger deletes the old cursor ledger once the znode names the new
+    # one, whatever the cursor's name), so this is the sweeper being stricter than Pulsar, not data in use.
+    PROTECTED = "protected"
 
 
 class OrphanKind(StrEnum):
@@ -188,6 +194,14 @@ def encode_name(name: str) -> str:
 BUCKET_PREFIX = "#pulsar.internal.delayed.bucket"
 COMPACTION_CURSOR = "__compaction"
 COMPACTED_TOPIC_LEDGER = "CompactedTopicLedger"
+# Cursors Pulsar keeps whatever their activity: Compactor.COMPACTION_SUBSCRIPTION, and every `pulsar.` cursor
+# (PersistentReplicator's `pulsar.repl.<cluster>`, MessageDeduplication's `pulsar.dedup`).
+PULSAR_CURSOR_PREFIX = "pulsar."
+
+
+def pulsar_protects_cursor(name: str) -> bool:
+    """A cursor Pulsar itself never expires: its cursor ledgers are `protected`, never orphans (Status.PROTECTED)."""
+    return name == COMPACTION_CURSOR or name.startswith(PULSAR_CURSOR_PREFIX)
 
 
 def ml_custom(ml_name: str) -> dict[str, bytes]:

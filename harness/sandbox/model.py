@@ -36,6 +36,7 @@ from harness.sandbox.entities import (  # noqa: F401 - re-exported: the model's 
     cursor_custom,
     encode_name,
     ml_custom,
+    pulsar_protects_cursor,
     schema_custom,
 )
 from harness.sandbox.retention_scenarios import RetentionExpectation, add_retention_scenarios, namespace_policies
@@ -64,6 +65,29 @@ class SandboxCluster:
         spec = self.spec
         regular = [f"tenant-{t}/ns-{n}" for t in range(spec.tenants) for n in range(spec.namespaces_per_tenant)]
         return regular + [ns for ns in self.namespace_policies if ns not in regular]
+
+    def deletable(self, offloads_verified: bool) -> set[int]:
+        """The ledgers a correct sweeper must delete (no more, no fewer), with or without the offload buckets listed
+        (`[offload] enabled`): every `ORPHAN`, less those `kept` names.
+
+        The statuses hold what does not depend on the sweeper's config; this is the one ground truth that does."""
+        kept = self.kept(offloads_verified)
+        return {i for i, x in self.ledgers.items() if x.status is Status.ORPHAN and i not in kept}
+
+    def kept(self, offloads_verified: bool) -> dict[int, str]:
+        """Orphans a correct sweeper keeps with this config, each with why (the bench prints them by cause).
+
+        A ledger its managed ledger lists offloaded with `bookkeeperDeleted=true` is garbage to Pulsar: its trim
+        writes that flag for a complete offload, commits the list, and only then deletes the BookKeeper copy,
+        giving up after a few retries (ManagedLedgerImpl.internalTrimLedgers, offloadedLedgersToDelete ->
+        asyncDeleteLedgerFromBookKeeper). But that copy may be the only one left if the offloaded objects were
+        lost, so a sweeper that cannot see the bucket keeps it (`unknown`, offloaded_copy_not_verified:
+        sweeper.classify._managed_ledger, DESIGN invariant 13)."""
+        if offloads_verified:
+            return {}
+        return {i: "offloaded copy not verifiable: no bucket listed ([offload] enabled = false)"
+                for i, x in self.ledgers.items()
+                if x.status is Status.ORPHAN and x.orphan_kind is OrphanKind.BOOKKEEPER_DELETED_BUT_PRESENT}
 
     def counts(self) -> dict[str, int]:
         by_status = Counter(ledger.status.value for ledger in self.ledgers.values())
@@ -126,7 +150,7 @@ class _Builder:
         rng = self.rng
         # One ledger in ten carries no metadata ctime: its age must come from the znode.
         ctime = None if rng.random() < 0.1 else self.spec.now_ms - age_ms
-        if status in (Status.ORPHAN, Status.YOUNG_ORPHAN):
+        if status in (Status.ORPHAN, Status.YOUNG_ORPHAN, Status.PROTECTED):
             ctime = self.spec.now_ms - age_ms  # orphans' ages are part of the ground truth
         entries = 0 if open_ledger else rng.randrange(1, 50_000)
         ledger = BkLedger(
@@ -317,6 +341,10 @@ class _Builder:
             self.add_ledger(ledger_id, ml_custom(ml.name), age, status, kind)
         elif kind is OrphanKind.CURSOR_LEDGER_REPLACED:
             cursor = ml.cursors[0] if ml.cursors else self.add_cursor(ml, "replaced-sub", long_ids)
+            # A topic whose only cursor is `__compaction` leaves a replaced cursor ledger of a cursor Pulsar
+            # protects: kept by rule while the topic lives (Status.PROTECTED); a deleted topic's is an orphan.
+            if status is Status.ORPHAN and pulsar_protects_cursor(cursor.name):
+                status = Status.PROTECTED
             self.add_ledger(ledger_id, cursor_custom(ml.name, cursor.znode_name), age, status, kind)
         elif kind is OrphanKind.CURSOR_DELETED:
             self.add_ledger(ledger_id, cursor_custom(ml.name, "deleted-sub"), age, status, kind)
