@@ -3,6 +3,12 @@
 The driver plans (lists directories down to where the znodes are); Spark tasks read the znodes,
 each with its own ZooKeeper session and pipelined requests, and emit rows for every snapshot
 table at once. Each table then gets one Delta commit for the run.
+
+Where the table store can write from the tasks (`TableStore.task_writer`, the delta-rs engine), the scan
+is one Spark job: its tasks write their rows straight into the tables' Parquet files and return the files'
+records with their own row counts, and the driver commits those records. Otherwise (delta-spark) the
+scan's packed rows are cached, counted, and appended by a second job. Either way the rows each table
+commits are held against the rows the producers counted (SnapshotIncomplete).
 """
 
 from __future__ import annotations
@@ -55,7 +61,8 @@ from sweeper.scan.pending_deletes import read_partition
 from sweeper.spark import task_error
 from sweeper.system_topic import BrokerSettings, SystemTopicError, broker_partitions
 from sweeper.table_schemas import PEER_REFERENCES, SNAPSHOT_TABLES
-from sweeper.tables import TableStore
+from sweeper.tables import CommitResult, TableStore
+from sweeper.tables.files import TablesWriter, TablesWriting
 from sweeper.vocabulary import LISTING_FAILED
 from sweeper.zk import client as zkutil
 from sweeper.zk.errors import ZooKeeperPermissionError, ZooKeeperSecurityError, ZooKeeperUnavailableError
@@ -78,6 +85,9 @@ STAT_READS, STAT_WAIT_MS = "zk_reads", "zk_wait_ms"
 # endpoint) a scan task met in the managed ledgers' offload contexts, its payload the target as JSON; and the
 # listing slices that failed, which the listing tasks count as they write their quarantine rows.
 OFFLOAD_TARGET, STAT_LISTING_FAILED = "offload_target", "offload_listing_failed"
+# A data file a task wrote straight into a table (TableStore.task_writer): its payload the table and the file's
+# record as JSON, its rows the rows the file holds as its writer counted them.
+FILE_WRITTEN = "file_written"
 
 
 @dataclass(frozen=True)
@@ -215,9 +225,30 @@ class ScanReader:
 
 
 def _scan_partition(target: ScanTarget, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """One Spark task: read its share of units and emit its rows, packed per table."""
+    """One Spark task (mapInArrow): read its share of units and emit its rows, packed per table."""
     tasks = [(kind, payload) for batch in batches for kind, payload in zip(
         batch.column("kind").to_pylist(), batch.column("payload").to_pylist(), strict=True)]
+    yield from scan_units(target, tasks)
+
+
+def _scan_written(target: ScanTarget, writer: TablesWriter, units: Iterable[tuple[str, str]]
+                  ) -> Iterator[tuple[str, int, bytes]]:
+    """One Spark task (an RDD's partition): read its share of units, write their rows straight into the tables'
+    files, and return only what the driver needs: rows per table, the statistics, the offload targets and the
+    file records (a few hundred bytes a table)."""
+    yield from _tuples(scan_units(target, list(units), writer))
+
+
+def _tuples(batches: Iterable[pa.RecordBatch]) -> Iterator[tuple[str, int, bytes]]:
+    for batch in batches:
+        yield from zip(batch.column("record_type").to_pylist(), batch.column("rows").to_pylist(),
+                       batch.column("payload").to_pylist(), strict=True)
+
+
+def scan_units(target: ScanTarget, tasks: list[tuple[str, str]], writer: TablesWriter | None = None
+               ) -> Iterator[pa.RecordBatch]:
+    """A scan task's work: its units read, their rows packed per table (or, with a `writer`, written into the
+    tables' files and counted), then its statistics."""
     if not tasks:
         return
     readers: dict[MetadataEndpoint, ScanReader] = {}
@@ -253,8 +284,8 @@ def _scan_partition(target: ScanTarget, batches: Iterator[pa.RecordBatch]) -> It
 
     collecting = gc.isenabled()
     gc.disable()
+    packer = TablePacker(target.run_id, target.captured_at, writer.open() if writer is not None else None)
     try:
-        packer = TablePacker(target.run_id, target.captured_at)
         for row in rows():
             yield from packer.add(row)
         yield from packer.flush()
@@ -263,6 +294,11 @@ def _scan_partition(target: ScanTarget, batches: Iterator[pa.RecordBatch]) -> It
             {"record_type": [STAT_READS, STAT_WAIT_MS],
              "rows": [sum(r.reads for r in readers.values()), int(waited * 1000)], "payload": [b"", b""]},
             schema=packer.packed)
+        # Last, once every row is in them: the files' records (a task that fails before this returns none).
+        yield from packer.files()
+    except BaseException:
+        packer.abort()
+        raise
     finally:
         if collecting:
             gc.enable()
@@ -525,27 +561,45 @@ def scan_dataframe(spark: SparkSession, settings: SnapshotSettings, target: Scan
 
 @dataclass
 class ScanTotals:
-    """What the packed output of a scan, listing or read holds: rows per table and per statistic, and the
-    offload targets its tasks met."""
+    """What the packed output of a scan, listing or read holds: rows per table and per statistic, the offload
+    targets its tasks met, and (when the tasks wrote the tables' files themselves) those files' records."""
 
     counts: dict[str, int]
     offload_targets: list[S3Target] = field(default_factory=list)
     offloaded_ledgers: int = 0  # the ledgers the managed ledgers list as offloaded to those targets
+    files: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # table -> file records
+
+    @classmethod
+    def tally(cls, packed: Iterable[tuple[str, int, bytes | None]]) -> ScanTotals:
+        """From (record_type, rows, payload) rows; a payload is read only for offload targets and written files."""
+        counts: dict[str, int] = {}
+        targets: set[tuple[str, str, str]] = set()
+        offloaded = 0
+        files: dict[str, list[dict[str, Any]]] = {}
+        for record_type, rows, payload in packed:
+            if record_type == OFFLOAD_TARGET:
+                targets.add(tuple(json.loads(bytes(payload or b""))))
+                offloaded += int(rows)
+            elif record_type == FILE_WRITTEN:
+                record = json.loads(bytes(payload or b""))
+                files.setdefault(record.pop("table"), []).append(record)
+            else:
+                counts[record_type] = counts.get(record_type, 0) + int(rows)
+        return cls(counts, [S3Target(*t) for t in sorted(targets)], offloaded, files)
+
+    def merge(self, other: ScanTotals) -> None:
+        """`other`'s rows and files added to these (its offload targets are not: only the ZooKeeper scan's count)."""
+        for key, rows in other.counts.items():
+            self.counts[key] = self.counts.get(key, 0) + rows
+        for table, records in other.files.items():
+            self.files.setdefault(table, []).extend(records)
 
 
 def scan_totals(packed: DataFrame) -> ScanTotals:
     """One job: rows per record type, and the offload targets' payloads (a handful of distinct values)."""
     target = F.when(F.col("record_type") == OFFLOAD_TARGET, F.col("payload")).alias("target")
-    counts: dict[str, int] = {}
-    targets: set[tuple[str, str, str]] = set()
-    offloaded = 0
-    for row in packed.groupBy("record_type", target).agg(F.sum("rows").alias("rows")).collect():
-        if row["record_type"] == OFFLOAD_TARGET:
-            targets.add(tuple(json.loads(bytes(row["target"]))))
-            offloaded += int(row["rows"])
-        else:
-            counts[row["record_type"]] = counts.get(row["record_type"], 0) + int(row["rows"])
-    return ScanTotals(counts, [S3Target(*t) for t in sorted(targets)], offloaded)
+    return ScanTotals.tally((row["record_type"], row["rows"], row["target"]) for row in
+                            packed.groupBy("record_type", target).agg(F.sum("rows").alias("rows")).collect())
 
 
 # Offloaded objects one listing task handles before another pays for itself (a task imports boto3 and makes a
@@ -567,10 +621,14 @@ def listing_tasks(parallelism: int, units: int, offloaded_ledgers: int, head_met
 class TablePacker:
     """Collects rows of several tables and packs them per table into Arrow IPC batches."""
 
-    def __init__(self, run_id: str, captured_at: datetime, batch_rows: int = BATCH_ROWS) -> None:
+    def __init__(self, run_id: str, captured_at: datetime, writing: TablesWriting | None = None,
+                 batch_rows: int = BATCH_ROWS) -> None:
         from pyspark.sql.pandas.types import to_arrow_schema
 
         self.run_id, self.captured_at, self.batch_rows = run_id, captured_at, batch_rows
+        # With `writing`, each batch goes into its table's files here and the packed row only counts it (its
+        # payload empty): the count is the packer's own, so the driver can hold it against the rows committed.
+        self.writing = writing
         self.schemas = {t: to_arrow_schema(schema, timezone="UTC") for t, schema in SNAPSHOT_TABLES.items()}
         self.packed = to_arrow_schema(PACKED_SCHEMA)
         self.buffers: dict[str, list[dict[str, Any]]] = {t: [] for t in SNAPSHOT_TABLES}
@@ -614,6 +672,10 @@ class TablePacker:
                   else pa.array([row.get(name) for row in rows], type=schema.field(name).type)
                   for name in schema.names]
         batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
+        if self.writing is not None:
+            self.writing.write(table, batch)
+            return pa.RecordBatch.from_pydict({"record_type": [table], "rows": [len(rows)], "payload": [b""]},
+                                              schema=self.packed)
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, batch.schema) as writer:
             writer.write_batch(batch)
@@ -621,6 +683,23 @@ class TablePacker:
             {"record_type": [table], "rows": [len(rows)], "payload": [sink.getvalue().to_pybytes()]},
             schema=self.packed,
         )
+
+
+    def files(self) -> Iterator[pa.RecordBatch]:
+        """With `writing`: its files closed, one FILE_WRITTEN row per file, the record as JSON (nothing without)."""
+        if self.writing is None:
+            return
+        written = self.writing.close()
+        if written:
+            yield pa.RecordBatch.from_pydict(
+                {"record_type": [FILE_WRITTEN] * len(written), "rows": [int(r["num_records"]) for _, r in written],
+                 "payload": [json.dumps({"table": table, **record}).encode() for table, record in written]},
+                schema=self.packed)
+
+    def abort(self) -> None:
+        """Removes what `writing` wrote, as far as it can (never committed either way)."""
+        if self.writing is not None:
+            self.writing.abort()
 
 
 def _unpack(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -653,13 +732,21 @@ def offload_targets(found: Iterable[S3Target], settings: SnapshotSettings) -> li
 
 def _list_partition(batches: Iterator[pa.RecordBatch], endpoint_override: str, head_metadata: bool,
                     run_id: str, captured_at: datetime) -> Iterator[pa.RecordBatch]:
+    """One listing task (mapInArrow): its slices' objects, packed per table."""
+    items = (item for batch in batches for item in batch.to_pylist())
+    yield from list_units(items, endpoint_override, head_metadata, run_id, captured_at)
+
+
+def list_units(items: Iterable[dict[str, Any]], endpoint_override: str, head_metadata: bool, run_id: str,
+               captured_at: datetime, writer: TablesWriter | None = None) -> Iterator[pa.RecordBatch]:
+    """A listing task's work: its slices' objects packed per table (with a `writer`, written and counted)."""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    packer = TablePacker(run_id, captured_at)
+    packer = TablePacker(run_id, captured_at, writer.open() if writer is not None else None)
     clients: dict[tuple[str, str, str], Any] = {}
     failed = 0
-    for batch in batches:
-        for item in batch.to_pylist():
+    try:
+        for item in items:
             target = S3Target(item["bucket"], item["region"], item["endpoint"])
             key = (target.bucket, target.region, target.endpoint)
             if key not in clients:
@@ -677,26 +764,53 @@ def _list_partition(batches: Iterator[pa.RecordBatch], endpoint_override: str, h
                 failed += 1
             for row in rows:
                 yield from packer.add(row)
-    yield from packer.flush()
-    if failed:
-        yield pa.RecordBatch.from_pydict({"record_type": [STAT_LISTING_FAILED], "rows": [failed], "payload": [b""]},
-                                         schema=packer.packed)
+        yield from packer.flush()
+        if failed:
+            yield pa.RecordBatch.from_pydict({"record_type": [STAT_LISTING_FAILED], "rows": [failed],
+                                              "payload": [b""]}, schema=packer.packed)
+        yield from packer.files()
+    except BaseException:
+        packer.abort()
+        raise
 
 
-def offload_dataframe(spark: SparkSession, settings: SnapshotSettings, targets: list[S3Target], run_id: str,
-                      captured_at: datetime, offloaded_ledgers: int | None = None) -> DataFrame:
+def _listing_units(spark: SparkSession, settings: SnapshotSettings, targets: list[S3Target],
+                   offloaded_ledgers: int | None) -> tuple[list[tuple[Any, ...]], int]:
+    """The listing's slices, dealt to its tasks, and how many tasks."""
     units = [(t.bucket, t.region, t.endpoint, slot, prefix, start_after, stop_at)
              for t in targets for slot, (prefix, start_after, stop_at) in enumerate(listing_units())]
     extra = offloaded_ledgers is None or any(b.strip() for b in settings.offload.extra_buckets.split(","))
     tasks = listing_tasks(spark.sparkContext.defaultParallelism, len(units), offloaded_ledgers or 0,
                           settings.offload.head_metadata, extra)
     # Dealt round-robin, so each task gets slices of every bucket, and no shuffle to split them.
-    dealt = [unit for part in range(tasks) for unit in units[part::tasks]]
+    return [unit for part in range(tasks) for unit in units[part::tasks]], tasks
+
+
+_LISTING_COLUMNS = ("bucket", "region", "endpoint", "slot", "prefix", "start_after", "stop_at")
+
+
+def offload_dataframe(spark: SparkSession, settings: SnapshotSettings, targets: list[S3Target], run_id: str,
+                      captured_at: datetime, offloaded_ledgers: int | None = None) -> DataFrame:
+    dealt, tasks = _listing_units(spark, settings, targets, offloaded_ledgers)
     frame = spark.createDataFrame(
         spark.sparkContext.parallelize(dealt, tasks),
         "bucket string, region string, endpoint string, slot int, prefix string, start_after string, stop_at string")
     override, head = settings.offload.endpoint_override, settings.offload.head_metadata
     return frame.mapInArrow(lambda b: _list_partition(b, override, head, run_id, captured_at), PACKED_SCHEMA)
+
+
+def offload_written(spark: SparkSession, settings: SnapshotSettings, targets: list[S3Target], run_id: str,
+                    captured_at: datetime, writer: TablesWriter, offloaded_ledgers: int | None = None
+                    ) -> ScanTotals:
+    """The listing as one job whose tasks write the objects' rows into the tables' files themselves."""
+    dealt, tasks = _listing_units(spark, settings, targets, offloaded_ledgers)
+    override, head = settings.offload.endpoint_override, settings.offload.head_metadata
+
+    def task(units: Iterator[tuple[Any, ...]]) -> Iterator[tuple[str, int, bytes]]:
+        items = (dict(zip(_LISTING_COLUMNS, unit, strict=True)) for unit in units)
+        return _tuples(list_units(items, override, head, run_id, captured_at, writer))
+
+    return ScanTotals.tally(spark.sparkContext.parallelize(dealt, tasks).mapPartitions(task).collect())
 
 
 def topic_partitions(settings: SnapshotSettings) -> int:
@@ -708,14 +822,22 @@ def topic_partitions(settings: SnapshotSettings) -> int:
 
 
 def _read_pending(partitions: Iterator[int], broker: BrokerSettings, topic: str, run_id: str,
-                  captured_at: datetime) -> Iterator[tuple[str, int, bytes]]:
-    packer = TablePacker(run_id, captured_at)
-    for partition in partitions:
-        for row in read_partition(broker, topic, partition):
-            for batch in packer.add(row):
-                yield from (tuple(r.values()) for r in batch.to_pylist())
-    for batch in packer.flush():
-        yield from (tuple(r.values()) for r in batch.to_pylist())
+                  captured_at: datetime, writer: TablesWriter | None = None) -> Iterator[tuple[str, int, bytes]]:
+    """One reader task: its partitions' records packed per table (with a `writer`, written and counted)."""
+    packer = TablePacker(run_id, captured_at, writer.open() if writer is not None else None)
+
+    def packed() -> Iterator[pa.RecordBatch]:
+        for partition in partitions:
+            for row in read_partition(broker, topic, partition):
+                yield from packer.add(row)
+        yield from packer.flush()
+        yield from packer.files()
+
+    try:
+        yield from _tuples(packed())
+    except BaseException:
+        packer.abort()
+        raise
 
 
 def pending_deletes_dataframe(spark: SparkSession, settings: SnapshotSettings, partitions: int, run_id: str,
@@ -725,6 +847,14 @@ def pending_deletes_dataframe(spark: SparkSession, settings: SnapshotSettings, p
     rdd = spark.sparkContext.parallelize(range(partitions), partitions).mapPartitions(
         lambda items: _read_pending(items, broker, topic, run_id, captured_at))
     return spark.createDataFrame(rdd, PACKED_SCHEMA)
+
+
+def pending_deletes_written(spark: SparkSession, settings: SnapshotSettings, partitions: int, run_id: str,
+                            captured_at: datetime, writer: TablesWriter) -> ScanTotals:
+    """pending_deletes_dataframe as one job whose tasks write the records' rows into the tables' files."""
+    broker, topic = settings.connections.broker(), settings.system_topic.topic
+    return ScanTotals.tally(spark.sparkContext.parallelize(range(partitions), partitions).mapPartitions(
+        lambda items: _read_pending(items, broker, topic, run_id, captured_at, writer)).collect())
 
 
 PEER_TABLES = ("managed_ledgers", "ml_ledgers", "ml_cursors", "cursor_ledger_refs", "schema_ledgers", "quarantine")
@@ -808,6 +938,122 @@ def run(spark: SparkSession, store: TableStore, run_id: str, settings: SnapshotS
     return _snapshot(spark, store, run_id, settings, started or datetime.now(UTC))
 
 
+class _Output:
+    """Where the snapshot's rows go, and the jobs that put them there. Two ways, by what the table store offers:
+    `_WrittenOutput` when its tasks can write the tables' files themselves (TableStore.task_writer), else
+    `_CachedOutput`, which caches each producer's packed rows, counts them, and appends them all at the end."""
+
+    def scan(self, spark: SparkSession, settings: SnapshotSettings, target: ScanTarget, tasks: list[tuple[str, str]],
+             sessions: int) -> ScanTotals:
+        raise NotImplementedError
+
+    def listing(self, spark: SparkSession, settings: SnapshotSettings, buckets: list[S3Target], run_id: str,
+                started: datetime, offloaded_ledgers: int) -> ScanTotals:
+        raise NotImplementedError
+
+    def pending(self, spark: SparkSession, settings: SnapshotSettings, partitions: int, run_id: str,
+                started: datetime) -> ScanTotals:
+        raise NotImplementedError
+
+    def driver_rows(self, spark: SparkSession, rows: list[dict[str, Any]], run_id: str, started: datetime) -> None:
+        raise NotImplementedError
+
+    def commit(self, store: TableStore, commit_metadata: dict[str, str]) -> dict[str, CommitResult]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Frees what the output holds, however the snapshot ended."""
+
+
+class _CachedOutput(_Output):
+    """Each producer's packed rows cached and counted (a job each); one append_arrow_frames of them all at the
+    end reads the caches again and writes the tables."""
+
+    def __init__(self) -> None:
+        self.frames: list[DataFrame] = []
+
+    def _cached(self, frame: DataFrame) -> DataFrame:
+        frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
+        self.frames.append(frame)
+        return frame
+
+    def scan(self, spark: SparkSession, settings: SnapshotSettings, target: ScanTarget, tasks: list[tuple[str, str]],
+             sessions: int) -> ScanTotals:
+        return scan_totals(self._cached(scan_dataframe(spark, settings, target, tasks, sessions)))
+
+    def listing(self, spark: SparkSession, settings: SnapshotSettings, buckets: list[S3Target], run_id: str,
+                started: datetime, offloaded_ledgers: int) -> ScanTotals:
+        return scan_totals(self._cached(offload_dataframe(spark, settings, buckets, run_id, started,
+                                                          offloaded_ledgers)))
+
+    def pending(self, spark: SparkSession, settings: SnapshotSettings, partitions: int, run_id: str,
+                started: datetime) -> ScanTotals:
+        return scan_totals(self._cached(pending_deletes_dataframe(spark, settings, partitions, run_id, started)))
+
+    def driver_rows(self, spark: SparkSession, rows: list[dict[str, Any]], run_id: str, started: datetime) -> None:
+        # What the driver met while planning joins the tasks' rows, packed the same way.
+        packer = TablePacker(run_id, started)
+        packed = [b for row in rows for b in packer.add(row)] + list(packer.flush())
+        self.frames.append(spark.createDataFrame([t for b in packed for t in _tuples([b])], PACKED_SCHEMA))
+
+    def commit(self, store: TableStore, commit_metadata: dict[str, str]) -> dict[str, CommitResult]:
+        scan = self.frames[0]
+        for frame in self.frames[1:]:
+            scan = scan.unionByName(frame)
+        # One commit per table (independent Delta logs); the engine writes them all from the caches at once.
+        tables = scan.where(F.col("record_type").isin(list(SNAPSHOT_TABLES))).select("record_type", "payload")
+        return store.append_arrow_frames(tables, "record_type", _unpack, SNAPSHOT_TABLES,
+                                         commit_metadata=commit_metadata)
+
+    def close(self) -> None:
+        for frame in self.frames:
+            frame.unpersist()
+
+
+class _WrittenOutput(_Output):
+    """Each producer is one job whose tasks write their rows straight into the tables' files and return the files'
+    records with their counts; nothing is cached or read twice, and the commit is the file records'."""
+
+    def __init__(self, writer: TablesWriter) -> None:
+        self.writer = writer
+        self.files: dict[str, list[dict[str, Any]]] = {}
+
+    def _kept(self, totals: ScanTotals) -> ScanTotals:
+        for table, records in totals.files.items():
+            self.files.setdefault(table, []).extend(records)
+        return totals
+
+    def scan(self, spark: SparkSession, settings: SnapshotSettings, target: ScanTarget, tasks: list[tuple[str, str]],
+             sessions: int) -> ScanTotals:
+        # An RDD, not a DataFrame: the output is a few small tuples, and a fresh session's first SQL plan (its
+        # analysis and code generation on a cold JVM) cost seconds of a 225k snapshot.
+        writer = self.writer
+        dealt = [t for part in range(sessions) for t in tasks[part::sessions]]
+        rdd = spark.sparkContext.parallelize(dealt, sessions)
+        return self._kept(ScanTotals.tally(rdd.mapPartitions(lambda units: _scan_written(target, writer, units))
+                                           .collect()))
+
+    def listing(self, spark: SparkSession, settings: SnapshotSettings, buckets: list[S3Target], run_id: str,
+                started: datetime, offloaded_ledgers: int) -> ScanTotals:
+        return self._kept(offload_written(spark, settings, buckets, run_id, started, self.writer, offloaded_ledgers))
+
+    def pending(self, spark: SparkSession, settings: SnapshotSettings, partitions: int, run_id: str,
+                started: datetime) -> ScanTotals:
+        return self._kept(pending_deletes_written(spark, settings, partitions, run_id, started, self.writer))
+
+    def driver_rows(self, spark: SparkSession, rows: list[dict[str, Any]], run_id: str, started: datetime) -> None:
+        packer = TablePacker(run_id, started, self.writer.open(task=0))
+        try:
+            packed = [b for row in rows for b in packer.add(row)] + list(packer.flush()) + list(packer.files())
+        except BaseException:
+            packer.abort()
+            raise
+        self._kept(ScanTotals.tally(_tuples(packed)))
+
+    def commit(self, store: TableStore, commit_metadata: dict[str, str]) -> dict[str, CommitResult]:
+        return store.commit_written(self.writer, self.files, commit_metadata=commit_metadata)
+
+
 def _snapshot(spark: SparkSession, store: TableStore, run_id: str, settings: SnapshotSettings,
               started: datetime) -> SnapshotResult:
     t0 = time.monotonic()
@@ -831,12 +1077,12 @@ def _snapshot(spark: SparkSession, store: TableStore, run_id: str, settings: Sna
         # Each task at once gets an equal share, so the sum never exceeds the limit.
         reads_per_task=settings.scan.reads_per_second / concurrent_scan_tasks(spark, sessions),
     )
-    zk_scan = scan_dataframe(spark, settings, target, tasks, sessions).persist(StorageLevel.MEMORY_AND_DISK)
-    scan = zk_scan
+    writer = store.task_writer(SNAPSHOT_TABLES)
+    output: _Output = _WrittenOutput(writer) if writer is not None else _CachedOutput()
     try:
         t_scan = time.monotonic()
         try:
-            totals = scan_totals(zk_scan)
+            totals = output.scan(spark, settings, target, tasks, sessions)
         except Exception as exc:
             failure = zookeeper_task_error(exc)
             if failure is None:
@@ -850,23 +1096,18 @@ def _snapshot(spark: SparkSession, store: TableStore, run_id: str, settings: Sna
         counts["zk_reads_per_second"] = int(counts.get(STAT_READS, 0) / scan_s) if scan_s else 0
         buckets = offload_targets(totals.offload_targets, settings) if settings.offload.enabled else []
         if buckets:
-            listing = offload_dataframe(spark, settings, buckets, run_id, started,
-                                        totals.offloaded_ledgers).persist(StorageLevel.MEMORY_AND_DISK)
-            listing_counts = _counts(listing)
+            listing_counts = output.listing(spark, settings, buckets, run_id, started, totals.offloaded_ledgers).counts
             failed_slices = listing_counts.pop(STAT_LISTING_FAILED, 0)
             for table, rows in listing_counts.items():
                 counts[table] = counts.get(table, 0) + rows
             if failed_slices:
                 counts["quarantine.offload_listing"] = failed_slices
-            scan = zk_scan.unionByName(listing)
         if settings.system_topic.service_url and settings.system_topic.read_in_snapshot:
             partitions = topic_partitions(settings)
             counts["pending_delete_partitions"] = partitions
             if partitions:
-                pending = pending_deletes_dataframe(spark, settings, partitions, run_id, started).persist(
-                    StorageLevel.MEMORY_AND_DISK)
                 try:
-                    pending_counts = _counts(pending)
+                    pending_counts = output.pending(spark, settings, partitions, run_id, started).counts
                 except Exception as exc:
                     raise SystemTopicError(f"reading {settings.system_topic.topic}: "
                                            f"{task_error(exc, ('SystemTopicError',))}") from exc
@@ -874,18 +1115,13 @@ def _snapshot(spark: SparkSession, store: TableStore, run_id: str, settings: Sna
                     counts[table] = counts.get(table, 0) + rows
                 # Messages anyone could have produced: counted apart so they never pass for a partial scan.
                 counts["quarantine.pending_delete"] = pending_counts.get("quarantine", 0)
-                scan = scan.unionByName(pending)
         commit_metadata = {"run_id": run_id, "stage": "snapshot"}
         namespace_rows = [{"record_type": "namespaces", "namespace": ns, "sources": sorted(sources)}
                           for ns, sources in sorted(plan.pulsar.namespaces.items())]
         driver_rows = ([dict(row) for row in ledger_plan.quarantine] + namespace_rows
                        + [dict(row) for row in plan.policy_rows] + [dict(row) for row in plan.owner_rows])
         if driver_rows:
-            # What the driver met while planning joins the tasks' rows, packed the same way.
-            packer = TablePacker(run_id, started)
-            packed = [b for row in driver_rows for b in packer.add(row)] + list(packer.flush())
-            rows = [tuple(r.values()) for b in packed for r in b.to_pylist()]
-            scan = scan.unionByName(spark.createDataFrame(rows, PACKED_SCHEMA))
+            output.driver_rows(spark, driver_rows, run_id, started)
             counts["quarantine"] = counts.get("quarantine", 0) + len(ledger_plan.quarantine)
             counts["namespaces"] = counts.get("namespaces", 0) + len(namespace_rows)
             counts["namespace_policies"] = len(plan.policy_rows)
@@ -894,12 +1130,11 @@ def _snapshot(spark: SparkSession, store: TableStore, run_id: str, settings: Sna
         counts["live_brokers"] = plan.live_brokers
         if plan.clock.skew_ms is not None:
             counts["clock_skew_ms"] = plan.clock.skew_ms
-        # One commit per table (independent Delta logs); the engine writes them all from the scan at once.
-        tables = scan.where(F.col("record_type").isin(list(SNAPSHOT_TABLES))).select("record_type", "payload")
-        commits = store.append_arrow_frames(tables, "record_type", _unpack,
-                                            SNAPSHOT_TABLES, commit_metadata=commit_metadata)
+        commits = output.commit(store, commit_metadata)
         versions = {table: commit.version for table, commit in commits.items()}
-        # A row lost between the scan and its table would make a referenced ledger look unreferenced.
+        # A row lost between the scan and its table would make a referenced ledger look unreferenced. The counts
+        # are the producers' own (rows packed); the committed rows are the files' (rows written), so a writer or
+        # a commit that drops rows is caught here either way.
         lost = {table: (counts.get(table, 0), commit.rows) for table, commit in commits.items()
                 if commit.rows != counts.get(table, 0)}
         if lost:
@@ -912,9 +1147,7 @@ def _snapshot(spark: SparkSession, store: TableStore, run_id: str, settings: Sna
             counts.setdefault(table, 0)
         counts["scan_units"] = len(tasks)
     finally:
-        zk_scan.unpersist()
-        if scan is not zk_scan:
-            scan.unpersist()
+        output.close()
     typed = SnapshotCounts.from_row(counts)
     return SnapshotResult(
         run_id=run_id,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,8 @@ from sweeper.config import BookKeeperConfig
 from sweeper.layout import LedgerLayout, ledger_path
 from sweeper.pipeline import snapshot_stage
 from sweeper.scan import bookkeeper as bk_scan
-from sweeper.tables import open_table_store
+from sweeper.tables import DeltaRsTableStore, open_table_store
+from sweeper.tables.files import TablesWriter, TablesWriting
 from sweeper.zk.client import KazooReader
 from sweeper.zk.errors import WrongRootError, ZooKeeperUnavailableError
 from tests.support.config import ZkTarget
@@ -215,24 +217,60 @@ def test_wrong_root_fails_the_run_naming_the_path(
     assert not store.exists("bk_ledgers")
 
 
-def test_a_table_committed_short_of_the_scan_fails_the_run(
-    zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path
-) -> None:
-    """Rows lost between the scan and their table (here an engine that drops a table's rows) would make
-    referenced ledgers look unreferenced: the run fails naming the table, and reconcile never sees it."""
-    from pyspark.sql import functions as F
+class _CachedLosingStore(DeltaRsTableStore):
+    """The path of an engine that writes through Spark only (delta-spark's): the scan cached, then appended with
+    append_arrow_frames, which here drops a table's rows."""
 
+    def task_writer(self, schemas: Any) -> None:
+        return None
+
+    def append_arrow_frames(self, source: Any, route: str, *args: Any, **kwargs: Any) -> Any:
+        from pyspark.sql import functions as F
+
+        return super().append_arrow_frames(source.where(F.col(route) != "ml_cursors"), route, *args, **kwargs)
+
+
+class _CommitLosingStore(DeltaRsTableStore):
+    """The tasks write every file, and the commit leaves one table's out."""
+
+    def commit_written(self, writer: Any, records: Any, **kwargs: Any) -> Any:
+        return super().commit_written(writer, {t: r for t, r in records.items() if t != "ml_cursors"}, **kwargs)
+
+
+class _LosingWriting(TablesWriting):
+    def write(self, table: str, batch: Any) -> None:
+        super().write(table, batch.slice(1) if table == "ml_cursors" else batch)  # one row short a batch
+
+
+@dataclasses.dataclass(frozen=True)
+class _LosingWriter(TablesWriter):
+    def open(self, task: int | None = None) -> TablesWriting:
+        return _LosingWriting(self.specs, task or 0)
+
+
+class _TaskLosingStore(DeltaRsTableStore):
+    """The scan tasks' writer loses rows as it writes them (in the tasks themselves, not on the driver)."""
+
+    def task_writer(self, schemas: Any) -> TablesWriter:
+        writer = super().task_writer(schemas)
+        return _LosingWriter(writer.specs, writer.tables)
+
+
+@pytest.mark.parametrize("losing", [_CachedLosingStore, _CommitLosingStore, _TaskLosingStore],
+                         ids=["cached-append", "commit", "task-writer"])
+def test_a_table_committed_short_of_the_scan_fails_the_run(
+    losing: type[DeltaRsTableStore], zk: KazooClient, zk_target: ZkTarget, spark: SparkSession, tmp_path: Path
+) -> None:
+    """Rows lost between the scan and their table would make referenced ledgers look unreferenced: the run fails
+    naming the table, and reconcile never sees it. Lost on each path: an engine that appends the cached scan
+    (delta-spark's way), the commit of the files the tasks wrote, and the tasks' own writer (whose file records
+    then agree with the files: only the scan's count, made apart from the writing, shows the loss)."""
     from sweeper.reconcile import ReconcileRefused, SafetySettings, run_reconcile
     from sweeper.safety import CircuitBreaker
     from sweeper.snapshot import SnapshotIncomplete
-    from sweeper.tables import DeltaRsTableStore
-
-    class LosingStore(DeltaRsTableStore):
-        def append_arrow_frames(self, source: Any, route: str, *args: Any, **kwargs: Any) -> Any:
-            return super().append_arrow_frames(source.where(F.col(route) != "ml_cursors"), route, *args, **kwargs)
 
     _seeded(zk, LedgerLayout.HIERARCHICAL, seed=2, topics=5)
-    store = LosingStore(str(tmp_path / "tables"), spark)
+    store = losing(str(tmp_path / "tables"), spark)
     with pytest.raises(SnapshotIncomplete, match="ml_cursors"):
         snapshot_stage(spark, sandbox_config(zk_target.hosts, tmp_path / "tables"), store)
     [run] = _rows(store, "runs")

@@ -319,6 +319,59 @@ def test_append_arrow_frames_routes_rows_to_their_tables(store: TableStore, spar
     assert again["empty"].version == first["empty"].version  # nothing to commit
 
 
+def test_task_writer_files_are_committed_per_table(store: TableStore, spark: SparkSession) -> None:
+    """An engine that writes from the tasks: their files, and the driver's, become one commit per table; files
+    whose records are not handed to the commit (a failed attempt's) are in no table. An engine without it
+    says so with None (delta-spark: producers then append through Spark)."""
+    import pyarrow as pa
+
+    narrow = StructType([StructField("run_id", StringType(), False), StructField("id", LongType(), False)])
+    schemas = {"a": narrow, "b": narrow, "empty": narrow}
+    writer = store.task_writer(schemas)
+    if writer is None:
+        assert store.engine == "delta-spark"
+        with pytest.raises(NotImplementedError):
+            store.commit_written(None, {})  # type: ignore[arg-type]
+        return
+    arrow = pa.schema([pa.field("run_id", pa.string(), False), pa.field("id", pa.int64(), False)])
+
+    def task(ids: Any) -> Any:  # a Spark task: writes its rows, returns (table, record) of each file
+        writing = writer.open()
+        for i in ids:
+            writing.write("a" if i % 3 else "b", pa.record_batch([["r1"], [i]], schema=arrow))
+        return iter(writing.close())
+
+    written = spark.sparkContext.parallelize(range(60), 4).mapPartitions(task).collect()
+    records: dict[str, list[dict[str, Any]]] = {}
+    for table, record in written:
+        records.setdefault(table, []).append(record)
+    driver = writer.open(task=0)
+    driver.write("b", pa.record_batch([["r1"], [1000]], schema=arrow))
+    for table, record in driver.close():
+        records.setdefault(table, []).append(record)
+    # A file written and never handed to the commit: never part of the table.
+    stray = writer.open(task=9)
+    stray.write("a", pa.record_batch([["r1"], [-1]], schema=arrow))
+    stray.close()
+    with pytest.raises(ValueError, match="not one of the tables"):
+        writer.open().write("other", pa.record_batch([["r1"], [0]], schema=arrow))
+
+    first = store.commit_written(writer, records, commit_metadata={"run_id": "r1"})
+    assert {name: r.rows for name, r in first.items()} == {"a": 40, "b": 21, "empty": 0}
+    assert store.exists("empty") and store.read("empty").count() == 0  # created, though it got no file
+    assert sorted(r["id"] for r in store.read("b").collect()) == [i for i in range(60) if i % 3 == 0] + [1000]
+    assert sorted(r["id"] for r in store.read("a").collect()) == [i for i in range(60) if i % 3]
+    assert store.history("a")[0]["metadata"]["run_id"] == "r1"
+    later = store.task_writer(schemas)  # the tables exist now: appended to, not created
+    more = later.open(task=0)
+    more.write("a", pa.record_batch([["r2"], [2000]], schema=arrow))
+    again = store.commit_written(later, {table: [r] for table, r in more.close()})
+    assert again["a"].version == first["a"].version + 1 and again["b"].version == first["b"].version
+    assert again["a"].rows == 1 and store.read("a").count() == 41
+    with pytest.raises(TableSchemaError):
+        store.task_writer({"a": StructType([StructField("other", StringType())])})
+
+
 def test_read_arrow_filters_on_the_driver(store: TableStore, spark: SparkSession) -> None:
     rows = sample_rows(40) + sample_rows(10, run_id="r2", start=100)
     store.append("small", frame(spark, rows), SCHEMA)

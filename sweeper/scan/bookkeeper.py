@@ -16,6 +16,7 @@ from kazoo.exceptions import NoNodeError
 from sweeper.codecs.bookkeeper import LedgerMetadata, decode_ledger_metadata
 from sweeper.codecs.errors import MetadataDecodeError
 from sweeper.layout import (
+    LONG_MAX,
     LayoutError,
     LedgerLayout,
     is_flat_leaf,
@@ -221,19 +222,47 @@ def scan_ledger_units(
         else:
             pending.append(item)
     relative_of = dict((absolute, relative) for relative, absolute in pending)
+    parse = _LeafParser()
     for read in reader.get_many((absolute for _, absolute in pending), window):
         if read.error is not None:
             yield _bad_ledger(read.path, "read_error", repr(read.error))
             continue
         if read.data is None or read.stat is None:
             continue  # deleted since listing: normal while Pulsar works
-        parsed = parse_ledger_relative_path(relative_of[read.path])
+        parsed = parse(relative_of[read.path])
         if parsed is None:
             yield _bad_ledger(read.path, "bad_path", "not a ledger path", read.data, read.stat.version)
             continue
+        ledger_id, tree = parsed
         try:
             md = decode_ledger_metadata(read.data)
             stat = read.stat
-            yield ledger_row(read.path, parsed.ledger_id, parsed.tree, md, stat.version, stat.ctime, stat.mtime)
+            yield ledger_row(read.path, ledger_id, tree, md, stat.version, stat.ctime, stat.mtime)
         except MetadataDecodeError as exc:
-            yield _bad_ledger(read.path, exc.kind, str(exc), read.data, read.stat.version, parsed.ledger_id)
+            yield _bad_ledger(read.path, exc.kind, str(exc), read.data, read.stat.version, ledger_id)
+
+
+class _LeafParser:
+    """parse_ledger_relative_path for the many leaves of a few directories: each directory is parsed once (its
+    digits and tree), each leaf then costs one match and one int() (a fifth of the whole parse, which was ~5% of
+    a scan task's CPU). The result is parse_ledger_relative_path's, as (ledger id, tree), or None."""
+
+    def __init__(self) -> None:
+        self.directories: dict[str, tuple[str, str] | None] = {}
+
+    def __call__(self, relative: str) -> tuple[int, str] | None:
+        directory, _, leaf = relative.rpartition("/")
+        if directory not in self.directories:
+            # The directory as the whole parse reads it: a leaf of its own tree, with the lowest id in it.
+            probe = parse_ledger_relative_path(f"{directory}/L0000") if directory else None
+            self.directories[directory] = (
+                None if probe is None else ("".join(directory.strip("/").split("/")), probe.tree))
+        known = self.directories[directory]
+        if known is None or not is_hierarchical_leaf(leaf):
+            parsed = parse_ledger_relative_path(relative)
+            return None if parsed is None else (parsed.ledger_id, parsed.tree)
+        digits, tree = known
+        ledger_id = int(digits + leaf[1:])
+        if tree == "long" and ledger_id > LONG_MAX:
+            return None
+        return ledger_id, tree

@@ -36,7 +36,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from sweeper.tables.files import NotNullViolation, check_not_null, is_local
+from sweeper.tables.files import NotNullViolation, TablesWriter, check_not_null, is_local
 
 # Keys we add to every commit's metadata (user keys cannot override them).
 COMMIT_ID_KEY = "sweeper.commit_id"
@@ -413,6 +413,21 @@ class TableStore(ABC):
                                          to_batches, schema, commit_metadata=commit_metadata)
                        for name, schema in schemas.items()}
             return {name: future.result() for name, future in commits.items()}
+
+    def task_writer(self, schemas: Mapping[str, StructType]) -> TablesWriter | None:
+        """A picklable writer of these tables' data files, for the Spark tasks that make the rows (and for the
+        driver), whose file records `commit_written` commits: a producer then writes as it goes, in its own job,
+        with nothing cached or read twice. Missing tables are created by that commit. None (this default) when
+        the engine writes only through Spark: the producer then hands its rows to `append_arrow_frames`.
+        Raises TableSchemaError, before anything is written, when a table exists with another schema."""
+        return None
+
+    def commit_written(self, writer: TablesWriter, records: Mapping[str, Sequence[Mapping[str, Any]]], *,
+                       commit_metadata: Mapping[str, Any] | None = None) -> dict[str, CommitResult]:
+        """One Delta commit per table of `writer` (each table its own log, so not atomically together) of the
+        file records its writers returned (table -> records; a table without records is created when missing
+        and otherwise gets no commit, as append_arrow_frames). Only for a store whose task_writer gave one."""
+        raise NotImplementedError(f"the {self.engine} engine writes through Spark only (task_writer is None)")
 
     def append_rows(self, name: str, rows: Sequence[Mapping[str, Any] | Row], schema: StructType, *,
                     commit_metadata: Mapping[str, Any] | None = None) -> CommitResult:

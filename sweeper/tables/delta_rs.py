@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import unquote
 
@@ -47,6 +48,7 @@ from sweeper.tables.files import (
     FILE_RECORD_ARROW,
     FILE_RECORD_DDL,
     TARGET_FILE_BYTES,
+    TablesWriter,
     WriteSpec,
     filesystem,
     is_local,
@@ -57,6 +59,8 @@ from sweeper.tables.storage import spark_uri
 
 _FILE_COLUMN = "__sweeper_file"
 CHECKPOINT_INTERVAL = 10
+# Tables resolved or committed at once by task_writer / commit_written.
+_COMMIT_THREADS = 4
 
 log = logging.getLogger(__name__)
 
@@ -254,6 +258,32 @@ class DeltaRsTableStore(TableStore):
         return {name: self._commit(name, records[name], table_schema, parts, create,
                                    self._metadata(name, commit_metadata))
                 for name, (table_schema, parts, create) in resolved.items()}
+
+    def task_writer(self, schemas: Mapping[str, StructType]) -> TablesWriter:
+        # The tables resolved once, side by side (on an object store each look is a round trip or two); the
+        # resolution travels with the writer, so the commit needs no second look.
+        with ThreadPoolExecutor(max_workers=_COMMIT_THREADS) as pool:
+            futures = {name: pool.submit(self._resolve, name, schema, schema, None) for name, schema in schemas.items()}
+            resolved = {name: future.result() for name, future in futures.items()}
+        return TablesWriter(
+            specs={name: self._spec(name, table_schema, parts) for name, (table_schema, parts, _) in resolved.items()},
+            tables=resolved)
+
+    def commit_written(self, writer: TablesWriter, records: Mapping[str, Sequence[Mapping[str, Any]]], *,
+                       commit_metadata: Mapping[str, Any] | None = None) -> dict[str, CommitResult]:
+        unknown = sorted(set(records) - set(writer.tables))
+        if unknown:
+            raise TableSchemaError(f"file records of {unknown}, which are not tables of this writer")
+
+        def commit(name: str) -> CommitResult:
+            table_schema, parts, create = writer.tables[name]
+            return self._commit(name, [dict(r) for r in records.get(name, ())], table_schema, parts, create,
+                                self._metadata(name, commit_metadata))
+
+        # Independent Delta logs: committed side by side (each commit is a few round trips to the store).
+        with ThreadPoolExecutor(max_workers=_COMMIT_THREADS) as pool:
+            futures = {name: pool.submit(commit, name) for name in writer.tables}
+            return {name: future.result() for name, future in futures.items()}
 
     def _append_arrow(self, name: str, table: pa.Table, schema: StructType, partition_by: list[str],
                       create: bool, metadata: dict[str, str]) -> CommitResult:

@@ -354,40 +354,114 @@ class _OpenFile:
             self.fs.delete_file(self.full_path)
 
 
-def write_files(spec: WriteSpec, batches: Iterable[pa.RecordBatch], task: int = 0) -> list[dict[str, Any]]:
-    """Write `batches` as Parquet files of the table; return one add-record per file."""
-    fs, base = filesystem(spec.table_uri, spec.storage_options)
-    base = base.rstrip("/")
-    open_files: dict[tuple[str | None, ...], _OpenFile] = {}
-    written: list[dict[str, Any]] = []
-    seq = 0
-    try:
-        for raw in batches:
-            if raw.num_rows == 0:
-                continue
-            batch = conform(raw, spec)
-            for key, part in _split_by_partition(batch, spec.partition_by):
-                handle = open_files.get(key)
-                if handle is None:
-                    handle = _OpenFile(fs, base, partition_dir(spec.partition_by, key), task, seq, spec, key)
-                    seq += 1
-                    open_files[key] = handle
-                handle.write(part)
-                if handle.approx_bytes >= spec.target_file_bytes:
-                    written.append(handle.close())
-                    del open_files[key]
-        for key in list(open_files):
-            written.append(open_files.pop(key).close())
-    except BaseException:
+class FileWriter:
+    """One table's rows streamed into Parquet files under the table directory, a new file past the spec's target
+    size (and one per partition value); `close()` returns one add-record per file. What a failed writer leaves
+    behind is never committed: `abort()` removes it as far as it can."""
+
+    def __init__(self, spec: WriteSpec, task: int = 0) -> None:
+        self.spec, self.task = spec, task
+        self.fs, base = filesystem(spec.table_uri, spec.storage_options)
+        self.base = base.rstrip("/")
+        self.open_files: dict[tuple[str | None, ...], _OpenFile] = {}
+        self.written: list[dict[str, Any]] = []
+        self.seq = 0
+
+    def write(self, raw: pa.RecordBatch) -> None:
+        if raw.num_rows == 0:
+            return
+        spec = self.spec
+        batch = conform(raw, spec)
+        for key, part in _split_by_partition(batch, spec.partition_by):
+            handle = self.open_files.get(key)
+            if handle is None:
+                handle = _OpenFile(self.fs, self.base, partition_dir(spec.partition_by, key), self.task, self.seq,
+                                   spec, key)
+                self.seq += 1
+                self.open_files[key] = handle
+            handle.write(part)
+            if handle.approx_bytes >= spec.target_file_bytes:
+                self.written.append(handle.close())
+                del self.open_files[key]
+
+    def close(self) -> list[dict[str, Any]]:
+        for key in list(self.open_files):
+            self.written.append(self.open_files.pop(key).close())
+        return self.written
+
+    def abort(self) -> None:
         # Best effort only: whatever stays behind is never committed, so it is merely clutter.
-        for handle in open_files.values():
+        for handle in self.open_files.values():
             with contextlib.suppress(Exception):
                 handle.abort()
-        for record in written:
+        self.open_files.clear()
+        for record in self.written:
             with contextlib.suppress(Exception):
-                fs.delete_file(f"{base}/{record['path']}")
+                self.fs.delete_file(f"{self.base}/{record['path']}")
+        self.written = []
+
+
+def write_files(spec: WriteSpec, batches: Iterable[pa.RecordBatch], task: int = 0) -> list[dict[str, Any]]:
+    """Write `batches` as Parquet files of the table; return one add-record per file."""
+    writer = FileWriter(spec, task)
+    try:
+        for batch in batches:
+            writer.write(batch)
+        return writer.close()
+    except BaseException:
+        writer.abort()
         raise
-    return written
+
+
+@dataclass(frozen=True)
+class TablesWriter:
+    """The data files of several tables, written from Spark tasks (or the driver) as their rows come: picklable,
+    and small (a WriteSpec per table). Each `open()` is one writer's share, whose `close()` gives the file records
+    that the table store's `commit_written` turns into one Delta commit per table; files whose records never
+    reach that commit (a failed or duplicate task attempt) are never part of any table.
+
+    `tables` is the store's own note of each table (its schema and whether the commit creates it), carried
+    along so the commit needs no second look at the tables."""
+
+    specs: dict[str, WriteSpec]
+    tables: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def open(self, task: int | None = None) -> TablesWriting:
+        if task is None:
+            from pyspark import TaskContext  # only in a task: pyspark is there already
+
+            context = TaskContext.get()
+            task = context.partitionId() if context is not None else 0
+        return TablesWriting(self.specs, task)
+
+
+class TablesWriting:
+    """One task's files of several tables (TablesWriter.open). A row of a table it was not given is an error,
+    never a silent drop."""
+
+    def __init__(self, specs: dict[str, WriteSpec], task: int) -> None:
+        self.specs, self.task = specs, task
+        self.writers: dict[str, FileWriter] = {}
+
+    def write(self, table: str, batch: pa.RecordBatch) -> None:
+        writer = self.writers.get(table)
+        if writer is None:
+            if table not in self.specs:
+                raise ValueError(f"rows of table {table!r}, which is not one of the tables being written")
+            writer = self.writers[table] = FileWriter(self.specs[table], self.task)
+        writer.write(batch)
+
+    def close(self) -> list[tuple[str, dict[str, Any]]]:
+        """(table, file record) of every file written, all files closed."""
+        try:
+            return [(table, record) for table, writer in self.writers.items() for record in writer.close()]
+        except BaseException:
+            self.abort()
+            raise
+
+    def abort(self) -> None:
+        for writer in self.writers.values():
+            writer.abort()
 
 
 def write_files_task(spec: WriteSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
