@@ -36,6 +36,7 @@ class GateResult:
     failures: list[str] = field(default_factory=list)
     checked: int = 0
     baseline: str | None = None  # the run whose snapshot the shrink gate compared with (None: no earlier good run)
+    on_driver: bool = False  # validated on the driver (a snapshot of at most [gates] driver_rows), else Spark jobs
 
     @property
     def passed(self) -> bool:
@@ -282,6 +283,7 @@ def run_gates(store: TableStore, run_id: str, config: GatesConfig,
     recorded = this["counts"] or {}
     # The engine is chosen by what the snapshot recorded, before anything is read.
     on_driver = sum(int(recorded.get(table, 0)) for table in GATED) <= config.driver_rows
+    result.on_driver = on_driver
     rows = _DriverRows(store, run_id) if on_driver else _SparkRows(store, run_id)
     try:
         _check(rows, result, recorded, previous, config, brokers_path, dedicated)

@@ -71,10 +71,14 @@ def snapshot_stage(spark: SparkSession, config: SweeperConfig, store: TableStore
 
 def reconcile_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str,
                     check_gates: bool = True) -> ReconcileResult:
+    gated: dict[str, int] = {}
+
     def body() -> ReconcileResult:
         if check_gates:
+            started = time.monotonic()
             gates = run_gates(store, run_id, config.gates, config.pulsar.brokers_path,
                               dedicated=config.safety.bookkeeper_dedicated)
+            gated.update(gates_ms=int((time.monotonic() - started) * 1000), gates_on_driver=int(gates.on_driver))
             if not gates.passed:
                 raise GateFailed(gates)
         return run_reconcile(spark, store, run_id, SafetySettings.from_config(config))
@@ -82,7 +86,8 @@ def reconcile_stage(spark: SparkSession, config: SweeperConfig, store: TableStor
     def ending(result: ReconcileResult) -> runs.Ending:
         required = int(check_gates and config.gates.require_live_brokers)
         # Only a gated reconcile may be emitted, deleted, or be a later run's baseline (runs.gates_passed).
-        result.counts = result.counts.with_counts(live_brokers_required=required, gates_passed=int(check_gates))
+        result.counts = result.counts.with_counts(live_brokers_required=required, gates_passed=int(check_gates),
+                                                  **gated)
         waived = "" if required else "liveness gate waived: no live broker was required"
         if not check_gates:
             waived = "gates skipped (--skip-gates): audit only, never emitted or deleted"
@@ -290,8 +295,11 @@ def _report_snapshot(snap: SnapshotResult, config: SweeperConfig, sweep: SweepRe
 
 def _report_reconcile(rec: ReconcileResult, config: SweeperConfig, sweep: SweepResult, log: Any) -> None:
     c = rec.counts
+    gates = (f" (the gates before it: {c.gates_ms / 1000:.1f}s, "
+             f"{'on the driver' if c.gates_on_driver else 'as Spark jobs, above [gates] driver_rows'})"
+             if c.gates_passed else "")
     log(f"[reconcile] {c.candidate:>10,} candidates, {c.unknown:,} unknown, {c.young:,} young, {c.missing:,} missing "
-        f"in {rec.duration_s:.1f}s")
+        f"in {rec.duration_s:.1f}s{gates}")
     if c.other_cluster or c.stale_pointer or c.protected:
         log(f"              {c.other_cluster:,} of other clusters (never touched), {c.protected:,} protected by "
             f"Pulsar or [retention] protected_*, {c.stale_pointer:,} compaction pointers ZooKeeper may hold stale "

@@ -124,6 +124,10 @@ class ReconcileCounts(runs.StageCounts):
     # 1 when the data-quality gates ran and passed (0: --skip-gates): what emit, delete and the next run's shrink
     # gate ask of this row (runs.gates_passed).
     gates_passed: int = runs.count(runs.GATES_PASSED)
+    # The gates' own time, before the stage's (its duration_s is the anti-joins' alone), and where they ran
+    # (1: on the driver, 0: as Spark jobs, above [gates] driver_rows): at a million ledgers the gates are most of it.
+    gates_ms: int = runs.count("gate.ms")
+    gates_on_driver: int = runs.count("gate.on_driver")
 
 
 @dataclass

@@ -56,8 +56,12 @@ def test_two_bad_snapshots_in_a_row_are_both_refused(
     # The missing-reference gate off: the audit below must be able to reconcile the shrunken snapshot.
     cluster, cfg, store, good = seeded_snapshot(SandboxSpec(seed=8, topics=20), safety={"max_orphan_fraction": 1.0},
                                                 gates={"max_missing_reference_fraction": 1.0})
-    reconcile_stage(spark, cfg, store, good)
+    reconciled = reconcile_stage(spark, cfg, store, good)
     assert runs.gates_passed(runs.rows(store, run_id=good, stage="reconcile")[-1])
+    # The gates' time is the run's to see, apart from the anti-joins' (a small snapshot: on the driver).
+    assert reconciled.counts.gates_ms > 0 and reconciled.counts.gates_on_driver == 1
+    recorded = runs.rows(store, run_id=good, stage="reconcile")[-1]["counts"]
+    assert recorded["gate.ms"] == reconciled.counts.gates_ms and recorded["gate.on_driver"] == 1
 
     # Seven in ten ledgers vanish from view (not all: an empty snapshot fails whatever the baseline).
     for ledger_id in cluster.ledgers:
