@@ -172,6 +172,9 @@ def main() -> None:
     parser.add_argument("--keep-model", action="store_true",
                         help="build and seed the sandbox model in this process and keep it during the sweep, as the "
                              "bench did until issue 37 (its RSS then counts ~1.3 GiB of ground truth at 1M ledgers)")
+    parser.add_argument("--gates-driver-rows", type=int, default=None,
+                        help="[gates] driver_rows (default: the product's, 1,000,000 gated rows; a 1M-ledger snapshot "
+                             "has ~2.5M, so its gates run as Spark jobs unless this is raised)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
     server = start_zookeeper(work / "zk", heap="4g")
@@ -201,6 +204,8 @@ def main() -> None:
             system_topic={"service_url": broker.service_url, "admin_url": broker.admin_url},
             delete={"max_deletes_per_run": 1_000_000, "deletes_per_second": 1e9},
             scan={"reads_per_second": 0.0})  # raw speed, as before the limit (bench_zk_impact.py measures it)
+        if args.gates_driver_rows is not None:
+            cfg = cfg.replace(gates={"driver_rows": args.gates_driver_rows})
         spark = get_spark("bench-sweep", master="local[2]", conf={"spark.driver.memory": args.driver_memory})
         store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
         for name, stage in (("snapshot_stage", "snapshot"), ("reconcile_stage", "reconcile"),
