@@ -431,8 +431,11 @@ def _has_deletion_vectors(table: DeltaTable) -> bool:
     return any(batch.num_rows for batch in pa.RecordBatchReader.from_stream(table.deletion_vectors()))
 
 
-# Delta-Spark cuts a string's statistics to a 32-character prefix (a max then gets a tie-breaker appended); such a
-# bound is not trusted for skipping here, whatever its writer.
+# String statistics may be truncated by their writer: Delta-Spark keeps a prefix (DeltaSQLConf
+# DATA_SKIPPING_STRING_PREFIX_LENGTH, 32 by default, configurable) and appends a tie-breaker to a max; delta-rs and
+# parquet-rs cut at a byte length and increment a max's last character (truncate_max_value). Both stay bounds when
+# their writer gets it right; a bound as long as a truncated one is not trusted here all the same, so a writer that
+# cut a max without raising it can only cost a read, never hide a row. Our own run ids (25 characters) are short.
 _TRUSTED_STRING_STAT = 32
 
 
