@@ -50,6 +50,7 @@ from sweeper.tables.files import (
     TARGET_FILE_BYTES,
     TablesWriter,
     WriteSpec,
+    current_task,
     filesystem,
     is_local,
     write_files,
@@ -379,10 +380,7 @@ def _write_routed(specs: Mapping[str, WriteSpec], route: str,
     """mapInArrow body of append_arrow_frames: this partition's rows, split by table, written table by table
     (the source rows are held until then: the packed snapshot output is compact); file records tagged with
     their table. A row routed to no table of `specs` is an error, not a silent drop."""
-    from pyspark import TaskContext
-
-    context = TaskContext.get()
-    task = context.partitionId() if context is not None else 0
+    task = current_task()
     by_table: dict[str, list[pa.RecordBatch]] = {}
     for batch in batches:
         routes = batch.column(route)

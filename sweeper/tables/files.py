@@ -427,12 +427,7 @@ class TablesWriter:
     tables: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def open(self, task: int | None = None) -> TablesWriting:
-        if task is None:
-            from pyspark import TaskContext  # only in a task: pyspark is there already
-
-            context = TaskContext.get()
-            task = context.partitionId() if context is not None else 0
-        return TablesWriting(self.specs, task)
+        return TablesWriting(self.specs, current_task() if task is None else task)
 
 
 class TablesWriting:
@@ -464,12 +459,16 @@ class TablesWriting:
             writer.abort()
 
 
-def write_files_task(spec: WriteSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: write this partition's rows, yield its file records (a few bytes each)."""
-    from pyspark import TaskContext
+def current_task() -> int:
+    """The Spark task's partition, which names its files apart from its siblings' (0 outside a task)."""
+    from pyspark import TaskContext  # in a task pyspark is loaded already
 
     context = TaskContext.get()
-    task = context.partitionId() if context is not None else 0
-    records = write_files(spec, batches, task)
+    return context.partitionId() if context is not None else 0
+
+
+def write_files_task(spec: WriteSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: write this partition's rows, yield its file records (a few bytes each)."""
+    records = write_files(spec, batches, current_task())
     if records:
         yield pa.RecordBatch.from_pylist(records, schema=FILE_RECORD_ARROW)
