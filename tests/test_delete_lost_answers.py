@@ -125,7 +125,10 @@ def test_a_multi_applied_whose_answer_was_lost_is_deleted_by_this_run(
         proxy.stop()
     assert len(proxy.dropped) == 2 and proxy.connections > 1, (proxy.dropped, proxy.connections)
     lost = {by_path[p] for paths in proxy.dropped for p in paths}
-    assert len(lost) == 20 and lost <= orphans
+    # Two whole multis lost, each of at most batch_size ledgers (a group's last batch may hold fewer: CI once saw
+    # 10 + 9, the records' order after the emitted rows' de-duplication being Spark's), all of them orphans.
+    assert all(1 <= len(paths) <= 10 for paths in proxy.dropped) and len(lost) == sum(map(len, proxy.dropped))
+    assert lost <= orphans
     if in_task_attempts == 1:
         assert first.counts.queued_for_retry >= len(lost) and len(runs) > 1
     rows = _results(store, run_id)
