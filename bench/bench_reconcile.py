@@ -72,6 +72,7 @@ from sweeper.reconcile import SafetySettings, run_reconcile
 from sweeper.retention_debt import RetentionSettings, run_retention_debt
 from sweeper.runs import record as record_run
 from sweeper.safety import CircuitBreaker
+from sweeper.scan import as_rows
 from sweeper.scan import bookkeeper as bk_scan
 from sweeper.scan import pulsar as pulsar_scan
 from sweeper.snapshot import namespace_policy_row
@@ -128,8 +129,8 @@ def snapshot_rows(cluster: Any, run_id: str, captured_at: datetime) -> dict[str,
         rows.append(bk_scan.ledger_row(path, ledger.ledger_id, "short", md, 0, znode_ctime, znode_ctime))
     for ml in cluster.managed_ledgers:
         path = f"{spec.managed_ledgers_root}/{ml.name}"
-        rows += pulsar_scan.managed_ledger_rows(ml.name, path, managed_ledger_info_bytes(ml), stat(ml.zk_mtime_ms),
-                                                len(ml.cursors))
+        rows += as_rows(pulsar_scan.managed_ledger_rows(ml.name, path, managed_ledger_info_bytes(ml),
+                                                        stat(ml.zk_mtime_ms), len(ml.cursors)))
         for cursor in ml.cursors:
             rows += pulsar_scan.cursor_rows(ml.name, cursor.znode_name, f"{path}/{cursor.znode_name}",
                                             cursor_info_bytes(cursor, "NONE"), stat(cursor.zk_mtime_ms))

@@ -53,9 +53,9 @@ from sweeper.ratelimit import TokenBucket
 from sweeper.records import ChildrenRead, ZnodeRead
 from sweeper.references import PEER_NAMESPACE, PEER_READ, PEER_UNREAD, peer_rows
 from sweeper.retention import parse_namespace_policies
+from sweeper.scan import RowChunk, quarantine_row
 from sweeper.scan import bookkeeper as bk_scan
 from sweeper.scan import pulsar as pulsar_scan
-from sweeper.scan import quarantine_row
 from sweeper.scan.ownership import scan_bundle_owners
 from sweeper.scan.pending_deletes import read_partition
 from sweeper.spark import task_error
@@ -632,6 +632,8 @@ class TablePacker:
         self.schemas = {t: to_arrow_schema(schema, timezone="UTC") for t, schema in SNAPSHOT_TABLES.items()}
         self.packed = to_arrow_schema(PACKED_SCHEMA)
         self.buffers: dict[str, list[dict[str, Any]]] = {t: [] for t in SNAPSHOT_TABLES}
+        # A scanner's many rows come as tuples (sweeper.scan.RowChunk), held per table until a batch is full.
+        self.chunks: dict[str, RowChunk] = {}
         # The offload targets (bucket, region, endpoint) the `ml_ledgers` rows name, with their ledgers: flushed as
         # OFFLOAD_TARGET rows, so the driver learns which buckets to list from the scan's own totals.
         self.offload_targets: Counter[tuple[str, str, str]] = Counter()
@@ -642,7 +644,10 @@ class TablePacker:
                               if name in schema.names}
                           for t, schema in self.schemas.items()}
 
-    def add(self, row: dict[str, Any]) -> Iterator[pa.RecordBatch]:
+    def add(self, row: dict[str, Any] | RowChunk) -> Iterator[pa.RecordBatch]:
+        if isinstance(row, RowChunk):
+            yield from self._add_chunk(row)
+            return
         table = row.pop("record_type")
         if table == "ml_ledgers" and row.get("offload_bucket") is not None:
             self.offload_targets[(row["offload_bucket"], row.get("offload_region") or "",
@@ -652,10 +657,32 @@ class TablePacker:
         if len(buffer) >= self.batch_rows:
             yield self._pack(table)
 
+    def _add_chunk(self, chunk: RowChunk) -> Iterator[pa.RecordBatch]:
+        if chunk.table == "ml_ledgers":
+            self._count_offload_targets(chunk)
+        held = self.chunks.get(chunk.table)
+        if held is not None and held.columns != chunk.columns:
+            yield self._pack_chunk(self.chunks.pop(chunk.table))
+            held = None
+        if held is None:
+            held = self.chunks[chunk.table] = RowChunk(chunk.table, chunk.columns, [])
+        held.rows.extend(chunk.rows)
+        if len(held.rows) >= self.batch_rows:
+            yield self._pack_chunk(self.chunks.pop(chunk.table))
+
+    def _count_offload_targets(self, chunk: RowChunk) -> None:
+        bucket, region, endpoint = (chunk.columns.index(c) for c in ("offload_bucket", "offload_region",
+                                                                     "offload_endpoint"))
+        for values in chunk.rows:
+            if values[bucket] is not None:
+                self.offload_targets[(values[bucket], values[region] or "", values[endpoint] or "")] += 1
+
     def flush(self) -> Iterator[pa.RecordBatch]:
         for table, buffer in self.buffers.items():
             if buffer:
                 yield self._pack(table)
+        for table in list(self.chunks):
+            yield self._pack_chunk(self.chunks.pop(table))
         if self.offload_targets:
             ordered = sorted(self.offload_targets)
             yield pa.RecordBatch.from_pydict(
@@ -671,16 +698,31 @@ class TablePacker:
         arrays = [pa.repeat(constant[name], len(rows)) if name in constant
                   else pa.array([row.get(name) for row in rows], type=schema.field(name).type)
                   for name in schema.names]
-        batch = pa.RecordBatch.from_arrays(arrays, schema=schema)
+        return self._packed(table, pa.RecordBatch.from_arrays(arrays, schema=schema))
+
+    def _pack_chunk(self, chunk: RowChunk) -> pa.RecordBatch:
+        """A scanner's tuples, turned into columns at once (zip transposes them in C)."""
+        schema, constant = self.schemas[chunk.table], self._constant[chunk.table]
+        if set(chunk.columns) | constant.keys() != set(schema.names):
+            raise ValueError(f"a chunk of {chunk.table} rows with columns {chunk.columns}, not the table's")
+        rows = len(chunk.rows)
+        by_name = dict(zip(chunk.columns, zip(*chunk.rows, strict=True) if rows else [()] * len(chunk.columns),
+                           strict=True))
+        arrays = [pa.repeat(constant[name], rows) if name in constant
+                  else pa.array(by_name[name], type=schema.field(name).type) for name in schema.names]
+        return self._packed(chunk.table, pa.RecordBatch.from_arrays(arrays, schema=schema))
+
+    def _packed(self, table: str, batch: pa.RecordBatch) -> pa.RecordBatch:
+        rows = batch.num_rows
         if self.writing is not None:
             self.writing.write(table, batch)
-            return pa.RecordBatch.from_pydict({"record_type": [table], "rows": [len(rows)], "payload": [b""]},
+            return pa.RecordBatch.from_pydict({"record_type": [table], "rows": [rows], "payload": [b""]},
                                               schema=self.packed)
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, batch.schema) as writer:
             writer.write_batch(batch)
         return pa.RecordBatch.from_pydict(
-            {"record_type": [table], "rows": [len(rows)], "payload": [sink.getvalue().to_pybytes()]},
+            {"record_type": [table], "rows": [rows], "payload": [sink.getvalue().to_pybytes()]},
             schema=self.packed,
         )
 

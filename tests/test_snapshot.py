@@ -17,6 +17,7 @@ from sweeper.codecs.bookkeeper import decode_ledger_metadata, encode_ledger_meta
 from sweeper.config import BookKeeperConfig
 from sweeper.layout import LedgerLayout, ledger_path
 from sweeper.pipeline import snapshot_stage
+from sweeper.scan import as_rows
 from sweeper.scan import bookkeeper as bk_scan
 from sweeper.tables import DeltaRsTableStore, open_table_store
 from sweeper.tables.files import TablesWriter, TablesWriting
@@ -195,7 +196,7 @@ def test_znodes_vanishing_mid_scan_are_skipped_quietly(zk: KazooClient, zk_targe
     gone = sorted(cluster.ledgers)[:5]
     for ledger_id in gone:  # deleted by Pulsar between listing and reading
         zk.delete(ledger_path("/ledgers", ledger_id, LedgerLayout.HIERARCHICAL))
-    rows = list(bk_scan.scan_ledger_units(KazooReader(zk), "/ledgers", plan.units))
+    rows = list(as_rows(bk_scan.scan_ledger_units(KazooReader(zk), "/ledgers", plan.units)))
     assert [r for r in rows if r["record_type"] == "quarantine"] == []
     assert {r["ledger_id"] for r in rows} == set(cluster.ledgers) - set(gone)
     decoded = decode_ledger_metadata(zk.get(ledger_path("/ledgers", sorted(cluster.ledgers)[6],
@@ -337,8 +338,8 @@ def test_a_managed_ledger_whose_cursors_cannot_be_listed_is_quarantined(zk: Kazo
     cluster = _seeded(zk, LedgerLayout.HIERARCHICAL, seed=5, topics=12)
     ml = next(m for m in cluster.managed_ledgers if m.cursors)
     names = pulsar_scan.plan_managed_ledgers(zk, "/managed-ledgers")
-    rows = list(pulsar_scan.scan_managed_ledgers(_ListingFails(zk, f"/managed-ledgers/{ml.name}"),
-                                                 "/managed-ledgers", names))
+    rows = list(as_rows(pulsar_scan.scan_managed_ledgers(_ListingFails(zk, f"/managed-ledgers/{ml.name}"),
+                                                         "/managed-ledgers", names)))
     quarantined = [r for r in rows if r["record_type"] == "quarantine"]
     # Before: the error was dropped and the managed ledger read as one without cursors.
     assert [(q["owner"], q["error_kind"]) for q in quarantined] == [(ml.name, "cursor_listing_error")]
@@ -355,7 +356,7 @@ def test_an_empty_managed_ledger_znode_is_quarantined_not_read_as_listing_nothin
     ml = cluster.managed_ledgers[2]
     zk.set(f"/managed-ledgers/{ml.name}", b"")  # as Pulsar leaves it between creating the znode and the list
     names = pulsar_scan.plan_managed_ledgers(zk, "/managed-ledgers")
-    rows = list(pulsar_scan.scan_managed_ledgers(KazooReader(zk), "/managed-ledgers", names))
+    rows = list(as_rows(pulsar_scan.scan_managed_ledgers(KazooReader(zk), "/managed-ledgers", names)))
     assert [(r["owner"], r["error_kind"]) for r in rows if r["record_type"] == "quarantine"] == [
         (ml.name, "empty_managed_ledger")]
     assert ml.name not in {r["managed_ledger"] for r in rows if r["record_type"] == "managed_ledgers"}

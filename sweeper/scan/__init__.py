@@ -2,9 +2,34 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 Row = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RowChunk:
+    """Rows of one table as tuples in `columns`' order: what a scanner hands over for its many rows (the packer
+    turns each column into Arrow at once); a dict a row stays for the few."""
+
+    table: str
+    columns: tuple[str, ...]
+    rows: list[tuple[Any, ...]]
+
+    def dicts(self) -> Iterator[Row]:
+        for values in self.rows:
+            yield {"record_type": self.table, **dict(zip(self.columns, values, strict=True))}
+
+
+def as_rows(items: Iterable[Row | RowChunk]) -> Iterator[Row]:
+    """A scanner's output as one dict a row, chunks opened (for tests and small callers)."""
+    for item in items:
+        if isinstance(item, RowChunk):
+            yield from item.dicts()
+        else:
+            yield item
 
 
 def quarantine_row(source: str, path: str, error_kind: str, error: str, *, raw: bytes | None = None,

@@ -18,13 +18,22 @@ from sweeper import names
 from sweeper.codecs import pulsar as codec
 from sweeper.codecs.envelope import MAGIC
 from sweeper.codecs.errors import MetadataDecodeError
-from sweeper.scan import Row, quarantine_row
+from sweeper.scan import Row, RowChunk, quarantine_row
 from sweeper.vocabulary import BUCKET_PREFIX, COMPACTED_TOPIC_LEDGER, COMPACTION_CURSOR
 from sweeper.zk import client as zkutil
 
 DOMAIN = "persistent"
 SHADOW_SOURCE = "PULSAR.SHADOW_SOURCE"
+# The offload driver's location properties, in the order of their `ml_ledgers` columns (the last three).
 _OFFLOAD_KEYS = {"bucket": "offload_bucket", "region": "offload_region", "serviceEndpoint": "offload_endpoint"}
+# The `ml_ledgers` columns a scan fills, in the table's order (run_id and captured_at are the packer's): a managed
+# ledger's ledgers are handed over as one chunk of tuples, not a dict each.
+ML_LEDGER_COLUMNS = (
+    "managed_ledger", "tenant", "namespace", "topic", "ledger_id", "position", "is_current", "entries", "size",
+    "timestamp_ms", "offloaded", "offload_complete", "offload_bookkeeper_deleted", "offload_uuid",
+    "offload_timestamp_ms", "offload_driver", *_OFFLOAD_KEYS.values(),
+)
+_NOT_OFFLOADED = (False, None, None, None, None, None, None, None, None)
 _COMPRESSION = {0: "NONE", 1: "LZ4", 2: "ZLIB", 3: "ZSTD", 4: "SNAPPY"}
 
 
@@ -196,7 +205,9 @@ def _compression_of(data: bytes) -> str:
     return "NONE"
 
 
-def managed_ledger_rows(name: str, path: str, data: bytes, stat: Any, cursor_count: int) -> Iterator[Row]:
+def managed_ledger_rows(name: str, path: str, data: bytes, stat: Any, cursor_count: int
+                        ) -> Iterator[Row | RowChunk]:
+    """The `managed_ledgers` row, then its ledgers' `ml_ledgers` rows as one chunk."""
     info = codec.decode_managed_ledger_info(data)
     tenant, namespace, topic = split_ml_name(name)
     properties = {p.key: p.value for p in info.properties}
@@ -220,36 +231,22 @@ def managed_ledger_rows(name: str, path: str, data: bytes, stat: Any, cursor_cou
         "shadow_source": properties.get(SHADOW_SOURCE),
     }
     last = len(info.ledgerInfo) - 1
+    ledgers: list[tuple[Any, ...]] = []
     for position, item in enumerate(info.ledgerInfo):
-        row: Row = {
-            "record_type": "ml_ledgers",
-            "managed_ledger": name,
-            "tenant": tenant,
-            "namespace": namespace,
-            "topic": topic,
-            "ledger_id": item.ledgerId,
-            "position": position,
-            "is_current": position == last,
-            "entries": item.entries,
-            "size": item.size,
-            "timestamp_ms": item.timestamp,
-            "offloaded": item.HasField("offloadContext"),
-        }
         if item.HasField("offloadContext"):
             ctx = item.offloadContext
-            row.update(
-                offload_complete=ctx.complete,
-                offload_bookkeeper_deleted=ctx.bookkeeperDeleted,
-                offload_uuid=codec.offload_uuid(ctx.uidMsb, ctx.uidLsb) if ctx.HasField("uidMsb") else None,
-                offload_timestamp_ms=ctx.timestamp,
-                offload_driver=ctx.driverMetadata.name or None,
-            )
-            # Only the location keys: driver properties may carry credentials.
-            for prop in ctx.driverMetadata.properties:
-                column = _OFFLOAD_KEYS.get(prop.key)
-                if column is not None:
-                    row[column] = prop.value
-        yield row
+            # Only the location keys: driver properties may carry credentials. A repeated key: its last value.
+            location = {prop.key: prop.value for prop in ctx.driverMetadata.properties if prop.key in _OFFLOAD_KEYS}
+            offload: tuple[Any, ...] = (
+                True, ctx.complete, ctx.bookkeeperDeleted,
+                codec.offload_uuid(ctx.uidMsb, ctx.uidLsb) if ctx.HasField("uidMsb") else None, ctx.timestamp,
+                ctx.driverMetadata.name or None, *map(location.get, _OFFLOAD_KEYS))
+        else:
+            offload = _NOT_OFFLOADED
+        ledgers.append((name, tenant, namespace, topic, item.ledgerId, position, position == last, item.entries,
+                        item.size, item.timestamp, *offload))
+    if ledgers:
+        yield RowChunk("ml_ledgers", ML_LEDGER_COLUMNS, ledgers)
 
 
 def cursor_rows(ml_name: str, znode: str, path: str, data: bytes, stat: Any) -> Iterator[Row]:
@@ -316,7 +313,7 @@ def compaction_ref_row(zk_ledger: int | None, cursor_ledger_active: bool) -> Row
 
 def scan_managed_ledgers(
     reader: zkutil.ZnodeReader, root: str, names: list[str], window: int = 1000
-) -> Iterator[Row]:
+) -> Iterator[Row | RowChunk]:
     paths = [zkutil.join(root, name) for name in names]
     children = {r.path: r for r in reader.children_many(paths, window)}
     cursor_paths: list[tuple[str, str, str]] = []
