@@ -432,16 +432,42 @@ class SnapshotPlan:
     peers: list[PeerPlan] = field(default_factory=list)
     ledger_children: list[int] = field(default_factory=list)  # per ledger unit, its leaves (an estimate)
 
+    def task_weights(self) -> list[float]:
+        """Each task's estimated cost, in ledger znodes read, aligned with `tasks` (see deal_tasks)."""
+        weights: dict[tuple[str, str], float] = dict(zip(((TASK_BK, u) for u in self.ledgers.units),
+                                                         self.ledger_children, strict=False))
+        children = {TASK_ML: dict(self.pulsar.managed_ledger_domains), TASK_SCHEMA: dict(self.pulsar.schema_namespaces)}
+        for task in self.tasks:
+            if task[0] in children:
+                parent, _, shards = _shard(task[1])
+                scale = MANAGED_LEDGER_WEIGHT if task[0] == TASK_ML else 1.0
+                weights[task] = scale * children[task[0]].get(parent, 0) / shards
+        return [weights.get(task, float(LEAVES_PER_DIRECTORY)) for task in self.tasks]
+
 
 LEAVES_PER_DIRECTORY = 10_000  # a tree layout's leaf directory holds at most this many ledgers
+# A managed ledger costs a scan task about what four ledger znodes do (its znode, its cursors' listing and znodes,
+# its ledger list's rows): the 225k bench's task CPU, split by unit kind.
+MANAGED_LEDGER_WEIGHT = 4.0
+
+
+def deal_tasks(tasks: list[tuple[str, str]], weights: list[float], partitions: int) -> list[list[tuple[str, str]]]:
+    """The tasks in `partitions` of about equal estimated cost: the heaviest first, each to the lightest partition
+    so far. Dealt round-robin, one partition of a 225k scan ran 0.6 s past the other core's last one."""
+    loads = [0.0] * partitions
+    dealt: list[list[tuple[str, str]]] = [[] for _ in range(partitions)]
+    for weight, index in sorted(((w, i) for i, w in enumerate(weights)), key=lambda p: (-p[0], p[1])):
+        lightest = min(range(partitions), key=loads.__getitem__)
+        loads[lightest] += weight
+        dealt[lightest].append(tasks[index])
+    return dealt
 
 
 def _ledger_children(client: Any, root: str, units: list[str]) -> list[int]:
     """Each ledger unit's leaf count: a flat unit names its leaves; a tree unit's directory stat counts them (one
     pipelined read per unit). A store whose stat has no count is taken as full (a tree directory holds at most
     10,000 leaves): more sessions than needed, never fewer."""
-    flat = [u for u in units if u.startswith(bk_scan.LEAVES_PREFIX)]
-    sizes = [u.count(",") + 1 for u in flat]
+    sizes = {u: u.count(",") + 1 for u in units if u.startswith(bk_scan.LEAVES_PREFIX)}
     trees = [u for u in units if not u.startswith(bk_scan.LEAVES_PREFIX)]
     try:
         if hasattr(client, "exists_async"):  # kazoo: pipelined
@@ -449,10 +475,11 @@ def _ledger_children(client: Any, root: str, units: list[str]) -> list[int]:
             stats = [r.get(timeout=30) for r in pending]
         else:  # an Oxia store: its stat counts a directory's children too
             stats = [client.exists(zkutil.join(root, u)) for u in trees]
-        return sizes + [_leaves(stat) for stat in stats]
+        sizes.update((unit, _leaves(stat)) for unit, stat in zip(trees, stats, strict=True))
     except Exception as exc:  # an estimate only: never a reason to fail the snapshot
         log.debug("cannot size the ledger units: %s", exc)
-        return sizes + [LEAVES_PER_DIRECTORY] * len(trees)
+        sizes.update((unit, LEAVES_PER_DIRECTORY) for unit in trees)
+    return [sizes[u] for u in units]
 
 
 def _leaves(stat: Any) -> int:
@@ -549,14 +576,20 @@ def namespace_policy_row(namespace: str, data: bytes, version: int) -> dict[str,
 
 
 def scan_dataframe(spark: SparkSession, settings: SnapshotSettings, target: ScanTarget,
-                   tasks: list[tuple[str, str]], partitions: int | None = None) -> DataFrame:
+                   tasks: list[tuple[str, str]], partitions: int | None = None,
+                   weights: list[float] | None = None) -> DataFrame:
     partitions = partitions or scan_sessions(spark, settings, len(tasks))
-    # Deal units round-robin so big and small ones interleave; parallelize keeps that split
-    # without a shuffle.
-    dealt = [tasks[i::partitions] for i in range(partitions)]
-    rdd = spark.sparkContext.parallelize([t for part in dealt for t in part], partitions)
-    units = spark.createDataFrame(rdd, "kind string, payload string")
+    units = spark.createDataFrame(dealt_units(spark, tasks, partitions, weights), "kind string, payload string")
     return units.mapInArrow(lambda batches: _scan_partition(target, batches), PACKED_SCHEMA)
+
+
+def dealt_units(spark: SparkSession, tasks: list[tuple[str, str]], partitions: int,
+                weights: list[float] | None = None) -> Any:
+    """An RDD of the tasks whose partitions are deal_tasks' (unweighted: round-robin, big and small interleaved).
+    Each partition is one element of the parallelized list, opened where it lands: no shuffle."""
+    dealt = (deal_tasks(tasks, weights, partitions) if weights is not None
+             else [tasks[i::partitions] for i in range(partitions)])
+    return spark.sparkContext.parallelize(dealt, partitions).flatMap(lambda part: part)
 
 
 @dataclass
@@ -986,7 +1019,7 @@ class _Output:
     `_CachedOutput`, which caches each producer's packed rows, counts them, and appends them all at the end."""
 
     def scan(self, spark: SparkSession, settings: SnapshotSettings, target: ScanTarget, tasks: list[tuple[str, str]],
-             sessions: int) -> ScanTotals:
+             sessions: int, weights: list[float]) -> ScanTotals:
         raise NotImplementedError
 
     def listing(self, spark: SparkSession, settings: SnapshotSettings, buckets: list[S3Target], run_id: str,
@@ -1020,8 +1053,8 @@ class _CachedOutput(_Output):
         return frame
 
     def scan(self, spark: SparkSession, settings: SnapshotSettings, target: ScanTarget, tasks: list[tuple[str, str]],
-             sessions: int) -> ScanTotals:
-        return scan_totals(self._cached(scan_dataframe(spark, settings, target, tasks, sessions)))
+             sessions: int, weights: list[float]) -> ScanTotals:
+        return scan_totals(self._cached(scan_dataframe(spark, settings, target, tasks, sessions, weights)))
 
     def listing(self, spark: SparkSession, settings: SnapshotSettings, buckets: list[S3Target], run_id: str,
                 started: datetime, offloaded_ledgers: int) -> ScanTotals:
@@ -1066,12 +1099,11 @@ class _WrittenOutput(_Output):
         return totals
 
     def scan(self, spark: SparkSession, settings: SnapshotSettings, target: ScanTarget, tasks: list[tuple[str, str]],
-             sessions: int) -> ScanTotals:
+             sessions: int, weights: list[float]) -> ScanTotals:
         # An RDD, not a DataFrame: the output is a few small tuples, and a fresh session's first SQL plan (its
         # analysis and code generation on a cold JVM) cost seconds of a 225k snapshot.
         writer = self.writer
-        dealt = [t for part in range(sessions) for t in tasks[part::sessions]]
-        rdd = spark.sparkContext.parallelize(dealt, sessions)
+        rdd = dealt_units(spark, tasks, sessions, weights)
         return self._kept(ScanTotals.tally(rdd.mapPartitions(lambda units: _scan_written(target, writer, units))
                                            .collect()))
 
@@ -1124,7 +1156,7 @@ def _snapshot(spark: SparkSession, store: TableStore, run_id: str, settings: Sna
     try:
         t_scan = time.monotonic()
         try:
-            totals = output.scan(spark, settings, target, tasks, sessions)
+            totals = output.scan(spark, settings, target, tasks, sessions, plan.task_weights())
         except Exception as exc:
             failure = zookeeper_task_error(exc)
             if failure is None:

@@ -4,7 +4,7 @@ and the reconcile's counts from its one aggregation."""
 from __future__ import annotations
 
 from sweeper.reconcile import CANDIDATE, orphan_tally
-from sweeper.snapshot import ZNODES_PER_SESSION, session_count
+from sweeper.snapshot import ZNODES_PER_SESSION, deal_tasks, session_count
 
 
 def test_a_small_cluster_is_one_scan_session_and_a_large_one_uses_every_core() -> None:
@@ -16,6 +16,20 @@ def test_a_small_cluster_is_one_scan_session_and_a_large_one_uses_every_core() -
     assert session_count(2, 0, 8, units=17) == 8  # no estimate: as many as the cores can use
     assert session_count(2, 6, 8, units=17, znodes=10) == 6  # [spark] scan_partitions decides alone
     assert session_count(2, 0, 8, units=0, znodes=0) == 1
+
+
+def test_scan_tasks_are_dealt_by_their_estimated_cost() -> None:
+    tasks = [("bk", f"unit-{i}") for i in range(11)]
+    weights = [10_000.0, 10_000, 10_000, 9_000, 4_000, 400, 300, 200, 100, 50, 0]
+    dealt = deal_tasks(tasks, weights, 4)
+    assert sorted(t for part in dealt for t in part) == sorted(tasks)  # each exactly once
+    cost = dict(zip(tasks, weights, strict=True))
+    loads = [sum(cost[t] for t in part) for part in dealt]
+    # Round-robin put 10,000 + 4,000 + 100 in one partition (14,100); by cost the heaviest is the least a plan can
+    # do (the 4,000 beside the 9,000) and the small units even out the rest.
+    assert max(loads) == 13_000 and min(loads) >= 10_000
+    assert deal_tasks(tasks, weights, 4) == dealt  # the same plan every time
+    assert deal_tasks(tasks[:2], weights[:2], 4)[2:] == [[], []]
 
 
 def test_the_reconcile_counts_come_from_one_aggregation() -> None:
