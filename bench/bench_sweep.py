@@ -173,8 +173,8 @@ def main() -> None:
                         help="build and seed the sandbox model in this process and keep it during the sweep, as the "
                              "bench did until issue 37 (its RSS then counts ~1.3 GiB of ground truth at 1M ledgers)")
     parser.add_argument("--gates-driver-rows", type=int, default=None,
-                        help="[gates] driver_rows (default: the product's, 1,000,000 gated rows; a 1M-ledger snapshot "
-                             "has ~2.5M, so its gates run as Spark jobs unless this is raised)")
+                        help="[gates] driver_rows (default: the product's, \"auto\": a quarter of the memory free "
+                             "at 400 B a gated row; a 1M-ledger snapshot has ~2.5M; 0: always Spark jobs)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
     server = start_zookeeper(work / "zk", heap="4g")

@@ -163,8 +163,9 @@ class GatesConfig:
     max_missing_reference_fraction: float = 0.02
     missing_reference_allowance: int = 10  # this many missing references never refuse a run, whatever the fraction
     # A snapshot of at most this many gated rows (ledgers, managed ledgers, cursors, schemas, quarantine) is
-    # validated on the driver; a larger one with Spark jobs. The checks are the same either way.
-    driver_rows: int = 1_000_000
+    # validated on the driver; a larger one with Spark jobs. The checks are the same either way. "auto": as many
+    # as a quarter of the memory the driver's process can still get holds (sweeper.gates.driver_row_limit).
+    driver_rows: int | str = "auto"
 
 
 @dataclass(frozen=True)
@@ -513,8 +514,10 @@ def validate(config: SweeperConfig) -> None:
     if not 0 <= config.gates.max_missing_reference_fraction <= 1 or config.gates.missing_reference_allowance < 0:
         raise ConfigError("[gates] max_missing_reference_fraction must be in [0, 1] and missing_reference_allowance "
                           ">= 0")
-    if config.gates.driver_rows < 0:
-        raise ConfigError("[gates] driver_rows must be >= 0 (0: always validate with Spark jobs)")
+    rows = config.gates.driver_rows
+    if rows != "auto" and (not isinstance(rows, int) or isinstance(rows, bool) or rows < 0):
+        raise ConfigError(f'[gates] driver_rows must be "auto" or a number >= 0 (0: always validate with Spark '
+                          f"jobs), got {rows!r}")
     for peer in config.safety.peer_metadata:
         if not peer.strip() or peer.strip() in (config.pulsar_zookeeper, config.bookkeeper.zookeeper):
             raise ConfigError(f"[safety] peer_metadata entry {peer!r} is empty or names this cluster's own metadata "

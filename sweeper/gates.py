@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -37,6 +38,7 @@ class GateResult:
     checked: int = 0
     baseline: str | None = None  # the run whose snapshot the shrink gate compared with (None: no earlier good run)
     on_driver: bool = False  # validated on the driver (a snapshot of at most [gates] driver_rows), else Spark jobs
+    driver_rows: int = 0  # the limit that chose the engine ([gates] driver_rows, or what "auto" made of it)
 
     @property
     def passed(self) -> bool:
@@ -269,6 +271,52 @@ def snapshot_liveness(rows: _SparkRows | _DriverRows, recorded: dict[str, int], 
                     rows.newest_data_ledger(dedicated))
 
 
+# What the driver engine holds a gated row at, at its peak: Arrow, pandas' copy of one table at a time and GX's
+# own objects; bench/bench_gates.py measured ~180 B at 0.5M and 2.3M rows, budgeted here with room to spare.
+DRIVER_BYTES_PER_ROW = 400
+# The share of the memory still free that the gates may take: the JVM, the Python workers and the next stage's
+# reads need the rest (a local-mode driver shares the machine with its executors).
+DRIVER_MEMORY_SHARE = 4
+# When nothing says how much memory is free (not Linux): a 1 GiB driver's worth, spark-submit's default.
+DRIVER_ROWS_FALLBACK = 1_000_000
+
+
+def driver_row_limit(setting: int | str, available_bytes: int | None) -> int:
+    """The most gated rows validated on the driver: [gates] driver_rows as set, or for "auto" as many as a quarter
+    of `available_bytes` holds. On this project's 24 GiB bench machine that is ~15M rows, so a million-ledger
+    snapshot (2.5M rows) is validated in ~5 s on the driver, where GX's ~30 Spark jobs took ~23 s; a 1 GiB driver
+    container gets ~650k rows."""
+    if setting != "auto":
+        return int(setting)
+    if available_bytes is None:
+        return DRIVER_ROWS_FALLBACK
+    return max(0, available_bytes) // DRIVER_MEMORY_SHARE // DRIVER_BYTES_PER_ROW
+
+
+def memory_available(proc: str = "/proc", cgroup: str = "/sys/fs/cgroup") -> int | None:
+    """Bytes this process can still get: the kernel's MemAvailable, or less where its cgroup's limit (a driver
+    container's) leaves less; None when neither can be read."""
+    found: list[int] = []
+    try:
+        for line in Path(proc, "meminfo").read_text(encoding="ascii").splitlines():
+            if line.startswith("MemAvailable:"):
+                found.append(int(line.split()[1]) * 1024)
+                break
+    except (OSError, ValueError):
+        pass
+    for limit_file, usage_file in (("memory.max", "memory.current"),  # cgroup v2
+                                   ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):  # v1
+        try:
+            limit = Path(cgroup, limit_file).read_text(encoding="ascii").strip()
+            usage = int(Path(cgroup, usage_file).read_text(encoding="ascii").strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < 1 << 60:  # "max", or v1's huge number: no limit
+            found.append(max(0, int(limit) - usage))
+        break
+    return min(found) if found else None
+
+
 def run_gates(store: TableStore, run_id: str, config: GatesConfig,
               brokers_path: str = "/loadbalance/brokers", dedicated: bool = False) -> GateResult:
     """The gates on `run_id`'s snapshot. `dedicated`: `[safety] bookkeeper_dedicated`, every ledger is ours."""
@@ -282,7 +330,8 @@ def run_gates(store: TableStore, run_id: str, config: GatesConfig,
     result.baseline = previous["run_id"] if previous else None
     recorded = this["counts"] or {}
     # The engine is chosen by what the snapshot recorded, before anything is read.
-    on_driver = sum(int(recorded.get(table, 0)) for table in GATED) <= config.driver_rows
+    result.driver_rows = driver_row_limit(config.driver_rows, memory_available())
+    on_driver = sum(int(recorded.get(table, 0)) for table in GATED) <= result.driver_rows
     result.on_driver = on_driver
     rows = _DriverRows(store, run_id) if on_driver else _SparkRows(store, run_id)
     try:

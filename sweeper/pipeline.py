@@ -78,7 +78,8 @@ def reconcile_stage(spark: SparkSession, config: SweeperConfig, store: TableStor
             started = time.monotonic()
             gates = run_gates(store, run_id, config.gates, config.pulsar.brokers_path,
                               dedicated=config.safety.bookkeeper_dedicated)
-            gated.update(gates_ms=int((time.monotonic() - started) * 1000), gates_on_driver=int(gates.on_driver))
+            gated.update(gates_ms=int((time.monotonic() - started) * 1000), gates_on_driver=int(gates.on_driver),
+                         gates_driver_rows=gates.driver_rows)
             if not gates.passed:
                 raise GateFailed(gates)
         return run_reconcile(spark, store, run_id, SafetySettings.from_config(config))
@@ -295,9 +296,9 @@ def _report_snapshot(snap: SnapshotResult, config: SweeperConfig, sweep: SweepRe
 
 def _report_reconcile(rec: ReconcileResult, config: SweeperConfig, sweep: SweepResult, log: Any) -> None:
     c = rec.counts
-    gates = (f" (the gates before it: {c.gates_ms / 1000:.1f}s, "
-             f"{'on the driver' if c.gates_on_driver else 'as Spark jobs, above [gates] driver_rows'})"
-             if c.gates_passed else "")
+    engine = ("on the driver" if c.gates_on_driver
+              else f"as Spark jobs, above [gates] driver_rows ({c.gates_driver_rows:,} rows)")
+    gates = f" (the gates before it: {c.gates_ms / 1000:.1f}s, {engine})" if c.gates_passed else ""
     log(f"[reconcile] {c.candidate:>10,} candidates, {c.unknown:,} unknown, {c.young:,} young, {c.missing:,} missing "
         f"in {rec.duration_s:.1f}s{gates}")
     if c.other_cluster or c.stale_pointer or c.protected:

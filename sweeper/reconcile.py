@@ -128,6 +128,7 @@ class ReconcileCounts(runs.StageCounts):
     # (1: on the driver, 0: as Spark jobs, above [gates] driver_rows): at a million ledgers the gates are most of it.
     gates_ms: int = runs.count("gate.ms")
     gates_on_driver: int = runs.count("gate.on_driver")
+    gates_driver_rows: int = runs.count("gate.driver_rows")  # the limit that chose (see sweeper.gates.driver_row_limit)
 
 
 @dataclass

@@ -33,6 +33,9 @@ def test_defaults_and_local_config_load() -> None:
         ("[metrics]\njob = 'a/b'\n", "job must be"),
         ("[retention]\ntopic_policies = 'admin'\n", 'topic_policies = "admin" needs [system_topic] admin_url'),
         ("[retention]\ntopic_policies = 'zk'\n", "topic_policies must be system_topic, admin or none"),
+        ("[gates]\ndriver_rows = 'lots'\n", 'driver_rows must be "auto" or a number >= 0'),
+        ("[gates]\ndriver_rows = -1\n", 'driver_rows must be "auto" or a number >= 0'),
+        ("[gates]\ndriver_rows = 1.5\n", 'driver_rows must be "auto" or a number >= 0'),
     ],
 )
 def test_bad_config_names_the_option(tmp_path: Path, text: str, message: str) -> None:

@@ -17,7 +17,7 @@ from harness.sandbox.seed import ledger_znode_data, seed_zookeeper
 from sweeper import runs
 from sweeper.config import GatesConfig
 from sweeper.errors import StageRefused
-from sweeper.gates import GateFailed, baseline, run_gates
+from sweeper.gates import DRIVER_ROWS_FALLBACK, GateFailed, baseline, driver_row_limit, memory_available, run_gates
 from sweeper.layout import LedgerLayout, layout_znode, ledger_path
 from sweeper.pipeline import reconcile_stage, snapshot_stage
 from sweeper.table_schemas import BK_LEDGERS
@@ -93,6 +93,27 @@ def test_two_bad_snapshots_in_a_row_are_both_refused(
 def _row(run_id: str, stage: str, status: str, minute: int, counts: dict[str, int] | None = None) -> dict[str, Any]:
     return {"run_id": run_id, "stage": stage, "status": status, "counts": counts or {},
             "started_at": datetime(2026, 11, 27, 1, minute, tzinfo=UTC)}
+
+
+def test_the_gates_engine_is_sized_by_the_memory_the_driver_can_get(tmp_path: Path) -> None:
+    gib = 2**30
+    assert driver_row_limit(250_000, 64 * gib) == 250_000  # a number is the operator's: kept as set
+    assert driver_row_limit(0, 64 * gib) == 0
+    assert driver_row_limit("auto", 24 * gib) > 2_500_000  # a million ledgers' gated rows, on this machine kind
+    assert 500_000 < driver_row_limit("auto", 1 * gib) < 1_000_000  # spark-submit's default 1 GiB driver
+    assert driver_row_limit("auto", 0) == 0 and driver_row_limit("auto", None) == DRIVER_ROWS_FALLBACK
+    proc, cgroup = tmp_path / "proc", tmp_path / "cgroup"
+    proc.mkdir()
+    cgroup.mkdir()
+    assert memory_available(str(proc), str(cgroup)) is None  # nothing to read: the fallback decides
+    (proc / "meminfo").write_text("MemTotal:       24000000 kB\nMemAvailable:   12000000 kB\n")
+    assert memory_available(str(proc), str(cgroup)) == 12_000_000 * 1024
+    (cgroup / "memory.max").write_text("max\n")  # cgroup v2 without a limit
+    (cgroup / "memory.current").write_text("5000000000\n")
+    assert memory_available(str(proc), str(cgroup)) == 12_000_000 * 1024
+    (cgroup / "memory.max").write_text(f"{2 * gib}\n")  # a driver container of 2 GiB, 1.5 GiB of it in use
+    (cgroup / "memory.current").write_text(f"{gib + gib // 2}\n")
+    assert memory_available(str(proc), str(cgroup)) == gib // 2
 
 
 def test_the_baseline_is_the_newest_earlier_run_whose_gates_passed() -> None:
