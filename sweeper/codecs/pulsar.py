@@ -78,8 +78,15 @@ def _repair_text(message: Message) -> None:
                 setattr(message, name, value.decode("utf-8", "replace"))
     for name, repeated in nested:
         if repeated:
-            for item in getattr(message, name):
-                _repair_text(item)
+            items = getattr(message, name)
+            if not items:
+                continue
+            item_strings, item_nested = _text_plan(items[0].DESCRIPTOR)
+            for item in items:
+                # Items whose text is only in nested messages (a ledger list's offload contexts and properties):
+                # most have none, and a scan meets hundreds of thousands of them.
+                if item_strings or any(len(getattr(item, n)) if r else item.HasField(n) for n, r in item_nested):
+                    _repair_text(item)
         elif message.HasField(name):
             _repair_text(getattr(message, name))
 
