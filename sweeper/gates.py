@@ -283,9 +283,9 @@ DRIVER_ROWS_FALLBACK = 1_000_000
 
 def driver_row_limit(setting: int | str, available_bytes: int | None) -> int:
     """The most gated rows validated on the driver: [gates] driver_rows as set, or for "auto" as many as a quarter
-    of `available_bytes` holds. On this project's 24 GiB bench machine that is ~15M rows, so a million-ledger
-    snapshot (2.5M rows) is validated in ~5 s on the driver, where GX's ~30 Spark jobs took ~23 s; a 1 GiB driver
-    container gets ~650k rows."""
+    of `available_bytes` holds. On this project's 24 GiB bench machine that is 8-16M rows, so a million-ledger
+    snapshot (2.5M rows) is validated in ~5 s on the driver, where GX's ~30 Spark jobs took ~23 s; a driver with
+    1 GiB still free gets ~650k rows, one whose container is nearly full (its JVM's heap) far fewer."""
     if setting != "auto":
         return int(setting)
     if available_bytes is None:
