@@ -19,7 +19,7 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -682,9 +682,9 @@ class TablePacker:
             yield from self._add_chunk(row)
             return
         table = row.pop("record_type")
-        if table == "ml_ledgers" and row.get("offload_bucket") is not None:
-            self.offload_targets[(row["offload_bucket"], row.get("offload_region") or "",
-                                  row.get("offload_endpoint") or "")] += 1
+        if table == "ml_ledgers":
+            self._count_offload_target(row.get("offload_bucket"), row.get("offload_region"),
+                                       row.get("offload_endpoint"))
         buffer = self.buffers[table]
         buffer.append(row)
         if len(buffer) >= self.batch_rows:
@@ -707,8 +707,11 @@ class TablePacker:
         bucket, region, endpoint = (chunk.columns.index(c) for c in ("offload_bucket", "offload_region",
                                                                      "offload_endpoint"))
         for values in chunk.rows:
-            if values[bucket] is not None:
-                self.offload_targets[(values[bucket], values[region] or "", values[endpoint] or "")] += 1
+            self._count_offload_target(values[bucket], values[region], values[endpoint])
+
+    def _count_offload_target(self, bucket: str | None, region: str | None, endpoint: str | None) -> None:
+        if bucket is not None:
+            self.offload_targets[(bucket, region or "", endpoint or "")] += 1
 
     def flush(self) -> Iterator[pa.RecordBatch]:
         for table, buffer in self.buffers.items():
@@ -725,28 +728,28 @@ class TablePacker:
 
     def _pack(self, table: str) -> pa.RecordBatch:
         rows, self.buffers[table] = self.buffers[table], []
-        schema, constant = self.schemas[table], self._constant[table]
         # What pyarrow's from_pylist does, minus the constant columns (a row's own run_id or captured_at, if it
         # has one, is overridden, as before).
-        arrays = [pa.repeat(constant[name], len(rows)) if name in constant
-                  else pa.array([row.get(name) for row in rows], type=schema.field(name).type)
-                  for name in schema.names]
-        return self._packed(table, pa.RecordBatch.from_arrays(arrays, schema=schema))
+        columns = {name: [row.get(name) for row in rows] for name in self.schemas[table].names
+                   if name not in self._constant[table]}
+        return self._packed(table, columns, len(rows))
 
     def _pack_chunk(self, chunk: RowChunk) -> pa.RecordBatch:
         """A scanner's tuples, turned into columns at once (zip transposes them in C)."""
-        schema, constant = self.schemas[chunk.table], self._constant[chunk.table]
-        if set(chunk.columns) | constant.keys() != set(schema.names):
+        if set(chunk.columns) | self._constant[chunk.table].keys() != set(self.schemas[chunk.table].names):
             raise ValueError(f"a chunk of {chunk.table} rows with columns {chunk.columns}, not the table's")
         rows = len(chunk.rows)
-        by_name = dict(zip(chunk.columns, zip(*chunk.rows, strict=True) if rows else [()] * len(chunk.columns),
+        columns = dict(zip(chunk.columns, zip(*chunk.rows, strict=True) if rows else [()] * len(chunk.columns),
                            strict=True))
-        arrays = [pa.repeat(constant[name], rows) if name in constant
-                  else pa.array(by_name[name], type=schema.field(name).type) for name in schema.names]
-        return self._packed(chunk.table, pa.RecordBatch.from_arrays(arrays, schema=schema))
+        return self._packed(chunk.table, columns, rows)
 
-    def _packed(self, table: str, batch: pa.RecordBatch) -> pa.RecordBatch:
-        rows = batch.num_rows
+    def _packed(self, table: str, columns: Mapping[str, Sequence[Any]], rows: int) -> pa.RecordBatch:
+        """The table's batch from its non-constant columns' values (the constant ones filled in), written or
+        serialized; the packed row counts it."""
+        schema, constant = self.schemas[table], self._constant[table]
+        batch = pa.RecordBatch.from_arrays(
+            [pa.repeat(constant[name], rows) if name in constant
+             else pa.array(columns[name], type=schema.field(name).type) for name in schema.names], schema=schema)
         if self.writing is not None:
             self.writing.write(table, batch)
             return pa.RecordBatch.from_pydict({"record_type": [table], "rows": [rows], "payload": [b""]},

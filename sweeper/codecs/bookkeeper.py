@@ -10,6 +10,7 @@ Every znode starts with `BookieMetadataFormatVersion\\t<n>\\n`. Then:
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,20 +78,30 @@ def as_text(value: str | bytes) -> str:
     return value if isinstance(value, str) else value.decode("utf-8", "replace")
 
 
+def all_text(values: Iterable[str | bytes]) -> bool:
+    """Whether every value is a str: the cheap way to find a bytes one (upb's invalid UTF-8) among the strings."""
+    try:
+        "".join(values)  # type: ignore[arg-type]
+    except TypeError:
+        return False
+    return True
+
+
+def custom_metadata_of(msg: pb.LedgerMetadataFormat) -> dict[str, bytes]:
+    """The message's custom metadata, keys as text (decoded as Java does where upb hands back bytes); a repeated
+    key keeps its last value, as the HashMap of BookKeeper's LedgerMetadataSerDe.decodeFormat does."""
+    custom = {e.key: e.value for e in msg.customMetadata}
+    return custom if all_text(custom) else {as_text(e.key): e.value for e in msg.customMetadata}
+
+
 def _from_message(msg: pb.LedgerMetadataFormat, version: int) -> LedgerMetadata:
     segments = []
     for s in msg.segment:
         ensemble = tuple(s.ensembleMember)
-        try:
-            "".join(ensemble)  # the cheap way to find a bytes member among the strings
-        except TypeError:
+        if not all_text(ensemble):
             ensemble = tuple(map(as_text, ensemble))
         segments.append(Segment(s.firstEntryId, ensemble))
-    custom = {e.key: e.value for e in msg.customMetadata}
-    try:
-        "".join(custom)
-    except TypeError:
-        custom = {as_text(e.key): e.value for e in msg.customMetadata}
+    custom = custom_metadata_of(msg)
     return LedgerMetadata(
         format_version=version,
         ensemble_size=msg.ensembleSize,

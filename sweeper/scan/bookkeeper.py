@@ -20,7 +20,9 @@ from sweeper.codecs.bookkeeper import (
     INVALID_ENTRY_ID,
     STATE_NAMES,
     LedgerMetadata,
+    all_text,
     as_text,
+    custom_metadata_of,
     decode_ledger_message,
     decode_ledger_metadata,
     ledger_message,
@@ -174,22 +176,15 @@ LEDGER_CHUNK_ROWS = 10_000
 def ledger_values(path: str, ledger_id: int, tree: str, msg: pb.LedgerMetadataFormat, format_version: int,
                   zk_version: int, zk_ctime_ms: int, zk_mtime_ms: int) -> tuple[Any, ...]:
     """One `bk_ledgers` row in LEDGER_COLUMNS' order, from the znode's decoded message. The fields are read as
-    decode_ledger_metadata reads them (BookKeeper's LedgerMetadataSerDe): the write quorum when the ack quorum
-    is absent, INVALID_ENTRY_ID when the last entry is, and text that is not UTF-8 decoded with replacement
-    characters, as Java does."""
+    decode_ledger_metadata reads them, after BookKeeper's LedgerMetadataSerDe.decodeFormat: the write quorum when
+    the ack quorum is absent, a repeated custom-metadata key's last value; INVALID_ENTRY_ID when the last entry is
+    absent, and text that is not UTF-8 decoded with replacement characters, as Java does."""
     bookies: set[str] = set()
     for segment in msg.segment:
         bookies.update(segment.ensembleMember)
-    try:
-        "".join(bookies)  # the cheap way to find a bytes member (upb's invalid UTF-8) among the strings
-    except TypeError:
+    if not all_text(bookies):
         bookies = set(map(as_text, bookies))
-    custom = {entry.key: entry.value for entry in msg.customMetadata}
-    try:
-        "".join(custom)
-    except TypeError:
-        custom = {as_text(entry.key): entry.value for entry in msg.customMetadata}
-    text, binary = split_custom_metadata(custom)
+    text, binary = split_custom_metadata(custom_metadata_of(msg))
     has = msg.HasField
     stored_ctime = msg.ctime if has("ctime") else None
     metadata_ctime = stored_ctime if stored_ctime is not None and stored_ctime > 0 else None
