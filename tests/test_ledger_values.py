@@ -125,6 +125,26 @@ def test_upstream_fixtures_and_odd_encodings_give_the_same_rows(shared_fixtures:
     assert scanned_row(samples[-1])["custom_metadata_binary"] == {"k\ufffd\ufffd": b"\xff", "other": b"\xfe"}
 
 
+def test_a_repeated_text_key_keeps_its_last_value() -> None:
+    # BookKeeper's LedgerMetadataSerDe.decodeFormat puts each entry into a HashMap, so the last one wins. The
+    # reference above reads through the same custom_metadata_of, so this one states the answer literally.
+    msg = pb.LedgerMetadataFormat(quorumSize=1, ensembleSize=1, length=0, state=pb.LedgerMetadataFormat.CLOSED)
+    msg.segment.add(firstEntryId=0, ensembleMember=["bk:3181"])
+    for key, value in (("application", b"pulsar"), ("component", b"a"),
+                       ("pulsar/managed-ledger", b"t/ns/x/persistent/one"), ("component", b"b"),
+                       ("pulsar/managed-ledger", b"t/ns/x/persistent/two")):
+        msg.customMetadata.add(key=key, value=value)
+    payload = msg.SerializeToString()
+    assert 127 < len(payload) < 2**14  # the delimiting length is a two-byte varint
+    prefix = bytes([len(payload) & 0x7F | 0x80, len(payload) >> 7])
+    row = scanned_row(b"BookieMetadataFormatVersion\t3\n" + prefix + payload)
+    assert row["component"] == "b"
+    assert row["managed_ledger"] == "t/ns/x/persistent/two"
+    assert row["custom_metadata"] == {"application": "pulsar", "component": "b",
+                                      "pulsar/managed-ledger": "t/ns/x/persistent/two"}
+    assert row["custom_metadata_binary"] is None
+
+
 def test_ownership_that_is_not_text_is_refused_either_way() -> None:
     md = replace(_random_ledger(random.Random(1)),
                  custom_metadata={"application": b"pulsar", "pulsar/managed-ledger": b"\xff\xfe"})
