@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from harness.zkserver import super_digest
 from sweeper.delete.permissions import WHY_PARENT, needed
 from sweeper.layout import LedgerLayout
@@ -16,6 +18,7 @@ from sweeper.zk.acl import (
     identity_of,
     missing_permissions,
 )
+from tests.support.config import ZkTarget
 
 SWEEPER = Identity(frozenset({("sasl", "sweeper"), ("ip", "10.1.2.3")}))
 CREATOR_ALL_WORLD_READ = [(31, "sasl", "bookie"), (READ, "world", "anyone")]
@@ -79,3 +82,49 @@ def test_what_a_delete_run_needs() -> None:
         "/schemas/t/n/topic": READ, "/managed-ledgers/t/n/persistent/other": READ}
     assert managed == ["/managed-ledgers/t/n/persistent/topic", "/managed-ledgers/t/n/persistent/shadow",
                        "/managed-ledgers/t/n/persistent/other"]
+
+
+def test_the_check_spread_over_sessions_finds_what_one_session_finds(
+        zk_target: ZkTarget, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real ZooKeeper: the check's reads split over three sessions still see every znode; the two that lack
+    READ (a ledger, a cursor) sit in the second and third shares, so a share's answers lost would pass them."""
+    from kazoo.security import ACL, Id, Permissions
+
+    from sweeper import pending_delete
+    from sweeper.connections import ZooKeeperEndpoint
+    from sweeper.delete import permissions
+    from sweeper.zk import client as zkutil
+
+    client = zkutil.connect(zk_target.hosts)
+    other_only = [ACL(Permissions.ALL, Id("digest", super_digest("pw", user="someone-else")))]
+    no_read = [ACL(Permissions.ALL & ~Permissions.READ, Id("world", "anyone"))]
+    payloads = []
+    try:
+        for i in range(1, 61):
+            client.create(f"/ledgers/00/0000/L{i:04d}", b"x", makepath=True,
+                          acl=other_only if i == 55 else None)
+            ml = f"/managed-ledgers/t/n/persistent/topic-{i}"
+            client.create(ml, b"", makepath=True)
+            client.create(f"{ml}/c1", b"", acl=no_read if i == 50 else None)
+            payloads.append(pending_delete.encode({
+                "topicName": f"persistent://t/n/topic-{i}", "ledgerComponent": "MANAGED_LEDGER",
+                "ledgerType": "LEDGER", "ledgerId": i, "cursorName": None, "schemaId": None,
+                "offloadContext": None, "properties": {}, "reason": "test", "runId": "r"}))
+    finally:
+        zkutil.close(client)
+    sessions: list[int] = []
+    opened = ZooKeeperEndpoint.wire_reader
+    monkeypatch.setattr(ZooKeeperEndpoint, "wire_reader",
+                        lambda self, *a, **kw: sessions.append(1) or opened(self, *a, **kw))
+    monkeypatch.setattr(permissions, "PATHS_PER_SESSION", 20)
+    endpoint = ZooKeeperEndpoint(zk_target.hosts, 10.0, None)
+    found = {}
+    for pace in (0.0, 1e6):  # unpaced: the check's own session and two more for each spread read; paced: one
+        sessions.clear()
+        check = permissions.check(endpoint, payloads, ledgers_root="/ledgers", layout=LedgerLayout.HIERARCHICAL,
+                                  ml_root="/managed-ledgers", schemas_root="/schemas", shadows={},
+                                  reads_per_second=pace)
+        found[pace] = (check.status, sorted((m.path, m.permission) for m in check.missing))
+        assert len(sessions) == (5 if pace == 0.0 else 1)
+    assert found[0.0] == found[1e6] == ("missing", [
+        ("/ledgers/00/0000/L0055", READ), ("/managed-ledgers/t/n/persistent/topic-50/c1", READ)])

@@ -8,9 +8,10 @@ checked in the compare-and-set multi); DELETE on each ledger znode's parent dire
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from sweeper import pending_delete
 from sweeper.connections import ZooKeeperEndpoint
@@ -27,6 +28,14 @@ log = logging.getLogger(__name__)
 WHY_LEDGER = "the delete re-reads each ledger's metadata before deleting it"
 WHY_PARENT = "deleting a ledger znode needs DELETE on its parent"
 WHY_REFERRER = "the delete re-reads every referrer and checks its version in the same multi"
+
+# ZooKeeper answers one session's requests in order, one at a time, so a single session's getACL pipeline is bound by
+# the server's turn-around: 98k getACL took 5.0 s on one session, 2.9 s on two and 2.2 s on three (bench note in
+# docs/benchmarks.md). Unpaced checks of many znodes spread over up to this many sessions; paced ones keep one.
+MAX_SESSIONS = 3
+PATHS_PER_SESSION = 10_000
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -90,13 +99,37 @@ def check(endpoint: ZooKeeperEndpoint, payloads: Sequence[bytes], *,
         identity = identity_of(who, security.digest_id() if security is not None else "")
         if identity.is_super:
             return PermissionCheck("ok", identity=identity)
+        more_sessions = (lambda: endpoint.wire_reader(multi_read)) if limiter is None else None
         return _check(reader, identity, payloads, ledgers_root=ledgers_root, layout=layout, ml_root=ml_root,
-                      schemas_root=schemas_root, shadows=shadows)
+                      schemas_root=schemas_root, shadows=shadows, more_sessions=more_sessions)
+
+
+def _spread(reader: WireReader, paths: list[str], read: Callable[[WireReader, list[str]], list[T]],
+            more_sessions: Callable[[], WireReader] | None) -> list[T]:
+    """`read` over contiguous shares of `paths`, in input order: the first share on `reader`, each other on a
+    session of its own at the same time (see MAX_SESSIONS). A failed share fails the whole."""
+    shares = 1 if more_sessions is None else max(1, min(MAX_SESSIONS, len(paths) // PATHS_PER_SESSION))
+    if shares == 1:
+        return read(reader, paths)
+    size = -(-len(paths) // shares)
+    chunks = [paths[i:i + size] for i in range(0, len(paths), size)]
+
+    def on_own_session(chunk: list[str]) -> list[T]:
+        assert more_sessions is not None
+        with more_sessions() as own:
+            return read(own, chunk)
+
+    with ThreadPoolExecutor(len(chunks) - 1, thread_name_prefix="acl-check") as pool:
+        others = [pool.submit(on_own_session, chunk) for chunk in chunks[1:]]
+        results = read(reader, chunks[0])
+        for future in others:
+            results.extend(future.result())
+    return results
 
 
 def _check(reader: WireReader, identity: Identity, payloads: Sequence[bytes], *, ledgers_root: str,
-           layout: LedgerLayout, ml_root: str, schemas_root: str,
-           shadows: Mapping[str, Sequence[str]]) -> PermissionCheck:
+           layout: LedgerLayout, ml_root: str, schemas_root: str, shadows: Mapping[str, Sequence[str]],
+           more_sessions: Callable[[], WireReader] | None = None) -> PermissionCheck:
     records = []
     for payload in payloads:
         try:
@@ -105,11 +138,12 @@ def _check(reader: WireReader, identity: Identity, payloads: Sequence[bytes], *,
             continue
     needs, managed = needed(records, ledgers_root=ledgers_root, layout=layout, ml_root=ml_root,
                             schemas_root=schemas_root, shadows=shadows)
-    for listing in reader.children_many(list(dict.fromkeys(managed))):
+    listings = _spread(reader, list(dict.fromkeys(managed)), lambda r, ps: list(r.children_many(ps)), more_sessions)
+    for listing in listings:
         for cursor in listing.children or ():  # unreadable: its own READ is missing, found below
             needs.setdefault(zkutil.join(listing.path, cursor), (READ, WHY_REFERRER))
     acls: dict[str, Acl] = {}
-    for read in reader.acls_many(list(needs)):
+    for read in _spread(reader, list(needs), lambda r, ps: list(r.acls_many(ps)), more_sessions):
         acls[read.path] = UNREADABLE if isinstance(read.error, ZooKeeperPermissionError) else read.acl
     missing = missing_permissions(needs, acls, identity)
     return PermissionCheck("missing" if missing else "ok", missing, identity)

@@ -136,6 +136,28 @@ class ZooKeeperWireError(Exception):
         self.path = path
 
 
+_ACLS_REMEMBERED = 4096  # distinct ACL vectors a reader keeps decoded
+
+
+def _decode_acl(raw: bytes) -> tuple[tuple[int, str, str], ...]:
+    """A getACL reply's vector<ACL>: int count, then per entry int perms and the Id's two ustrings."""
+    unpack = _INT.unpack_from
+    (count,) = unpack(raw, 0)
+    offset = 4
+    entries = []
+    for _ in range(max(count, 0)):
+        (perms,) = unpack(raw, offset)
+        offset += 4
+        fields = []
+        for _ in range(2):  # Id: ustring scheme, ustring id
+            (length,) = unpack(raw, offset)
+            offset += 4
+            fields.append(str(raw[offset : offset + max(length, 0)], "utf-8"))
+            offset += max(length, 0)
+        entries.append((perms, fields[0], fields[1]))
+    return tuple(entries)
+
+
 class WireReader:
     """Pipelined getData/getChildren on one ZooKeeper session; a context manager.
 
@@ -169,6 +191,7 @@ class WireReader:
         # decrypted bytes may already wait inside the TLS layer, so a wait for them could stall.
         self._lowat = 1 if hasattr(socket, "SO_RCVLOWAT") and not tls else 0
         self._iteration = 0  # bumped per get_many/children_many so a superseded one fails loudly
+        self._acls_seen: dict[bytes, tuple[tuple[int, str, str], ...]] = {}  # an ACL vector's bytes -> its entries
         self._failure: ZooKeeperUnavailableError | None = None  # why the connection is unusable
         self._released = False  # close() has run
         # Keepalive: the server expires a session that sends nothing for its timeout, and a slow
@@ -224,21 +247,24 @@ class WireReader:
     def _acl_reply(self, path: str, err: int, offset: int) -> tuple[AclRead, int]:
         if err:
             return AclRead(path, None, None if err == _NO_NODE else _read_error(err, path)), offset
-        buf, view, unpack = self._buf, self._view, _INT.unpack_from
+        # Most znodes of a cluster carry one of a few ACLs: find the vector's end by its lengths alone and decode
+        # each distinct vector once (a delete's permission check reads tens of thousands).
+        buf, unpack = self._buf, _INT.unpack_from
+        start = offset
         (count,) = unpack(buf, offset)
         offset += 4
-        entries = []
         for _ in range(max(count, 0)):
-            (perms,) = unpack(buf, offset)
-            offset += 4
-            fields = []
+            offset += 4  # perms
             for _ in range(2):  # Id: ustring scheme, ustring id
                 (length,) = unpack(buf, offset)
-                offset += 4
-                fields.append(str(view[offset : offset + max(length, 0)], "utf-8"))
-                offset += max(length, 0)
-            entries.append((perms, fields[0], fields[1]))
-        return AclRead(path, entries), offset + _STAT.size
+                offset += 4 + max(length, 0)
+        raw = bytes(self._view[start:offset])
+        entries = self._acls_seen.get(raw)
+        if entries is None:
+            entries = _decode_acl(raw)
+            if len(self._acls_seen) < _ACLS_REMEMBERED:
+                self._acls_seen[raw] = entries
+        return AclRead(path, list(entries)), offset + _STAT.size
 
     def who_am_i(self) -> list[tuple[str, str]]:
         """This session's identities as the server sees them, (scheme, user) pairs (ZooKeeper >= 3.7).
