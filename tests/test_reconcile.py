@@ -79,6 +79,11 @@ def test_every_injected_orphan_found_and_nothing_in_use_listed(
     assert result.counts.non_pulsar_ledgers == sum(1 for x in truth.values() if x.status is Status.NON_PULSAR)
     report = store.read("orphan_report").where(f"run_id = '{run_id}'").collect()
     assert sum(r["orphans"] for r in report) == len(expected_candidates)
+    # Without a clock given, the grace period is measured at the snapshot's capture: each row's age and time.
+    (captured,) = {r["captured_at"] for r in store.read("bk_ledgers").where(f"run_id = '{run_id}'").collect()}
+    captured_ms = int(captured.timestamp() * 1000)  # the classifier's clock is whole milliseconds
+    assert {int(row["captured_at"].timestamp() * 1000) for row in found.values()} == {captured_ms}
+    assert all(row["age_ms"] == captured_ms - row["created_ms"] for row in ledgers.values())
 
 
 def test_circuit_breaker_stops_the_run_and_writes_nothing(
