@@ -76,6 +76,12 @@ LOCAL_CONF: dict[str, str] = {
     "spark.sql.shuffle.partitions": "8",
     # Only effective when this call starts the JVM; a running JVM keeps its heap.
     "spark.driver.memory": "4g",
+    # A local session's JVM is the driver and the executor, for runs of seconds to minutes on a few cores: there
+    # the optimizing JIT (C2) costs more CPU than it gives back, and G1's concurrent work competes with the tasks.
+    # The million-ledger reconcile on a fresh JVM took 24.5 s with the JVM's defaults, 20 s with C1 only, 22 s with
+    # the parallel collector, 18.2-18.9 s with both; run again in the same JVM, 12.0-13.2 s and 10.9-11.8 s
+    # (docs/benchmarks.md). Like the memory, only effective when this call starts the JVM.
+    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseParallelGC",
 }
 
 
