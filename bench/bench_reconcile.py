@@ -18,6 +18,12 @@ renamed `peer-tenant-*`, ledger ids shifted by 2^44 so the two never collide) ad
 `references.peer_rows`, and `[safety] peer_metadata` names it. Reconcile without the peer (a dedicated
 BookKeeper, as before) and with it run alternately in fresh processes, with the baseline tree's if one is given.
 
+With `--jvm-defaults` this tree's reconcile also runs, alternately, in a JVM started with the JVM's own defaults
+(tiered compilation up to C2, the G1 collector) in place of the options a local session gives its JVM
+(`sweeper.spark.LOCAL_CONF`: C1 only, the parallel collector):
+
+    .venv/bin/python bench/bench_reconcile.py --topics 100000 --max-rollovers 16 --jvm-defaults --rounds 3
+
 With `--retention` the tables the retention-debt step reads beyond reconcile's are written too
 (namespace policies through the scan's `namespace_policy_row`, bundle ownership), and after a small
 warm-up run in the same Spark session the real `run_reconcile` and then `run_retention_debt` run on
@@ -318,6 +324,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--baseline-tree", default="", help="an older checkout to compare with, same tables")
     parser.add_argument("--rounds", type=int, default=2, help="alternating runs per tree with --baseline-tree")
+    parser.add_argument("--jvm-defaults", action="store_true",
+                        help="also run this tree with the JVM's default compiler and collector, alternately")
     parser.add_argument("--peer", action="store_true",
                         help="also reconcile with a peer cluster of the same size on the same bookies")
     parser.add_argument("--retention", action="store_true", help="time retention debt against reconcile")
@@ -347,10 +355,16 @@ def main() -> None:
         spark.stop()
         shutil.rmtree(work, ignore_errors=True)
         return
-    if args.baseline_tree or args.peer:
-        variants = [("current", Path(__file__).resolve().parents[1], work / "tables", False)]
+    if args.baseline_tree or args.peer or args.jvm_defaults:
+        here = Path(__file__).resolve().parents[1]
+        variants: list[Variant] = [("current", here, work / "tables", False, {})]
         if args.baseline_tree:
-            variants.append(("baseline", Path(args.baseline_tree).resolve(), work / "tables", False))
+            variants.append(("baseline", Path(args.baseline_tree).resolve(), work / "tables", False, {}))
+        if args.jvm_defaults:
+            # pyspark hands PYSPARK_SUBMIT_ARGS to spark-submit after the session's own --conf settings, so the
+            # driver's Java options given here take the place of LOCAL_CONF's.
+            variants.append(("current, JVM defaults", here, work / "tables", False, {"PYSPARK_SUBMIT_ARGS": (
+                "--driver-java-options='-XX:TieredStopAtLevel=4 -XX:+UseG1GC' pyspark-shell")}))
         if args.peer:
             t = time.monotonic()
             peer_model = build_cluster(SandboxSpec(seed=args.seed + 1, topics=args.topics,
@@ -362,7 +376,7 @@ def main() -> None:
             added = add_peer(spark, work, work / "tables-peer", peer_tables, run_id, captured_at)
             del peer_tables
             print(f"peer added: {added} ({time.monotonic() - t:.0f}s)", flush=True)
-            variants.append(("current+peer", variants[0][1], work / "tables-peer", True))
+            variants.append(("current+peer", variants[0][1], work / "tables-peer", True, {}))
         spark.stop()
         expected = sum(1 for x in cluster.ledgers.values() if x.status.value == "orphan")
         del cluster
@@ -410,15 +424,19 @@ spark.stop()
 """
 
 
-def compare(variants: list[tuple[str, Path, Path, bool]], cluster_name: str, rounds: int, expected: int) -> None:
-    """Each variant (label, source tree, tables, with the peer) reconciles a fresh copy of its tables in a fresh
-    process, round after round, alternating: the ratios are what this shared machine's load cannot blur."""
+Variant = tuple[str, Path, Path, bool, dict[str, str]]  # label, source tree, tables, with the peer, environment
+
+
+def compare(variants: list[Variant], cluster_name: str, rounds: int, expected: int) -> None:
+    """Each variant (label, source tree, tables, with the peer, environment added) reconciles a fresh copy of its
+    tables in a fresh process, round after round, alternating: the ratios are what this shared machine's load cannot
+    blur."""
     walls: dict[str, list[float]] = {label: [] for label, *_ in variants}
     for round_ in range(rounds):
-        for label, tree, tables, with_peer in variants:
-            copy = tables.parent / f"run-{label}-{round_}"
+        for index, (label, tree, tables, with_peer, extra_env) in enumerate(variants):
+            copy = tables.parent / f"run-{index}-{round_}"
             shutil.copytree(tables, copy)
-            env = {**os.environ, "PYTHONPATH": str(tree)}
+            env = {**os.environ, "PYTHONPATH": str(tree), **extra_env}
             proc = subprocess.Popen([sys.executable, "-c", _RECONCILE_IN_TREE, str(tree), str(copy), cluster_name,
                                      PEER if with_peer else ""],
                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
