@@ -118,13 +118,15 @@ def test_the_check_spread_over_sessions_finds_what_one_session_finds(
                         lambda self, *a, **kw: sessions.append(1) or opened(self, *a, **kw))
     monkeypatch.setattr(permissions, "PATHS_PER_SESSION", 20)
     endpoint = ZooKeeperEndpoint(zk_target.hosts, 10.0, None)
-    found = {}
-    for pace in (0.0, 1e6):  # unpaced: the check's own session and two more for each spread read; paced: one
+    found = set()
+    # (pace, [scan] max_sessions) -> sessions opened: unpaced, the check's own and up to two more for each spread
+    # read, within max_sessions; paced, one.
+    for pace, most, opened_sessions in ((0.0, 8, 5), (0.0, 2, 3), (0.0, 1, 1), (1e6, 8, 1)):
         sessions.clear()
         check = permissions.check(endpoint, payloads, ledgers_root="/ledgers", layout=LedgerLayout.HIERARCHICAL,
                                   ml_root="/managed-ledgers", schemas_root="/schemas", shadows={},
-                                  reads_per_second=pace)
-        found[pace] = (check.status, sorted((m.path, m.permission) for m in check.missing))
-        assert len(sessions) == (5 if pace == 0.0 else 1)
-    assert found[0.0] == found[1e6] == ("missing", [
-        ("/ledgers/00/0000/L0055", READ), ("/managed-ledgers/t/n/persistent/topic-50/c1", READ)])
+                                  reads_per_second=pace, max_sessions=most)
+        found.add((check.status, tuple(sorted((m.path, m.permission) for m in check.missing))))
+        assert len(sessions) == opened_sessions, (pace, most)
+    assert found == {("missing", (
+        ("/ledgers/00/0000/L0055", READ), ("/managed-ledgers/t/n/persistent/topic-50/c1", READ)))}

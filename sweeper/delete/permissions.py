@@ -31,7 +31,8 @@ WHY_REFERRER = "the delete re-reads every referrer and checks its version in the
 
 # ZooKeeper answers one session's requests in order, one at a time, so a single session's getACL pipeline is bound by
 # the server's turn-around: 98k getACL took 5.0 s on one session, 2.9 s on two and 2.2 s on three (bench note in
-# docs/benchmarks.md). Unpaced checks of many znodes spread over up to this many sessions; paced ones keep one.
+# docs/benchmarks.md). Unpaced checks of many znodes spread over up to this many sessions, within [scan] max_sessions;
+# paced ones ([scan] reads_per_second, by default) keep one: the rate bounds them, not the server's turn-around.
 MAX_SESSIONS = 3
 PATHS_PER_SESSION = 10_000
 
@@ -85,7 +86,8 @@ def needed(records: Sequence[Mapping[str, Any]], *, ledgers_root: str, layout: L
 
 def check(endpoint: ZooKeeperEndpoint, payloads: Sequence[bytes], *,
           ledgers_root: str, layout: LedgerLayout, ml_root: str, schemas_root: str,
-          shadows: Mapping[str, Sequence[str]], reads_per_second: float = 0.0, multi_read: int = 1) -> PermissionCheck:
+          shadows: Mapping[str, Sequence[str]], reads_per_second: float = 0.0, multi_read: int = 1,
+          max_sessions: int = MAX_SESSIONS) -> PermissionCheck:
     """Whether this session may do the run: one wire-protocol session (whoAmI, listings, getACL, pipelined)."""
     limiter = TokenBucket.for_requests(reads_per_second, multi_read) if reads_per_second > 0 else None
     security = endpoint.security
@@ -99,16 +101,18 @@ def check(endpoint: ZooKeeperEndpoint, payloads: Sequence[bytes], *,
         identity = identity_of(who, security.digest_id() if security is not None else "")
         if identity.is_super:
             return PermissionCheck("ok", identity=identity)
-        more_sessions = (lambda: endpoint.wire_reader(multi_read)) if limiter is None else None
+        sessions = 1 if limiter is not None else max(1, min(MAX_SESSIONS, max_sessions))
         return _check(reader, identity, payloads, ledgers_root=ledgers_root, layout=layout, ml_root=ml_root,
-                      schemas_root=schemas_root, shadows=shadows, more_sessions=more_sessions)
+                      schemas_root=schemas_root, shadows=shadows,
+                      more_sessions=lambda: endpoint.wire_reader(multi_read), sessions=sessions)
 
 
 def _spread(reader: WireReader, paths: list[str], read: Callable[[WireReader, list[str]], list[T]],
-            more_sessions: Callable[[], WireReader] | None) -> list[T]:
+            more_sessions: Callable[[], WireReader] | None, sessions: int) -> list[T]:
     """`read` over contiguous shares of `paths`, in input order: the first share on `reader`, each other on a
-    session of its own at the same time (see MAX_SESSIONS). A failed share fails the whole."""
-    shares = 1 if more_sessions is None else max(1, min(MAX_SESSIONS, len(paths) // PATHS_PER_SESSION))
+    session of its own at the same time, at most `sessions` in all (see MAX_SESSIONS). A failed share fails the
+    whole."""
+    shares = 1 if more_sessions is None else max(1, min(sessions, len(paths) // PATHS_PER_SESSION))
     if shares == 1:
         return read(reader, paths)
     size = -(-len(paths) // shares)
@@ -129,7 +133,7 @@ def _spread(reader: WireReader, paths: list[str], read: Callable[[WireReader, li
 
 def _check(reader: WireReader, identity: Identity, payloads: Sequence[bytes], *, ledgers_root: str,
            layout: LedgerLayout, ml_root: str, schemas_root: str, shadows: Mapping[str, Sequence[str]],
-           more_sessions: Callable[[], WireReader] | None = None) -> PermissionCheck:
+           more_sessions: Callable[[], WireReader] | None = None, sessions: int = 1) -> PermissionCheck:
     records = []
     for payload in payloads:
         try:
@@ -138,12 +142,13 @@ def _check(reader: WireReader, identity: Identity, payloads: Sequence[bytes], *,
             continue
     needs, managed = needed(records, ledgers_root=ledgers_root, layout=layout, ml_root=ml_root,
                             schemas_root=schemas_root, shadows=shadows)
-    listings = _spread(reader, list(dict.fromkeys(managed)), lambda r, ps: list(r.children_many(ps)), more_sessions)
+    listings = _spread(reader, list(dict.fromkeys(managed)), lambda r, ps: list(r.children_many(ps)), more_sessions,
+                       sessions)
     for listing in listings:
         for cursor in listing.children or ():  # unreadable: its own READ is missing, found below
             needs.setdefault(zkutil.join(listing.path, cursor), (READ, WHY_REFERRER))
     acls: dict[str, Acl] = {}
-    for read in _spread(reader, list(needs), lambda r, ps: list(r.acls_many(ps)), more_sessions):
+    for read in _spread(reader, list(needs), lambda r, ps: list(r.acls_many(ps)), more_sessions, sessions):
         acls[read.path] = UNREADABLE if isinstance(read.error, ZooKeeperPermissionError) else read.acl
     missing = missing_permissions(needs, acls, identity)
     return PermissionCheck("missing" if missing else "ok", missing, identity)

@@ -657,7 +657,7 @@ def run(spark: SparkSession, store: TableStore, run_id: str, settings: DeleteSet
                 ledgers_root=settings.bookkeeper.ledgers_root, layout=layout,
                 ml_root=settings.pulsar.managed_ledgers_root, schemas_root=settings.pulsar.schemas_root,
                 shadows=dict(shadows or ()), reads_per_second=settings.scan.reads_per_second,
-                multi_read=settings.scan.multi_read)
+                multi_read=settings.scan.multi_read, max_sessions=settings.scan.max_sessions)
             guards["permission_check"] = allowed.status
             counts["missing_permissions"] = len(allowed.missing)
             if allowed.missing:
