@@ -42,6 +42,9 @@ class Refused(SweeperError, RuntimeError):
 
     exit_code = EXIT_REFUSED
     label = "refused"
+    # True for a run that may no longer write its own final status (it lost its run lock, DESIGN.md invariant 22):
+    # `runs.stage` records nothing for it, and the next holder of the lock folds it in from its journal.
+    leaves_run_to_next_holder = False
 
 
 class StageRefused(Refused):

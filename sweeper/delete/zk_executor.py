@@ -50,6 +50,7 @@ from sweeper.layout import LayoutError, LedgerLayout, is_middle, is_tree_top, le
 from sweeper.metastore.oxia import capabilities_of
 from sweeper.protection import cursor_protection, describe
 from sweeper.rules import OTHER_CLUSTER, PROTECTED, ActingRules, Owner, refusal
+from sweeper.run_lock import Fence, LockWatch
 from sweeper.vocabulary import BUCKET_PREFIX, COMPACTED_TOPIC_LEDGER, COMPACTION_CURSOR
 from sweeper.zk import client as zkutil
 from sweeper.zk.errors import ZooKeeperPermissionError
@@ -57,6 +58,8 @@ from sweeper.zk.errors import ZooKeeperPermissionError
 NowMs = int | Callable[[], int]
 WHY_READ = "the delete re-reads the ledger and its referrers"
 NOT_ATTEMPTED = "not attempted: a missing ZooKeeper permission stopped the run"
+# The run's lock is not its own any more (sweeper.run_lock): nothing more is deleted, by this task or any other.
+LOCK_LOST = LockWatch.detail_when_lost
 Read = tuple[bytes, Any] | None  # (data, stat), None when the znode does not exist
 
 
@@ -206,6 +209,7 @@ class LedgerDeleter:
         peers: Sequence[tuple[str, LedgerDeleter]] = (),
         offload_check: OffloadCheck | None = None,
         never_seen: frozenset[int] = frozenset(),
+        fence: Fence | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -244,15 +248,27 @@ class LedgerDeleter:
         # Kept for the deleter's life, which spans the in-task retries (run_with_retries calls the same `process`):
         # a re-verification that finds such a ledger gone files it `deleted` by this run, not `already_gone`.
         self.answer_lost: dict[str, str] = {}
+        # The run lock's fence (DESIGN.md invariant 22): its checks lead every multi, so a run whose session expired
+        # or whose lock another run took deletes nothing more. `lock_lost` says why once a multi met that.
+        self.fence = fence
+        self.lock_lost: str | None = None
+
+    @property
+    def stopped(self) -> str | None:
+        """Why nothing more may be deleted by this deleter (a refusal, or the lock lost), or None."""
+        return self.refusal or self.lock_lost
+
+    def _not_attempted(self) -> str:
+        return LOCK_LOST if self.lock_lost is not None and self.refusal is None else NOT_ATTEMPTED
 
     # ---- the whole job ---------------------------------------------------------------------
 
     def process(self, records: Sequence[Mapping[str, Any]]) -> list[DeleteResult]:
         """One result per record, in input order; never raises for a ZooKeeper error."""
         verified, results = self.verify(records)
-        if verified and self.refusal is not None:
+        if verified and self.stopped is not None:
             for item in verified:
-                results[item.index] = self._done(item, FAILED, NOT_ATTEMPTED, self.refusal)
+                results[item.index] = self._done(item, FAILED, self._not_attempted(), self.stopped)
         elif verified:
             for index, result in self.delete(verified).items():
                 results[index] = result
@@ -278,8 +294,8 @@ class LedgerDeleter:
         outage: str | None = None
         for index, record in enumerate(records):
             started = time.monotonic()
-            if self.refusal is not None:
-                results.append(result_for(record, FAILED, NOT_ATTEMPTED, error=self.refusal))
+            if self.stopped is not None:
+                results.append(result_for(record, FAILED, self._not_attempted(), error=self.stopped))
                 continue
             if outage is not None and not self.client.connected:
                 # Each read would wait out its timeout in turn; the retry re-verifies them all anyway.
@@ -551,9 +567,9 @@ class LedgerDeleter:
         size = self.batch_size if capabilities_of(self.client).atomic_multi else 1
         batches = [list(verified[i:i + size]) for i in range(0, len(verified), size)]
         for start in range(0, len(batches), self.IN_FLIGHT):
-            if self.refusal is not None:
+            if self.stopped is not None:
                 for item in (i for batch in batches[start:] for i in batch):
-                    results[item.index] = self._done(item, FAILED, NOT_ATTEMPTED, self.refusal)
+                    results[item.index] = self._done(item, FAILED, self._not_attempted(), self.stopped)
                 break
             sent = [(batch, *self._send(batch)) for batch in batches[start:start + self.IN_FLIGHT]]
             for batch, checks, answer in sent:
@@ -570,8 +586,8 @@ class LedgerDeleter:
                         results[item.index] = self._done(item, FAILED, ANSWER_LOST, outcome.error)
                 else:
                     for item in batch:
-                        if self.refusal is not None:
-                            results[item.index] = self._done(item, FAILED, NOT_ATTEMPTED, self.refusal)
+                        if self.stopped is not None:
+                            results[item.index] = self._done(item, FAILED, self._not_attempted(), self.stopped)
                             continue
                         single = self._settle([item], *self._send([item]))
                         results[item.index] = single or self._done(item, DELETED,
@@ -587,9 +603,11 @@ class LedgerDeleter:
         return self._timed(result, item.started)
 
     def _send(self, batch: list[Verified]) -> tuple[list[tuple[str, int]], Any]:
-        """One multi: check every referrer at the version read, delete every ledger at the version verified."""
+        """One multi: check the run's lock (its fence), every referrer at the version read, and delete every ledger
+        at the version verified."""
         tx = self.client.transaction()
-        checks = list(dict.fromkeys(c for item in batch for c in item.checks))
+        fence = self.fence.checks() if self.fence is not None else ()
+        checks = list(dict.fromkeys([*fence, *(c for item in batch for c in item.checks)]))
         for path, version in checks:
             tx.check(path, version)
         for item in batch:
@@ -627,6 +645,15 @@ class LedgerDeleter:
             return None
         position, error = failure
         item = batch[0]
+        fenced = len(self.fence.checks()) if self.fence is not None else 0
+        if position < fenced and isinstance(error, NoNodeError | BadVersionError):
+            # The lock node is gone (the session expired) or the epoch moved (another run took the lock): the multi
+            # was refused as a whole, so nothing of it applied. Say why, as the fence would on a read.
+            assert self.fence is not None
+            self.lock_lost = (self.fence.lost_because(None, None) if isinstance(error, NoNodeError) and position == 0
+                              else f"its lock {self.fence.lock_path} was taken by another run (checked in the "
+                                   "compare-and-set multi)")
+            return self._done(item, FAILED, LOCK_LOST, self.lock_lost)
         if len(batch) > 1:
             return self._done(item, FAILED, "batch failed", _error_text(error))
         if isinstance(error, NoAuthError):

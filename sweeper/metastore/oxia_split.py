@@ -22,12 +22,17 @@ class SplitStore:
 
     capabilities = OXIA_CAPABILITIES
 
-    def __init__(self, bookkeeper: OxiaStore, pulsar: OxiaStore, ledgers_root: str) -> None:
+    def __init__(self, bookkeeper: OxiaStore, pulsar: OxiaStore, ledgers_root: str,
+                 bookkeeper_paths: Iterable[str] = ()) -> None:
         self.bookkeeper, self.pulsar, self.ledgers_root = bookkeeper, pulsar, ledgers_root.rstrip("/")
+        # Records of ours kept in BookKeeper's namespace beside the ledgers: the run lock and its epoch, which the
+        # delete's fence checks with every compare-and-set (sweeper.run_lock).
+        self.bookkeeper_paths = frozenset(bookkeeper_paths)
         self.hosts = f"{bookkeeper.hosts} (ledgers), {pulsar.hosts} (Pulsar)"
 
     def _for(self, path: str) -> OxiaStore:
-        inside = path == self.ledgers_root or path.startswith(self.ledgers_root + "/")
+        inside = (path == self.ledgers_root or path.startswith(self.ledgers_root + "/")
+                  or path in self.bookkeeper_paths)
         return self.bookkeeper if inside else self.pulsar
 
     @property
