@@ -149,7 +149,7 @@ def emit_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
                                 f"sends only the rest: {exc}")
         return None
 
-    settings = EmitSettings.from_config(config)
+    settings = EmitSettings.from_config(config, recorded_in_runs=True)
     # An interrupted emit is recorded with what its journal and `emitted` hold (issue 22), here, by the wrapper.
     return runs.stage(store, settings, run_id, "emit", lambda: emit.run(spark, store, run_id, settings),
                       lambda result: runs.Ending(result.counts), (EmitRefused,), escalate,
@@ -161,7 +161,8 @@ def delete_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, 
     def body() -> DeleteRunResult:
         if execute:
             sample_bookies_before(config, store, run_id)
-        return run_delete(spark, config, store, run_id, execute=execute, from_json=from_json, from_topic=from_topic)
+        return run_delete(spark, config, store, run_id, execute=execute, from_json=from_json, from_topic=from_topic,
+                          recorded_in_runs=True)
 
     def ending(result: DeleteRunResult) -> runs.Ending:
         return runs.Ending(result.counts, runs.PARTIAL if is_partial(result) else runs.SUCCEEDED,
@@ -206,7 +207,8 @@ def repair_stage(config: SweeperConfig, store: TableStore, plan_run_id: str, run
 
     return runs.stage(store, config, run_id, "retention_repair",
                   lambda: retention_repair.run(None, store, run_id,
-                                               RepairSettings.from_config(config, plan_run_id, execute)), ending,
+                                               RepairSettings.from_config(config, plan_run_id, execute,
+                                                                          recorded_in_runs=True)), ending,
                   (RetentionRepairRefused,))
 
 

@@ -159,6 +159,8 @@ def stage(store: TableStore, config: ConfigHash | None, run_id: str, name: str, 
         if caused_by_interrupt(exc):
             record_the_interrupt()
             raise KeyboardInterrupt from exc
+        if isinstance(exc, Refused) and exc.leaves_run_to_next_holder:
+            raise  # its journal stays open: the next holder of the lock records how it ended, once
         if isinstance(exc, (Refused, *refusals)):
             record(store, run_id, name, REFUSED, started, {}, config, str(exc))
             if isinstance(exc, refusals):
@@ -228,6 +230,27 @@ def rows(store: TableStore, run_id: str | None = None, stage: str | None = None,
     for row in found:
         row["counts"] = dict(row["counts"] or {})  # Arrow gives a map as (key, value) pairs
     return sorted(found, key=lambda r: (r["started_at"], r["finished_at"]))
+
+
+# The detail a journal's `closed` row starts with when the stage wrapper writes the attempt's `runs` row right after
+# (the delete, the emit, the retention repair): a closed attempt with no row of its stage recorded since was killed
+# between the two, and the next attempt records it (`unrecorded`), so no attempt is left without a status.
+RUNS_ROW_FOLLOWS = "closed; its runs row follows"
+
+
+def unrecorded(store: TableStore, stage: str, closed: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Of `closed` (journal rows: `run_id`, `detail`, and `at`, the close), those closed under the stage wrapper
+    with no `stage` row of their run finished at or after the close."""
+    waiting = [dict(r) for r in closed if str(r.get("detail") or "").startswith(RUNS_ROW_FOLLOWS)]
+    wanted = sorted({r["run_id"] for r in waiting})
+    if not wanted:
+        return []
+    ended: dict[str, list[datetime]] = {}
+    if store.exists(TABLE):
+        for row in store.read_arrow(TABLE, where={"stage": stage, "run_id": wanted},
+                                    columns=["run_id", "finished_at"]).to_pylist():
+            ended.setdefault(row["run_id"], []).append(row["finished_at"])
+    return [r for r in waiting if not any(at >= r["at"] for at in ended.get(r["run_id"], ()))]
 
 
 def latest(store: TableStore, stage: str) -> str | None:

@@ -61,6 +61,7 @@ class Journal:
     attempt_id: str
     ledgers_root: str
     layout: str
+    runs_row_follows: bool = False  # closed by a stage wrapper that records the attempt in `runs` next
 
     def _row(self, phase: str, **values: Any) -> dict[str, Any]:
         return {"run_id": self.run_id, "attempt_id": self.attempt_id, "at": datetime.now(UTC), "phase": phase,
@@ -86,12 +87,14 @@ class Journal:
             for item, result in done])
 
     def close(self, detail: str = "") -> None:
-        self.appender.append([self._row(CLOSED, detail=detail)])
+        said = runs.RUNS_ROW_FOLLOWS + (f": {detail}" if detail else "") if self.runs_row_follows else detail
+        self.appender.append([self._row(CLOSED, detail=said)])
 
 
-def open_journal(store: TableStore, run_id: str, ledgers_root: str, layout: LedgerLayout) -> Journal:
+def open_journal(store: TableStore, run_id: str, ledgers_root: str, layout: LedgerLayout,
+                 runs_row_follows: bool = False) -> Journal:
     return Journal(store.task_appender(JOURNAL_TABLE, DELETE_JOURNAL), run_id, new_attempt_id(run_id), ledgers_root,
-                   layout.value)
+                   layout.value, runs_row_follows)
 
 
 @dataclass
@@ -104,9 +107,11 @@ class Resolution:
     still_present: int = 0  # intents without an outcome whose ledger is there: re-verified as usual
     other_outcomes: int = 0
     settled: set[str] = field(default_factory=set)  # record keys with a final outcome from those attempts
+    unrecorded: list[str] = field(default_factory=list)  # closed attempts killed before their `runs` row
 
     def counts(self) -> dict[str, int]:
-        return {"interrupted_attempts": len(self.attempts), "interrupted_deleted": self.deleted + self.recovered,
+        return {"interrupted_attempts": len(self.attempts) + len(self.unrecorded),
+                "interrupted_deleted": self.deleted + self.recovered,
                 "interrupted_recovered": self.recovered, "interrupted_still_present": self.still_present}
 
 
@@ -118,10 +123,43 @@ def unclosed_attempts(store: TableStore) -> list[str]:
     return sorted({r["attempt_id"] for r in phases} - closed)
 
 
+def settle_unrecorded(store: TableStore, by_attempt: str) -> list[str]:
+    """Record as `interrupted` every attempt that closed itself under the stage wrapper (runs.RUNS_ROW_FOLLOWS) and has
+    no `runs` row of its run's delete stage written since: it was killed between the two. Its results are already
+    in `delete_results`; only its status was missing. The attempts recorded. Holding the delete run lock."""
+    if not store.exists(JOURNAL_TABLE):
+        return []
+    closed = store.aggregate_arrow(JOURNAL_TABLE, ["attempt_id", "run_id", "detail"], [("at", "max")],
+                                   where={"phase": CLOSED}).to_pylist()
+    gaps = runs.unrecorded(store, "delete", ({**r, "at": r["at_max"]} for r in closed))
+    if not gaps:
+        return []
+    tallies = store.aggregate_arrow(JOURNAL_TABLE, ["attempt_id", "outcome"], [("at", "count")],
+                                    where={"attempt_id": [r["attempt_id"] for r in gaps], "phase": OUTCOME})
+    firsts = store.aggregate_arrow(JOURNAL_TABLE, ["attempt_id"], [("at", "min")],
+                                   where={"attempt_id": [r["attempt_id"] for r in gaps]}).to_pylist()
+    started = {r["attempt_id"]: r["at_min"] for r in firsts}
+    run_rows = []
+    for gap in gaps:
+        attempt = gap["attempt_id"]
+        outcomes = {r["outcome"]: int(r["at_count"]) for r in tallies.to_pylist() if r["attempt_id"] == attempt}
+        begun = started.get(attempt, gap["at"])
+        run_rows.append({"run_id": gap["run_id"], "stage": "delete", "status": runs.INTERRUPTED, "started_at": begun,
+                         "finished_at": gap["at"], "duration_s": (gap["at"] - begun).total_seconds(),
+                         "counts": {"deleted": outcomes.get(DELETED, 0)},  # fields of stage.DeleteCounts
+                         "config_hash": None, "engine": store.engine,
+                         "message": f"attempt {attempt} committed its results ({outcomes.get(DELETED, 0)} deleted, in "
+                                    "delete_results) and stopped before recording its end here (recorded by "
+                                    f"{by_attempt})"})
+    runs.record_rows(store, run_rows, {"stage": "delete", "resolved_by": by_attempt})
+    return [r["attempt_id"] for r in gaps]
+
+
 def resolve_interrupted(store: TableStore, exists: Any, by_attempt: str) -> Resolution:
-    """Fold every unclosed attempt (see the module doc). `exists(zk_path)` re-reads a ledger znode. Only call
-    this holding the delete run lock: an unclosed attempt is then one that stopped."""
-    found = Resolution()
+    """Fold every unclosed attempt (see the module doc), and record the attempts killed between closing themselves
+    and their `runs` row (`settle_unrecorded`). `exists(zk_path)` re-reads a ledger znode. Only call this holding
+    the delete run lock: an unclosed attempt is then one that stopped."""
+    found = Resolution(unrecorded=settle_unrecorded(store, by_attempt))
     attempts = unclosed_attempts(store)
     if not attempts:
         return found

@@ -16,11 +16,11 @@ import dataclasses
 import json
 import random
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from botocore.exceptions import ClientError
 from kazoo.exceptions import NoAuthError
@@ -49,10 +49,10 @@ from sweeper.delete.drain import TopicDrain
 from sweeper.delete.journal import Journal, open_journal, relabel_lost_answers, resolve_interrupted
 from sweeper.delete.lock import DeleteRunLock
 from sweeper.delete.records import SOURCE_EMITTED, SOURCE_JSON, SOURCE_RETRY, PendingRecord
-from sweeper.delete.results import FAILED, INVALID, DeleteResult, result_for
+from sweeper.delete.results import DELETED, FAILED, INVALID, DeleteResult, result_for
 from sweeper.delete.retry import RetryPolicy, run_with_retries
 from sweeper.delete.s3_executor import ObjectDeleter
-from sweeper.delete.zk_executor import LedgerDeleter, OffloadCheck
+from sweeper.delete.zk_executor import LOCK_LOST, LedgerDeleter, OffloadCheck
 from sweeper.errors import Refused
 from sweeper.layout import LedgerLayout, ledger_path
 from sweeper.liveness import clock_problem, live_brokers
@@ -60,7 +60,6 @@ from sweeper.metastore.migration import (
     MIGRATION_NOT_ATTEMPTED,
     MigrationGuard,
     MigrationRefused,
-    MigrationWatch,
     check_stores,
 )
 from sweeper.metastore.urls import StoreUrl
@@ -69,6 +68,7 @@ from sweeper.offload import S3Target, object_metadata, s3_client
 from sweeper.protection import Protection
 from sweeper.ratelimit import TokenBucket
 from sweeper.rules import ActingRules
+from sweeper.run_lock import Fence, LockLost, LockWatch
 from sweeper.safety import GracePeriod, Scope
 from sweeper.scan.bookkeeper import read_layout, split_custom_metadata
 from sweeper.table_schemas import DEAD_LETTER, DELETE_RESULTS, RETRY_QUEUE
@@ -114,6 +114,9 @@ class DeleteTarget:
     never_seen: frozenset[int] = frozenset()  # operator-listed ids no snapshot lists: `not_found` when gone
     # With execute: PIP-454's flag, re-read by each task before every executor call (sweeper.metastore.migration)
     migration: MigrationGuard | None = None
+    # With execute: the run lock's fence (sweeper.run_lock), checked in every delete multi and read before every
+    # executor call, so a run that lost its lock (an expired session) stops wherever its tasks run
+    fence: Fence | None = None
 
 
 @dataclass(frozen=True)
@@ -138,13 +141,20 @@ class DeleteSettings:
     from_json: str | Path | None = None
     from_topic: bool = False
     now_ms: int | None = None  # the decision clock; tests move it
+    # Where the stage says what it waits for (a killed run's lock expiring); the CLI's terminal by default.
+    log: Callable[[str], None] = field(default=print, compare=False, repr=False)
+    # Run under the stage wrapper, which writes the attempt's `runs` row once it returns: its journal says so when it
+    # closes, so that a kill between the two is found and recorded by the next attempt (journal.settle_unrecorded).
+    recorded_in_runs: bool = False
 
     @classmethod
     def from_config(cls, config: SweeperConfig, *, execute: bool = False, from_json: str | Path | None = None,
-                    from_topic: bool = False, now_ms: int | None = None) -> DeleteSettings:
+                    from_topic: bool = False, now_ms: int | None = None,
+                    recorded_in_runs: bool = False) -> DeleteSettings:
         return cls(config.bookkeeper, config.pulsar, config.delete, config.safety, config.gates, config.offload,
                    config.scan, config.retention, config.system_topic, Connections.from_config(config),
-                   config.hash(), config.pulsar_store(), execute, from_json, from_topic, now_ms)
+                   config.hash(), config.pulsar_store(), execute, from_json, from_topic, now_ms,
+                   recorded_in_runs=recorded_in_runs)
 
     def hash(self) -> str:
         return self.config_hash
@@ -369,15 +379,32 @@ def _paced(items: list[Any], per_second: float) -> Iterator[list[Any]]:
             bucket.acquire(len(part))
 
 
+class Watch(Protocol):
+    """A condition re-read before each executor call that may delete; once it says stop, the task stops for good
+    (sweeper.metastore.migration.MigrationWatch, sweeper.run_lock.LockWatch)."""
+
+    detail: str | None
+    error: str | None
+
+    def stop(self) -> bool: ...
+
+
+def _stopped(watches: Sequence[Watch]) -> Watch | None:
+    return next((w for w in watches if w.stop()), None)
+
+
 def _run_records(fn: Any, pairs: list[tuple[PendingRecord, dict[str, Any]]], target: DeleteTarget,
-                 rng: random.Random, watch: MigrationWatch | None = None) -> list[tuple[PendingRecord, DeleteResult]]:
+                 rng: random.Random, watches: Sequence[Watch] = ()) -> list[tuple[PendingRecord, DeleteResult]]:
     out: list[tuple[PendingRecord, DeleteResult]] = []
-    if watch is not None:
-        fn = _unless_migrating(fn, watch)
+    lock = next((w for w in watches if isinstance(w, LockWatch)), None)
+    if watches:
+        fn = _unless_stopped(fn, watches, lock)
     started = 0
+    stopped: Watch | None = None
     for part in _paced(pairs, target.deletes_per_second):
-        if watch is not None and watch.stop():
-            break  # a migration began: what is left is on record below, never deleted, never journalled
+        stopped = _stopped(watches)
+        if stopped is not None:
+            break  # a migration began, or the lock was lost: what is left is on record below, never journalled
         started += len(part)
         if target.journal is not None:
             target.journal.intents(part)  # on record before any of them can be deleted
@@ -390,25 +417,32 @@ def _run_records(fn: Any, pairs: list[tuple[PendingRecord, dict[str, Any]]], tar
             _failpoint_before_outcomes()
             target.journal.outcomes(done)
         out += done
-    if watch is not None and watch.detail is not None:
+    if stopped is not None:
         for item, record in pairs[started:]:
-            result = _left_alone(record, watch)
+            result = _left_alone(record, stopped)
             result.attempt += item.attempts_before
             out.append((item, result))
     return out
 
 
-def _left_alone(record: Mapping[str, Any], watch: MigrationWatch) -> DeleteResult:
+def _left_alone(record: Mapping[str, Any], watch: Watch) -> DeleteResult:
     return result_for(record, FAILED, watch.detail or "", error=watch.error)
 
 
-def _unless_migrating(fn: Any, watch: MigrationWatch) -> Any:
-    """`fn`, called only while PIP-454's flag allows deleting: read again before each call, so an in-task retry
-    round after a back-off deletes nothing once a migration began."""
+def _unless_stopped(fn: Any, watches: Sequence[Watch], lock: LockWatch | None) -> Any:
+    """`fn`, called only while every watch allows deleting: read again before each call, so an in-task retry round
+    after a back-off deletes nothing once a migration began or the lock was lost. A multi that met the lost lock
+    tells the lock's watch, so the task's next call is not even tried."""
     def call(records: list[Mapping[str, Any]]) -> list[DeleteResult]:
-        if watch.stop():
-            return [_left_alone(record, watch) for record in records]
-        return fn(records)
+        stopped = _stopped(watches)
+        if stopped is not None:
+            return [_left_alone(record, stopped) for record in records]
+        results = fn(records)
+        if lock is not None:
+            lost = next((r for r in results if r.detail == LOCK_LOST), None)
+            if lost is not None:
+                lock.lost(lost.error or "")
+        return results
 
     return call
 
@@ -437,7 +471,8 @@ def _store_for_the_task(target: DeleteTarget) -> Any:
         return client
     from sweeper.metastore.oxia_split import SplitStore
 
-    return SplitStore(client, target.pulsar.connect(), target.ledgers_root)
+    fence_paths = [path for path, _ in target.fence.checks()] if target.fence is not None else []
+    return SplitStore(client, target.pulsar.connect(), target.ledgers_root, bookkeeper_paths=fence_paths)
 
 
 def _reader_for_the_task(target: DeleteTarget) -> Any:
@@ -466,7 +501,12 @@ def delete_partition(items: Iterator[list[PendingRecord]], target: DeleteTarget)
     rng = random.Random(hash(items[0].record_key))
     client = _store_for_the_task(target)
     # Pulsar's store is `client` itself, or behind it (SplitStore sends the flag's path to Pulsar's namespace).
-    watch = target.migration.watch(client) if target.migration is not None else None
+    watches: list[Watch] = []
+    if target.fence is not None:
+        # First: a run that lost its lock acts on nothing, whatever the migration flag says.
+        watches.append(LockWatch(client, target.fence, target.op_timeout_s))
+    if target.migration is not None:
+        watches.append(target.migration.watch(client))
     reader: Any = None
     peer_clients: list[Any] = []
     try:
@@ -493,8 +533,8 @@ def delete_partition(items: Iterator[list[PendingRecord]], target: DeleteTarget)
                 managed_ledgers_root=target.ml_root, schemas_root=target.schemas_root, min_age_ms=target.min_age_ms,
                 now_ms=target.now_ms, execute=target.execute, batch_size=target.batch_size,
                 op_timeout_s=target.op_timeout_s, reader=reader, shadows=dict(target.shadows), rules=rules,
-                peers=peers, offload_check=offload_checker(target), never_seen=target.never_seen)
-            finished += _run_records(deleter.process, ledgers, target, rng, watch)
+                peers=peers, offload_check=offload_checker(target), never_seen=target.never_seen, fence=target.fence)
+            finished += _run_records(deleter.process, ledgers, target, rng, watches)
         by_bucket: dict[str, list[tuple[PendingRecord, dict[str, Any]]]] = {}
         for item, record in objects:
             by_bucket.setdefault((record.get("offloadContext") or {}).get("bucket") or "", []).append((item, record))
@@ -507,7 +547,9 @@ def delete_partition(items: Iterator[list[PendingRecord]], target: DeleteTarget)
                                             execute=target.execute, op_timeout_s=target.op_timeout_s,
                                             shadows=dict(target.shadows), local_cluster=target.local_cluster,
                                             min_age_ms=target.min_age_ms, now_ms=target.now_ms, rules=target.rules)
-            finished += _run_records(objects_deleter.process, pairs, target, rng, watch)
+            # An object store has no multi to carry the fence: the watch reads it before each DeleteObjects call
+            # (sweeper.run_lock: the window left is that read and the call).
+            finished += _run_records(objects_deleter.process, pairs, target, rng, watches)
     finally:
         if reader is not None:
             reader.close()
@@ -588,9 +630,10 @@ def _partitions(spark: SparkSession, settings: DeleteSettings, records: int) -> 
 
 def run_delete(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str, *, execute: bool = False,
                from_json: str | Path | None = None, from_topic: bool = False,
-               now_ms: int | None = None) -> DeleteRunResult:
+               now_ms: int | None = None, recorded_in_runs: bool = False) -> DeleteRunResult:
     return run(spark, store, run_id, DeleteSettings.from_config(config, execute=execute, from_json=from_json,
-                                                               from_topic=from_topic, now_ms=now_ms))
+                                                               from_topic=from_topic, now_ms=now_ms,
+                                                               recorded_in_runs=recorded_in_runs))
 
 
 def run(spark: SparkSession, store: TableStore, run_id: str, settings: DeleteSettings) -> DeleteRunResult:
@@ -665,7 +708,9 @@ def run(spark: SparkSession, store: TableStore, run_id: str, settings: DeleteSet
                 if execute:
                     raise DeleteRefused(allowed.refusal())
         if execute:
-            lock = DeleteRunLock(client, d.lock_path, run_id=run_id)
+            lock = DeleteRunLock(client, d.lock_path, run_id=run_id,
+                                 wait_for_dead_local_holder_s=settings.bookkeeper.session_timeout_s + 2.0,
+                                 log=settings.log)
             try:
                 lock.acquire()
             except NoAuthError as exc:
@@ -676,11 +721,12 @@ def run(spark: SparkSession, store: TableStore, run_id: str, settings: DeleteSet
                     "lock_path)"))) from exc
             # Under the lock, an attempt the journal shows unclosed has stopped: its deletes go on record (with its
             # run id) before this attempt could take them for its own `already_gone`.
-            journal = open_journal(store, run_id, settings.bookkeeper.ledgers_root, layout)
+            journal = open_journal(store, run_id, settings.bookkeeper.ledgers_root, layout,
+                                   runs_row_follows=settings.recorded_in_runs)
             resolution = resolve_interrupted(store, lambda path: client.exists(path) is not None, journal.attempt_id)
-            if resolution.attempts:
+            if resolution.attempts or resolution.unrecorded:
                 counts.update(resolution.counts())
-                guards["interrupted_attempts"] = resolution.attempts
+                guards["interrupted_attempts"] = resolution.attempts + resolution.unrecorded
                 inputs = [item for item in inputs if item.record_key not in resolution.settled]
                 counts["records"] = len(inputs)
             skew = clock_problem(lock.clock_skew_ms, settings.safety.max_clock_skew_seconds)
@@ -714,7 +760,8 @@ def run(spark: SparkSession, store: TableStore, run_id: str, settings: DeleteSet
             offload_enabled=settings.offload.enabled, journal=journal,
             never_seen=never_seen,
             migration=MigrationGuard(settings.pulsar_store, settings.safety.acknowledge_migration_completed,
-                                     d.op_timeout_s) if execute else None)
+                                     d.op_timeout_s) if execute else None,
+            fence=lock.fence if lock is not None else None)
         rows: list[TaskRow] = []
         if inputs:
             parts = _partitions(spark, settings, len(inputs))
@@ -724,8 +771,14 @@ def run(spark: SparkSession, store: TableStore, run_id: str, settings: DeleteSet
                 groups[max(_ledger_of(item), 0) % parts].append(item)
             rows = (spark.sparkContext.parallelize(groups, parts)
                     .mapPartitions(lambda it: delete_partition(it, target)).collect())
+        if lock is not None:
+            _stop_if_lock_lost(lock, rows, journal)
         result = _commit(store, run_id, rows, target, execute, now, counts)
         if journal is not None:
+            if lock is not None:
+                # Paused between the check above and here, the run may have lost its lock meanwhile, and its next
+                # holder folded this attempt in: it must not also close it and record a status of its own.
+                lock.check()
             journal.close()
         refused = [r.error for r in result.results if r.error and "(ZooKeeper NoAuth)" in r.error]
         if refused:
@@ -745,6 +798,22 @@ def run(spark: SparkSession, store: TableStore, run_id: str, settings: DeleteSet
     result.guards = guards
     result.duration_s = time.monotonic() - t0
     return result
+
+
+def _stop_if_lock_lost(lock: DeleteRunLock, rows: list[TaskRow], journal: Journal | None) -> None:
+    """Before anything is committed: when a task met the lost lock, or the driver cannot show it still holds it,
+    the run stops here (LockLost, exit 3). It commits nothing and leaves its journal open: what its tasks did is
+    there, and the run that takes the lock next folds it in as it folds in a killed run, so every deletion has one
+    `deleted` row and the run one status (`interrupted`). DESIGN.md invariant 22."""
+    met = next((row[4] for row in rows if row[4].detail == LOCK_LOST), None)
+    why = met.error if met is not None else (lock.fence.verify(lock.client) if lock.fence is not None else None)
+    if why is None:
+        return
+    deleted = sum(1 for row in rows if row[4].outcome == DELETED)
+    where = f"delete_journal (attempt {journal.attempt_id})" if journal is not None else "delete_journal"
+    raise LockLost(f"the delete run {lock.run_id} stopped acting: {why}. It deleted {deleted:,} ledger(s) or "
+                   f"object(s) before it stopped; each is on record in {where}, and the next `delete --execute` "
+                   "files them under this run and re-verifies the rest")
 
 
 def _refuse_if_migrating(result: DeleteRunResult, settings: DeleteSettings, ran: bool) -> None:
