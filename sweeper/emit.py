@@ -29,12 +29,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import pyarrow as pa
+from kazoo.exceptions import NoAuthError
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
@@ -42,6 +43,7 @@ from sweeper import pending_delete, runs
 from sweeper.config import SweeperConfig, SystemTopicConfig
 from sweeper.connections import Connections
 from sweeper.errors import Refused, caused_by_interrupt
+from sweeper.run_lock import LOCKS_DIR, LockLost, RunLock
 from sweeper.spark import task_error
 from sweeper.system_topic import (
     BrokerSettings,
@@ -55,11 +57,17 @@ from sweeper.system_topic import (
 from sweeper.table_schemas import EMIT_JOURNAL, EMITTED
 from sweeper.tables import TableStore, TaskAppender
 from sweeper.vocabulary import CANDIDATE
+from sweeper.zk import client as zkutil
 
 log = logging.getLogger(__name__)
 
 JOURNAL_TABLE = "emit_journal"
 STARTED, INTENT, CLOSED = "started", "intent", "closed"
+# The emit's run lock, beside the delete's: one emit at a time, and a stopped emitter that wakes up publishes nothing
+# more once another holds it (sweeper.run_lock).
+LOCK_NAME = "emit"
+# How many messages a producer sends between two looks at the run lock's fence.
+FENCE_EVERY_MESSAGES = 1000
 # Tests only: seconds a producer task waits between the broker's acknowledgements and its `emitted` commit, so a
 # kill lands where records are on the topic but not yet on record (what the journal's intents are for).
 FAILPOINT_BEFORE_RECORDING_ENV = "SWEEPER_FAILPOINT_EMIT_BEFORE_RECORDING_S"
@@ -187,17 +195,22 @@ def _preencoded_avro_schema() -> Any:
 
 
 def send_slot(messages: list[PlannedMessage], broker: BrokerSettings,
-              producer: ProducerSettings) -> list[SlotRow]:
+              producer: ProducerSettings, still_holding: Callable[[], str | None] | None = None) -> list[SlotRow]:
     """One producer sends one slot's messages.
 
     Returns a SlotRow per message (message id None when the broker already held it or the record is
     over `max_record_bytes`, which is never sent: a broker would refuse it on every retry, and the
     rest of the run must not wait on it). Raises EmitFailed unless every message sent was acknowledged.
+    `still_holding()` says why the run lost its lock (or None): asked before the producer starts and every
+    FENCE_EVERY_MESSAGES sends, and a loss stops the sending (EmitFailed, after what was sent is answered).
     """
     import pulsar
 
     if not messages:
         return []
+    lost = still_holding() if still_holding is not None else None
+    if lost is not None:
+        raise EmitFailed(f"not sent: the run lost its lock: {lost}")
     messages = sorted(messages, key=lambda m: m.sequence_id)
     partition, slot = messages[0].topic_partition, messages[0].producer_slot
     name = producer.producer_name(partition, slot)
@@ -232,9 +245,16 @@ def send_slot(messages: list[PlannedMessage], broker: BrokerSettings,
 
         payloads = {m.sequence_id: m.payload for m in messages}
         oversize = {seq for seq, payload in payloads.items() if len(payload) > producer.max_record_bytes}
+        sends = 0
         for message in messages:
             if message.sequence_id <= last_persisted or message.sequence_id in oversize:
                 continue
+            sends += 1
+            if still_holding is not None and sends % FENCE_EVERY_MESSAGES == 0:
+                lost = still_holding()
+                if lost is not None:
+                    errors.append(f"stopped sending: the run lost its lock: {lost}")
+                    break
             with done:
                 pending += 1
             sender.send_async(payloads[message.sequence_id], on_receipt(message.sequence_id),
@@ -341,15 +361,21 @@ def already_emitted(store: TableStore, run_id: str) -> set[str]:
 
 @dataclass(frozen=True)
 class EmitSettings:
-    """What the emit reads of the config, narrowed once (issue 22's stage shape): the topic and its broker."""
+    """What the emit reads of the config, narrowed once (issue 22's stage shape): the topic and its broker, and its
+    run lock (beside [delete] lock_path, in BookKeeper's store, as the retention repair's)."""
 
     system_topic: SystemTopicConfig
     connections: Connections
     config_hash: str
+    lock_path: str = f"{LOCKS_DIR}/{LOCK_NAME}"
+    session_timeout_s: float = 15.0
+    recorded_in_runs: bool = False  # under the stage wrapper: its journal says a `runs` row follows its close
 
     @classmethod
-    def from_config(cls, config: SweeperConfig) -> EmitSettings:
-        return cls(config.system_topic, Connections.from_config(config), config.hash())
+    def from_config(cls, config: SweeperConfig, recorded_in_runs: bool = False) -> EmitSettings:
+        return cls(config.system_topic, Connections.from_config(config), config.hash(),
+                   f"{config.delete.lock_path.rsplit('/', 1)[0]}/{LOCK_NAME}", config.bookkeeper.session_timeout_s,
+                   recorded_in_runs)
 
     def hash(self) -> str:
         return self.config_hash
@@ -373,10 +399,32 @@ def record_interrupt(store: TableStore, run_id: str, started: datetime, settings
                     "interrupted during emit before anything was sent; re-run emit")
 
 
+class EmitRunLock(RunLock):
+    what, command = "emit", "emit"
+
+
 def _run_emit(spark: SparkSession, settings: EmitSettings, store: TableStore, run_id: str) -> EmitResult:
+    check_reconciled(store, run_id)
+    client = settings.connections.bookkeeper.connect()
+    lock = EmitRunLock(client, settings.lock_path, run_id=run_id,
+                       wait_for_dead_local_holder_s=settings.session_timeout_s + 2.0, log=print)
+    try:
+        try:
+            lock.acquire()
+        except NoAuthError as exc:
+            raise EmitRefused(f"the sweeper may not create its emit lock {settings.lock_path} (ZooKeeper NoAuth): make "
+                              "its parent writable by the sweeper, or set [delete] lock_path") from exc
+        return _emit_holding(spark, settings, store, run_id, lock)
+    finally:
+        lock.release()
+        zkutil.close(client)
+
+
+def _emit_holding(spark: SparkSession, settings: EmitSettings, store: TableStore, run_id: str,
+                  lock: EmitRunLock) -> EmitResult:
     t0 = time.monotonic()
     cfg = settings.system_topic
-    check_reconciled(store, run_id)
+    # Under the lock, an attempt the journal shows unclosed has stopped (a kill, or a lost lock).
     folded = fold_interrupted(store, run_id, by=f"the emit started at {datetime.now(UTC).isoformat()}")
     try:
         broker = settings.connections.broker()
@@ -397,7 +445,7 @@ def _run_emit(spark: SparkSession, settings: EmitSettings, store: TableStore, ru
         planned = planned_records(rows, cfg.records_per_producer).persist()
         try:
             result = _emit_planned(spark, store, run_id, planned, broker, ProducerSettings.from_config(cfg, run_id),
-                                   partitions, t0)
+                                   partitions, t0, lock, settings)
         finally:
             planned.unpersist()
     finally:
@@ -407,7 +455,8 @@ def _run_emit(spark: SparkSession, settings: EmitSettings, store: TableStore, ru
 
 
 def _emit_planned(spark: SparkSession, store: TableStore, run_id: str, planned: DataFrame, broker: BrokerSettings,
-                  producer: ProducerSettings, partitions: int, t0: float) -> EmitResult:
+                  producer: ProducerSettings, partitions: int, t0: float, lock: EmitRunLock,
+                  settings: EmitSettings) -> EmitResult:
     totals = planned.agg(F.count(F.lit(1)).alias("records"),
                          F.sum(F.when(F.col("ledger_type") == "LEDGER", 1).otherwise(0)).alias("ledger_records")).head()
     records = int(totals["records"] or 0)
@@ -426,10 +475,12 @@ def _emit_planned(spark: SparkSession, store: TableStore, run_id: str, planned: 
         return EmitResult(run_id, EmitCounts.from_row(counts), time.monotonic() - t0)
     slot_index = {slot: i for i, slot in enumerate(slots)}
     emitted_at = datetime.now(UTC)
-    journal = EmitJournal(store.task_appender(JOURNAL_TABLE, EMIT_JOURNAL), run_id, emitted_at.isoformat(), emitted_at)
+    journal = EmitJournal(store.task_appender(JOURNAL_TABLE, EMIT_JOURNAL), run_id, emitted_at.isoformat(), emitted_at,
+                          settings.recorded_in_runs)
     recorder = store.task_appender("emitted", EMITTED)
     columns = EMITTED.fieldNames()
     pause_s = float(os.environ.get(FAILPOINT_BEFORE_RECORDING_ENV) or 0)
+    fence, metadata = lock.fence, settings.connections.bookkeeper
 
     def send_partition(items: Iterator[tuple[int, Any]]) -> Iterator[tuple[str, int]]:
         rows = [row for _, row in items]
@@ -446,7 +497,11 @@ def _emit_planned(spark: SparkSession, store: TableStore, run_id: str, planned: 
         # On record before anything is sent: what this producer may put on the topic, should the task die.
         journal.intent(first.topic_partition, producer.producer_name(first.topic_partition, first.producer_slot),
                        min(sequence_ids), max(sequence_ids), len(messages))
-        sent = send_slot(messages, broker, producer)
+        with metadata.session() as zk:
+            # The run lock's fence, read before the producer starts and every FENCE_EVERY_MESSAGES sends: a task of
+            # an emit whose lock was lost (its driver's session expired, another emit took it) publishes no more.
+            sent = send_slot(messages, broker, producer,
+                             still_holding=(lambda: fence.verify(zk)) if fence is not None else None)
         if pause_s:
             time.sleep(pause_s)
         recorder.append([dict(zip(columns, (run_id, emitted_at, by_seq[seq].record_key, by_seq[seq].ledger_id,
@@ -470,9 +525,11 @@ def _emit_planned(spark: SparkSession, store: TableStore, run_id: str, planned: 
         if caused_by_interrupt(exc):
             raise  # the wrapper records it from the journal (record_interrupt)
         error = _task_error(exc)
+        _stop_if_lock_lost(lock, journal)
         with contextlib.suppress(Exception):  # `runs` says failed; the journal must not read as a kill
             journal.closed(f"failed: {error}"[:2000])
         raise EmitFailed(error) from exc
+    _stop_if_lock_lost(lock, journal)
     journal.closed(f"{sum(by_status.values()):,} records recorded")
     counts["send_ms"] = int((time.monotonic() - sending) * 1000)
     counts["published"] = by_status.get(PUBLISHED, 0)
@@ -480,6 +537,17 @@ def _emit_planned(spark: SparkSession, store: TableStore, run_id: str, planned: 
     counts["refused_oversize"] = by_status.get(REFUSED_OVERSIZE, 0)
     counts["producers"] = len(slots)
     return EmitResult(run_id, EmitCounts.from_row(counts), time.monotonic() - t0)
+
+
+def _stop_if_lock_lost(lock: EmitRunLock, journal: EmitJournal) -> None:
+    """LockLost (exit 3) when the emit cannot show it still holds its lock, before it closes its journal: what its
+    producers sent is in `emitted` and its intents, and the next emit of the run folds the attempt in (one status)."""
+    if lock.fence is None:
+        return
+    why = lock.fence.verify(lock.client)
+    if why is not None:
+        raise LockLost(f"the emit of run {lock.run_id} stopped publishing: {why}. What it sent is in emitted (attempt "
+                       f"{journal.attempt_id}); the next emit of the run records the attempt and sends only the rest")
 
 
 @dataclass(frozen=True)
@@ -490,6 +558,7 @@ class EmitJournal:
     run_id: str
     attempt_id: str
     started_at: datetime  # also the attempt's `emitted_at`, which ties its `emitted` rows to it
+    runs_row_follows: bool = False  # closed by the stage wrapper, which records the attempt in `runs` next
 
     def _row(self, phase: str, **values: Any) -> dict[str, Any]:
         return {"run_id": self.run_id, "attempt_id": self.attempt_id, "phase": phase,
@@ -503,7 +572,8 @@ class EmitJournal:
                                         first_sequence_id=first, last_sequence_id=last, records=records)])
 
     def closed(self, detail: str) -> None:
-        self.appender.append([self._row(CLOSED, detail=detail)])
+        said = f"{runs.RUNS_ROW_FOLLOWS}: {detail}" if self.runs_row_follows else detail
+        self.appender.append([self._row(CLOSED, detail=said)])
 
 
 def fold_interrupted(store: TableStore, run_id: str, by: str) -> int:
@@ -514,6 +584,9 @@ def fold_interrupted(store: TableStore, run_id: str, by: str) -> int:
     rows = store.read_arrow(JOURNAL_TABLE, where={"run_id": run_id}).to_pylist()
     closed = {r["attempt_id"] for r in rows if r["phase"] == CLOSED}
     open_attempts = sorted({r["attempt_id"] for r in rows if r["phase"] == STARTED} - closed)
+    # Closed under the stage wrapper, and killed before its `runs` row: recorded now as the attempt that stopped.
+    ended = {r["attempt_id"]: r for r in runs.unrecorded(store, "emit", (r for r in rows if r["phase"] == CLOSED))}
+    open_attempts += sorted(ended)
     if not open_attempts:
         return 0
     recorded: list[dict[str, Any]] = []
@@ -526,6 +599,17 @@ def fold_interrupted(store: TableStore, run_id: str, by: str) -> int:
         started = next(r for r in mine if r["phase"] == STARTED)
         intents = [r for r in mine if r["phase"] == INTENT]
         done = [r for r in recorded if r["emitted_at"] == started["at"]]
+        if attempt in ended:
+            last = ended[attempt]["at"]
+            run_rows.append({"run_id": run_id, "stage": "emit", "status": runs.INTERRUPTED,
+                             "started_at": started["at"], "finished_at": last,
+                             "duration_s": (last - started["at"]).total_seconds(),
+                             "counts": {"planned": int(started["records"] or 0), "recorded": len(done),
+                                        "published": sum(1 for r in done if r["status"] == PUBLISHED)},
+                             "config_hash": None, "engine": store.engine,
+                             "message": f"emit attempt {attempt} finished ({len(done):,} records recorded in emitted) "
+                                        f"and stopped before recording its end here (recorded by {by})"})
+            continue
         slots_done = {r["producer_name"] for r in done}
         unrecorded = [r for r in intents if r["producer_name"] not in slots_done]
         may_be_sent = sum(int(r["records"] or 0) for r in unrecorded)

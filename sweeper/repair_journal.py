@@ -157,9 +157,14 @@ class RepairLock:
     """One `retention --execute` at a time (`sweeper.run_lock`), so that a run the journal shows unclosed is one that
     stopped, and a killed holder's lock goes with its session."""
 
-    def __init__(self, client: Any, path: str, run_id: str) -> None:
-        self._lock = _RepairRunLock(client, path, run_id=run_id)
+    def __init__(self, client: Any, path: str, run_id: str, wait_for_dead_local_holder_s: float = 0.0) -> None:
+        self._lock = _RepairRunLock(client, path, run_id=run_id,
+                                    wait_for_dead_local_holder_s=wait_for_dead_local_holder_s, log=print)
         self.path = path
+
+    def check(self) -> None:
+        """LockLost unless this run still holds its lock (`RunLock.check`)."""
+        self._lock.check()
 
     def acquire(self) -> None:
         try:
@@ -183,8 +188,9 @@ class _RepairRunLock(RunLock):
 class RepairJournal:
     """One run's intents: each is its own Delta commit, on disk before the call it names is made."""
 
-    def __init__(self, store: TableStore, run_id: str, plan_run_id: str) -> None:
+    def __init__(self, store: TableStore, run_id: str, plan_run_id: str, runs_row_follows: bool = False) -> None:
         self.store, self.run_id, self.plan_run_id = store, run_id, plan_run_id
+        self.runs_row_follows = runs_row_follows  # closed by the stage wrapper, which records the run in `runs` next
         self.written = 0
 
     def _row(self, phase: str, **values: Any) -> dict[str, Any]:
@@ -198,6 +204,8 @@ class RepairJournal:
         self.written += 1
 
     def close(self, detail: str = "") -> None:
+        if self.runs_row_follows:
+            detail = runs.RUNS_ROW_FOLLOWS + (f": {detail}" if detail else "")
         self.store.append_rows(JOURNAL_TABLE, [self._row(CLOSED, detail=detail[:2000])], REPAIR_JOURNAL,
                                commit_metadata={"run_id": self.run_id, "stage": STAGE})
 
@@ -260,6 +268,27 @@ def _intent_of(row: Mapping[str, Any]) -> Intent:
                   tuple(row["listed_ledger_ids"] or ()), tuple(row["trimmable_ledger_ids"] or ()))
 
 
+def _record_unrecorded(store: TableStore, by_run: str) -> None:
+    """An `interrupted` row for each repair that closed its journal under the stage wrapper and was killed before its
+    `runs` row: what it did is in `retention_actions` already; only its status was missing."""
+    if not store.exists(JOURNAL_TABLE):
+        return
+    closed = store.aggregate_arrow(JOURNAL_TABLE, ["run_id", "detail"], [("at", "max")],
+                                   where={"phase": CLOSED}).to_pylist()
+    gaps = runs.unrecorded(store, STAGE, ({**r, "at": r["at_max"]} for r in closed))
+    if not gaps:
+        return
+    firsts = {r["run_id"]: r["at_min"] for r in store.aggregate_arrow(
+        JOURNAL_TABLE, ["run_id"], [("at", "min")], where={"run_id": [g["run_id"] for g in gaps]}).to_pylist()}
+    begun = {g["run_id"]: firsts.get(g["run_id"], g["at"]) for g in gaps}
+    runs.record_rows(store, [{
+        "run_id": g["run_id"], "stage": STAGE, "status": runs.INTERRUPTED, "started_at": begun[g["run_id"]],
+        "finished_at": g["at"], "duration_s": (g["at"] - begun[g["run_id"]]).total_seconds(),
+        "counts": {}, "config_hash": None, "engine": store.engine,
+        "message": f"run {g['run_id']} finished its actions (in retention_actions) and stopped before recording its "
+                   f"end here (recorded by {by_run})"} for g in gaps], {"stage": STAGE, "resolved_by": by_run})
+
+
 def resolve_interrupted(store: TableStore, read: Callable[[str], tuple[bytes, Any] | None], by_run: str,
                         counts: Callable[[Mapping[str, int]], runs.StageCounts],
                         only: Iterable[str] | None = None, record_runs: bool = True) -> Resolution:
@@ -270,6 +299,8 @@ def resolve_interrupted(store: TableStore, read: Callable[[str], tuple[bytes, An
     pending = unclosed_runs(store)
     if only is not None:
         pending = [r for r in pending if r in set(only)]
+    elif record_runs:
+        _record_unrecorded(store, by_run)
     if not pending:
         return found
     journal = store.read_arrow(JOURNAL_TABLE, where={"run_id": pending}).to_pylist()

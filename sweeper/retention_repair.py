@@ -250,17 +250,21 @@ class RepairSettings:
     delete_lock_path: str
     rules: TodaysRules
     config_hash: str
+    session_timeout_s: float = 15.0  # a killed repair's lock is waited for this long (its session expiring)
+    recorded_in_runs: bool = False  # under the stage wrapper: its journal says a `runs` row follows its close
 
     def hash(self) -> str:
         return self.config_hash
 
     @classmethod
-    def from_config(cls, config: SweeperConfig, plan_run_id: str, execute: bool = False) -> RepairSettings:
+    def from_config(cls, config: SweeperConfig, plan_run_id: str, execute: bool = False,
+                    recorded_in_runs: bool = False) -> RepairSettings:
         r = config.retention
         return cls(plan_run_id, execute, config.tables.root, Connections.from_config(config),
                    config.pulsar.policies_root, config.pulsar.managed_ledgers_root, config.pulsar.brokers_path,
                    r.plan_max_age_hours, r.actions_per_second, r.cursor_idle_days, r.max_actions_per_run,
-                   config.delete.lock_path, TodaysRules.from_config(config), config.hash())
+                   config.delete.lock_path, TodaysRules.from_config(config), config.hash(),
+                   config.bookkeeper.session_timeout_s, recorded_in_runs)
 
 
 def plan_age_refusal(plan_run_id: str, planned_at_s: float | None, now_s: float, max_age_hours: float) -> str | None:
@@ -451,7 +455,7 @@ def run(spark: Any, store: TableStore, run_id: str, settings: RepairSettings, ad
             # The lock lives with the delete's, in the BookKeeper store the sweeper already writes to.
             same = connections.bookkeeper.hosts == connections.pulsar.hosts
             lock_client = client if same else connections.bookkeeper.connect()
-            lock = _acquire_lock(lock_client, settings.delete_lock_path, run_id)
+            lock = _acquire_lock(lock_client, settings.delete_lock_path, run_id, settings.session_timeout_s + 2.0)
             # Under the lock, a run the journal shows unclosed has stopped: what the broker did for it is recorded
             # as its own before this run could take those actions for its own.
             found = resolve_interrupted(store, lambda path: _read(client, path), run_id, RepairCounts.from_row)
@@ -459,7 +463,7 @@ def run(spark: Any, store: TableStore, run_id: str, settings: RepairSettings, ad
             plan = [a for a in plan if (a.action, a.managed_ledger, a.cursor) not in found.done]
             deleted_on |= found.trim_owed
             result.counts = _folded_counts(found, before - len(plan))
-            journal = RepairJournal(store, run_id, plan_run_id)
+            journal = RepairJournal(store, run_id, plan_run_id, settings.recorded_in_runs)
         if admin is not None:
             # Once per run: the brokers registered now are the hosts a redirect may lead to.
             admin.allow_brokers(registered_web_origins(client, settings.brokers_path))
@@ -469,7 +473,7 @@ def run(spark: Any, store: TableStore, run_id: str, settings: RepairSettings, ad
                 why = result.stopped or f"beyond [retention] max_actions_per_run = {cap}: next run"
                 _record(result, action, DEFERRED, why)
             else:
-                intend = _Intents(journal, index, action)
+                intend = _Intents(journal, index, action, lock)
                 try:
                     _act(action, result, client, admin, pacer, settings.managed_ledgers_root, idle_cutoff_ms,
                          deleted_on, rules, policies, intend)
@@ -485,6 +489,8 @@ def run(spark: Any, store: TableStore, run_id: str, settings: RepairSettings, ad
                 _flush(store, result)
         _flush(store, result)
         if journal is not None:
+            if lock is not None:
+                lock.check()  # a repair that lost its lock leaves its end to the next holder's fold: one status
             journal.close(result.stopped or "")
     except KeyboardInterrupt:
         if journal is not None:
@@ -510,8 +516,8 @@ def run(spark: Any, store: TableStore, run_id: str, settings: RepairSettings, ad
     return result
 
 
-def _acquire_lock(client: Any, delete_lock_path: str, run_id: str) -> RepairLock:
-    lock = RepairLock(client, f"{delete_lock_path.rsplit('/', 1)[0]}/{LOCK_NAME}", run_id)
+def _acquire_lock(client: Any, delete_lock_path: str, run_id: str, wait_for_dead_holder_s: float) -> RepairLock:
+    lock = RepairLock(client, f"{delete_lock_path.rsplit('/', 1)[0]}/{LOCK_NAME}", run_id, wait_for_dead_holder_s)
     try:
         lock.acquire()
     except RepairLockHeld as exc:
@@ -533,14 +539,19 @@ def _fold_own(store: TableStore, result: RepairResult, journal: RepairJournal, c
 
 class _Intents:
     """The intents of one action: `intend(call, **facts)` commits one before each admin call (no-op on a dry run,
-    which calls nothing)."""
+    which calls nothing), then shows that the run still holds its lock (DESIGN.md invariant 22): a repair whose
+    session expired, or whose lock another repair took, makes no more calls (LockLost, exit 3). The window left is
+    that read's round trip and the call itself (sweeper.run_lock)."""
 
-    def __init__(self, journal: RepairJournal | None, seq: int, action: PlannedAction) -> None:
-        self.journal, self.seq, self.action = journal, seq, action
+    def __init__(self, journal: RepairJournal | None, seq: int, action: PlannedAction,
+                 lock: RepairLock | None = None) -> None:
+        self.journal, self.seq, self.action, self.lock = journal, seq, action, lock
 
     def __call__(self, call: str, **facts: Any) -> None:
         if self.journal is not None:
             self.journal.intent(self.seq, call, self.action.journal_fields(), **facts)
+        if self.lock is not None:
+            self.lock.check()
 
 
 def _record(result: RepairResult, action: PlannedAction, outcome: str, detail: str, http_status: int | None = None,
