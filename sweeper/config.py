@@ -271,14 +271,18 @@ class ReclaimConfig:
     # info, a proxy in front of the bookies); "*=<URL with {host}>" applies to every bookie without an entry.
     http_urls: tuple[str, ...] = ()
     http_port: int = 0  # a registration without an httpserver endpoint: the bookie id's host with this port
-    http_scheme: str = "http"  # with http_port
+    # "https": reach the bookies over TLS (httpServerTlsEnable). Registrations always say "http" whatever the server
+    # serves (BookKeeper's HttpService.publishInfo), so this applies to them and to http_port alike.
+    http_scheme: str = "http"
     auth_token_file: str = ""  # a file holding a token sent as "<auth_header>: Bearer <token>" (a proxy's)
     auth_header: str = "Authorization"
     tls_ca_file: str = ""  # PEM CA(s) for https:// bookie URLs; empty: the system's
     tls_cert_file: str = ""  # mutual TLS, with tls_key_file
     tls_key_file: str = ""
     tls_verify_hostname: bool = True
-    timeout_s: float = 10.0  # per HTTP call; a bookie that does not answer is not_measured, never a failure
+    timeout_s: float = 10.0  # per HTTP call, the whole answer; a bookie that does not answer is not_measured
+    max_body_bytes: int = 8 * 1024 * 1024  # a longer answer is refused (a bookie's /metrics is ~100 KB)
+    deadline_s: float = 1800.0  # the whole reclaim step: bookies not reached by then are not_measured
     calls_per_second: float = 10.0  # HTTP calls per second over all bookies (a sample is five calls)
     gc_timeout_s: float = 600.0  # how long to wait for one bookie's triggered GC to finish
     gc_poll_s: float = 2.0
@@ -581,6 +585,8 @@ def _validate_reclaim(r: ReclaimConfig) -> None:
         raise ConfigError("[reclaim] tls_cert_file and tls_key_file go together (mutual TLS)")
     if r.timeout_s <= 0 or r.calls_per_second <= 0 or r.gc_timeout_s <= 0 or r.gc_poll_s <= 0:
         raise ConfigError("[reclaim] timeout_s, calls_per_second, gc_timeout_s and gc_poll_s must be positive")
+    if r.max_body_bytes < 64 * 1024 or r.deadline_s <= 0:
+        raise ConfigError("[reclaim] max_body_bytes must be at least 65536 and deadline_s positive")
     if not 0 < r.freed_fraction <= 1:
         raise ConfigError("[reclaim] freed_fraction must be in (0, 1]")
 

@@ -101,7 +101,9 @@ def locate(bookie_id: str, registration: Registration | None, overrides: dict[st
     http = registration.endpoint("httpserver") if registration is not None else None
     if http is not None:
         _, http_host, port, protocol = http
-        scheme = "https" if protocol.lower() == "https" else "http"
+        # BookKeeper 4.17 registers "http" even when httpServerTlsEnable serves TLS (HttpService.publishInfo): the
+        # operator's `[reclaim] http_scheme = "https"` says what the registration cannot.
+        scheme = "https" if protocol.lower() == "https" or http_scheme == "https" else "http"
         if http_host not in WILDCARD_HOSTS:
             return BookieTarget(bookie_id, _url(scheme, http_host, port), FOUND_IN_REGISTRATION, registered, readonly)
         if host:

@@ -8,6 +8,11 @@ The counters are BookKeeper's own (`GarbageCollectorStats`, names from `BookKeep
 - `DELETED_LEDGER_TOTAL`, `MAJOR_COMPACTION_TOTAL`, `MINOR_COMPACTION_TOTAL`.
 DbLedgerStorage exports one series per ledger directory (label `ledgerDir`) under the `bookie_` scope; the other
 storages export them under `bookie_gc_`. Every series of a name is summed: the bookie is the unit we report on.
+
+Also read: `process_start_time_seconds` (the JVM's start, which PrometheusMetricsProvider exports through the Prometheus
+client's StandardExports by default): a restart between two samples is told by it even when the counters have
+grown past their old values since. BookKeeper writes its counters as longs (`LongAdderCounter.get`), never Inf or
+NaN: a counter that is not a finite number is an answer we cannot read, and the bookie is not measured.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ COUNTERS = {
 }
 GAUGES = {"active_log_bytes": "ACTIVE_ENTRY_LOG_SPACE_BYTES"}
 _SCOPES = ("bookie_gc_", "bookie_")
+PROCESS_START = "process_start_time_seconds"
 
 
 class BookieAnswerError(ValueError):
@@ -58,6 +64,8 @@ class BookieSample:
     major_suspended: bool | None = None
     minor_suspended: bool | None = None
     notes: tuple[str, ...] = field(default=())
+    started_at_s: float | None = None  # process_start_time_seconds: when the bookie's JVM started
+    gc_wait_ms: int | None = None  # the bookie's gcWaitTime (its server config): how often its collector runs
 
     @property
     def measured(self) -> bool:
@@ -77,6 +85,12 @@ class BookieSample:
         fields["notes"] = tuple(row.get("notes") or ())
         fields["error"] = fields.get("error") or ""
         return cls(**fields)
+
+    def restarted_since(self, earlier: BookieSample) -> bool | None:
+        """Whether the bookie's process started again between `earlier` and this sample (None: cannot tell)."""
+        if self.started_at_s is None or earlier.started_at_s is None:
+            return None
+        return abs(self.started_at_s - earlier.started_at_s) > 1.0
 
 
 def _metric_key(name: str, wanted: dict[str, str]) -> str | None:
@@ -98,23 +112,34 @@ def parse_metrics(text: str) -> dict[str, Any]:
 
     sums: dict[str, float] = {}
     dirs: set[str] = set()
+    started: float | None = None
     wanted = {**COUNTERS, **GAUGES}
     try:
         for family in text_string_to_metric_families(text):
+            if family.name == PROCESS_START:
+                started = next((x.value for x in family.samples if math.isfinite(x.value) and x.value > 0), None)
+                continue
             # The parser names a counter's samples `<family>_total` (and `_created`): match on the family's name.
             key = _metric_key(family.name, wanted)
             if key is None:
                 continue
             for sample in family.samples:
-                if sample.name.endswith("_created") or math.isnan(sample.value):
+                if sample.name.endswith("_created"):
                     continue
+                if not math.isfinite(sample.value) or (key in COUNTERS and sample.value < 0):
+                    raise BookieAnswerError(f"/metrics gives {sample.name} = {sample.value}: BookKeeper writes its "
+                                            "counters as non-negative whole numbers, its gauges as whole numbers")
                 sums[key] = sums.get(key, 0.0) + sample.value
                 if "ledgerDir" in sample.labels:
                     dirs.add(sample.labels["ledgerDir"])
-    except ValueError as exc:
+    except ValueError as exc:  # the parser's refusal (BookieAnswerError is a ValueError too: kept as it is)
+        if isinstance(exc, BookieAnswerError):
+            raise
         raise BookieAnswerError(f"/metrics is not Prometheus text: {exc}") from exc
     out: dict[str, Any] = {key: round(value) for key, value in sums.items()}
     out["ledger_dirs"] = len(dirs) or (1 if sums else 0)
+    if started is not None:
+        out["started_at_s"] = started
     return out
 
 
@@ -156,6 +181,26 @@ def parse_suspended(body: bytes) -> tuple[bool, bool]:
         return (str(data["isMajorGcSuspended"]).lower() == "true", str(data["isMinorGcSuspended"]).lower() == "true")
     except (KeyError, TypeError) as exc:
         raise BookieAnswerError(f"/api/v1/bookie/gc/suspend_compaction answered {body[:200]!r}") from exc
+
+
+def parse_state(body: bytes) -> bool:
+    """GET /api/v1/bookie/state (BookieStateService): whether the bookie is read-only now (`readOnly`)."""
+    data = _json(body, "/api/v1/bookie/state")
+    value = data.get("readOnly") if isinstance(data, dict) else None
+    if not isinstance(value, bool):
+        raise BookieAnswerError(f"/api/v1/bookie/state answered {body[:200]!r}")
+    return value
+
+
+def parse_gc_wait_ms(body: bytes) -> int | None:
+    """GET /api/v1/config/server_config (ConfigurationService): the bookie's `gcWaitTime` in ms, None when it does
+    not say (its collector then runs at an unknown pace)."""
+    data = _json(body, "/api/v1/config/server_config")
+    try:
+        value = int(str(data.get("gcWaitTime"))) if isinstance(data, dict) and "gcWaitTime" in data else None
+    except ValueError:
+        return None
+    return value if value is not None and value > 0 else None
 
 
 def _json(body: bytes, what: str) -> Any:

@@ -26,10 +26,20 @@ compaction that will run) are true for `gc_duration_s`, then `on_gc(state, force
 effective flags, after the defaults above) and the flags drop. The default `on_gc` (`simulate_gc`) does what
 `GarbageCollectorThread.runWithFlags` does with what the test left pending in each dir (see `LedgerDirState`).
 
+- GET `/api/v1/bookie/state` (BookieStateService) -> `{"running", "readOnly", "shuttingDown",
+  "availableForHighPriorityWrites"}`; GET `/api/v1/config/server_config` (ConfigurationService) -> the server's
+  configuration as a map of strings, `gcWaitTime` among them.
+- `/metrics` also carries `process_start_time_seconds{} 1.764...E9` (the Prometheus client's StandardExports, which
+  PrometheusMetricsProvider registers by default, written with `{}` and Java's `Double.toString`).
+
 Faults: `delay_s` (answer late), `status_for={path: code | (code, body)}`, `stopped = True` (the listening socket and
 every open connection are closed: connection refused; `False` listens again on the same port), `restart()` (a
-restarted bookie: counters, compaction times, suspensions and the force flag back to zero, the active-entry-log
-gauge 0 until the next GC), `require_header=(name, value)` (401 without it; a real bookie has no auth: a proxy's).
+restarted bookie: a new process start time; counters, compaction times, suspensions and the force flag back to zero,
+the active-entry-log gauge 0 until the next GC), `require_header=(name, value)` (401 without it; a real bookie has no
+auth: a proxy's). Broken answers, per path: `raw_for={path: bytes}` writes those bytes as the whole response and
+closes (a garbage status line, a body shorter than its Content-Length), `drip_for={path: seconds}` sends the answer
+one byte every that many seconds, `metrics_padding` makes `/metrics` that many bytes longer (comment lines: still
+valid text), `metrics_extra` adds lines (a `+Inf` sample). `tls=(certfile, keyfile)` serves HTTPS.
 Every request is recorded in `.requests` (`BookieRequest`: method, path, body, headers, time, monotonic, status).
 """
 
@@ -38,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -79,6 +90,8 @@ GC_DETAILS = "/api/v1/bookie/gc_details"
 GC = "/api/v1/bookie/gc"
 SUSPEND = "/api/v1/bookie/gc/suspend_compaction"
 RESUME = "/api/v1/bookie/gc/resume_compaction"
+STATE = "/api/v1/bookie/state"
+SERVER_CONFIG = "/api/v1/config/server_config"
 ROUTED_METHODS = frozenset({"GET", "PUT", "POST", "DELETE"})  # VertxHttpServer binds these four on every route
 
 
@@ -146,6 +159,9 @@ class BookieState:
     in_force_gc: bool = False
     major_suspended: bool = False
     minor_suspended: bool = False
+    read_only: bool = False
+    gc_wait_ms: int = 900_000  # Pulsar's bookkeeper.conf
+    started_at_s: float = field(default_factory=time.time)  # the JVM's start (process_start_time_seconds)
     dirs: dict[str, LedgerDirState] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -285,13 +301,19 @@ class BookieHttpServer:
 
     def __init__(self, state: BookieState | None = None, *, on_gc: OnGc | None = None, gc_duration_s: float = 0.2,
                  require_header: tuple[str, str] | None = None, delay_s: float = 0.0,
-                 status_for: dict[str, int | tuple[int, str]] | None = None) -> None:
+                 status_for: dict[str, int | tuple[int, str]] | None = None,
+                 tls: tuple[str, str] | None = None) -> None:
         self.state = state or BookieState()
         self.on_gc: OnGc = on_gc or simulate_gc
         self.gc_duration_s = gc_duration_s
         self.require_header = require_header
         self.delay_s = delay_s
         self.status_for: dict[str, int | tuple[int, str]] = dict(status_for or {})
+        self.raw_for: dict[str, bytes] = {}
+        self.drip_for: dict[str, float] = {}
+        self.metrics_padding = 0
+        self.metrics_extra = ""
+        self.tls = tls
         self.requests: list[BookieRequest] = []
         self.gc_runs: list[tuple[bool, bool]] = []  # (force_major, force_minor) of each GC that ran on_gc
         self.gc_errors: list[BaseException] = []
@@ -307,12 +329,16 @@ class BookieHttpServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     def start(self) -> BookieHttpServer:
         if self._server is not None:
             return self
         self._server = _Server(("127.0.0.1", self.port), self._handler_class())
+        if self.tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*self.tls)
+            self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
                                         name=f"bookie-http-{self.port}", daemon=True)
@@ -359,6 +385,7 @@ class BookieHttpServer:
         start from zero; the active-entry-log gauge reads 0 until its first GC; what is pending stays pending."""
         with self.lock:
             self._generation += 1
+            self.state.started_at_s = time.time()
             self.state.in_force_gc = False
             self.state.major_suspended = self.state.minor_suspended = False
             for d in self.state.dirs.values():
@@ -436,6 +463,13 @@ class BookieHttpServer:
                 for name, (other_kind, value) in OTHER_DIR_METRICS.items():
                     if other_kind == kind:
                         sample(name, kind, labels(ledger_dir), value)
+        # StandardExports' gauge as PrometheusTextFormat writes it: `{}` always, Java's Double.toString.
+        out.append(f"# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds{{}} "
+                   f"{s.started_at_s / 1e9:.12f}E9\n")
+        out.append(self.metrics_extra)
+        if self.metrics_padding:
+            line = "# " + "x" * 1021 + "\n"
+            out.append(line * (self.metrics_padding // len(line) + 1))
         return "".join(out)
 
     def gc_details(self) -> list[dict[str, Any]]:
@@ -456,7 +490,7 @@ class BookieHttpServer:
         """The bookie's answer to one request (faults and auth aside)."""
         route = path.split("?", 1)[0]
         routes = {METRICS: self._metrics, BOOKIE_INFO: self._info, GC_DETAILS: self._gc_details, GC: self._gc,
-                  SUSPEND: self._suspend, RESUME: self._resume}
+                  SUSPEND: self._suspend, RESUME: self._resume, STATE: self._state, SERVER_CONFIG: self._config}
         if route not in routes:
             return 404, {"Content-Type": "text/html; charset=utf-8"}, \
                 "<html><body><h1>Resource not found</h1></body></html>"
@@ -469,6 +503,17 @@ class BookieHttpServer:
         if method != "GET":
             return 403, {}, f"{method} is forbidden. Should be GET method"
         return 200, {"Content-Type": PROMETHEUS_CONTENT_TYPE}, self.metrics_text()
+
+    def _state(self, method: str, body: str) -> tuple[int, dict[str, str], str]:
+        if method != "GET":
+            return 404, {}, "Not found method. Should be GET method"
+        return 200, {}, jackson_json({"running": True, "readOnly": self.state.read_only, "shuttingDown": False,
+                                      "availableForHighPriorityWrites": True})
+
+    def _config(self, method: str, body: str) -> tuple[int, dict[str, str], str]:
+        if method != "GET":
+            return 405, {}, "Not allowed method"
+        return 200, {}, jackson_json({"gcWaitTime": str(self.state.gc_wait_ms), "httpServerEnabled": "true"})
 
     def _info(self, method: str, body: str) -> tuple[int, dict[str, str], str]:
         if method != "GET":
@@ -569,6 +614,15 @@ class BookieHttpServer:
                 if server_self.stopped:  # stopped while this request waited: nobody answers
                     self.close_connection = True
                     return
+                route = self.path.split("?", 1)[0]
+                raw = server_self.raw_for.get(route)
+                if raw is not None:  # a broken answer, exactly these bytes, then the connection closes
+                    request.status = 0
+                    self.close_connection = True
+                    with contextlib.suppress(OSError):
+                        self.wfile.write(raw)
+                        self.wfile.flush()
+                    return
                 status, headers, text = server_self._answer_with_faults(request)
                 payload = text.encode()
                 request.status = status
@@ -576,6 +630,17 @@ class BookieHttpServer:
                 for key, value in {**headers, "Content-Length": str(len(payload))}.items():
                     self.send_header(key, value)
                 self.end_headers()
+                drip = server_self.drip_for.get(route)
+                if drip is not None and self.command != "HEAD":
+                    with contextlib.suppress(OSError):
+                        for byte in payload:
+                            self.wfile.write(bytes([byte]))
+                            self.wfile.flush()
+                            time.sleep(drip)
+                            if server_self.stopped:
+                                break
+                    self.close_connection = True
+                    return
                 if self.command != "HEAD":
                     self.wfile.write(payload)
                 self.wfile.flush()
