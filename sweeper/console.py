@@ -87,8 +87,8 @@ VIEWS: dict[str, View] = {
                 {"status": "state"}, "recorded_at"),
     # Every measurement of the run, oldest first: the last row per target is the current answer.
     "reclaim": View("reclaim", "run_id",
-                    ("measured_at", "target", "verdict", "expected_bytes", "freed_bytes", "pending_bytes", "action",
-                     "found_by", "why"),
+                    ("measured_at", "target", "verdict", "expected_bytes", "freed_bytes", "freed_lower_bytes",
+                     "freed_upper_bytes", "pending_bytes", "action", "found_by", "why"),
                     {"status": "verdict", "reason": "verdict"}, "measured_at"),
 }
 

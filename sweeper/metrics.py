@@ -80,8 +80,12 @@ def registry(run_id: str, stages: Mapping[str, Mapping[str, Any]], outcomes: Ite
                "(deletion + compaction), the offloaded objects listed gone.", per_target("freed_bytes"))
         metric("reclaim_pending_bytes", "Expected bytes not given back yet (waiting for GC or compaction).",
                per_target("pending_bytes"))
-        metric("reclaim_verdict", "1 for each target's verdict: freed, pending_compaction, pending_gc or "
-               "not_measured.", [(1, {"kind": str(r["target_kind"]), "target": str(r["target"]),
+        metric("reclaim_freed_lower_bytes", "Of the bookie's freed bytes, what is provably this run's (0 when "
+               "others' ledgers were collected in the same window, or it restarted).", per_target("freed_lower_bytes"))
+        metric("reclaim_freed_upper_bytes", "Of the bookie's freed bytes, what could be this run's at most.",
+               per_target("freed_upper_bytes"))
+        metric("reclaim_verdict", "1 for each target's verdict: freed, pending_compaction, pending_gc, shared_window, "
+               "restarted, unknown or not_measured.", [(1, {"kind": str(r["target_kind"]), "target": str(r["target"]),
                                       "verdict": str(r["verdict"])}) for r in reclaimed])
     metric("run_info", "The run this file describes.", [(1, {"run_id": run_id, "status": status})])
     if finished_at_s is not None:

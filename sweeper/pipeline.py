@@ -247,8 +247,8 @@ _SUMMARY_KEYS = {
                        "bytes.expired_unloaded", "bytes.idle_cursor"),
     "emit": ("published", "already_published"),
     "delete": ("deleted", "would_delete", "in_use", "refused", "failed", "queued_for_retry"),
-    "reclaim": ("freed", "pending_compaction", "pending_gc", "not_measured", "gc_triggered", "bytes.expected",
-                "bytes.freed"),
+    "reclaim": ("freed", "pending_compaction", "pending_gc", "shared_window", "restarted", "unknown", "not_measured",
+                "gc_triggered", "bytes.expected", "bytes.freed", "bytes.freed_upper"),
 }
 
 

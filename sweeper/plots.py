@@ -270,12 +270,18 @@ VERDICT_WORDS: dict[str, str] = {
     "freed": "freed",
     "pending_compaction": "waits for compaction",
     "pending_gc": "waits for the GC",
+    "shared_window": "a bound: others' deletions too",
+    "restarted": "restarted: a lower bound",
+    "unknown": "unknown",
     "not_measured": "not measured",
 }
 VERDICT_COLORS: dict[str, str] = {
     "freed": "tab:green",
     "pending_compaction": "tab:orange",
     "pending_gc": "tab:orange",
+    "shared_window": "tab:gray",
+    "restarted": "tab:gray",
+    "unknown": "tab:gray",
     "not_measured": "tab:red",
 }
 NO_RECLAIM = "no reclaim measured: a dry run, or [reclaim] enabled = false"

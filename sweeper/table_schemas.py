@@ -68,6 +68,10 @@ BK_LEDGERS = _schema(
     ("bucket_key", S),
     ("bucket_topic", S),
     ("bucket_cursor", S),
+    # Each segment's first entry id and ensemble, in order (issue 44): where each bookie holds which entries, for each
+    # bookie's expected share of a deleted ledger (sweeper.reclaim.decide). Null in a snapshot an older version took.
+    ("segment_first_entries", ArrayType(L)),
+    ("segment_ensembles", ArrayType(ArrayType(S))),
 )
 
 MANAGED_LEDGERS = _schema(
@@ -581,6 +585,8 @@ BOOKIE_SAMPLES = _schema(
     ("major_suspended", B),
     ("minor_suspended", B),
     ("notes", ArrayType(S)),
+    ("started_at_s", DoubleType()),  # process_start_time_seconds: a restart between samples is told by it (issue 44)
+    ("gc_wait_ms", L),  # the bookie's gcWaitTime, from its server config (the "before" sample)
 )
 
 # A GC this tool asked a bookie for: the intent before the PUT, then its end (DESIGN.md invariant 18), so a run
@@ -613,11 +619,19 @@ RECLAIM = _schema(
     ("active_log_delta_bytes", L),
     ("free_space_delta_bytes", L),
     ("pending_bytes", L),  # expected - freed, when not all came back
-    ("verdict", S, False),  # freed | pending_compaction | pending_gc | not_measured
+    # freed | pending_compaction | pending_gc | shared_window | restarted | unknown | not_measured
+    ("verdict", S, False),
     ("why", S),
     ("action", S),  # measured only | gc (...) | skipped | none
     ("gc_seconds", DoubleType()),
     ("counter_reset", B),
+    # Issue 44: what of the bookie-wide bytes is this run's. Equal in a window where the bookie collected this run's
+    # ledgers alone; [0, freed] when others' were collected too (`others_collected` at least), or it restarted.
+    ("freed_lower_bytes", L),
+    ("freed_upper_bytes", L),
+    ("others_collected", L),
+    ("collected_ledgers", L),  # DELETED_LEDGER_TOTAL's delta over the window
+    ("unknown_ledgers", L),  # deleted ledgers held here that were never closed: bytes unknown
 )
 
 ALL_TABLES: dict[str, StructType] = {**SNAPSHOT_TABLES, "orphans": ORPHANS, "orphan_report": ORPHAN_REPORT,

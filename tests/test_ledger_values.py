@@ -55,6 +55,8 @@ def reference_row(md: LedgerMetadata, zk_ctime_ms: int = ZK_CTIME) -> dict[str, 
         "cursor": text.get("pulsar/cursor"), "schema_id": text.get("pulsar/schemaId"),
         "compacted_topic": text.get("pulsar/compactedTopic"), "bucket_key": text.get("pulsar/delayedIndexBucketKey"),
         "bucket_topic": text.get("pulsar/delayedIndexTopic"), "bucket_cursor": text.get("pulsar/delayedIndexCursor"),
+        "segment_first_entries": [s.first_entry_id for s in md.segments],
+        "segment_ensembles": [list(s.ensemble) for s in md.segments],
     }
 
 

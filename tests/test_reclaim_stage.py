@@ -20,7 +20,7 @@ from sweeper.config import SweeperConfig
 from sweeper.metrics import render
 from sweeper.offload import S3Target, s3_client
 from sweeper.pipeline import reclaim_stage, sample_bookies_before
-from sweeper.reclaim.decide import FREED, NOT_MEASURED, PENDING_COMPACTION, PENDING_GC
+from sweeper.reclaim.decide import FREED, NOT_MEASURED, PENDING_COMPACTION, PENDING_GC, RESTARTED
 from sweeper.reclaim.discovery import FOUND_IN_REGISTRATION
 from sweeper.reclaim.stage import latest_rows, run_reclaim, sample_before, summary_line
 from sweeper.table_schemas import BK_LEDGERS, BOOKIE_SAMPLES, DELETE_RESULTS, OFFLOAD_OBJECTS
@@ -57,12 +57,16 @@ def config_for(zk_target: ZkTarget, tables: Path, **reclaim: Any) -> SweeperConf
                                reclaim={"calls_per_second": 50.0, "gc_poll_s": 0.05, "gc_timeout_s": 5.0, **reclaim})
 
 
-def seed_deleted(store: DeltaRsTableStore, lengths: dict[int, int], bookies: tuple[str, ...] = (BOOKIE,)) -> None:
+def seed_deleted(store: DeltaRsTableStore, lengths: dict[int, int], bookies: tuple[str, ...] = (BOOKIE,),
+                 state: str = "CLOSED") -> None:
+    """Closed ledgers of 1 KiB entries, each written to every bookie of one ensemble (write quorum = ensemble)."""
     now = datetime.now(UTC)
     store.append_rows("bk_ledgers", [
         {"run_id": RUN, "captured_at": now, "ledger_id": lid, "path": f"/ledgers/00/0000/L{lid:04d}",
          "ensemble_size": len(bookies), "write_quorum": len(bookies), "ack_quorum": 1, "length": length,
-         "bookies": list(bookies)} for lid, length in lengths.items()], BK_LEDGERS)
+         "state": state, "last_entry_id": length // 1024 - 1, "bookies": sorted(bookies),
+         "segment_first_entries": [0], "segment_ensembles": [list(bookies)]} for lid, length in lengths.items()],
+        BK_LEDGERS)
     store.append_rows("delete_results", [
         {"run_id": RUN, "finished_at": now, "record_key": f"LEDGER:{lid}", "ledger_id": lid, "ledger_type": "LEDGER",
          "outcome": "deleted", "attempt": 1, "dry_run": False, "source": "emitted"} for lid in lengths],
@@ -89,7 +93,8 @@ def test_a_triggered_gc_frees_the_expected_bytes_once_per_run(zk: KazooClient, z
     assert (row["verdict"], row["expected_bytes"], row["freed_bytes"]) == (FREED, 20 * MIB, 20 * MIB)
     assert row["found_by"] == FOUND_IN_REGISTRATION and row["action"] == "gc (deletion + minor compaction)"
     [put] = bookie.gc_puts
-    assert put.json() == {"forceMajor": False, "forceMinor": True}  # both keys: an omitted one defaults to true
+    # Never `true`: an explicit flag overrides the bookie's own suspension; the omitted one follows it.
+    assert put.json() == {"forceMajor": False}
     assert result.counts.gc_triggered == 1 and runs.rows(store, RUN, "reclaim")[-1]["status"] == runs.SUCCEEDED
     assert summary_line(result.rows) == "bookies gave back 20.0 MiB of 20.0 MiB expected"
 
@@ -137,7 +142,8 @@ def test_without_a_trigger_the_deleted_data_waits_for_the_gc(zk: KazooClient, zk
     store.append_rows("bookie_samples", [{**s, "run_id": other_run} for s in store.read_arrow(
         "bookie_samples", where={"run_id": RUN, "phase": "before"}).to_pylist()], BOOKIE_SAMPLES)
     row = run_reclaim(major, store, other_run, trigger=True).rows[0]
-    assert row["verdict"] == FREED and bookie.gc_puts[-1].json() == {"forceMajor": True, "forceMinor": True}
+    # An empty body: forceGC(), a major compaction wherever each ledger dir's own flags allow one.
+    assert row["verdict"] == FREED and bookie.gc_puts[-1].body == b""
 
 
 def seed_deleted_run(store: DeltaRsTableStore, run_id: str, ledger_id: int, length: int) -> None:
@@ -184,6 +190,7 @@ def test_a_read_only_bookie_gets_a_deletion_only_gc_and_a_restart_is_said(zk: Ka
     assert bookie.gc_puts[-1].json() == {"forceMajor": False, "forceMinor": False}
     assert row["action"] == "gc (deletion only)" and "read-only" in row["why"]
     assert row["counter_reset"] and row["freed_bytes"] == 3 * MIB and "restarted" in row["why"]
+    assert row["verdict"] == RESTARTED and row["freed_lower_bytes"] == 0  # a lower bound, never a false `freed`
 
 
 def test_calls_are_paced_and_metrics_name_each_bookie(zk: KazooClient, zk_target: ZkTarget, tmp_path: Path,
@@ -194,8 +201,8 @@ def test_calls_are_paced_and_metrics_name_each_bookie(zk: KazooClient, zk_target
     sample_before(config, store, RUN)
     row = run_reclaim(config, store, RUN).rows[0]
     times = sorted(r.monotonic for r in bookie.requests)
-    assert len(times) == 10  # five reads per sample, before and after
-    for phase in (times[:5], times[5:]):
+    assert len(times) == 13  # seven reads before (the server config too), six after
+    for phase in (times[:7], times[7:]):
         gaps = [b - a for a, b in itertools.pairwise(phase)]
         assert min(gaps) >= 0.08  # 10 calls a second, never a burst
     values = samples(render(RUN, {}, reclaim=[row]))

@@ -25,12 +25,19 @@ from sweeper.connections import Connections
 from sweeper.reclaim.bookie_http import BookieHttp, BookieUnreachable
 from sweeper.reclaim.decide import (
     FREED,
+    MAJOR,
+    MINOR,
     NOT_MEASURED,
     PENDING_COMPACTION,
     PENDING_GC,
+    RESTARTED,
+    SHARED_WINDOW,
+    UNKNOWN,
     DeletedLedger,
     Expected,
+    collection_seen,
     expected_shares,
+    gc_confirmed,
     gc_level,
     gc_plan,
     verdict,
@@ -41,6 +48,8 @@ from sweeper.table_schemas import BOOKIE_SAMPLES, RECLAIM, RECLAIM_JOURNAL
 from sweeper.tables import TableStore
 
 BEFORE, AFTER = "before", "after"
+# reclaim_journal phases: the intent before each PUT, then how it ended.
+INTENT, DONE, FAILED_PHASE, IGNORED = "intent", "done", "failed", "ignored"
 LEDGER = "LEDGER"
 OFFLOAD_LEDGER = "OFFLOAD_LEDGER"
 
@@ -52,11 +61,15 @@ class ReclaimCounts(runs.StageCounts):
     freed: int = 0
     pending_compaction: int = 0
     pending_gc: int = 0
+    shared_window: int = 0
+    restarted: int = 0
+    unknown: int = 0
     not_measured: int = 0
     gc_triggered: int = 0
     offload_buckets: int = 0
     expected_bytes: int = runs.count("bytes.expected")
-    freed_bytes: int = runs.count("bytes.freed")
+    freed_bytes: int = runs.count("bytes.freed")  # provably this run's (lower bound)
+    freed_upper_bytes: int = runs.count("bytes.freed_upper")  # at most this run's
     pending_bytes: int = runs.count("bytes.pending")
     offload_freed_bytes: int = runs.count("bytes.offload_freed")
 
@@ -105,7 +118,12 @@ def sample_before(config: SweeperConfig, store: TableStore, run_id: str, log: Ca
     if problem:
         log(f"[reclaim] {problem}: only the bookies [reclaim] http_urls names can be measured")
     http = BookieHttp(config.reclaim)
-    samples = [http.sample(t) for t in _targets(config, registrations, set(registrations) | named, problem).values()]
+    deadline = _Deadline(config.reclaim.deadline_s)
+    samples = []
+    for target in _targets(config, registrations, set(registrations) | named, problem).values():
+        sample = BookieSample(target.bookie_id, datetime.now(UTC), url=target.url, found_by=target.found_by)
+        # Each bookie on its own: whatever one answers is its own sample, never the others' baseline lost.
+        samples.append(deadline.passed(sample) if deadline.left() <= 0 else http.sample(target, with_config=True))
     _append_samples(store, run_id, BEFORE, samples)
     return sum(s.measured for s in samples)
 
@@ -138,100 +156,184 @@ def deleted_ledgers(store: TableStore, run_id: str) -> tuple[list[DeletedLedger]
     if ids and store.exists("bk_ledgers"):
         for row in store.read_arrow("bk_ledgers", where={"ledger_id": ids},
                                     columns=["ledger_id", "captured_at", "length", "ensemble_size", "write_quorum",
-                                             "bookies"]).to_pylist():
+                                             "bookies", "state", "last_entry_id", "segment_first_entries",
+                                             "segment_ensembles"]).to_pylist():
             seen = ledgers.get(row["ledger_id"])
             if seen is None or row["captured_at"] > seen["captured_at"]:
                 ledgers[row["ledger_id"]] = row
-    out = [DeletedLedger(i, int(r["length"] or 0), int(r["ensemble_size"] or 0), int(r["write_quorum"] or 0),
-                         tuple(r["bookies"] or ())) for i, r in sorted(ledgers.items())]
-    return out, objects
+    return [_deleted_ledger(i, r) for i, r in sorted(ledgers.items())], objects
 
 
-def _triggered(store: TableStore, run_id: str) -> dict[str, int]:
-    """The strongest GC (`decide.gc_level`) this run asked of each bookie, from the intents (written before each
-    PUT, so a killed run's request counts too)."""
+def _deleted_ledger(ledger_id: int, row: dict[str, Any]) -> DeletedLedger:
+    firsts, ensembles = row.get("segment_first_entries") or (), row.get("segment_ensembles") or ()
+    segments = tuple((int(f), tuple(e or ())) for f, e in zip(firsts, ensembles, strict=False))
+    return DeletedLedger(ledger_id, int(row["length"] or 0), int(row["ensemble_size"] or 0),
+                         int(row["write_quorum"] or 0), tuple(row["bookies"] or ()),
+                         closed=row.get("state") == "CLOSED",
+                         last_entry_id=None if row.get("last_entry_id") is None else int(row["last_entry_id"]),
+                         segments=segments)
+
+
+def _deletes_ended(store: TableStore, run_id: str) -> datetime | None:
+    """When the run's last executed delete was recorded (the driver's clock): collection passes after it saw them."""
+    if not store.exists("delete_results"):
+        return None
+    found = store.aggregate_arrow("delete_results", ["run_id"], [("finished_at", "max")],
+                                  where={"run_id": run_id, "outcome": "deleted", "dry_run": False}).to_pylist()
+    return found[0]["finished_at_max"] if found else None
+
+
+@dataclass
+class _Triggered:
+    """What this run asked of each bookie before, from its journal (intents are written before each PUT, so a
+    killed run's request counts too)."""
+
+    level: dict[str, int] = field(default_factory=dict)  # the strongest GC it may have run for this run
+    done: set[str] = field(default_factory=set)  # bookies where a GC this run asked is known to have run
+
+
+def _triggered(store: TableStore, run_id: str) -> _Triggered:
+    """An intent counts unless its outcome says the bookie ignored the PUT (it answers 200 while a forced GC it did
+    not start still runs): that GC may be asked again."""
+    found = _Triggered()
     if not store.exists("reclaim_journal"):
-        return {}
-    out: dict[str, int] = {}
-    for r in store.read_arrow("reclaim_journal", where={"run_id": run_id, "phase": "intent"},
-                              columns=["bookie_id", "force_major", "force_minor"]).to_pylist():
-        level = gc_level(bool(r["force_major"]), bool(r["force_minor"]))
-        out[r["bookie_id"]] = max(level, out.get(r["bookie_id"], level))
-    return out
+        return found
+    rows = store.read_arrow("reclaim_journal", where={"run_id": run_id},
+                            columns=["bookie_id", "at", "phase", "force_major", "force_minor"]).to_pylist()
+    pending: dict[str, int] = {}
+    for r in sorted(rows, key=lambda r: r["at"]):
+        bookie, level = r["bookie_id"], gc_level(bool(r["force_major"]), bool(r["force_minor"]))
+        if r["phase"] == INTENT:
+            pending[bookie] = level
+            continue
+        asked = pending.pop(bookie, None)
+        if r["phase"] == IGNORED or asked is None:
+            continue
+        found.level[bookie] = max(asked, found.level.get(bookie, asked))
+        if r["phase"] == DONE:
+            found.done.add(bookie)
+    for bookie, level in pending.items():  # no outcome: the run stopped after the PUT may have been sent
+        found.level[bookie] = max(level, found.level.get(bookie, level))
+    return found
 
 
-def _journal(store: TableStore, run_id: str, bookie: str, phase: str, major: bool, minor: bool, detail: str) -> None:
+def _journal(store: TableStore, run_id: str, bookie: str, phase: str, level: int, detail: str) -> None:
     store.append_rows("reclaim_journal", [{"run_id": run_id, "bookie_id": bookie, "at": datetime.now(UTC),
-                                           "phase": phase, "force_major": major, "force_minor": minor,
-                                           "detail": detail}], RECLAIM_JOURNAL, commit_metadata={"run_id": run_id})
+                                           "phase": phase, "force_major": level >= MAJOR,
+                                           "force_minor": level >= MINOR, "detail": detail}], RECLAIM_JOURNAL,
+                      commit_metadata={"run_id": run_id})
 
 
 def _wait_for_gc(http: BookieHttp, target: BookieTarget, timeout_s: float, poll_s: float,
-                 sleep: Callable[[float], None] = time.sleep) -> tuple[bool, float]:
-    """Poll the bookie until neither a forced GC nor a compaction runs (or the timeout): (finished, seconds)."""
+                 sleep: Callable[[float], None] = time.sleep) -> tuple[bool, float, bool]:
+    """Poll the bookie until neither a forced GC nor a compaction runs (or the timeout): (finished, seconds, whether
+    it was seen running)."""
     t0 = time.monotonic()
+    seen = False
     sleep(min(poll_s, 0.5))  # the PUT only queues the GC on the collector's thread
     while time.monotonic() - t0 < timeout_s:
         try:
             if not http.busy(target):
-                return True, time.monotonic() - t0
+                return True, time.monotonic() - t0, seen
+            seen = True
         except (BookieUnreachable, BookieAnswerError):
             pass
         sleep(poll_s)
-    return False, time.monotonic() - t0
+    return False, time.monotonic() - t0, seen
+
+
+class _Deadline:
+    """The whole step's deadline ([reclaim] deadline_s): a bookie reached after it is not measured, never waited on."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+    def passed(self, sample: BookieSample) -> BookieSample:
+        return sample.failed(f"not reached: the reclaim step's [reclaim] deadline_s ({self.seconds:.0f}s) had passed")
 
 
 def run_reclaim(config: SweeperConfig, store: TableStore, run_id: str, trigger: bool = False,
                 log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep) -> ReclaimResult:
     t0 = time.monotonic()
+    deadline = _Deadline(config.reclaim.deadline_s)
     ledgers, objects = deleted_ledgers(store, run_id)
     shares = expected_shares(ledgers)
     before = _read_samples(store, run_id, BEFORE)
     registrations, problem = _registrations(config)
     targets = _targets(config, registrations, set(shares) | set(before), problem)
     http = BookieHttp(config.reclaim)
-    triggered_before = _triggered(store, run_id)
-    now = {b: http.sample(t) for b, t in targets.items() if b in shares}
+    triggered = _triggered(store, run_id)
+    deletes_ended = _deletes_ended(store, run_id)
+    now: dict[str, BookieSample] = {}
     actions: dict[str, tuple[str, str, float | None, bool | None]] = {}
     gc_count = 0
     for bookie in sorted(shares):
-        sample = now[bookie]
-        plan = gc_plan(sample, shares[bookie], trigger, config.reclaim.compaction, triggered_before.get(bookie))
-        if not plan.trigger:
-            actions[bookie] = (plan.action, plan.why, None, None)
-            continue
         target = targets[bookie]
-        _journal(store, run_id, bookie, "intent", plan.force_major, plan.force_minor, plan.action)
+        base = BookieSample(bookie, datetime.now(UTC), url=target.url, found_by=target.found_by)
+        if deadline.left() <= 0:
+            now[bookie], actions[bookie] = deadline.passed(base), ("none", "", None, None)
+            continue
+        # Read right before its PUT: a bookie that went read-only or suspended its compaction since the step began
+        # (or since the sample before the delete, minutes ago) gets what it allows now.
+        sample = http.sample(target)
+        plan = gc_plan(sample, shares[bookie], trigger, config.reclaim.compaction, triggered.level.get(bookie))
+        if not plan.trigger:
+            now[bookie], actions[bookie] = sample, (plan.action, plan.why, None, None)
+            continue
+        _journal(store, run_id, bookie, INTENT, plan.level, plan.action)
         try:
-            http.trigger_gc(target, plan.force_major, plan.force_minor)
+            http.trigger_gc(target, plan.body)
         except BookieUnreachable as exc:
-            _journal(store, run_id, bookie, "failed", plan.force_major, plan.force_minor, str(exc))
-            actions[bookie] = ("gc request failed", str(exc), None, None)
+            _journal(store, run_id, bookie, FAILED_PHASE, plan.level, str(exc))
+            now[bookie], actions[bookie] = http.sample(target), ("gc request failed", str(exc), None, None)
             continue
         gc_count += 1
-        log(f"[reclaim] {bookie}: {plan.action} requested; waiting for it (at most {config.reclaim.gc_timeout_s:.0f}s)")
-        finished, seconds = _wait_for_gc(http, target, config.reclaim.gc_timeout_s, config.reclaim.gc_poll_s, sleep)
-        _journal(store, run_id, bookie, "done" if finished else "failed", plan.force_major, plan.force_minor,
-                 f"finished in {seconds:.1f}s" if finished else f"still running after {seconds:.0f}s")
-        actions[bookie] = (plan.action, plan.why, round(seconds, 2), finished)
-        now[bookie] = http.sample(target)
+        wait = max(0.0, min(config.reclaim.gc_timeout_s, deadline.left()))
+        log(f"[reclaim] {bookie}: {plan.action} requested; waiting for it (at most {wait:.0f}s)")
+        finished, seconds, seen = _wait_for_gc(http, target, wait, config.reclaim.gc_poll_s, sleep)
+        after = http.sample(target)
+        if finished and not gc_confirmed(sample, after, seen):
+            _journal(store, run_id, bookie, IGNORED, plan.level,
+                     "answered, but not seen running and no counter moved: the bookie may have ignored it (a forced "
+                     "GC of its own was running); a later `reclaim --execute` may ask again")
+            actions[bookie] = (plan.action, _join(plan.why, "the GC was not seen to run: maybe ignored by the bookie"),
+                               round(seconds, 2), None)
+        else:
+            _journal(store, run_id, bookie, DONE if finished else FAILED_PHASE, plan.level,
+                     f"finished in {seconds:.1f}s" if finished else f"still running after {seconds:.0f}s")
+            if finished:
+                triggered.done.add(bookie)
+            actions[bookie] = (plan.action, plan.why, round(seconds, 2), finished)
+        now[bookie] = after
     _append_samples(store, run_id, AFTER, [now[b] for b in sorted(now)])
     measured_at = datetime.now(UTC)
-    rows = [_bookie_row(run_id, measured_at, bookie, targets[bookie], shares[bookie], before.get(bookie),
-                        now.get(bookie), actions[bookie], config.reclaim.freed_fraction)
-            for bookie in sorted(shares)]
+    rows = []
+    for bookie in sorted(shares):
+        b, a = before.get(bookie), now.get(bookie)
+        seen_pass = b is not None and a is not None and collection_seen(bookie in triggered.done, b, a, deletes_ended)
+        rows.append(_bookie_row(run_id, measured_at, bookie, targets[bookie], shares[bookie], b, a, actions[bookie],
+                                config.reclaim.freed_fraction, seen_pass))
     rows += _offload_rows(config, store, run_id, measured_at, objects)
     if rows:
         store.append_rows("reclaim", rows, RECLAIM, commit_metadata={"run_id": run_id})
     return ReclaimResult(run_id, _counts(rows, gc_count), time.monotonic() - t0, rows)
 
 
+def _join(*parts: str) -> str:
+    return "; ".join(p for p in parts if p)
+
+
 def _bookie_row(run_id: str, measured_at: datetime, bookie: str, target: BookieTarget, expected: Expected,
                 before: BookieSample | None, after: BookieSample | None,
-                action: tuple[str, str, float | None, bool | None], freed_fraction: float) -> dict[str, Any]:
+                action: tuple[str, str, float | None, bool | None], freed_fraction: float,
+                pass_seen: bool) -> dict[str, Any]:
     action_name, action_why, gc_seconds, finished = action
-    judged, got = verdict(expected, before, after, freed_fraction, finished)
-    why = "; ".join(x for x in (judged.why, action_why if action_name not in ("measured only",) else "") if x)
+    judged, got = verdict(expected, before, after, freed_fraction, finished, pass_seen)
+    why = _join(judged.why, action_why if action_name not in ("measured only",) else "")
     return {
         "run_id": run_id, "measured_at": measured_at, "target_kind": "bookie", "target": bookie,
         "url": target.url, "found_by": target.found_by, "expected_bytes": expected.bytes,
@@ -243,6 +345,11 @@ def _bookie_row(run_id: str, measured_at: datetime, bookie: str, target: BookieT
         "free_space_delta_bytes": got.free_space_delta if got else None,
         "pending_bytes": judged.pending_bytes, "verdict": judged.verdict, "why": why, "action": action_name,
         "gc_seconds": gc_seconds, "counter_reset": got.counter_reset if got else None,
+        "freed_lower_bytes": judged.lower_bytes if got else None,
+        "freed_upper_bytes": judged.upper_bytes if got else None,
+        "others_collected": judged.others_collected if got else None,
+        "collected_ledgers": got.deleted_ledgers if got else None,
+        "unknown_ledgers": expected.unknown,
     }
 
 
@@ -311,12 +418,25 @@ def _counts(rows: list[dict[str, Any]], gc_count: int) -> ReclaimCounts:
         freed=sum(r["verdict"] == FREED for r in bookies),
         pending_compaction=sum(r["verdict"] == PENDING_COMPACTION for r in bookies),
         pending_gc=sum(r["verdict"] == PENDING_GC for r in bookies),
+        shared_window=sum(r["verdict"] == SHARED_WINDOW for r in bookies),
+        restarted=sum(r["verdict"] == RESTARTED for r in bookies),
+        unknown=sum(r["verdict"] == UNKNOWN for r in bookies),
         not_measured=sum(r["verdict"] == NOT_MEASURED for r in bookies), gc_triggered=gc_count,
         offload_buckets=len(offload),
         expected_bytes=sum(r["expected_bytes"] or 0 for r in bookies),
-        freed_bytes=sum(min(r["freed_bytes"] or 0, r["expected_bytes"] or 0) for r in bookies),
+        freed_bytes=sum(_ours(r)[0] for r in bookies),
+        freed_upper_bytes=sum(_ours(r)[1] for r in bookies),
         pending_bytes=sum(r["pending_bytes"] or 0 for r in bookies),
         offload_freed_bytes=sum(r["freed_bytes"] or 0 for r in offload))
+
+
+def _ours(row: dict[str, Any]) -> tuple[int, int]:
+    """(lower, upper) bound of what a bookie row says came back of this run's bytes. A row an older version wrote has
+    no bounds: its capped freed bytes, as it reported them then."""
+    if row.get("freed_lower_bytes") is None and row.get("freed_upper_bytes") is None:
+        capped = min(row["freed_bytes"] or 0, row["expected_bytes"] or 0) if row["verdict"] != NOT_MEASURED else 0
+        return capped, capped
+    return int(row.get("freed_lower_bytes") or 0), int(row.get("freed_upper_bytes") or 0)
 
 
 def latest_rows(store: TableStore, run_id: str) -> list[dict[str, Any]]:
@@ -339,9 +459,11 @@ def summary_line(rows: list[dict[str, Any]]) -> str:
     bookies = [r for r in rows if r["target_kind"] == "bookie"]
     measured = [r for r in bookies if r["verdict"] != NOT_MEASURED]
     expected = sum(r["expected_bytes"] or 0 for r in measured)
-    given = sum(min(r["freed_bytes"] or 0, r["expected_bytes"] or 0) for r in measured)
+    lower = sum(_ours(r)[0] for r in measured)
+    upper = sum(_ours(r)[1] for r in measured)
     if measured:
-        parts = [f"bookies gave back {human_bytes(given)} of {human_bytes(expected)} expected"]
+        given = human_bytes(lower) if lower == upper else f"between {human_bytes(lower)} and {human_bytes(upper)}"
+        parts = [f"bookies gave back {given} of {human_bytes(expected)} expected"]
     elif bookies:
         parts = [f"no bookie could be measured ({human_bytes(sum(r['expected_bytes'] or 0 for r in bookies))} "
                  f"expected back from {len(bookies)})"]
@@ -352,6 +474,12 @@ def summary_line(rows: list[dict[str, Any]]) -> str:
         if waiting:
             parts.append(f"{human_bytes(sum(r['pending_bytes'] or 0 for r in waiting))} {words} on "
                          + _names(waiting))
+    for kind, words in ((SHARED_WINDOW, "others' deletions were collected in the same window (a bound, not ours)"),
+                        (RESTARTED, "restarted between the samples (a lower bound)"),
+                        (UNKNOWN, "bytes unknown (never-closed ledgers, or no DELETED_LEDGER_TOTAL)")):
+        named = [r for r in bookies if r["verdict"] == kind]
+        if named:
+            parts.append(f"{words} on {_names(named)}")
     unmeasured = [r for r in bookies if r["verdict"] == NOT_MEASURED]
     if unmeasured:
         parts.append(f"not measured on {_names(unmeasured)}: {unmeasured[0]['why']}")

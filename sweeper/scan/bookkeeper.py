@@ -168,7 +168,7 @@ LEDGER_COLUMNS = (
     "ensemble_size", "write_quorum", "ack_quorum", "last_entry_id", "length", "metadata_ctime_ms", "created_ms",
     "created_source", "digest_type", "segments", "bookies", "custom_metadata", "custom_metadata_binary", "is_pulsar",
     "component", "managed_ledger", "cursor", "schema_id", "compacted_topic", "bucket_key", "bucket_topic",
-    "bucket_cursor",
+    "bucket_cursor", "segment_first_entries", "segment_ensembles",
 )
 LEDGER_CHUNK_ROWS = 10_000
 
@@ -180,10 +180,16 @@ def ledger_values(path: str, ledger_id: int, tree: str, msg: pb.LedgerMetadataFo
     the ack quorum is absent, a repeated custom-metadata key's last value; INVALID_ENTRY_ID when the last entry is
     absent, and text that is not UTF-8 decoded with replacement characters, as Java does."""
     bookies: set[str] = set()
+    firsts: list[int] = []
+    ensembles: list[list[str]] = []
     for segment in msg.segment:
-        bookies.update(segment.ensembleMember)
+        members = list(segment.ensembleMember)
+        bookies.update(members)
+        firsts.append(segment.firstEntryId)
+        ensembles.append(members)
     if not all_text(bookies):
         bookies = set(map(as_text, bookies))
+        ensembles = [[as_text(m) for m in members] for members in ensembles]
     text, binary = split_custom_metadata(custom_metadata_of(msg))
     has = msg.HasField
     stored_ctime = msg.ctime if has("ctime") else None
@@ -200,7 +206,7 @@ def ledger_values(path: str, ledger_id: int, tree: str, msg: pb.LedgerMetadataFo
         binary or None, value_of("application") == "pulsar", value_of("component"),
         value_of("pulsar/managed-ledger"), value_of("pulsar/cursor"), value_of("pulsar/schemaId"),
         value_of("pulsar/compactedTopic"), value_of("pulsar/delayedIndexBucketKey"),
-        value_of("pulsar/delayedIndexTopic"), value_of("pulsar/delayedIndexCursor"),
+        value_of("pulsar/delayedIndexTopic"), value_of("pulsar/delayedIndexCursor"), firsts, ensembles,
     )
 
 
