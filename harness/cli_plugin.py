@@ -274,6 +274,10 @@ def sweep_on_sandbox(args: argparse.Namespace) -> None:
         args.pulsar_urls = (pulsar.service_url, pulsar.admin_url)
     print(f"sandbox: ZooKeeper on {info.connect_string}, S3 on {args.s3_endpoint}, Pulsar on "
           f"{pulsar.service_url if pulsar else '-'}")
+    if getattr(args, "execute", False):
+        print("sandbox: its bookies are names without servers, so what they give back is not measured here; "
+              "`sweeper testbed up` runs real bookies, then `sweeper sweep --config var/testbed/sweeper.toml "
+              "--execute` shows it")
     try:
         cmd_sandbox(argparse.Namespace(**{**vars(args), "action": "seed", "port": None}))
     except SandboxError as exc:
