@@ -55,7 +55,7 @@ def _cli(config: Path, run_id: str, listed: Path, log: Path, **env: str) -> subp
     return subprocess.Popen(
         [sys.executable, "-m", "sweeper.cli", "delete", "--from-json", str(listed), "--execute", "--config",
          str(config), "--run-id", run_id],
-        cwd=REPO, stdout=open(log.with_suffix(".out"), "ab"), stderr=open(log, "ab"),  # noqa: SIM115
+        cwd=REPO, stdout=open(log.with_suffix(".out"), "ab"), stderr=open(log, "ab"),
         start_new_session=True, env={**os.environ, **SHORT_LIVED_SPARK_ENV, **env})
 
 

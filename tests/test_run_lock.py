@@ -22,6 +22,7 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NoNodeError
 
+from harness.zkserver import ServerClock
 from sweeper.delete.lock import DeleteRunLock
 from sweeper.delete.results import DELETED, FAILED
 from sweeper.delete.zk_executor import LOCK_LOST, LedgerDeleter
@@ -29,7 +30,6 @@ from sweeper.layout import LedgerLayout, ledger_path
 from sweeper.run_lock import LockLost, LockWatch, RunLockHeld
 from sweeper.zk import client as zkutil
 from tests.support.config import ZkTarget
-from harness.zkserver import ServerClock
 from tests.support.ledgers import ledger_bytes
 
 LOCK = "/ledger-sweeper/locks/delete"
