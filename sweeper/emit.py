@@ -68,6 +68,7 @@ STARTED, INTENT, CLOSED = "started", "intent", "closed"
 LOCK_NAME = "emit"
 # How many messages a producer sends between two looks at the run lock's fence.
 FENCE_EVERY_MESSAGES = 1000
+LOCK_LOST_WORDS = "the run lost its lock"
 # Tests only: seconds a producer task waits between the broker's acknowledgements and its `emitted` commit, so a
 # kill lands where records are on the topic but not yet on record (what the journal's intents are for).
 FAILPOINT_BEFORE_RECORDING_ENV = "SWEEPER_FAILPOINT_EMIT_BEFORE_RECORDING_S"
@@ -210,7 +211,7 @@ def send_slot(messages: list[PlannedMessage], broker: BrokerSettings,
         return []
     lost = still_holding() if still_holding is not None else None
     if lost is not None:
-        raise EmitFailed(f"not sent: the run lost its lock: {lost}")
+        raise EmitFailed(f"not sent: {LOCK_LOST_WORDS}: {lost}")
     messages = sorted(messages, key=lambda m: m.sequence_id)
     partition, slot = messages[0].topic_partition, messages[0].producer_slot
     name = producer.producer_name(partition, slot)
@@ -253,7 +254,7 @@ def send_slot(messages: list[PlannedMessage], broker: BrokerSettings,
             if still_holding is not None and sends % FENCE_EVERY_MESSAGES == 0:
                 lost = still_holding()
                 if lost is not None:
-                    errors.append(f"stopped sending: the run lost its lock: {lost}")
+                    errors.append(f"stopped sending: {LOCK_LOST_WORDS}: {lost}")
                     break
             with done:
                 pending += 1
@@ -500,10 +501,15 @@ def _emit_planned(spark: SparkSession, store: TableStore, run_id: str, planned: 
         with metadata.session() as zk:
             # The run lock's fence, read before the producer starts and every FENCE_EVERY_MESSAGES sends: a task of
             # an emit whose lock was lost (its driver's session expired, another emit took it) publishes no more.
-            sent = send_slot(messages, broker, producer,
-                             still_holding=(lambda: fence.verify(zk)) if fence is not None else None)
-        if pause_s:
-            time.sleep(pause_s)
+            still_holding = (lambda: fence.verify(zk)) if fence is not None else None
+            sent = _send_with_retries(messages, broker, producer, still_holding)
+            if pause_s:
+                time.sleep(pause_s)
+            # And before its record: the next holder may have recorded these very records already (it re-sends
+            # under the same producer names and sequence ids), and a record is written once.
+            lost = still_holding() if still_holding is not None else None
+            if lost is not None:
+                raise EmitFailed(f"not recorded: {LOCK_LOST_WORDS}: {lost}")
         recorder.append([dict(zip(columns, (run_id, emitted_at, by_seq[seq].record_key, by_seq[seq].ledger_id,
                                             by_seq[seq].ledger_type, by_seq[seq].component, by_seq[seq].topic_name,
                                             partition, name, seq, message_id, status, payload), strict=True))
@@ -537,6 +543,26 @@ def _emit_planned(spark: SparkSession, store: TableStore, run_id: str, planned: 
     counts["refused_oversize"] = by_status.get(REFUSED_OVERSIZE, 0)
     counts["producers"] = len(slots)
     return EmitResult(run_id, EmitCounts.from_row(counts), time.monotonic() - t0)
+
+
+# A producer that failed (a broker restarted or lost mid-send) is opened again this many times, after these waits:
+# the same producer name and sequence ids, so the new producer learns what the broker persisted and sends the rest,
+# and the broker's deduplication drops what raced it (issue 45). About a broker restart's worth in all.
+SEND_RETRY_WAITS_S = (2.0, 5.0, 10.0, 20.0)
+
+
+def _send_with_retries(messages: list[PlannedMessage], broker: BrokerSettings, producer: ProducerSettings,
+                       still_holding: Callable[[], str | None] | None,
+                       sleep: Callable[[float], None] = time.sleep) -> list[SlotRow]:
+    for wait in (*SEND_RETRY_WAITS_S, None):
+        try:
+            return send_slot(messages, broker, producer, still_holding=still_holding)
+        except EmitFailed as exc:
+            if wait is None or LOCK_LOST_WORDS in str(exc):
+                raise
+            log.warning("emit: %s; opening the producer again in %.0fs", exc, wait)
+            sleep(wait)
+    raise AssertionError("unreachable")
 
 
 def _stop_if_lock_lost(lock: EmitRunLock, journal: EmitJournal) -> None:

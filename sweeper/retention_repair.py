@@ -74,6 +74,7 @@ from sweeper.table_schemas import RETENTION_ACTIONS
 from sweeper.tables import TableStore
 from sweeper.vocabulary import DAY_MS
 from sweeper.zk import client as zkutil
+from sweeper.zk.errors import is_connection_error
 
 WOULD_LOAD, WOULD_DELETE = "would_load", "would_delete"
 SKIPPED_ACTIVE, SKIPPED_GONE, DEFERRED, FAILED = "skipped_active", "skipped_gone", "deferred", "failed"
@@ -492,6 +493,12 @@ def run(spark: Any, store: TableStore, run_id: str, settings: RepairSettings, ad
             if lock is not None:
                 lock.check()  # a repair that lost its lock leaves its end to the next holder's fold: one status
             journal.close(result.stopped or "")
+    except Exception as exc:
+        if lock is not None and is_connection_error(exc):
+            # A session that expired under the repair (a pause, a partition) took its lock with it: that, not the
+            # read that met it, is why the run stops (LockLost, exit 3); else the error as it was.
+            lock.check()
+        raise
     except KeyboardInterrupt:
         if journal is not None:
             # Ctrl-C / SIGTERM: the call in flight settled from the metadata now, as the next run would after a kill,
