@@ -180,9 +180,8 @@ class RunLock:
     def acquire(self) -> None:
         parent = self.path.rsplit("/", 1)[0]
         if parent:
-            self.client.ensure_path(parent)
-        with contextlib.suppress(NodeExistsError):
-            self.client.create(self.epoch_path, b"")
+            self._retrying(lambda: self.client.ensure_path(parent))
+        self._retrying(self._ensure_epoch)
         body = json.dumps({"run_id": self.run_id, "host": socket.gethostname(), "pid": os.getpid(),
                            "started_ms": int(time.time() * 1000)}).encode()
         before = time.time() * 1000
@@ -207,8 +206,54 @@ class RunLock:
         # The lock's ctime is ZooKeeper's clock: the delete stage checks this host's against it.
         self.clock_skew_ms = int(stat.ctime - (before + after) / 2)
 
+    def _ensure_epoch(self) -> None:
+        with contextlib.suppress(NodeExistsError):
+            self.client.create(self.epoch_path, b"")
+
+    def _retrying(self, action: Callable[[], Any], deadline_s: float = 30.0) -> Any:
+        """`action` again after a connection error (a leader election drops every session's connection for a few
+        seconds), until `deadline_s`. Only for idempotent steps; the lock's own create is `_create`'s."""
+        stop = time.monotonic() + deadline_s
+        while True:
+            try:
+                return action()
+            except Exception as exc:
+                if not is_connection_error(exc) or time.monotonic() >= stop:
+                    raise
+                time.sleep(0.25)
+
     def _create(self, body: bytes) -> int:
-        """Create the lock node and bump the epoch, atomically where the store has multis; the epoch's version."""
+        """Create the lock node and bump the epoch (one multi where the store has them); the epoch's version. A create
+        whose answer was lost (ConnectionLoss: sent, maybe applied, DESIGN.md invariant 18) is settled by reading the
+        lock: a node of this session is ours (with the epoch the multi set), another session's is held, none is
+        created again."""
+        stop = time.monotonic() + 30.0
+        while True:
+            try:
+                return self._create_once(body)
+            except NodeExistsError:
+                raise
+            except Exception as exc:
+                if not is_connection_error(exc) or time.monotonic() >= stop:
+                    raise
+            time.sleep(0.25)
+            try:
+                stat = self.client.exists(self.path)
+                session = self.client.client_id
+            except Exception as exc:
+                if not is_connection_error(exc) or time.monotonic() >= stop:
+                    raise
+                continue
+            if stat is None:
+                continue  # not applied: send it again
+            if session is not None and stat.ephemeralOwner == session[0]:
+                epoch = self.client.exists(self.epoch_path)
+                if epoch is None:
+                    raise LockLost(f"the epoch beside {self.path} vanished as the lock was taken")
+                return int(epoch.version)
+            raise NodeExistsError(self.path)
+
+    def _create_once(self, body: bytes) -> int:
         if capabilities_of(self.client).atomic_multi:
             tx = self.client.transaction()
             tx.create(self.path, body, ephemeral=True)
