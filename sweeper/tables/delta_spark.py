@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -194,7 +194,7 @@ class DeltaSparkTableStore(TableStore):
         statement = f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})"
         self._with_user_metadata(metadata, lambda: self.spark.sql(statement))
 
-    def _with_user_metadata(self, metadata: dict[str, str], action: Any) -> None:
+    def _with_user_metadata(self, metadata: dict[str, str], action: Callable[[], object]) -> None:
         """Run `action` (a DDL, which takes no write options) with `metadata` as its commit's userMetadata."""
         with _conf_lock:
             previous = self.spark.conf.get(_USER_METADATA_CONF, None)
