@@ -18,9 +18,10 @@ Differences to know:
   session's Hadoop configuration (sweeper.storage sets them from `[tables]`).
 - Appends write with `mergeSchema` false, whatever the session's `autoMerge` setting: the base class has
   checked the rows against the table, and a write must not change the table's schema behind that check
-  (a merge would add a misspelt column, or make a NOT NULL one nullable). Columns an upgrade declares
-  are added on their own, before the append, by `ALTER TABLE ... ADD COLUMNS` (one commit, "ADD COLUMNS"
-  in the history): exactly the ones the base class decided, nullable.
+  (a merge adds whatever column the data has and the table lacks). Columns an upgrade declares are added
+  on their own, before the append, by `ALTER TABLE ... ADD COLUMNS` (one commit, "ADD COLUMNS" in the
+  history): exactly the ones the base class decided, nullable. (A zero-row `mergeSchema` write would add
+  them too, but leaves an empty data file in the table.)
 """
 
 from __future__ import annotations
