@@ -12,11 +12,18 @@
   in this process (spark-submit.sh, a cluster job, a notebook's own session); delta-rs otherwise
   (the CLI, the sandbox and the tests, even when their session carries the jars).
 Both write ordinary Delta tables: either engine (or any Delta reader) can read the other's.
+
+Upgrades: a write declaring nullable columns an existing table lacks adds them first (one commit), and reads
+return each table in the schema this version declares (sweeper.table_schemas), with nulls in the columns a
+table an earlier version wrote lacks; nothing else ever changes a table's schema (sweeper.tables.base).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pyspark.sql import SparkSession
+from pyspark.sql.types import StructType
 
 from sweeper.errors import ConfigurationError
 from sweeper.spark import (
@@ -76,12 +83,14 @@ def auto_engine(spark: SparkSession) -> str:
 
 def open_table_store(root: str, spark: SparkSession, engine: str = "auto",
                      storage_options: dict[str, str] | None = None, *,
-                     s3_endpoint: str = "", s3_region: str = "") -> TableStore:
+                     s3_endpoint: str = "", s3_region: str = "",
+                     declared: Mapping[str, StructType] | None = None) -> TableStore:
     """The table store for `root` (a local path or a URI such as s3://bucket/prefix).
 
     s3_endpoint, s3_region: `[tables]` settings for a root on S3 (sweeper.tables.storage); they
     configure both delta-rs and the session's s3a. storage_options: delta-rs storage options
     instead of the ones derived from them (Spark tasks get them too; never log them).
+    declared: the schema reads give each table (TableStore); default: sweeper.table_schemas.ALL_TABLES.
     Raises DeltaSparkUnavailableError / TableStorageUnavailableError, naming the missing jar or
     setting, before anything runs.
     """
@@ -93,7 +102,7 @@ def open_table_store(root: str, spark: SparkSession, engine: str = "auto",
     if engine == "auto":
         engine = auto_engine(spark)
     if engine == "delta-rs":
-        return DeltaRsTableStore(root, spark, storage_options)
+        return DeltaRsTableStore(root, spark, storage_options, declared=declared)
     if engine == "delta-spark":
         if not delta_spark_available(spark):
             raise DeltaSparkUnavailableError(
@@ -106,7 +115,7 @@ def open_table_store(root: str, spark: SparkSession, engine: str = "auto",
                 f"{_how_to_enable()}")
         from sweeper.tables.delta_spark import DeltaSparkTableStore
 
-        return DeltaSparkTableStore(root, spark, storage_options)
+        return DeltaSparkTableStore(root, spark, storage_options, declared=declared)
     raise ValueError(f"unknown table engine {engine!r}: use 'auto', {', '.join(map(repr, ENGINES))}")
 
 

@@ -4,11 +4,20 @@ Schema rules are checked here, before any engine writes, so both engines accept 
 same appends: columns are matched by name (order does not matter, the table's order is used),
 types must be equal, and nullability is not a type difference: a NOT NULL column accepts a
 nullable column whose rows hold no nulls, and fails the write otherwise.
+
+Upgrades (schema evolution): a write that declares its table's schema (`schema=`) to an existing table that
+lacks some of the declared columns first adds them, nullable, in one Delta commit of their own (`evolution`),
+then appends; the table keeps its old columns first and gains the new ones at its end, whatever their place in
+the declared schema (Delta's ADD COLUMNS appends; columns are matched by name anyway). Nothing else changes a
+table's schema: a declared schema that leaves out, renames or retypes a column, or adds a NOT NULL one, is a
+TableSchemaError. Reads return the declared schema's columns, in its order (`read_schema`): a table an earlier
+version wrote reads with nulls in the columns added since, as it would once evolved.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import uuid
@@ -36,7 +45,10 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from sweeper.tables.files import NotNullViolation, TablesWriter, check_not_null, is_local
+from sweeper.table_schemas import ALL_TABLES
+from sweeper.tables.files import NotNullViolation, TablesWriter, check_not_null, is_local, padded
+
+log = logging.getLogger(__name__)
 
 # Keys we add to every commit's metadata (user keys cannot override them).
 COMMIT_ID_KEY = "sweeper.commit_id"
@@ -44,6 +56,7 @@ TABLE_KEY = "sweeper.table"
 ENGINE_KEY = "sweeper.engine"
 ROWS_KEY = "sweeper.rows"
 FILES_KEY = "sweeper.files"
+ADDED_KEY = "sweeper.added_columns"  # in the metadata of a commit that added columns (schema evolution)
 
 PARTITION_TYPES = (StringType, IntegerType, LongType, ShortType, ByteType, BooleanType, DateType)
 _TABLE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
@@ -61,7 +74,11 @@ class TableSchemaError(ValueError):
 class TaskAppender:
     """Appends rows to one table from any process (a Spark task, its driver), each call one small Delta commit
     through delta-rs, whatever engine the store uses: for what must be on record before the driver hears of it.
-    Blind appends of concurrent writers do not conflict (delta-rs retries the commit on the next version)."""
+    Blind appends of concurrent writers do not conflict (delta-rs retries the commit on the next version).
+
+    The table has every column of `schema` (TableStore.task_appender created or evolved it). Should another writer
+    add columns to it while the tasks append (an upgraded version's run), an append that finds the table changed
+    is made once more with nulls in the columns added, as Delta reads older rows."""
 
     uri: str
     schema: pa.Schema
@@ -70,10 +87,27 @@ class TaskAppender:
     def append(self, rows: Sequence[Mapping[str, Any]]) -> None:
         if not rows:
             return
+        from deltalake.exceptions import CommitFailedError, SchemaMismatchError
+
+        data = pa.Table.from_pylist(list(rows), schema=self.schema)
+        try:
+            self._write(data)
+        except (CommitFailedError, SchemaMismatchError) as exc:
+            # Columns added since this appender was made: before our look at the table, its writer refuses rows
+            # without them (SchemaMismatchError); between our look and our commit, Delta refuses the commit as
+            # one conflicting with that metadata change (CommitFailedError). Our rows still fit, with nulls there.
+            from deltalake import DeltaTable
+
+            current = pa.schema(DeltaTable(self.uri, storage_options=self.storage_options or None).schema().to_arrow())
+            if isinstance(exc, SchemaMismatchError) and set(current.names) == set(self.schema.names):
+                raise  # the same columns: not a change a second try would mend
+            log.info("table at %s changed its columns under a task appender (%s): appending once more", self.uri, exc)
+            self._write(padded(data, current, self.uri))
+
+    def _write(self, data: pa.Table) -> None:
         from deltalake import write_deltalake
 
-        write_deltalake(self.uri, pa.Table.from_pylist(list(rows), schema=self.schema), mode="append",
-                        storage_options=self.storage_options or None)
+        write_deltalake(self.uri, data, mode="append", storage_options=self.storage_options or None)
 
 
 @dataclass(frozen=True)
@@ -116,6 +150,71 @@ def schema_problems(actual: StructType, expected: StructType) -> list[str]:
     if len(have) != len(actual.fields):
         problems.append("duplicate column names in the data")
     return problems
+
+
+def evolution(name: str, path: str, table: StructType, declared: StructType) -> list[StructField]:
+    """The columns `declared` adds to the existing table `table`, nullable, in declared order ([] when none): the one
+    change an upgrade may make to a table. Raises TableSchemaError, naming the table and the fix, for the changes
+    it may not: a column of the table left out or renamed (its rows' values would be lost to readers), a column's
+    type changed (older files hold the old type), a new NOT NULL column (the rows already there have no value)."""
+    have = {f.name: f for f in table.fields}
+    want = {f.name: f for f in declared.fields}
+    problems = []
+    if len(want) != len(declared.fields):
+        problems.append("duplicate column names in the declared schema")
+    dropped = [n for n in have if n not in want]
+    if dropped:
+        problems.append(f"missing column(s): {', '.join(dropped)} (in the table, not declared: a column is never "
+                        "dropped or renamed; declare it again, nullable if nothing writes it any more)")
+    for column, fld in want.items():
+        if column in have and loose_type(have[column].dataType) != loose_type(fld.dataType):
+            problems.append(f"column {column!r}: declared {fld.dataType.simpleString()}, the table has "
+                            f"{have[column].dataType.simpleString()} (a column's type never changes: declare a new "
+                            "column instead)")
+    added = [fld for column, fld in want.items() if column not in have]
+    strict = [fld.name for fld in added if not fld.nullable]
+    if strict:
+        problems.append(f"new column(s) {', '.join(strict)} declared NOT NULL (the rows already in the table have no "
+                        "value there: declare them nullable)")
+    if problems:
+        raise TableSchemaError(f"table {name!r} at {path} has another schema than the one given: "
+                               + "; ".join(problems) + ". An upgrade may add nullable columns to a table, nothing else")
+    return [StructField(fld.name, fld.dataType, True) for fld in added]
+
+
+def read_schema(table: StructType, declared: StructType | None) -> StructType:
+    """The columns a read of `table` returns for a caller that declares `declared`: the declared ones, in declared
+    order, when the table is one an earlier version wrote (each of its columns declared, with the same type): its
+    own as it has them, the ones added since nullable (they read as nulls). Any other table reads as it is: a
+    declared schema that drops or retypes a column is for the write to refuse, and a read should not hide it."""
+    if declared is None or table == declared:
+        return table
+    want = {f.name: f for f in declared.fields}
+    if len(want) != len(declared.fields):
+        return table
+    for fld in table.fields:
+        if fld.name not in want or loose_type(want[fld.name].dataType) != loose_type(fld.dataType):
+            return table
+    have = {f.name: f for f in table.fields}
+    return StructType([have.get(f.name) or StructField(f.name, f.dataType, True) for f in declared.fields])
+
+
+def matches_nothing(where: Mapping[str, Any] | None, table: StructType, schema: StructType) -> bool:
+    """Whether `where` (as in read_arrow) conditions a column `schema` reads as nulls because `table` lacks it: a
+    null never matches, so no row does, and no file need be opened to say so."""
+    present = set(table.fieldNames())
+    return any(column not in present and column in schema.fieldNames() for column in (where or {}))
+
+
+def conformed(df: DataFrame, schema: StructType) -> DataFrame:
+    """`df`, a table's rows, with `schema`'s columns in its order (read_schema): the ones it lacks as typed nulls."""
+    if df.columns == schema.fieldNames():
+        return df
+    from pyspark.sql import functions as F
+
+    present = set(df.columns)
+    return df.select(*[F.col(f.name) if f.name in present else F.lit(None).cast(f.dataType).alias(f.name)
+                       for f in schema.fields])
 
 
 def arrow_schema(schema: StructType) -> pa.Schema:
@@ -195,6 +294,27 @@ def rows_to_arrow(name: str, rows: Sequence[Mapping[str, Any] | Row | tuple], sc
     return table
 
 
+def columns_to_arrow(name: str, columns: Mapping[str, Sequence[Any]], schema: StructType) -> pa.Table:
+    """Driver-side columns (name -> values; missing columns are null) as an Arrow table of the table's types."""
+    unknown = set(columns) - set(schema.fieldNames())
+    if unknown:
+        raise TableSchemaError(f"table {name!r}: unknown column(s) {', '.join(sorted(unknown))}")
+    lengths = {len(v) for v in columns.values()}
+    if len(lengths) > 1:
+        raise TableSchemaError(f"table {name!r}: columns of different lengths {sorted(lengths)}")
+    rows = lengths.pop() if lengths else 0
+    target = arrow_schema(schema)
+    try:
+        arrays = [pa.array(columns[f.name], type=f.type) if f.name in columns else pa.nulls(rows, f.type)
+                  for f in target]
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
+        raise TableSchemaError(f"table {name!r}: columns don't fit the table schema: {exc}") from exc
+    table = pa.Table.from_arrays(arrays, schema=target)
+    for i, fld in enumerate(target):
+        check_not_null(table.column(i).combine_chunks(), fld, fld.name, name)
+    return table
+
+
 def to_millis(value: Any) -> int | None:
     if value is None:
         return None
@@ -247,20 +367,38 @@ def normalize_root(root: str) -> str:
 # --------------------------------------------------------------------------- the API
 
 
+@dataclass(frozen=True)
+class _Target:
+    """What a write will append to, before anything is committed (TableStore._target)."""
+
+    schema: StructType  # the table's columns once `added` are (the created table's, for a new one)
+    parts: list[str]
+    create: bool
+    declared: StructType | None = None  # the schema the writer declared, when it declared one
+    added: tuple[StructField, ...] = ()  # declared columns the existing table lacks: added before the append
+
+
 class TableStore(ABC):
     """Named Delta tables under one root; `name` lives at f"{root}/{name}".
 
-    Every append is one atomic Delta commit (or none). History of each commit carries the
-    caller's `commit_metadata` plus `sweeper.commit_id`, `sweeper.table` and `sweeper.engine`.
+    Every append is one atomic Delta commit (or none), preceded, when it declares columns its existing table lacks,
+    by the commit that adds them (module doc). History of each commit carries the caller's `commit_metadata` plus
+    `sweeper.commit_id`, `sweeper.table` and `sweeper.engine` (and `sweeper.added_columns` on a commit adding some).
+
+    `declared`: each table's schema as this version declares it, which reads return (`read_schema`) unless the
+    call names its own; by default the product's tables (sweeper.table_schemas.ALL_TABLES). A table not in it,
+    read without `schema=`, reads as it is.
     """
 
     engine: ClassVar[str] = ""
 
-    def __init__(self, root: str, spark: SparkSession, storage_options: dict[str, str] | None = None) -> None:
+    def __init__(self, root: str, spark: SparkSession, storage_options: dict[str, str] | None = None, *,
+                 declared: Mapping[str, StructType] | None = None) -> None:
         self.root = normalize_root(root)
         self.spark = spark
         # Credentials may be in here: never log or repr them.
         self._storage_options = dict(storage_options or {})
+        self.declared: dict[str, StructType] = dict(ALL_TABLES if declared is None else declared)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(root={self.root!r}, engine={self.engine!r})"
@@ -270,18 +408,33 @@ class TableStore(ABC):
             raise ValueError(f"bad table name {name!r}: letters, digits, '_', '.', '-' only")
         return f"{self.root}/{name}"
 
-    def task_appender(self, name: str, schema: StructType) -> TaskAppender:
+    def task_appender(self, name: str, schema: StructType, *,
+                      commit_metadata: Mapping[str, Any] | None = None) -> TaskAppender:
         """A picklable appender for `name` (created here, empty, when it does not exist yet, so concurrent
-        tasks never race to create it)."""
+        tasks never race to create it; given here the columns `schema` declares and it lacks, so the tasks'
+        appends find them). Raises TableSchemaError, before any task runs, for a schema the table cannot take."""
         from pyspark.sql.pandas.types import to_arrow_schema
 
         appender = TaskAppender(self.path(name), to_arrow_schema(schema, timezone="UTC"), dict(self._storage_options))
-        if not self.exists(name):
+        if self.exists(name):
+            self._resolve(name, schema, schema, None, commit_metadata)
+        else:
             from deltalake import write_deltalake
 
             write_deltalake(appender.uri, appender.schema.empty_table(), mode="append",
                             storage_options=appender.storage_options or None)
         return appender
+
+    def evolve(self, name: str, schema: StructType, *, commit_metadata: Mapping[str, Any] | None = None) -> list[str]:
+        """Give the existing table `name` the nullable columns `schema` declares and it lacks, in one commit: what
+        every write that declares `schema` does first. Returns the columns the table gained ([] when it had them
+        all). Raises TableNotFoundError without the table, TableSchemaError for a change an upgrade may not make."""
+        layout = self.layout(name)
+        if layout is None:
+            raise TableNotFoundError(f"no Delta table {name!r} at {self.path(name)}")
+        before = set(layout[0].fieldNames())
+        table_schema, _, _ = self._resolve(name, schema, schema, None, commit_metadata)
+        return [column for column in table_schema.fieldNames() if column not in before]
 
     # ---- per-engine
 
@@ -299,19 +452,27 @@ class TableStore(ABC):
         plus sweeper.commit_id/table/engine), engine_info."""
 
     @abstractmethod
-    def read(self, name: str, version: int | None = None, where: Mapping[str, Any] | None = None) -> DataFrame:
+    def read(self, name: str, version: int | None = None, where: Mapping[str, Any] | None = None,
+             schema: StructType | None = None) -> DataFrame:
         """The table (or an earlier version of it) as a Spark DataFrame; with `where` (as in read_arrow), only the
         rows matching it. Give the condition here rather than filtering the frame: an engine that knows which
-        files can hold such rows hands Spark only those (a table of a run a day holds a year of runs)."""
+        files can hold such rows hands Spark only those (a table of a run a day holds a year of runs).
+
+        Its columns are those of `schema` (default: the store's declared schema of `name`) as `read_schema` says:
+        a table an earlier version wrote has nulls in the columns added since, and a condition on one of those
+        matches no row."""
+
+    def _declared_schema(self, name: str, schema: StructType | None) -> StructType | None:
+        return schema if schema is not None else self.declared.get(name)
 
     def run_frames(self, tables: Mapping[str, StructType], run_id: str) -> dict[str, DataFrame]:
-        """Each table's rows of one run. A table a store written by an earlier version does not have yet reads as
-        empty, in its schema, so a stage reading a run's tables need not know which version wrote them."""
+        """Each table's rows of one run, in the schema `tables` gives it. A table a store written by an earlier
+        version does not have yet reads as empty, and one that lacks columns added since reads with nulls there,
+        so a stage reading a run's tables need not know which version wrote them."""
         from concurrent.futures import ThreadPoolExecutor
 
-
         def frame(name: str, schema: StructType) -> DataFrame:
-            return (self.read(name, where={"run_id": run_id}) if self.exists(name)
+            return (self.read(name, where={"run_id": run_id}, schema=schema) if self.exists(name)
                     else self.spark.createDataFrame([], schema))
 
         # A read is mostly the JVM resolving the table's files and schema, a round trip each: a dozen tables side
@@ -325,32 +486,33 @@ class TableStore(ABC):
         """(schema, partition columns) of the table, or None when there is none."""
 
     def read_arrow(self, name: str, where: Mapping[str, Any] | None = None,
-                   columns: Sequence[str] | None = None) -> pa.Table:
+                   columns: Sequence[str] | None = None, schema: StructType | None = None) -> pa.Table:
         """The latest version's rows matching `where`, as Arrow on the driver: for the small reads around a
         stage (a run's policies, a few ledgers by id), which do not need a Spark job each.
 
         `where` maps a column to a value (equal to it) or to a list, tuple, set or frozenset (one of them;
         an empty one matches nothing); conditions are ANDed, and a null never matches. `columns`: those
-        only, in that order (default: all). This default runs the filter as a Spark job; an engine that
-        reads the table itself overrides it.
+        only, in that order (default: all). `schema`: as in read(), so a column added since the table was
+        written reads as nulls. This default runs the filter as a Spark job; an engine that reads the table
+        itself overrides it.
         """
-        df = self.read(name, where=where)
+        df = self.read(name, where=where, schema=schema)
         return df.select(*(columns or df.columns)).toArrow()
 
     AGGREGATES: ClassVar[frozenset[str]] = frozenset({"min", "max", "sum", "count"})
 
     def aggregate_arrow(self, name: str, keys: Sequence[str], aggregates: Sequence[tuple[str, str]],
-                        where: Mapping[str, Any] | None = None) -> pa.Table:
+                        where: Mapping[str, Any] | None = None, schema: StructType | None = None) -> pa.Table:
         """The latest version's rows matching `where` (as in read_arrow), grouped by `keys`, as Arrow on the
         driver: one row per group, the keys then a column `<column>_<function>` per aggregate, for the per-group
         facts of a table too large to bring to the driver itself. Functions: min, max, sum, count (of non-null
         values; min, max and sum skip nulls and are null for a group with none). Groups come in no set order.
-        This default is a Spark job; an engine that reads the table itself overrides it.
+        `schema`: as in read(). This default is a Spark job; an engine that reads the table itself overrides it.
         """
         from pyspark.sql import functions as F
 
         check_aggregates(aggregates, self.AGGREGATES)
-        df = self.read(name, where=where)
+        df = self.read(name, where=where, schema=schema)
         functions = {"min": F.min, "max": F.max, "sum": F.sum, "count": F.count}
         columns = [functions[fn](column).alias(f"{column}_{fn}") for column, fn in aggregates]
         return df.groupBy(*keys).agg(*columns).toArrow()
@@ -375,12 +537,15 @@ class TableStore(ABC):
         commits nothing: the result then carries the current version and rows=0, files=0.
         Raises TableSchemaError, before anything is written, when the columns or types differ
         from the table's (or from `schema`); rows with nulls in NOT NULL columns fail the write.
+        A `schema` that adds nullable columns to the existing table adds them first (module doc).
         """
-        table_schema, parts, create = self._resolve(name, schema, df.schema, partition_by)
-        problems = schema_problems(df.schema, table_schema)
+        target = self._target(name, schema, df.schema, partition_by)
+        problems = schema_problems(df.schema, target.schema)
         if problems:
             raise TableSchemaError(f"cannot append to table {name!r} at {self.path(name)}: " + "; ".join(problems))
-        aligned = df.select(*[df[c] for c in table_schema.fieldNames()])
+        table_schema, parts, create = self._prepare(name, target, commit_metadata)
+        # By name, in the table's order (columns another writer added meanwhile are null in these rows).
+        aligned = conformed(df, table_schema)
         return self._append_frame(name, aligned, table_schema, parts, create, self._metadata(name, commit_metadata))
 
     def append_arrow_frame(self, name: str, source: DataFrame,
@@ -414,12 +579,15 @@ class TableStore(ABC):
                        for name, schema in schemas.items()}
             return {name: future.result() for name, future in commits.items()}
 
-    def task_writer(self, schemas: Mapping[str, StructType]) -> TablesWriter | None:
+    def task_writer(self, schemas: Mapping[str, StructType], *,
+                    commit_metadata: Mapping[str, Any] | None = None) -> TablesWriter | None:
         """A picklable writer of these tables' data files, for the Spark tasks that make the rows (and for the
         driver), whose file records `commit_written` commits: a producer then writes as it goes, in its own job,
-        with nothing cached or read twice. Missing tables are created by that commit. None (this default) when
+        with nothing cached or read twice. Missing tables are created by that commit; existing ones are given here
+        the nullable columns their schema adds (`commit_metadata` goes on that commit). None (this default) when
         the engine writes only through Spark: the producer then hands its rows to `append_arrow_frames`.
-        Raises TableSchemaError, before anything is written, when a table exists with another schema."""
+        Raises TableSchemaError, before anything is written, when a table exists with a schema `schemas` may not
+        change into (module doc)."""
         return None
 
     def commit_written(self, writer: TablesWriter, records: Mapping[str, Sequence[Mapping[str, Any]]], *,
@@ -433,49 +601,102 @@ class TableStore(ABC):
                     commit_metadata: Mapping[str, Any] | None = None) -> CommitResult:
         """append() for a few rows built on the driver (runs, quarantine): dicts keyed by column
         (missing keys are null, unknown keys are an error) or Rows. Naive datetimes mean UTC."""
-        table_schema, parts, create = self._resolve(name, schema, schema, None)
-        table = rows_to_arrow(name, list(rows), table_schema)
+        rows = list(rows)
+        target = self._target(name, schema, schema, None)
+        table = rows_to_arrow(name, rows, target.schema)  # bad rows fail here, before any commit (evolution's too)
+        table_schema, parts, create = self._prepare(name, target, commit_metadata)
+        if table_schema != target.schema:  # another writer changed the table meanwhile: its columns, as they are
+            table = rows_to_arrow(name, rows, table_schema)
         return self._append_arrow(name, table, table_schema, parts, create, self._metadata(name, commit_metadata))
 
     def append_columns(self, name: str, columns: Mapping[str, Sequence[Any]], schema: StructType, *,
                        commit_metadata: Mapping[str, Any] | None = None) -> CommitResult:
         """append_rows() for many driver-side rows held as columns (name -> values; missing columns are
         null): one Arrow conversion per column instead of one per value. Datetimes must be timezone-aware."""
-        table_schema, parts, create = self._resolve(name, schema, schema, None)
-        unknown = set(columns) - set(table_schema.fieldNames())
-        if unknown:
-            raise TableSchemaError(f"table {name!r}: unknown column(s) {', '.join(sorted(unknown))}")
-        lengths = {len(v) for v in columns.values()}
-        if len(lengths) > 1:
-            raise TableSchemaError(f"table {name!r}: columns of different lengths {sorted(lengths)}")
-        rows = lengths.pop() if lengths else 0
-        target = arrow_schema(table_schema)
-        try:
-            arrays = [pa.array(columns[f.name], type=f.type) if f.name in columns else pa.nulls(rows, f.type)
-                      for f in target]
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
-            raise TableSchemaError(f"table {name!r}: columns don't fit the table schema: {exc}") from exc
-        table = pa.Table.from_arrays(arrays, schema=target)
-        for i, fld in enumerate(target):
-            check_not_null(table.column(i).combine_chunks(), fld, fld.name, name)
+        target = self._target(name, schema, schema, None)
+        table = columns_to_arrow(name, columns, target.schema)  # bad columns fail before any commit
+        table_schema, parts, create = self._prepare(name, target, commit_metadata)
+        if table_schema != target.schema:  # another writer changed the table meanwhile: its columns, as they are
+            table = columns_to_arrow(name, columns, table_schema)
         return self._append_arrow(name, table, table_schema, parts, create, self._metadata(name, commit_metadata))
 
     def _resolve(self, name: str, schema: StructType | None, fallback: StructType,
-                 partition_by: list[str] | None) -> tuple[StructType, list[str], bool]:
-        """(schema, partition columns, whether the table must be created)."""
+                 partition_by: list[str] | None,
+                 commit_metadata: Mapping[str, Any] | None = None) -> tuple[StructType, list[str], bool]:
+        """(schema, partition columns, whether the table must be created), the declared columns the existing table
+        lacked added to it already: for writers that check their rows only as they write them."""
+        return self._prepare(name, self._target(name, schema, fallback, partition_by), commit_metadata)
+
+    def _prepare(self, name: str, target: _Target,
+                 commit_metadata: Mapping[str, Any] | None) -> tuple[StructType, list[str], bool]:
+        """_resolve's second half: the columns `target` adds, added (one commit), and the table's layout then."""
+        if not target.added:
+            return target.schema, target.parts, target.create
+        assert target.declared is not None
+        table_schema, parts = self._evolve(name, target.declared, list(target.added), commit_metadata)
+        return table_schema, parts, False
+
+    def _evolve(self, name: str, declared: StructType, added: list[StructField],
+                commit_metadata: Mapping[str, Any] | None) -> tuple[StructType, list[str]]:
+        """Add `added` to the table (one commit), and return its layout then.
+
+        Two writers may add the same columns at once (two runs of an upgraded version, two tasks' appenders):
+        Delta commits the first and refuses the other (a metadata change conflicting with the winner's, or on
+        delta-spark a column that exists by now). What matters is whether the table has the columns then, so the
+        loser looks again and has nothing left to add; a failure that leaves them missing is tried once more.
+        """
+        failure: Exception | None = None
+        for _ in range(2):
+            metadata = {**self._metadata(name, commit_metadata), ADDED_KEY: ",".join(f.name for f in added)}
+            try:
+                self._add_columns(name, added, metadata)
+            except Exception as exc:  # judged by the look below, raised if that finds the columns still missing
+                failure = exc
+            layout = self.layout(name)
+            if layout is None:
+                raise TableNotFoundError(f"Delta table {name!r} at {self.path(name)} disappeared while adding columns")
+            added = evolution(name, self.path(name), layout[0], declared)
+            if not added:
+                if failure is not None:
+                    log.info("table %s: another writer added columns at the same time (%s)", name, failure)
+                return layout[0], list(layout[1])
+        assert failure is not None  # a commit that succeeded leaves nothing to add
+        raise failure
+
+    def _check_still_fits(self, name: str, schema: StructType, partition_by: list[str], cause: Exception) -> None:
+        """After another writer changed the table under an append of rows written in `schema`: do they fit it still?
+        They do when it kept each of their columns with its type, and its partitioning (an upgrade only adds
+        nullable columns, which read as nulls in them); TableSchemaError otherwise."""
+        layout = self.layout(name)
+        if layout is None:
+            raise cause
+        have = {f.name: f.dataType for f in layout[0].fields}
+        lost = [f.name for f in schema.fields
+                if f.name not in have or loose_type(have[f.name]) != loose_type(f.dataType)]
+        if lost or list(layout[1]) != list(partition_by):
+            raise TableSchemaError(
+                f"table {name!r} at {self.path(name)} changed while we appended to it: its column(s) {lost} or "
+                f"partitioning {layout[1]} no longer fit our rows; nothing was committed") from cause
+
+    @abstractmethod
+    def _add_columns(self, name: str, fields: list[StructField], metadata: dict[str, str]) -> None:
+        """Append these nullable columns to the existing table's schema, in one commit carrying `metadata`."""
+
+    def _target(self, name: str, schema: StructType | None, fallback: StructType,
+                partition_by: list[str] | None) -> _Target:
+        """What a write of `schema` (the data's own, `fallback`, when the writer declares none) goes to, with nothing
+        committed yet: the existing table, with the columns `schema` adds to it (evolution), or a new one."""
         layout = self.layout(name)
         if layout is not None:
             table_schema, table_parts = layout
+            added: list[StructField] = []
             if schema is not None:
-                problems = schema_problems(schema, table_schema)
-                if problems:
-                    raise TableSchemaError(
-                        f"table {name!r} at {self.path(name)} has another schema than the one given: "
-                        + "; ".join(problems))
+                added = evolution(name, self.path(name), table_schema, schema)
             if partition_by is not None and list(partition_by) != list(table_parts):
                 raise TableSchemaError(
                     f"table {name!r} is partitioned by {table_parts}, not {list(partition_by)}")
-            return table_schema, list(table_parts), False
+            # Delta appends added columns at the end of the table's schema: the table's shape once they are in.
+            return _Target(StructType([*table_schema.fields, *added]), list(table_parts), False, schema, tuple(added))
         table_schema = schema if schema is not None else fallback
         parts = list(partition_by or [])
         for col in parts:
@@ -487,7 +708,7 @@ class TableStore(ABC):
                     "use string, integral, boolean or date")
         if len(set(table_schema.fieldNames())) != len(table_schema.fields):
             raise TableSchemaError(f"table {name!r}: duplicate column names in {table_schema.fieldNames()}")
-        return table_schema, parts, True
+        return _Target(table_schema, parts, True, schema)
 
     def _metadata(self, name: str, commit_metadata: Mapping[str, Any] | None) -> dict[str, str]:
         metadata = {str(k): str(v) for k, v in (commit_metadata or {}).items()}

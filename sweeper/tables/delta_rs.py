@@ -8,6 +8,9 @@ Nothing big crosses to the driver, and the table changes atomically or not at al
 job commits nothing, and files of failed or duplicate task attempts are never referenced.
 
 Reading hands Spark the active file list of the wanted version, so time travel is a file list.
+A table an earlier version wrote reads in the declared schema (base.read_schema) by handing that schema to the
+Parquet readers (Spark's and pyarrow's), which read a column a file lacks as nulls: no extra pass over the data.
+Columns an upgrade declares are added with delta-rs's `alter.add_columns` (one ADD COLUMN commit).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 from deltalake import Schema as DeltaSchema
+from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, CommitProperties, create_table_with_add_actions
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -41,7 +45,9 @@ from sweeper.tables.base import (
     filtered,
     history_entry,
     is_value_list,
+    matches_nothing,
     parse_user_metadata,
+    read_schema,
     schema_problems,
 )
 from sweeper.tables.files import (
@@ -70,8 +76,9 @@ class DeltaRsTableStore(TableStore):
     engine = "delta-rs"
 
     def __init__(self, root: str, spark: SparkSession, storage_options: dict[str, str] | None = None,
-                 target_file_bytes: int = TARGET_FILE_BYTES) -> None:
-        super().__init__(root, spark, storage_options)
+                 target_file_bytes: int = TARGET_FILE_BYTES, *,
+                 declared: Mapping[str, StructType] | None = None) -> None:
+        super().__init__(root, spark, storage_options, declared=declared)
         self.target_file_bytes = target_file_bytes
 
     # ---- reading the log
@@ -134,10 +141,15 @@ class DeltaRsTableStore(TableStore):
 
     # ---- reading data
 
-    def read(self, name: str, version: int | None = None, where: Mapping[str, Any] | None = None) -> DataFrame:
+    def read(self, name: str, version: int | None = None, where: Mapping[str, Any] | None = None,
+             schema: StructType | None = None) -> DataFrame:
         table = self._table(name, version)
         _refuse_unsupported(name, table, writing=False)
-        schema = _spark_schema(table)
+        stored = _spark_schema(table)
+        # Spark's Parquet reader gives a column no file has (one added since they were written) as nulls.
+        schema = read_schema(stored, self._declared_schema(name, schema))
+        if matches_nothing(where, stored, schema):
+            return self.spark.createDataFrame([], schema)
         parts = list(table.metadata().partition_columns)
         actions = pa.table(table.get_add_actions(flatten=True))
         kept = _files_that_may_match(actions, where)
@@ -162,7 +174,7 @@ class DeltaRsTableStore(TableStore):
         return filtered(data.join(F.broadcast(mapping), _FILE_COLUMN).select(*schema.fieldNames()), where)
 
     def read_arrow(self, name: str, where: Mapping[str, Any] | None = None,
-                   columns: Sequence[str] | None = None) -> pa.Table:
+                   columns: Sequence[str] | None = None, schema: StructType | None = None) -> pa.Table:
         """Straight from the version's Parquet files with pyarrow: a few milliseconds where a Spark job costs a
         few hundred. Not `DeltaTable.to_pyarrow_dataset()`: delta-rs 1.6 turns a column's missing min/max
         statistics (optional in Delta; our writer leaves them out for long strings) into `column >= null`
@@ -172,32 +184,38 @@ class DeltaRsTableStore(TableStore):
         import pyarrow.dataset as ds
 
         table = self._table(name)
+        stored = _spark_schema(table)
+        wanted = read_schema(stored, self._declared_schema(name, schema))
+        if matches_nothing(where, stored, wanted):
+            empty = arrow_schema(wanted).empty_table()
+            return empty.select(list(columns)) if columns else empty
         actions = pa.table(table.get_add_actions(flatten=True))
         relative = actions.filter(_files_that_may_match(actions, where)).column("path").to_pylist()
         if table.metadata().partition_columns or any("://" in path for path in relative):
             # Partition values live in the log, files may be elsewhere: the Spark read handles both.
-            return super().read_arrow(name, where, columns)
+            return super().read_arrow(name, where, columns, wanted)
         _refuse_unsupported(name, table, writing=False)
-        schema = arrow_schema(_spark_schema(table))
+        # The dataset's schema, not each file's: a column a file lacks (added since it was written) reads as nulls.
+        arrow = arrow_schema(wanted)
         fs, base = filesystem(self.path(name), self._storage_options)
         paths = [f"{base.rstrip('/')}/{unquote(path)}" for path in relative]
-        dataset = ds.dataset(paths, schema=schema, format="parquet", filesystem=fs)
+        dataset = ds.dataset(paths, schema=arrow, format="parquet", filesystem=fs)
         condition = None
         for column, value in (where or {}).items():
             if is_value_list(value):  # typed as the column, so an empty choice is one too
-                term = ds.field(column).isin(pa.array(list(value), type=schema.field(column).type))
+                term = ds.field(column).isin(pa.array(list(value), type=arrow.field(column).type))
             else:
                 term = ds.field(column) == value
             condition = term if condition is None else condition & term
         return dataset.to_table(columns=list(columns) if columns else None, filter=condition)
 
     def aggregate_arrow(self, name: str, keys: Sequence[str], aggregates: Sequence[tuple[str, str]],
-                        where: Mapping[str, Any] | None = None) -> pa.Table:
+                        where: Mapping[str, Any] | None = None, schema: StructType | None = None) -> pa.Table:
         # Grouped by pyarrow on the driver over only the columns needed: for a million rows a fraction of a
         # second, where a Spark job with its shuffle costs a few.
         check_aggregates(aggregates, self.AGGREGATES)
         needed = list(dict.fromkeys([*keys, *(column for column, _ in aggregates)]))
-        table = self.read_arrow(name, where, needed)
+        table = self.read_arrow(name, where, needed, schema)
         return table.group_by(list(keys)).aggregate([(column, fn) for column, fn in aggregates])
 
     def _spark_path(self, uri: str) -> str:
@@ -231,7 +249,7 @@ class DeltaRsTableStore(TableStore):
                            to_batches: Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]],
                            schema: StructType, *, commit_metadata: Mapping[str, Any] | None = None) -> CommitResult:
         # The tasks that make the batches write them: no Arrow -> JVM rows -> Arrow round trip.
-        table_schema, parts, create = self._resolve(name, schema, schema, None)
+        table_schema, parts, create = self._resolve(name, schema, schema, None, commit_metadata)
         spec = self._spec(name, table_schema, parts)
 
         def write_partition(batches):  # runs in the Spark tasks
@@ -246,7 +264,8 @@ class DeltaRsTableStore(TableStore):
                             commit_metadata: Mapping[str, Any] | None = None) -> dict[str, CommitResult]:
         # One job writes every table's files (a job per table costs a scheduling round and a task per source
         # partition each, which is most of a small snapshot's commit time); then one commit per table.
-        resolved = {name: self._resolve(name, schema, schema, None) for name, schema in schemas.items()}
+        resolved = {name: self._resolve(name, schema, schema, None, commit_metadata)
+                    for name, schema in schemas.items()}
         specs = {name: self._spec(name, table_schema, parts) for name, (table_schema, parts, _) in resolved.items()}
 
         def write_partition(batches):  # runs in the Spark tasks
@@ -260,11 +279,14 @@ class DeltaRsTableStore(TableStore):
                                    self._metadata(name, commit_metadata))
                 for name, (table_schema, parts, create) in resolved.items()}
 
-    def task_writer(self, schemas: Mapping[str, StructType]) -> TablesWriter:
-        # The tables resolved once, side by side (on an object store each look is a round trip or two); the
-        # resolution travels with the writer, so the commit needs no second look.
+    def task_writer(self, schemas: Mapping[str, StructType], *,
+                    commit_metadata: Mapping[str, Any] | None = None) -> TablesWriter:
+        # The tables resolved once, side by side (on an object store each look is a round trip or two), the columns
+        # an upgrade declares added to them first; the resolution travels with the writer, so the commit needs no
+        # second look.
         with ThreadPoolExecutor(max_workers=_COMMIT_THREADS) as pool:
-            futures = {name: pool.submit(self._resolve, name, schema, schema, None) for name, schema in schemas.items()}
+            futures = {name: pool.submit(self._resolve, name, schema, schema, None, commit_metadata)
+                       for name, schema in schemas.items()}
             resolved = {name: future.result() for name, future in futures.items()}
         return TablesWriter(
             specs={name: self._spec(name, table_schema, parts) for name, (table_schema, parts, _) in resolved.items()},
@@ -328,11 +350,47 @@ class DeltaRsTableStore(TableStore):
         if not create:
             if not adds:
                 return CommitResult(name, self.version(name) or 0, 0, 0, self.engine)
-            DeltaTable(path, storage_options=self._options).create_write_transaction(
-                adds, mode="append", schema=delta_schema, partition_by=partition_by, commit_properties=properties)
+            self._append_adds(name, adds, schema, partition_by, properties)
         version = self._commit_version(name, metadata[COMMIT_ID_KEY])
         self._checkpoint_if_due(name, version)
         return CommitResult(name, version, rows, len(adds), self.engine)
+
+    def _log(self, name: str) -> DeltaTable:
+        """The table's latest snapshot, which an append commits on top of."""
+        return DeltaTable(self.path(name), storage_options=self._options)
+
+    def _append_adds(self, name: str, adds: list[AddAction], schema: StructType, partition_by: list[str],
+                     properties: CommitProperties) -> None:
+        """Commit the written files to the existing table, once more if another writer's change of its columns came
+        between our look and our commit: delta-rs refuses any commit behind a concurrent metadata change ("Metadata
+        changed since last commit"), blind appends included, and an upgrade adding columns is one. Our files fit the
+        table still when it has kept every column of theirs, with the type they were written in, and its
+        partitioning (columns are only ever added, nullable: the files read as nulls there)."""
+        for attempt in range(2):
+            table = self._log(name)
+            try:
+                table.create_write_transaction(adds, mode="append", schema=table.schema(), partition_by=partition_by,
+                                               commit_properties=properties)
+                return
+            except CommitFailedError as exc:
+                if attempt or "metadata changed" not in str(exc).lower():
+                    raise
+                self._check_still_fits(name, schema, partition_by, exc)
+                log.info("table %s: its metadata changed under our append (%s); committing again", name, exc)
+
+    def _add_columns(self, name: str, fields: list[StructField], metadata: dict[str, str]) -> None:
+        table = self._log(name)
+        # Those another writer added since our look are left out: delta-rs would commit a column that is there
+        # already as an ADD COLUMN of nothing, a metadata change that fails the other writers' concurrent appends.
+        # Should another writer add them between this snapshot and our commit, delta-rs refuses the commit as
+        # conflicting with that metadata change, and TableStore._evolve looks again.
+        present = {f.name for f in table.schema().fields}
+        missing = [f for f in fields if f.name not in present]
+        if not missing:
+            return
+        properties = CommitProperties(custom_metadata={"userMetadata": json.dumps(metadata, sort_keys=True)})
+        table.alter.add_columns(list(DeltaSchema.from_json(StructType(missing).json()).fields),
+                                commit_properties=properties)
 
     def _checkpoint_if_due(self, name: str, version: int) -> None:
         """A checkpoint every CHECKPOINT_INTERVAL commits, as Delta-Spark writes one (its default interval).

@@ -16,6 +16,12 @@ Differences to know:
 - `storage_options` only passes Hadoop keys (`fs.*`, `dfs.*`) as read/write options; credentials for
   s3a:// come from the Hadoop credential chain (environment, instance role), endpoints from the
   session's Hadoop configuration (sweeper.storage sets them from `[tables]`).
+- Appends write with `mergeSchema` false, whatever the session's `autoMerge` setting: the base class has
+  checked the rows against the table, and a write must not change the table's schema behind that check
+  (a merge adds whatever column the data has and the table lacks). Columns an upgrade declares are added
+  on their own, before the append, by `ALTER TABLE ... ADD COLUMNS` (one commit, "ADD COLUMNS" in the
+  history): exactly the ones the base class decided, nullable. (A zero-row `mergeSchema` write would add
+  them too, but leaves an empty data file in the table.)
 """
 
 from __future__ import annotations
@@ -23,22 +29,25 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pyarrow as pa
 from py4j.protocol import Py4JError
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import StructType
+from pyspark.sql.types import StructField, StructType
 
 from sweeper.tables.base import (
     COMMIT_ID_KEY,
     CommitResult,
     TableNotFoundError,
     TableStore,
+    conformed,
     filtered,
     history_entry,
+    matches_nothing,
     parse_user_metadata,
+    read_schema,
 )
 from sweeper.tables.storage import spark_uri
 
@@ -52,9 +61,10 @@ _conf_lock = threading.Lock()
 class DeltaSparkTableStore(TableStore):
     engine = "delta-spark"
 
-    def __init__(self, root: str, spark: SparkSession, storage_options: dict[str, str] | None = None) -> None:
+    def __init__(self, root: str, spark: SparkSession, storage_options: dict[str, str] | None = None, *,
+                 declared: Mapping[str, StructType] | None = None) -> None:
         # Hadoop names S3 s3a://; delta-rs writes the same table as s3:// (the log holds relative paths).
-        super().__init__(spark_uri(spark, root), spark, storage_options)
+        super().__init__(spark_uri(spark, root), spark, storage_options, declared=declared)
         from delta.tables import DeltaTable  # the delta-spark Python package
 
         self._delta_table = DeltaTable
@@ -148,7 +158,8 @@ class DeltaSparkTableStore(TableStore):
             yield version, next((json.loads(line)["commitInfo"] for line in text.splitlines()
                                  if '"commitInfo"' in line), {})
 
-    def read(self, name: str, version: int | None = None, where: Mapping[str, Any] | None = None) -> DataFrame:
+    def read(self, name: str, version: int | None = None, where: Mapping[str, Any] | None = None,
+             schema: StructType | None = None) -> DataFrame:
         latest = self.version(name)
         if latest is None:
             raise TableNotFoundError(f"no Delta table {name!r} at {self.path(name)}")
@@ -158,8 +169,13 @@ class DeltaSparkTableStore(TableStore):
                 raise TableNotFoundError(
                     f"Delta table {name!r} at {self.path(name)} has no version {version} (latest is {latest})")
             reader = reader.option("versionAsOf", version)
-        # Delta-Spark skips the files whose statistics rule the condition out itself (data skipping).
-        return filtered(reader.load(self.path(name)), where)
+        df = reader.load(self.path(name))
+        schema = read_schema(df.schema, self._declared_schema(name, schema))
+        if matches_nothing(where, df.schema, schema):
+            return self.spark.createDataFrame([], schema)
+        # Delta-Spark skips the files whose statistics rule the condition out itself (data skipping); the columns
+        # added as nulls are a projection above the scan, which the filter's pushdown passes through.
+        return filtered(conformed(df, schema), where)
 
     # ---- writing
 
@@ -167,11 +183,25 @@ class DeltaSparkTableStore(TableStore):
         builder = self._delta_table.createIfNotExists(self.spark).location(self.path(name)).addColumns(schema)
         if partition_by:
             builder = builder.partitionedBy(*partition_by)
+        self._with_user_metadata(metadata, builder.execute)
+
+    def _add_columns(self, name: str, fields: list[StructField], metadata: dict[str, str]) -> None:
+        # The column types as Spark SQL spells them (quoted nested names included), from the JVM's own DataType.
+        data_type = self.spark._jvm.org.apache.spark.sql.types.DataType
+        columns = ", ".join(f"{_quoted(f.name)} {data_type.fromJson(f.dataType.json()).sql()}" for f in fields)
+        path = self.path(name).replace("`", "``")
+        # Path-based, so through the session's Hadoop configuration: a store given its own Hadoop options
+        # (`fs.*`) must reach the table through the session's too.
+        statement = f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})"
+        self._with_user_metadata(metadata, lambda: self.spark.sql(statement))
+
+    def _with_user_metadata(self, metadata: dict[str, str], action: Callable[[], object]) -> None:
+        """Run `action` (a DDL, which takes no write options) with `metadata` as its commit's userMetadata."""
         with _conf_lock:
             previous = self.spark.conf.get(_USER_METADATA_CONF, None)
             self.spark.conf.set(_USER_METADATA_CONF, json.dumps(metadata, sort_keys=True))
             try:
-                builder.execute()
+                action()
             finally:
                 if previous is None:
                     self.spark.conf.unset(_USER_METADATA_CONF)
@@ -191,7 +221,18 @@ class DeltaSparkTableStore(TableStore):
         )
         if partition_by:
             writer = writer.partitionBy(*partition_by)
-        writer.save(self.path(name))
+        try:
+            writer.save(self.path(name))
+        except Exception as exc:
+            # Delta-Spark's transaction reads the table when the write starts and commits after the job: another
+            # writer's change of the columns in between (an upgrade adding some) fails it with
+            # MetadataChangedException, blind append or not. Our rows still fit a table that kept their columns
+            # (Delta writes nulls for the ones added): the write is made once more, the job run again.
+            if "MetadataChangedException" not in type(exc).__name__ + str(exc)[:2000]:
+                raise
+            self._check_still_fits(name, schema, partition_by, exc)
+            log.info("table %s: its metadata changed under our append; writing again", name)
+            writer.save(self.path(name))
         # Our commit, found by its id. None: Delta skipped the commit (no rows), or 100 others
         # landed since ours, which only a busy shared table sees.
         entry = self._find_commit(name, metadata[COMMIT_ID_KEY])
@@ -220,6 +261,10 @@ class DeltaSparkTableStore(TableStore):
                 return history_entry(r["version"], r["timestamp"], r["operation"], r["operationParameters"],
                                      r["operationMetrics"], r["userMetadata"], r["engineInfo"])
         return None
+
+
+def _quoted(identifier: str) -> str:
+    return "`" + identifier.replace("`", "``") + "`"
 
 
 def _entry(version: int, info: dict[str, Any]) -> dict[str, Any]:

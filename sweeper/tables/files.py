@@ -175,15 +175,31 @@ def check_not_null(array: pa.Array, fld: pa.Field, path: str, table: str) -> Non
 
 
 def conform(batch: pa.RecordBatch, spec: WriteSpec) -> pa.RecordBatch:
-    """The batch in the table's exact Arrow types (Spark may send large/other variants)."""
+    """The batch in the table's exact Arrow types (Spark may send large/other variants) and column order."""
     schema = spec.arrow_schema
     if batch.schema.names != schema.names:
-        raise ValueError(f"table {spec.table!r}: batch columns {batch.schema.names} != table columns {schema.names}")
+        if sorted(batch.schema.names) != sorted(schema.names):
+            raise ValueError(
+                f"table {spec.table!r}: batch columns {batch.schema.names} != table columns {schema.names}")
+        # A producer makes its rows in its declared schema's order; a table that gained columns by an upgrade has
+        # them at its end (Delta's ADD COLUMNS), wherever they are declared. Same columns: matched by name.
+        batch = batch.select(schema.names)
     for i, fld in enumerate(schema):
         check_not_null(batch.column(i), fld, fld.name, spec.table)
     if batch.schema.equals(schema, check_metadata=False):
         return batch
     return batch.cast(schema)
+
+
+def padded(table: pa.Table, schema: pa.Schema, where: str) -> pa.Table:
+    """`table`'s rows in `schema`, a table's schema that has every column of theirs and maybe more (columns an
+    upgrade added since the rows were made): those as nulls, as Delta reads them in older files."""
+    unknown = [name for name in table.column_names if schema.get_field_index(name) < 0]
+    if unknown:
+        raise ValueError(f"table at {where} lacks the column(s) {', '.join(unknown)} its rows have")
+    return pa.Table.from_arrays(
+        [table.column(f.name) if f.name in table.column_names else pa.nulls(table.num_rows, f.type) for f in schema],
+        names=schema.names)
 
 
 # --------------------------------------------------------------------------- statistics
