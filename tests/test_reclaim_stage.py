@@ -252,3 +252,24 @@ def test_unreadable_registrations_are_the_reason_given(tmp_path: Path, store: De
     assert rows[BOOKIE]["verdict"] == PENDING_GC and rows[BOOKIE]["found_by"] == "config"
     assert rows["bk-elsewhere"]["verdict"] == NOT_MEASURED
     assert rows["bk-elsewhere"]["why"].startswith("bookie registrations unreadable")
+
+
+def test_a_snapshot_an_older_version_took_gives_estimated_shares(zk: KazooClient, zk_target: ZkTarget,
+                                                                  tmp_path: Path, bookie: BookieHttpServer) -> None:
+    """bk_ledgers written before it kept each segment's layout (an upgrade): read in today's schema, the layout is
+    null, and each bookie's share is the even split of the ledger's bytes, said to be an estimate."""
+    from pyspark.sql.types import StructType
+
+    store = DeltaRsTableStore(str(tmp_path / "tables"), None)  # type: ignore[arg-type]
+    older = StructType([f for f in BK_LEDGERS.fields if not f.name.startswith("segment_")])
+    now = datetime.now(UTC)
+    store.append_rows("bk_ledgers", [{"run_id": RUN, "captured_at": now, "ledger_id": 5, "path": "/ledgers/L5",
+                                      "ensemble_size": 2, "write_quorum": 1, "ack_quorum": 1, "length": 4 * MIB,
+                                      "state": "CLOSED", "last_entry_id": 4095, "bookies": [BOOKIE, "bk-other"]}],
+                      older)
+    seed_deleted_run(store, RUN, 5, 2 * MIB)
+    register(zk, BOOKIE, bookie.url)
+    config = config_for(zk_target, tmp_path / "tables")
+    sample_before(config, store, RUN)
+    rows = {r["target"]: r for r in run_reclaim(config, store, RUN).rows}
+    assert rows[BOOKIE]["expected_bytes"] == 2 * MIB and "estimated" in rows[BOOKIE]["why"], rows[BOOKIE]

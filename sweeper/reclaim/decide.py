@@ -122,7 +122,8 @@ def ledger_shares(ledger: DeletedLedger) -> tuple[dict[str, int], bool]:
             return {}, False
         copies = max(1, min(ledger.write_quorum, len(bookies)))
         share = ledger.length * copies // max(len(bookies), ledger.ensemble_size or len(bookies))
-        return dict.fromkeys(bookies, share), len(bookies) != ledger.ensemble_size
+        # Exact only when every bookie holds every entry; otherwise which entries each got is not known.
+        return dict.fromkeys(bookies, share), copies < len(bookies)
     counts: dict[str, int] = {}
     segments = sorted(ledger.segments)
     for n, (first, ensemble) in enumerate(segments):
