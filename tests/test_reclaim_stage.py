@@ -273,3 +273,25 @@ def test_a_snapshot_an_older_version_took_gives_estimated_shares(zk: KazooClient
     sample_before(config, store, RUN)
     rows = {r["target"]: r for r in run_reclaim(config, store, RUN).rows}
     assert rows[BOOKIE]["expected_bytes"] == 2 * MIB and "estimated" in rows[BOOKIE]["why"], rows[BOOKIE]
+
+
+@pytest.mark.parametrize("protection", ["read_only", "minor_suspended", "major_suspended"])
+@pytest.mark.parametrize("compaction", ["minor", "major"])
+def test_a_bookie_that_protects_itself_since_the_delete_gets_a_put_that_cannot_compact(
+        zk: KazooClient, zk_target: ZkTarget, tmp_path: Path, bookie: BookieHttpServer, store: DeltaRsTableStore,
+        protection: str, compaction: str) -> None:
+    """The state is read right before each PUT, not when the step (or the delete) began: a bookie that went read-only
+    or suspended its compaction meanwhile (a disk almost full) gets both flags false, which compacts nothing."""
+    register(zk, BOOKIE, bookie.url)
+    config = config_for(zk_target, tmp_path / "tables", compaction=compaction)
+    seed_deleted(store, {1: 3 * MIB})
+    sample_before(config, store, RUN)
+    with bookie.lock:
+        setattr(bookie.state, protection, True)
+        bookie.state.pending_deleted_ledgers = 1
+        bookie.state.pending_deletion_bytes = 3 * MIB
+    [row] = run_reclaim(config, store, RUN, trigger=True).rows
+    [put] = bookie.gc_puts
+    assert put.json() == {"forceMajor": False, "forceMinor": False}, put.body
+    assert bookie.gc_runs == [(False, False)]  # what the bookie then ran: no compaction of either kind
+    assert row["action"] == "gc (deletion only)" and row["verdict"] == FREED, row
