@@ -111,3 +111,55 @@ def test_the_sweepers_clients_reach_every_member_through_a_chroot(
         [read] = reader.get_many(["/ledgers/00/0000/L0007"])
         [listing] = reader.children_many(["/ledgers/00/0000"])
     assert read.data == b"seven" and listing.children == ["L0007"]
+
+
+def _many(client: KazooClient, count: int) -> list[str]:
+    from harness.sandbox.seed import create_many
+
+    client.ensure_path("/many")
+    paths = [f"/many/z{i:05d}" for i in range(count)]
+    create_many(client, ((p, p.encode()) for p in paths))
+    return paths
+
+
+@pytest.mark.parametrize("multi_read", [1, 10], ids=["getData", "multiRead"])
+def test_the_wire_reader_rides_out_the_leaders_kill_mid_iteration(
+        zk_ensemble: EnsembleInfo, ensemble_target: EnsembleTarget, ensemble_zk: KazooClient, multi_read: int) -> None:
+    """Every member drops its clients when the leader dies; the scan's reader reconnects (another member first, its
+    session resumed) and sends again the reads that were in flight: every read comes back, in order, once."""
+    from sweeper.ratelimit import TokenBucket
+
+    paths = _many(ensemble_zk, 3000)
+    # Paced (about 2 s in all), so the kill lands with reads in flight and more to send.
+    with WireReader(ensemble_target.hosts, multi_read=multi_read, limiter=TokenBucket(1500)) as reader:
+        session = reader.session_id
+        results = []
+        for read in reader.get_many(paths, window=200):
+            results.append(read)
+            if len(results) == 600:
+                election = kill_leader(zk_ensemble)
+        assert [r.path for r in results] == paths
+        assert all(r.error is None and r.data == r.path.encode() for r in results)
+        assert reader.reconnects >= 1 and reader.session_id == session  # resumed, not a new session
+        [listing] = reader.children_many(["/many"])  # the reader stays usable
+    assert listing.children is not None and len(listing.children) == 3000
+    print(f"\n{election.killed} killed after 600 reads; {reader.reconnects} reconnect(s), "
+          f"new leader after {election.elected_s:.2f} s")
+
+
+def test_the_wire_reader_gives_up_once_no_quorum_returns_within_its_timeout(
+        zk_ensemble: EnsembleInfo, ensemble_target: EnsembleTarget, ensemble_zk: KazooClient) -> None:
+    """Two of three members gone: the last one drops its clients and serves nobody. The reader tries for its timeout
+    and then fails the iteration with ZooKeeperUnavailableError (a refusal, exit 3), never hangs."""
+    from sweeper.zk.errors import ZooKeeperUnavailableError
+
+    paths = _many(ensemble_zk, 50)
+    with WireReader(ensemble_target.hosts, timeout=3.0) as reader:
+        assert len(list(reader.get_many(paths))) == 50
+        for member in [m for m in zk_ensemble.members if ens.mode(m) == "follower"][:1] + [ens.leader(zk_ensemble)]:
+            ens.kill(zk_ensemble, member)
+        started = time.monotonic()
+        with pytest.raises(ZooKeeperUnavailableError, match="cannot connect|closed by the server|lost"):
+            list(reader.get_many(paths))
+        took = time.monotonic() - started
+    assert took < 3.0 + 5.0, took
