@@ -174,6 +174,25 @@ def packets_received(info: EnsembleInfo) -> int:
     return total
 
 
+class RequestCounter:
+    """Requests the serving members received since it was made, less the four-letter words it sent to count them
+    (each `mntr` is one packet to its member): how far a client's work has gone, seen from the ensemble."""
+
+    def __init__(self, info: EnsembleInfo) -> None:
+        self.info = info
+        self._probes = 0
+        self._base = self._total()
+        self._base_probes = self._probes
+
+    def _total(self) -> int:
+        self._probes += sum(1 for m in self.info.members if m.running and not m.frozen)
+        return packets_received(self.info)
+
+    def __call__(self) -> int:
+        total = self._total()
+        return total - self._base - (self._probes - self._base_probes)
+
+
 def leader(info: EnsembleInfo, timeout: float = 30.0) -> Member:
     """The member that leads now; waits up to `timeout` for one to be elected."""
     deadline = time.monotonic() + timeout

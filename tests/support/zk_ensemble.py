@@ -21,11 +21,13 @@ from pathlib import Path
 
 from harness import zkensemble as ens
 from harness.lifecycle import group_alive
-from harness.zkensemble import EnsembleInfo, Member
+from harness.zkensemble import EnsembleInfo, Member, RequestCounter
 from tests.support.config import SHORT_LIVED_SPARK_ENV
 from tests.support.zk_faults import ZkFaultProxy
 
 REPO = Path(__file__).resolve().parents[2]
+__all__ = ["AimedElection", "CliRun", "Election", "EnsembleTarget", "RequestCounter", "assert_finished_or_refused",
+           "kill_leader", "new_chroot", "run_cli", "running_ensemble", "wait_until"]
 
 _chroots = itertools.count(1)
 
@@ -159,25 +161,6 @@ class AimedElection:
     def __exit__(self, *exc: object) -> None:
         for proxy in self.proxies:
             proxy.stop()
-
-
-class RequestCounter:
-    """Requests the serving members received since it was made, less the four-letter words it sent to count them
-    (each `mntr` is one packet to its member): how far a run's ZooKeeper work has gone, seen from the ensemble."""
-
-    def __init__(self, info: EnsembleInfo) -> None:
-        self.info = info
-        self._probes = 0
-        self._base = self._total()
-        self._base_probes = self._probes
-
-    def _total(self) -> int:
-        self._probes += sum(1 for m in self.info.members if m.running and not m.frozen)
-        return ens.packets_received(self.info)
-
-    def __call__(self) -> int:
-        total = self._total()
-        return total - self._base - (self._probes - self._base_probes)
 
 
 @dataclass(frozen=True)
