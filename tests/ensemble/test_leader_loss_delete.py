@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
+from kazoo.exceptions import ConnectionLoss
 from pyspark.sql import SparkSession
 
 from harness.sandbox.model import SandboxSpec, Status
@@ -127,3 +128,36 @@ def test_the_delete_rides_out_the_leader_killed_as_a_multi_is_answered(
 def _delete_runs(store: Any, run_id: str) -> list[dict[str, Any]]:
     rows = store.read_arrow("runs", where={"run_id": run_id, "stage": "delete"}).to_pylist()
     return sorted(rows, key=lambda r: r["started_at"])
+
+
+@pytest.mark.xfail(strict=True, raises=ConnectionLoss, reason=(
+    "product bug (issue 45): RunLock.acquire (sweeper/run_lock.py) lets kazoo's ConnectionLoss out of its create: "
+    "the delete dies with exit 1 and a traceback (seen in bench_election.py, in ensure_path), and a create applied "
+    "with its answer lost would, sent again, read as another run's lock"))
+def test_the_run_lock_taken_as_the_leader_dies_is_this_runs(
+        zk_ensemble: EnsembleInfo, ensemble_target: EnsembleTarget, ensemble_zk: KazooClient) -> None:
+    """The leader killed at the instant the lock's create is applied and answered, the answer lost: the run must
+    find the lock its own (an ephemeral znode of its session) and go on, or refuse with one line; never a kazoo
+    error, never "another delete run holds" about itself."""
+    from sweeper.delete.lock import DeleteRunLock
+    from sweeper.zk import client as zkutil
+    from tests.support.zk_faults import CREATE, CREATE2, read_path
+
+    lock_path = "/ledger-sweeper/locks/delete"
+    ensemble_zk.ensure_path(lock_path.rsplit("/", 1)[0])
+    aimed_path = ensemble_target.chroot + lock_path
+    def aim(op: int, body: bytes) -> bool:
+        return op in (CREATE, CREATE2) and read_path(body) == aimed_path
+
+    with AimedElection(zk_ensemble, aim) as aimed:
+        client = zkutil.connect(aimed.hosts(ensemble_target.chroot))
+        try:
+            lock = DeleteRunLock(client, lock_path, run_id="run-45")
+            lock.acquire()
+            assert aimed.lost == [[aimed_path]]
+            _, stat = ensemble_zk.get(lock_path)
+            assert stat.ephemeralOwner == client.client_id[0], "the lock is not this run's session's"
+            lock.release()
+            assert not ensemble_zk.exists(lock_path)
+        finally:
+            zkutil.close(client)

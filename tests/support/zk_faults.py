@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-MULTI, DELETE, CHECK, CREATE, SET_DATA, GET_DATA, EXISTS, GET_CHILDREN2 = 14, 2, 13, 1, 5, 4, 3, 12
+MULTI, DELETE, CHECK, CREATE, SET_DATA, GET_DATA, EXISTS, GET_CHILDREN2, CREATE2 = 14, 2, 13, 1, 5, 4, 3, 12, 15
 
 
 def _string(buf: bytes, at: int) -> tuple[str | None, int]:
