@@ -1,5 +1,5 @@
 """What one ZooKeeper leader election costs the snapshot's scan and the delete (issue 45), on a real three-node
-ensemble (harness.zkensemble: Debian's QuorumPeerMain, tickTime 200 ms, syncLimit 5).
+ensemble (harness.zkensemble: Debian's QuorumPeerMain, tickTime 200 ms, syncLimit 10).
 
     .venv/bin/python bench/bench_election.py --topics 1000 --rounds 3
 

@@ -6,8 +6,10 @@ Production metadata stores are ensembles: a leader, followers, a quorum, and ele
 of every member, so quorum and leader election are ZooKeeper's own. Each member is its own process (and process
 group), killed, stopped, restarted or frozen by pid.
 
-Short ticks (`tickTime` 200 ms, `initLimit` 10, `syncLimit` 5: a follower gives up on a silent leader after 1 s)
-make an election take a second or two, as a production ensemble's takes several; `maxSessionTimeout` is raised so
+Short ticks (`tickTime` 200 ms, `initLimit` 20, `syncLimit` 10: a follower gives up on a silent leader after 2 s)
+make an election take a second or two, as a production ensemble's takes several (a killed leader is noticed at
+once: its followers see the connection close). Not shorter: on two cores shared with Spark JVMs a member can stall
+for a second, and a `syncLimit` of 1 s then elected new leaders nobody asked for; `maxSessionTimeout` is raised so
 a client's session timeout (the sweeper's default is 15 s) is not cut to 20 ticks. The four-letter words `srvr`,
 `mntr`, `ruok` and `stat` find the leader (`Mode: leader`) and count requests; the AdminServer stays off (Jetty
 adds seconds to every start).
@@ -45,8 +47,8 @@ from harness.zkserver import (
 
 QUORUM_MAIN = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 TICK_MS = 200
-INIT_LIMIT = 10  # ticks a follower may take to connect and sync to a new leader
-SYNC_LIMIT = 5  # ticks of silence after which a follower drops its leader (and the leader a follower)
+INIT_LIMIT = 20  # ticks a follower may take to connect and sync to a new leader
+SYNC_LIMIT = 10  # ticks of silence after which a follower drops its leader (and the leader a follower)
 # Three JVMs share two cores with the tests: C1 only, the serial collector, a small heap (the testbed's lean JVMs).
 LEAN_JVM = ("-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-Xss512k")
 

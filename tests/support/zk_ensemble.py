@@ -134,7 +134,7 @@ class AimedElection:
             return True
 
     def _kill(self) -> None:
-        leader = ens.leader(self.info, timeout=5)
+        leader = ens.leader(self.info, timeout=30)
         killed_at = time.monotonic()
         ens.kill(self.info, leader)
         self.killed = leader
