@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -306,6 +307,7 @@ def main() -> None:
     finally:
         spark.stop()
         ens.stop_ensemble(info)
+        shutil.rmtree(root, ignore_errors=True)  # the members' data and the tables: a few hundred MB
     print(json.dumps(out, indent=1))
 
 
