@@ -68,7 +68,7 @@ _take_a_port_range(os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PY
 # test. The last three are module-local fixtures: the sandbox's Pulsar endpoint (test_pulsar_endpoint*.py,
 # test_pulsar_security.py), a Spark standalone cluster (test_cluster.py), an HTTP sink (test_metrics.py).
 SERVER_FIXTURES = frozenset({"zk_server", "secure_zk", "spark", "s3_server", "broker", "testbed_world",
-                             "endpoint", "spark_cluster", "pushgateway", "oxia_server"})
+                             "endpoint", "spark_cluster", "pushgateway", "oxia_server", "zk_ensemble"})
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
@@ -86,11 +86,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         items.sort(key=lambda i: (not i.get_closest_marker("slow"), not i.get_closest_marker("integration")))
 
 
+def ensemble_module_of_test(nodeid: str) -> str | None:
+    """The module of a test on a ZooKeeper ensemble (tests/ensemble/), whose tests share one worker under xdist."""
+    return nodeid.split("::", 1)[0] if nodeid.startswith("tests/ensemble/") else None
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Each test is its own unit of work but for the real-Pulsar tests: those of one testbed run in one worker, in
-    order (tests/support/testbed_session.py). Not through `xdist_group` marks: xdist 3.8 writes the group into
-    `item._nodeid`, which pytest 9.2 no longer reads (node ids live in `item._id`), so the marks group nothing."""
+    order (tests/support/testbed_session.py); and the tests of one module of tests/ensemble/, which share that
+    module's three-node ZooKeeper ensemble (started once a module). Not through `xdist_group` marks: xdist 3.8 writes
+    the group into `item._nodeid`, which pytest 9.2 no longer reads (node ids live in `item._id`), so the marks group
+    nothing; the ensemble modules carry one naming their unit all the same, for a reader and for a pytest that
+    reads it again."""
     from xdist.scheduler import LoadScopeScheduling
 
     from tests.support.testbed_session import testbed_of_test
@@ -101,7 +109,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class OneWorkerPerTestbed(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return testbed_of_test(nodeid) or nodeid
+            return testbed_of_test(nodeid) or ensemble_module_of_test(nodeid) or nodeid
 
     return OneWorkerPerTestbed(config, log)
 

@@ -179,6 +179,29 @@ def test_first_reachable_host_wins(zk: KazooClient, zk_target: ZkTarget) -> None
         assert next(reader.get_many(["/x"])).data == b"1"
 
 
+def test_a_member_behind_what_the_reader_saw_refuses_it_and_a_reconnect_resumes_the_session(
+        zk: KazooClient, zk_target: ZkTarget) -> None:
+    """After a lost connection the reader says the newest zxid it saw and asks for its own session back: a member
+    that is behind refuses it (ZooKeeper's rule: reads never go back in time), one that is not resumes the session."""
+    zk.create("/z", b"1")
+    host, port = zk_target.server.host, zk_target.server.port
+    with WireReader(zk_target.hosts) as reader:
+        assert next(reader.get_many(["/z"])).data == b"1"
+        seen = reader._last_zxid
+        assert seen > 0
+        with pytest.raises(ZooKeeperUnavailableError, match="handshake failed"):
+            zkwire._handshake(zk_target.hosts, [(host, port)], 2.0, None, last_zxid=seen + 2**40)
+        sock, _, session, _, _, reached = zkwire._handshake(
+            zk_target.hosts, [(host, port)], 2.0, None, resume=(reader.session_id, reader._passwd), last_zxid=seen)
+        sock.close()
+        assert session == reader.session_id and reached == (host, port)
+        # A session the server does not know (expired meanwhile) is answered with a zero timeout: a new one is made.
+        sock, _, fresh, _, _, _ = zkwire._handshake(zk_target.hosts, [(host, port)], 2.0, None,
+                                                    resume=(12345, bytes(16)), last_zxid=seen)
+        sock.close()
+        assert fresh not in (0, 12345, reader.session_id)
+
+
 def test_server_error_is_reported_per_read(zk: KazooClient, zk_target: ZkTarget, multi_read: int) -> None:
     from kazoo.security import make_digest_acl
 

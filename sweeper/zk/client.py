@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import AuthFailedError, NoAuthError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.retry import KazooRetry, RetryFailedError
 
 from sweeper.records import ChildrenRead, ZnodeRead
 from sweeper.zk.errors import (
@@ -31,6 +32,51 @@ DEFAULT_WINDOW = 1000
 # kazoo logs every connection attempt at WARNING while a server is down; our error says it once.
 logging.getLogger("kazoo.client").setLevel(logging.ERROR)
 
+R = TypeVar("R")
+
+
+class ReadRetryingClient(KazooClient):
+    """kazoo's client, whose synchronous reads ride out a lost connection.
+
+    A leader election drops every client connection of the ensemble, and kazoo fails whatever was in flight with
+    ConnectionLoss while it reconnects the session. A read is safe to send again, so `get`, `exists`,
+    `get_children` and `get_acls` are, once the session is back, for up to the session timeout from the first
+    failure; after that the read fails with ZooKeeperUnavailableError (a refusal: exit 3, one line) rather than a
+    kazoo error and a traceback. Writes are not retried here: one whose answer was lost may have been applied, and
+    its caller settles it by reading again (DESIGN.md invariant 18). Nor is an expired session: it took this run's
+    ephemeral lock with it (invariant 22), and its caller must see that.
+    """
+
+    def __init__(self, *args: Any, read_retry_s: float = 15.0, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._read_retry = KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=1.0, deadline=read_retry_s,
+                                      ignore_expire=False, sleep_func=self.handler.sleep_func)
+        self._read_retry_s = read_retry_s
+
+    def _reading(self, read: Callable[..., R], path: str, *args: Any, **kwargs: Any) -> R:
+        try:
+            return self._read_retry.copy()(read, path, *args, **kwargs)
+        except RetryFailedError as exc:
+            raise ZooKeeperUnavailableError(
+                f"ZooKeeper at {self._given_hosts!r} did not answer a read of {path} for {self._read_retry_s:.0f}s "
+                "(its connection lost again and again: no quorum, or a partition)") from exc
+
+    @property
+    def _given_hosts(self) -> str:
+        return ",".join(f"{host}:{port}" for host, port in self.hosts) + (self.chroot or "")
+
+    def get(self, path: str, watch: Any = None) -> Any:
+        return self._reading(super().get, path, watch=watch)
+
+    def exists(self, path: str, watch: Any = None) -> Any:
+        return self._reading(super().exists, path, watch=watch)
+
+    def get_children(self, path: str, watch: Any = None, include_data: bool = False) -> Any:
+        return self._reading(super().get_children, path, watch=watch, include_data=include_data)
+
+    def get_acls(self, path: str) -> Any:
+        return self._reading(super().get_acls, path)
+
 
 def connect(hosts: str, timeout: float = 15.0, read_only: bool = False,
             security: ZkSecurity | None = None) -> KazooClient:
@@ -46,7 +92,8 @@ def connect(hosts: str, timeout: float = 15.0, read_only: bool = False,
 
         WireReader(hosts, timeout=timeout, security=security).close()
         kwargs = security.kazoo_kwargs()
-    client = KazooClient(hosts=hosts, timeout=timeout, read_only=read_only, connection_retry=None, **kwargs)
+    client = ReadRetryingClient(hosts=hosts, timeout=timeout, read_only=read_only, connection_retry=None,
+                                read_retry_s=timeout, **kwargs)
     try:
         client.start(timeout=timeout)
         if kwargs.get("sasl_options"):

@@ -5,9 +5,16 @@ Why not kazoo: a pipelined kazoo scan spends most of its time in per-request Pyt
 bytes appended to a batch and a reply is parsed in place from a receive buffer, so the scan is
 bounded by the server rather than by the client.
 
-Scope is deliberately narrow: getData and getChildren (and whoAmI), no watches, no reconnects. A
-lost connection or an expired session ends the scan with `ZooKeeperUnavailableError`; the caller
-retries the whole task, as it would with kazoo.
+Scope is deliberately narrow: getData and getChildren (and whoAmI), no watches. A connection lost in the middle
+of an iteration (a leader election: every member drops its clients while the ensemble has no quorum; a member
+killed or silent for a session timeout) is reconnected, as ZooKeeper's own clients do, and the reads whose answers
+never came are sent again (reads are idempotent): to another member first, resuming the session (a fresh one when it
+expired), for up to `timeout` seconds from the loss. The handshake says the last zxid this reader saw, so no member
+that is behind it serves the rest (ZooKeeper refuses such a client; ClientCnxn sends the same), and a scan never
+reads older metadata after a reconnect than before it. A connection that cannot be restored in that time ends the
+iteration with `ZooKeeperUnavailableError`; the caller retries the whole task, as it would with kazoo. Members are
+tried in a shuffled order (as kazoo and ZooKeeper's StaticHostProvider do), so a scan's sessions spread over the
+ensemble rather than all landing on the first member named.
 
 Secured ensembles (`security`, a `sweeper.zk.security.ZkSecurity`): the socket is wrapped in TLS
 before the ZooKeeper handshake; after it, a SASL exchange (op 102; each token a GetSASLRequest /
@@ -35,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import random
 import socket
 import ssl
 import struct
@@ -102,6 +110,9 @@ _MULTI_END = _MULTI_HEADER.pack(-1, True, -1)
 _PING_FRAME = struct.pack("!iii", 8, _PING_XID, _OP_PING)
 _FALSE = b"\x00"
 
+# Reconnects a reader may make in its life: a connection that keeps breaking is an outage to report, not to ride.
+_MAX_RECONNECTS = 10
+
 _RECV_BUFFER = 1 << 20
 # Every reply is at least its length prefix and ReplyHeader, so for n replies owed at least
 # n * _MIN_REPLY bytes are still to come: a safe receive low-water mark (capped).
@@ -161,8 +172,9 @@ def _decode_acl(raw: bytes) -> tuple[tuple[int, str, str], ...]:
 class WireReader:
     """Pipelined getData/getChildren on one ZooKeeper session; a context manager.
 
-    `hosts` is a kazoo-style connect string, `h1:p1,h2:p2/chroot`: the first host that completes
-    the handshake wins, and paths are read relative to the chroot. One `get_many` or
+    `hosts` is a kazoo-style connect string, `h1:p1,h2:p2/chroot`: the first host (in a shuffled order) that
+    completes the handshake wins, and paths are read relative to the chroot. A connection lost during an
+    iteration is restored within `timeout` (see the module's doc); `reconnects` counts them. One `get_many` or
     `children_many` iteration at a time: starting a new one abandons (and drains) the previous.
 
     `multi_read`: reads per request. Above 1 they go as multiRead requests, which needs
@@ -178,8 +190,16 @@ class WireReader:
         self.multi_read = multi_read
         self.limiter = limiter
         addresses, chroot = collect_hosts(hosts)
+        random.shuffle(addresses)
         self._chroot = normpath(chroot).rstrip("/") if chroot else ""
-        self._sock, self.session_timeout, self.session_id, self._xid = _handshake(hosts, addresses, timeout, security)
+        self._addresses = addresses
+        self._timeout = timeout
+        self._security = security
+        self._last_zxid = 0  # the newest zxid a reply carried: a member behind it must not serve us after a reconnect
+        self._lost = False  # the failure below is a lost connection (a reconnect may mend it), not a protocol error
+        self.reconnects = 0
+        (self._sock, self.session_timeout, self.session_id, self._passwd, self._xid,
+         self._connected) = _handshake(hosts, addresses, timeout, security)
         tls = isinstance(self._sock, ssl.SSLSocket)
         # Receive state: buffered bytes are self._buf[self._head:self._tail].
         self._buf = bytearray(_RECV_BUFFER)
@@ -301,7 +321,8 @@ class WireReader:
     def _check_usable(self, window: int) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
-        if self._failure is not None:
+        # Lost while idle (the pinger's send found the connection gone): restored before the next reads.
+        if self._failure is not None and not self._recover(self._failure):
             raise self._failure
 
     def _get_data_reply(self, path: str, err: int, offset: int) -> tuple[ZnodeRead, int]:
@@ -335,9 +356,13 @@ class WireReader:
     def _pipeline(
         self, paths: Iterable[str], window: int, opcode: int, parse: Parser[T], per_request: int
     ) -> Iterator[T]:
-        # Replies still owed to an abandoned iteration come first on the wire: discard them.
+        # Replies still owed to an abandoned iteration come first on the wire: discard them (a reconnect drops them).
         while self._outstanding:
-            self._read_reply()
+            try:
+                self._read_reply()
+            except ZooKeeperUnavailableError as exc:
+                if not self._recover(exc):
+                    raise
         self._iteration += 1
         iteration = self._iteration
         source = iter(paths)
@@ -349,24 +374,30 @@ class WireReader:
         while True:
             if self._iteration != iteration:  # checked before sending, so we never interleave with it
                 raise RuntimeError("this WireReader iteration was superseded by a newer get_many/children_many")
-            if not exhausted and pending <= refill_at:
-                count = window - pending
-                if self.limiter is not None:
-                    # Paced sends: at most a short slice of the rate at a time, whole requests only, charged for
-                    # the reads the send carries. (Charging the slice's room made every short listing, a few
-                    # reads, wait out a whole slice: a small cluster's scan slept most of its time.)
-                    count = min(count, max(per_request, self.limiter.slice(per_request)))
-                    batch = list(itertools.islice(source, count))
-                    if batch:
-                        self.limiter.acquire(len(batch))
-                    sent, _ = self._send_reads(iter(batch), len(batch), opcode, in_flight, per_request)
-                    exhausted = len(batch) < count
-                else:
-                    sent, exhausted = self._send_reads(source, count, opcode, in_flight, per_request)
-                pending += sent
-            if not in_flight:
-                return
-            xid, err, offset, end = self._read_reply()
+            try:
+                if not exhausted and pending <= refill_at:
+                    count = window - pending
+                    if self.limiter is not None:
+                        # Paced sends: at most a short slice of the rate at a time, whole requests only, charged for
+                        # the reads the send carries. (Charging the slice's room made every short listing, a few
+                        # reads, wait out a whole slice: a small cluster's scan slept most of its time.)
+                        count = min(count, max(per_request, self.limiter.slice(per_request)))
+                        batch = list(itertools.islice(source, count))
+                        if batch:
+                            self.limiter.acquire(len(batch))
+                        # Exhausted once a batch comes short, said before the send: a batch whose send failed is in
+                        # `in_flight`, sent again after the reconnect.
+                        exhausted = len(batch) < count
+                        sent, _ = self._send_reads(iter(batch), len(batch), opcode, in_flight, per_request)
+                    else:
+                        sent, exhausted = self._send_reads(source, count, opcode, in_flight, per_request)
+                    pending += sent
+                if not in_flight:
+                    return
+                xid, err, offset, end = self._read_reply()
+            except ZooKeeperUnavailableError as exc:
+                pending = self._reconnected(exc, in_flight, opcode)
+                continue
             expected, request = in_flight.popleft()
             if xid != expected:
                 raise self._fail(f"replied out of order (xid {xid}, expected {expected})")
@@ -377,6 +408,90 @@ class WireReader:
                 pending -= len(request)
                 # All parsed before the first yield: a read by the next iteration may move the buffer.
                 yield from self._multi_results(request, err, offset, end, opcode, parse)
+
+    def _reconnected(self, failure: ZooKeeperUnavailableError, in_flight: deque[tuple[int, str | list[str]]],
+                     opcode: int) -> int:
+        """After `failure` in an iteration: the connection restored and every read still owed an answer sent again,
+        in order; the reads now in flight. Raises `failure` (or the last one) when the connection cannot be restored."""
+        while True:
+            if not self._recover(failure):
+                raise failure
+            try:
+                return self._resend(in_flight, opcode)
+            except ZooKeeperUnavailableError as again:
+                failure = again
+
+    def _resend(self, in_flight: deque[tuple[int, str | list[str]]], opcode: int) -> int:
+        """The requests of `in_flight` again, under new xids, in one write; how many reads they carry."""
+        frames: list[bytes] = []
+        requests: list[tuple[int, str | list[str]]] = []
+        reads = 0
+        xid = self._xid
+        watch, extra = (b"", 12) if opcode == _OP_GET_ACL else (_FALSE, 13)
+        for _, request in in_flight:
+            xid = xid + 1 if xid < _MAX_XID else 1
+            if isinstance(request, str):
+                raw = self._raw(request)
+                frames += (_READ_REQUEST_HEAD.pack(extra + len(raw), xid, opcode, len(raw)), raw, watch)
+                reads += 1
+            else:
+                frames.append(_multi_read_frame(xid, opcode, [self._raw(path) for path in request]))
+                reads += len(request)
+            requests.append((xid, request))
+        in_flight.clear()
+        in_flight.extend(requests)
+        self._xid = xid
+        self._outstanding = len(requests)
+        if frames:
+            self._send(b"".join(frames))
+        return reads
+
+    def _raw(self, path: str) -> bytes:
+        chroot = self._chroot
+        return (chroot + path if path != "/" or not chroot else chroot).encode()
+
+    def _recover(self, failure: ZooKeeperUnavailableError) -> bool:
+        """A new connection after a lost one: other members first, the session resumed (a new one when it expired),
+        within `timeout` of the loss. False when `failure` is no lost connection or none could be made in time."""
+        if failure is not self._failure or not self._lost or self._released or self.reconnects >= _MAX_RECONNECTS:
+            return False
+        self._pinger.join(timeout=5.0)  # `_fail` stopped it: no ping may go out on the new socket from the old thread
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        at = self._addresses.index(self._connected) if self._connected in self._addresses else -1
+        order = self._addresses[at + 1:] + self._addresses[:at + 1]  # the member we lost, last
+        deadline = time.monotonic() + self._timeout
+        delay = 0.05
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                sock, negotiated, session_id, passwd, xid, connected = _handshake(
+                    self.hosts, order, max(1.0, left), self._security, resume=(self.session_id, self._passwd),
+                    last_zxid=self._last_zxid)
+                break
+            except ZooKeeperSecurityError:
+                return False  # a login refused now is a setting, not the outage we ride out
+            except ZooKeeperUnavailableError:
+                if time.monotonic() + delay >= deadline:
+                    return False
+                time.sleep(delay)  # no member serves yet: an election takes a moment
+                delay = min(2 * delay, 1.0)
+        self._sock, self._connected = sock, connected
+        self.session_timeout, self.session_id, self._passwd = negotiated, session_id, passwd
+        self._xid = max(self._xid, xid)
+        self._head = self._tail = 0
+        self._outstanding = 0
+        self._lowat = 1 if hasattr(socket, "SO_RCVLOWAT") and not isinstance(sock, ssl.SSLSocket) else 0
+        self._failure, self._lost = None, False
+        self._last_send = time.monotonic()
+        self._ping_interval = negotiated / 3.0
+        self._stop = threading.Event()
+        self._pinger = threading.Thread(
+            target=_keepalive, args=(weakref.ref(self), self._stop), name="zkwire-ping", daemon=True
+        )
+        self._pinger.start()
+        self.reconnects += 1
+        return True
 
     def _multi_results(
         self, paths: list[str], err: int, offset: int, end: int, opcode: int, parse: Parser[T]
@@ -417,8 +532,7 @@ class WireReader:
         for path in paths:  # all checked before anything is sent
             if path[:1] != "/":  # under a chroot, "x" would silently read the sibling "/chrootx"
                 raise ValueError(f"znode paths must be absolute, got {path!r}")
-        chroot = self._chroot
-        raws = [(chroot + path if path != "/" or not chroot else chroot).encode() for path in paths]
+        raws = [self._raw(path) for path in paths]
         frames: list[bytes] = []
         requests: list[tuple[int, str | list[str]]] = []
         xid = self._xid
@@ -436,10 +550,11 @@ class WireReader:
                 frames.append(_multi_read_frame(xid, opcode, raws[start : start + per_request]))
                 requests.append((xid, paths[start : start + per_request]))
         if requests:
-            self._send(b"".join(frames))
+            # In flight before the send: a send that fails leaves them there, to be sent again after a reconnect.
             self._xid = xid
             self._outstanding += len(requests)
             in_flight.extend(requests)
+            self._send(b"".join(frames))
         return len(paths), len(paths) < count
 
     # Wire ------------------------------------------------------------------------------------
@@ -449,14 +564,16 @@ class WireReader:
             try:
                 self._sock.sendall(frame)
             except OSError as exc:
-                raise self._fail(f"lost: {exc}") from exc
+                raise self._fail(f"lost: {exc}", lost=True) from exc
             self._last_send = time.monotonic()
 
     def _read_reply(self) -> tuple[int, int, int, int]:
         """(xid, err, body start, body end) in self._buf of the next reply to a request of ours."""
         while True:
             start, end = self._read_frame()
-            xid, _, err = _REPLY_HEADER.unpack_from(self._buf, start)
+            xid, zxid, err = _REPLY_HEADER.unpack_from(self._buf, start)
+            if zxid > self._last_zxid:
+                self._last_zxid = zxid
             if xid < 0:  # our xids are positive: -2 is a ping reply, -1 a watch event (we set none)
                 continue
             self._outstanding -= 1
@@ -492,9 +609,10 @@ class WireReader:
                 with self._recv_lock:
                     received = self._sock.recv_into(self._view[self._tail :])
             except OSError as exc:
-                raise self._fail(f"lost: {exc}") from exc
+                raise self._fail(f"lost: {exc}", lost=True) from exc
             if not received:
-                raise self._fail("closed by the server (session expired?)")
+                # A member that lost its leader closes every client connection; so does one expiring our session.
+                raise self._fail("closed by the server (no quorum, or the session expired)", lost=True)
             self._tail += received
 
     def _set_lowat(self, owed: int) -> None:
@@ -513,10 +631,12 @@ class WireReader:
         except OSError:
             self._lowat = 0  # not supported here: plain wakeups are still correct
 
-    def _fail(self, what: str) -> ZooKeeperUnavailableError:
-        """Mark the connection unusable (the socket is released by close()); the error to raise."""
+    def _fail(self, what: str, lost: bool = False) -> ZooKeeperUnavailableError:
+        """Mark the connection unusable (the socket is released by close() or a reconnect); the error to raise.
+        `lost`: the connection itself went (a reconnect may restore it), not a reply we cannot use."""
         if self._failure is None:
             self._failure = ZooKeeperUnavailableError(f"connection to ZooKeeper at {self.hosts!r} {what}")
+            self._lost = lost
         self._stop.set()
         return self._failure
 
@@ -576,14 +696,21 @@ class _Refused(Exception):
     """This host refused our TLS session or our login: a setting to fix, not an outage."""
 
 
-def _handshake(hosts: str, addresses: list[tuple[str, int]], timeout: float,
-               security: ZkSecurity | None) -> tuple[socket.socket, float, int, int]:
-    """Socket, negotiated session timeout (s), session id and the last xid used, from the first host
-    that completes the handshake (and, with `security`, the TLS session and the login)."""
+def _handshake(hosts: str, addresses: list[tuple[str, int]], timeout: float, security: ZkSecurity | None,
+               resume: tuple[int, bytes] = (0, bytes(16)), last_zxid: int = 0
+               ) -> tuple[socket.socket, float, int, bytes, int, tuple[str, int]]:
+    """Socket, negotiated session timeout (s), session id, its password, the last xid used and the (host, port)
+    reached, from the first host that completes the handshake (and, with `security`, the TLS session and the login).
+
+    `resume` (session id, password) asks for an existing session, `last_zxid` says the newest zxid seen: a member
+    behind it refuses us, as it refuses ZooKeeper's own clients (ZooKeeperServer.processConnectRequest). A session
+    the ensemble expired meanwhile is answered with a zero timeout: then a new one is asked for."""
     per_host = timeout / max(1, len(addresses))  # like kazoo: the whole attempt stays within timeout
     context = security.ssl_context() if security is not None and security.tls else None
     errors, refused = [], []
-    for host, port in addresses:
+    todo = list(addresses)
+    while todo:
+        host, port = todo.pop(0)
         try:
             sock = socket.create_connection((host, port), timeout=per_host)
         except OSError as exc:
@@ -593,13 +720,21 @@ def _handshake(hosts: str, addresses: list[tuple[str, int]], timeout: float,
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if context is not None:
                 sock = _start_tls(context, sock, host)
-            body = _CONNECT_REQUEST.pack(0, 0, int(timeout * 1000), 0, 16, bytes(16), False)
+            body = _CONNECT_REQUEST.pack(0, last_zxid, int(timeout * 1000), resume[0], 16, resume[1], False)
             try:
                 sock.sendall(_INT.pack(len(body)) + body)
                 (length,) = _INT.unpack(_recv_exactly(sock, 4))
-                _, negotiated_ms, session_id = _CONNECT_RESPONSE_HEAD.unpack_from(_recv_exactly(sock, length))
+                response = _recv_exactly(sock, length)
+                _, negotiated_ms, session_id = _CONNECT_RESPONSE_HEAD.unpack_from(response)
+                (size,) = _INT.unpack_from(response, _CONNECT_RESPONSE_HEAD.size)
+                passwd = response[_CONNECT_RESPONSE_HEAD.size + 4 : _CONNECT_RESPONSE_HEAD.size + 4 + max(size, 0)]
             except OSError as exc:
                 raise _session_refused(exc, tls=context is not None) from exc
+            if negotiated_ms <= 0 and resume[0]:
+                sock.close()
+                resume = (0, bytes(16))  # expired: nothing of it to keep (a reader holds no watches, no ephemerals)
+                todo.insert(0, (host, port))
+                continue
             if negotiated_ms <= 0:
                 raise ConnectionError("server refused the session")
             xid = _login(sock, host, security) if security is not None else 0
@@ -614,7 +749,7 @@ def _handshake(hosts: str, addresses: list[tuple[str, int]], timeout: float,
         negotiated = negotiated_ms / 1000.0
         # From here a silent server means a dead session: give up after one session timeout.
         sock.settimeout(negotiated)
-        return sock, negotiated, session_id, xid
+        return sock, negotiated, session_id, passwd, xid, (host, port)
     if refused:
         assert security is not None
         raise ZooKeeperSecurityError(

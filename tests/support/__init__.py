@@ -1,4 +1,5 @@
-"""Test helpers that are not fixtures (the fixtures are in tests/conftest.py and tests/real_pulsar/conftest.py).
+"""Test helpers that are not fixtures (the fixtures are in tests/conftest.py, tests/real_pulsar/conftest.py and
+tests/ensemble/conftest.py).
 
 - `config`: BASE_CONFIG, the JVM options of short-lived Spark processes, ZkTarget (a test's chroot).
 - `seeded`: a sandbox seeded into a chroot and snapshotted (`seed_and_snapshot`, the `seeded_snapshot` fixture's
@@ -8,7 +9,11 @@
 - `tables`: rows of every column type and an order-free form to compare them, for the table-store tests.
 - `secure_zk`, `tls_certs`: a ZooKeeper with TLS and SASL users; a throwaway certificate authority.
 - `s3_faults`: a fault-injecting proxy in front of moto; `admin_server`: a stand-in for a broker's admin REST API.
-- `zk_faults`: a TCP proxy in front of ZooKeeper that drops a multi's answer; `peers`: a peer cluster's metadata.
+- `zk_faults`: a TCP proxy in front of ZooKeeper that drops a multi's answer (or any request's); `peers`: a peer
+  cluster's metadata.
+- `zk_ensemble`: the three-node ZooKeeper ensemble (harness.zkensemble) as the leader-loss tests use it: a chroot on
+  it, the leader killed and its election timed, the leader killed at the instant a chosen request is answered
+  (`AimedElection`), requests counted on the members, the CLI run and its exit judged.
 - `real_pulsar`: what the real-Pulsar tests share besides their fixtures (grace period, costs, records).
 - `testbed_session`: the real-Pulsar testbed's life in a session, serial or served by an xdist controller.
 

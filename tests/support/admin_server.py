@@ -20,8 +20,11 @@ class AdminServer:
     group right after it has sent its answer to the n-th call from then on: the caller dies with the broker's
     answer on the wire, as a host lost at that instant would."""
 
-    def __init__(self, answer: Answer) -> None:
+    def __init__(self, answer: Answer, after_answer: Callable[[str, str], None] | None = None) -> None:
         server_self, self.requests = self, []
+        # Called with (method, path) once an answer is on the wire: where a fault test strikes something else (the
+        # metadata store's leader) at the instant the caller reads the answer.
+        self.after_answer = after_answer
         self.answered: list[tuple[str, str]] = []  # since the last kill_after
         self.killed_after: tuple[str, str] | None = None
         self._kill: tuple[int, int] | None = None
@@ -50,6 +53,8 @@ class AdminServer:
                 self.end_headers()
                 self.wfile.write(body)
                 self.wfile.flush()
+                if server_self.after_answer is not None:
+                    server_self.after_answer(self.command, self.path)
                 if last:
                     server_self._kill_now()
 

@@ -10,6 +10,10 @@ forwards everything unchanged; for the first `drop_multis` multis holding a dele
 request's xid, and when the server's reply to that xid arrives it closes both sockets instead of forwarding it.
 The client (kazoo) then fails every request awaiting an answer with ConnectionLoss and reconnects, through the
 proxy again, to the same session.
+
+`doom` chooses the requests whose answers are lost instead (any opcode: the fault tests on a ZooKeeper ensemble
+lose a read's answer too), and `on_drop` runs when such an answer has arrived, before the connection is dropped:
+there a test kills the ensemble's leader, so that the answer is lost the way a leader election loses it.
 """
 
 from __future__ import annotations
@@ -18,9 +22,10 @@ import contextlib
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-MULTI, DELETE, CHECK, CREATE, SET_DATA = 14, 2, 13, 1, 5
+MULTI, DELETE, CHECK, CREATE, SET_DATA, GET_DATA, EXISTS, GET_CHILDREN2, CREATE2 = 14, 2, 13, 1, 5, 4, 3, 12, 15
 
 
 def _string(buf: bytes, at: int) -> tuple[str | None, int]:
@@ -69,6 +74,11 @@ def multi_deletes(body: bytes) -> list[str]:
     return paths
 
 
+def read_path(body: bytes) -> str | None:
+    """The path a getData, exists or getChildren request names (`body`: the request after its RequestHeader)."""
+    return _string(body, 0)[0] if len(body) >= 4 else None
+
+
 def _read_exact(sock: socket.socket, size: int) -> bytes | None:
     chunks, left = [], size
     while left:
@@ -100,6 +110,10 @@ class ZkFaultProxy:
     dropped: list[list[str]] = field(default_factory=list)  # the delete paths of each multi whose answer was lost
     multis: int = 0  # deleting multis seen
     connections: int = 0  # client connections accepted (a reconnect is one more)
+    # (opcode, request after its RequestHeader) -> whether its answer is lost; unset: the first `drop_multis`
+    # deleting multis. A test may share one between proxies (one per member of an ensemble).
+    doom: Callable[[int, bytes], bool] | None = None
+    on_drop: Callable[[], None] | None = None  # runs when a doomed answer has arrived, before the connection drops
     _server: socket.socket | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _sockets: list[socket.socket] = field(default_factory=list)
@@ -149,7 +163,13 @@ class ZkFaultProxy:
         while (packet := _read_packet(client)) is not None:
             if not first and len(packet) >= 12:
                 xid, op = struct.unpack_from(">ii", packet, 4)
-                if op == MULTI:
+                if self.doom is not None:
+                    if self.doom(op, packet[12:]):
+                        with self._lock:
+                            self.dropped.append(multi_deletes(packet[12:]) if op == MULTI
+                                                else [read_path(packet[12:]) or ""])
+                            doomed.add(xid)
+                elif op == MULTI:
                     paths = multi_deletes(packet[12:])
                     if paths:
                         with self._lock:
@@ -172,6 +192,8 @@ class ZkFaultProxy:
             if not first and len(packet) >= 8:
                 (xid,) = struct.unpack_from(">i", packet, 4)
                 if xid in doomed:
+                    if self.on_drop is not None:
+                        self.on_drop()
                     break  # applied by the server; its answer never reaches the client
             first = False
             try:
