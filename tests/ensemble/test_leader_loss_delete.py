@@ -29,7 +29,6 @@ from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
-from kazoo.exceptions import ConnectionLoss
 from pyspark.sql import SparkSession
 
 from harness.sandbox.model import SandboxSpec, Status
@@ -132,10 +131,6 @@ def _delete_runs(store: Any, run_id: str) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: r["started_at"])
 
 
-@pytest.mark.xfail(strict=True, raises=ConnectionLoss, reason=(
-    "product bug (issue 45): RunLock.acquire (sweeper/run_lock.py) lets kazoo's ConnectionLoss out of its create: "
-    "the delete dies with exit 1 and a traceback (seen in bench_election.py, in ensure_path), and a create applied "
-    "with its answer lost would, sent again, read as another run's lock"))
 def test_the_run_lock_taken_as_the_leader_dies_is_this_runs(
         zk_ensemble: EnsembleInfo, ensemble_target: EnsembleTarget, ensemble_zk: KazooClient) -> None:
     """The leader killed at the instant the lock's create is applied and answered, the answer lost: the run must
@@ -143,13 +138,14 @@ def test_the_run_lock_taken_as_the_leader_dies_is_this_runs(
     error, never "another delete run holds" about itself."""
     from sweeper.delete.lock import DeleteRunLock
     from sweeper.zk import client as zkutil
-    from tests.support.zk_faults import CREATE, CREATE2, read_path
+    from tests.support.zk_faults import MULTI, multi_creates
 
     lock_path = "/ledger-sweeper/locks/delete"
     ensemble_zk.ensure_path(lock_path.rsplit("/", 1)[0])
     aimed_path = ensemble_target.chroot + lock_path
-    def aim(op: int, body: bytes) -> bool:
-        return op in (CREATE, CREATE2) and read_path(body) == aimed_path
+
+    def aim(op: int, body: bytes) -> bool:  # the multi that creates the lock and bumps its epoch (sweeper.run_lock)
+        return op == MULTI and aimed_path in multi_creates(body)
 
     with AimedElection(zk_ensemble, aim) as aimed:
         client = zkutil.connect(aimed.hosts(ensemble_target.chroot))

@@ -43,8 +43,19 @@ def _skip_buffer(buf: bytes, at: int) -> int:
 
 def multi_deletes(body: bytes) -> list[str]:
     """The paths a multi's delete operations name (`body`: the request after its RequestHeader). Parsing stops at
-    an operation it does not know; the sweeper's multis hold checks and deletes only."""
-    paths: list[str] = []
+    an operation it does not know; the sweeper's multis hold checks and deletes, and its run lock's a create and a
+    setData."""
+    return [path for op, path in multi_ops(body) if op == DELETE]
+
+
+def multi_creates(body: bytes) -> list[str]:
+    """The paths a multi's create operations name (the run lock's multi: the lock's create and its epoch's bump)."""
+    return [path for op, path in multi_ops(body) if op == CREATE]
+
+
+def multi_ops(body: bytes) -> list[tuple[int, str]]:
+    """(opcode, path) of each operation of a multi, in order."""
+    paths: list[tuple[int, str]] = []
     at = 0
     while at + 9 <= len(body):
         op, done, _ = struct.unpack_from(">i?i", body, at)
@@ -54,13 +65,17 @@ def multi_deletes(body: bytes) -> list[str]:
         if op in (DELETE, CHECK):
             path, at = _string(body, at)
             at += 4  # version
-            if op == DELETE and path is not None:
-                paths.append(path)
+            if path is not None:
+                paths.append((op, path))
         elif op == SET_DATA:
-            _, at = _string(body, at)
+            path, at = _string(body, at)
             at = _skip_buffer(body, at) + 4
+            if path is not None:
+                paths.append((op, path))
         elif op == CREATE:
-            _, at = _string(body, at)
+            path, at = _string(body, at)
+            if path is not None:
+                paths.append((op, path))
             at = _skip_buffer(body, at)
             (acls,) = struct.unpack_from(">i", body, at)
             at += 4
@@ -107,7 +122,7 @@ def _read_packet(sock: socket.socket) -> bytes | None:
 class ZkFaultProxy:
     upstream: tuple[str, int]  # the real server's host and port
     drop_multis: int = 0  # how many more deleting multis lose their answer
-    dropped: list[list[str]] = field(default_factory=list)  # the delete paths of each multi whose answer was lost
+    dropped: list[list[str]] = field(default_factory=list)  # the paths of each multi whose answer was lost
     multis: int = 0  # deleting multis seen
     connections: int = 0  # client connections accepted (a reconnect is one more)
     # (opcode, request after its RequestHeader) -> whether its answer is lost; unset: the first `drop_multis`
@@ -166,8 +181,10 @@ class ZkFaultProxy:
                 if self.doom is not None:
                     if self.doom(op, packet[12:]):
                         with self._lock:
-                            self.dropped.append(multi_deletes(packet[12:]) if op == MULTI
-                                                else [read_path(packet[12:]) or ""])
+                            # A multi's deletes (or, for the run lock's, its create), else the path read.
+                            body = packet[12:]
+                            self.dropped.append((multi_deletes(body) or multi_creates(body)) if op == MULTI
+                                                else [read_path(body) or ""])
                             doomed.add(xid)
                 elif op == MULTI:
                     paths = multi_deletes(packet[12:])
