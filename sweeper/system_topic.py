@@ -8,6 +8,7 @@ file or an environment variable at the last moment and never appear in a repr, a
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import ssl
@@ -23,6 +24,8 @@ from sweeper.config import SystemTopicConfig
 from sweeper.errors import Refused
 from sweeper.records import Secret
 from sweeper.vocabulary import NOT_SET, SET, UNREAD
+
+log = logging.getLogger(__name__)
 
 
 class SystemTopicError(Refused):
@@ -255,6 +258,25 @@ class AdminClient:
             raise SystemTopicError(f"admin API: creating {topic} with {partitions} partitions answered HTTP "
                                    f"{status}: {body[:200]!r}")
 
+    def deduplication(self, topic: str) -> bool | None:
+        """Whether the broker deduplicates what producers send to `topic` (the policy it applies: topic, namespace
+        or broker default; PersistentTopics.getDeduplication with `applied`), None when it does not say (topic-level
+        policies off: 405; an older broker: 404)."""
+        status, body = self._call("GET", self._url(topic).removesuffix("/partitions") + "/deduplicationEnabled"
+                                  "?applied=true")
+        if status != 200:
+            return None
+        text = body.strip().lower()
+        return True if text == b"true" else False if text == b"false" else None
+
+    def enable_deduplication(self, topic: str) -> None:
+        """The topic-level policy `deduplicationEnabled = true` (PersistentTopics.setDeduplication)."""
+        status, body = self._call("POST", self._url(topic).removesuffix("/partitions") + "/deduplicationEnabled",
+                                  b"true")
+        if status not in (200, 204):
+            raise SystemTopicError(f"admin API: enabling deduplication on {topic} answered HTTP {status}: "
+                                   f"{body[:200]!r}")
+
 
     # ---- the retention repair's calls (topics, subscriptions), through the same redirect rule ----
 
@@ -357,9 +379,31 @@ def ensure_topic(cfg: SystemTopicConfig, settings: BrokerSettings, create: bool 
             raise SystemTopicError(f"{cfg.topic} is not a partitioned topic and [system_topic] admin_url is not "
                                    "set, so it cannot be created")
         admin.create_partitioned_topic(cfg.topic, cfg.partitions)
-        return cfg.partitions
-    if count != cfg.partitions:
+        count = cfg.partitions
+    elif count != cfg.partitions:
         raise SystemTopicError(f"{cfg.topic} has {count} partitions but [system_topic] partitions = "
                                f"{cfg.partitions}: records would be routed differently from what the consumers "
                                "expect; fix the config or the topic")
+    if admin is not None and create:
+        _deduplicated(cfg, admin)
     return count
+
+
+def _deduplicated(cfg: SystemTopicConfig, admin: AdminClient) -> None:
+    """The emit keeps every record once across a retried producer, a killed emit and a broker restart only where the
+    broker drops what a producer sends again under its name and sequence ids (MessageDeduplication), which Pulsar
+    leaves off unless a broker, namespace or topic turns it on. Turned on for the topic where creating it is allowed;
+    otherwise, or where the broker cannot say, a warning: a resent record is then on the topic twice (harmless to a
+    consumer, which re-verifies each, but `emitted` and the topic no longer agree one to one)."""
+    try:
+        enabled = admin.deduplication(cfg.topic)
+        if enabled is False and cfg.create_if_missing:
+            admin.enable_deduplication(cfg.topic)
+            enabled = admin.deduplication(cfg.topic)
+    except SystemTopicError as exc:
+        log.warning("emit: deduplication of %s could not be read or set: %s", cfg.topic, exc)
+        return
+    if not enabled:
+        log.warning("emit: the broker does not deduplicate %s (%s): a producer sending again after a broker restart "
+                    "may put a record on it twice; `pulsar-admin topics enable-deduplication %s`", cfg.topic,
+                    "off" if enabled is False else "cannot tell", cfg.topic)
