@@ -62,6 +62,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     ("local servers", "ZooKeeper, Oxia, S3, Spark, a Pulsar endpoint and a testbed started on this host", (
         "harness.zkserver", "harness.oxiaserver", "harness.s3server", "harness.spark_standalone",
         "harness.sandbox.pulsar", "harness.sandbox.pulsar_endpoint", "harness.testbed",
+        "harness.zkensemble",
     )),
     ("worlds", "the clusters the harness builds and writes into those servers, with their ground truth", (
         "harness.sandbox", "harness.testbed.workload", "harness.testbed.orphans", "harness.testbed.bulk",
