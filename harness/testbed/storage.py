@@ -234,10 +234,10 @@ def metadata_client(info: TestbedInfo) -> Any:
     """A connected client of the testbed's metadata store (kazoo, or the sweeper's kazoo-shaped OxiaStore); the
     caller stops it (`stop_client`)."""
     if info.on_oxia:
-        from harness.testbed.server import OXIA_NAMESPACE
         from sweeper.metastore.oxia import OxiaStore
 
-        return OxiaStore(info.oxia_address, OXIA_NAMESPACE, timeout_s=15.0)
+        namespace = info.metadata_store_url.rsplit("/", 1)[1]  # oxia://host:port/<namespace>
+        return OxiaStore(info.oxia_address, namespace, timeout_s=15.0)
     from kazoo.client import KazooClient
 
     client = KazooClient(hosts=info.zookeeper, timeout=15.0)
