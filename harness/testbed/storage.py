@@ -6,12 +6,19 @@ Why separate processes, not Pulsar standalone's `--num-bookies 3` (read in Pulsa
 its source at apache/pulsar):
 - On ZooKeeper, standalone's bookies are LocalBookkeeperEnsemble's (`runBookies`): each gets `bkBasePort + i`, the
   id `bk<i>test` and the data dir `<--bookkeeper-dir><i>` from a copy of one base ServerConfiguration (the loaded
-  standalone.conf), and nothing else: `httpServerPort` stays the conf's for all three, so the second bookie's HTTP
-  server cannot bind, and a per-bookie admin API and /metrics is exactly what the reclaim tests need.
+  standalone.conf), and nothing else (the only setters it calls: setBookiePort, setBookieId, the
+  `metadataServiceUri` property, setJournalDirName, setLedgerDirNames, setAllocatorPoolingPolicy,
+  setAllowEphemeralPorts): `httpServerPort` stays the conf's for all three, so the second bookie's HTTP server
+  cannot bind, and a per-bookie admin API and /metrics is exactly what the reclaim tests need.
 - On Oxia, standalone's bookies are BKCluster's (`newServerConfiguration(int)`): the same, a port, journal and
   ledger dirs per bookie over one base configuration, and the same single `httpServerPort`.
 - Both run every bookie inside the one standalone JVM: a bookie cannot be killed, stopped or restarted alone, nor
   by pid, which issue 45's "a bookie killed and restarted between the before and after samples" needs.
+Tried on ZooKeeper (`standalone --no-broker --num-bookies 3`, the HTTP server on): bookies 1 and 2 log
+"Failed to start org.apache.bookkeeper.http server ... BindException: Address already in use" and start anyway,
+and all three register the same `httpserver` endpoint, the first bookie's port: the sweeper would read bookie 0's
+counters for all three. That JVM was cheap (2.7 s of CPU, 198 MiB resident to three bookies), the separate
+processes cost more (docs/development.md has the numbers).
 So each bookie here is `bin/pulsar bookie` (BookKeeper's own `org.apache.bookkeeper.server.Main`, as Pulsar's
 docs deploy one) with a bookkeeper.conf of its own, written from the distribution's conf/bookkeeper.conf: its
 port, HTTP server port, journal and ledger dir, and `metadataServiceUri`. On ZooKeeper that is
@@ -158,6 +165,12 @@ def bookie_settings(info: TestbedInfo, bookie: BookieInfo) -> dict[str, str]:
         # ledgers at once with bookkeeper.conf's lostBookieRecoveryDelay=0), no fsync per journal write
         # (standalone.conf's journalSyncData), small caches and few threads.
         "autoRecoveryDaemonEnabled": "false",
+        # BookKeeper's own resolver for the client inside the bookie (its HTTP service's BookKeeperAdmin). Pulsar's
+        # ZkBookieRackAffinityMapping (bookkeeper.conf) fails to start there ("METADATA_STORE_INSTANCE failed to init
+        # BookieId list") and falls back to the default resolver, as this one does ("No network topology"), but
+        # leaves a Pulsar metadata store behind whose `metadata-store-*` thread ticks on: 0.54 of a bookie's
+        # 0.65 s of CPU per idle minute on ZooKeeper, measured (0.15 s without). Racks mean nothing on one host.
+        "reppDnsResolverClass": "org.apache.bookkeeper.net.ScriptBasedMapping",
         "journalSyncData": "false",
         "dbStorage_writeCacheMaxSizeMb": "16",
         "dbStorage_readAheadCacheMaxSizeMb": "16",
