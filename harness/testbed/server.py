@@ -50,7 +50,7 @@ S3_SECRET_KEY = "testbed-secret"
 ZOOKEEPER, OXIA = "zookeeper", "oxia"
 METADATA_STORES = (ZOOKEEPER, OXIA)
 
-# Several shards, so the keys the broker and the bookie write spread over them and every read the sweeper makes
+# Several shards, so the keys the broker and the bookies write spread over them and every read the sweeper makes
 # proves it routes a key to the shard the server put it in (the PyPI client alone does not: sweeper.metastore.oxia).
 OXIA_SHARDS = 3
 OXIA_NAMESPACE = "default"  # `oxia standalone` serves this one namespace only

@@ -241,9 +241,9 @@ def oxia_reclaim_layout(oxia_world: World, oxia_swept: Swept) -> ReclaimLayout:
 def test_orphans_in_logs_of_their_own_are_freed_as_on_zookeeper(oxia_world: World,
                                                                 oxia_reclaim_layout: ReclaimLayout,
                                                                 spark: SparkSession, tmp_path: Path) -> None:
-    """tests/real_pulsar/test_reclaim.py's `freed` case on Oxia: the bookie registers its HTTP server there too
-    (found as registered, 127.0.0.1), and the disk shrinks as the `reclaim` row says. Before the delayed messages'
-    test, which waits for them to be due anyway."""
+    """tests/real_pulsar/test_reclaim.py's `freed` case on Oxia: every bookie registers its HTTP server there too
+    (found as registered, 127.0.0.1), and each bookie's disk shrinks as its `reclaim` row says. Before the delayed
+    messages' test, which waits for them to be due anyway."""
     info = oxia_world.info
     delete_pads(info, oxia_reclaim_layout, FREED)
     measured = sweep_case(spark, info, tmp_path / "tables", oxia_reclaim_layout, FREED, trigger_gc=True)
