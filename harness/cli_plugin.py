@@ -34,8 +34,10 @@ def register(plugins: CliPlugins) -> None:
 
     testbed = plugins.add_command("testbed", cmd_testbed,
                                   help="a real Apache Pulsar on loopback for tests (development, never production)")
-    testbed.add_argument("action", choices=["up", "seed", "status", "crash", "down"],
-                         help="up: start; seed: workload + orphans + manifest; crash: kill -9 the broker")
+    testbed.add_argument("action", choices=["up", "seed", "status", "crash", "down", "stop-bookie", "kill-bookie",
+                                            "start-bookie"],
+                         help="up: start; seed: workload + orphans + manifest; crash: kill -9 the broker; "
+                              "stop-bookie / kill-bookie / start-bookie: one bookie (--bookie), by its pid")
     testbed.add_argument("--home", default="var/testbed", help="testbed state, data and logs")
     testbed.add_argument("--pulsar-home", help="a Pulsar distribution (default: the one jvm/pom.xml fetches)")
     testbed.add_argument("--metadata", choices=["zookeeper", "oxia"],
@@ -43,6 +45,8 @@ def register(plugins: CliPlugins) -> None:
                               "restarted after `crash` keeps its store). oxia needs the Oxia server binary "
                               "(docs/development.md)")
     testbed.add_argument("--wipe", action="store_true", help="with `down`: delete the testbed data too")
+    testbed.add_argument("--bookie", default="0",
+                         help="with stop-bookie, kill-bookie, start-bookie: the bookie's index (0-2) or id")
     plugins.common(testbed)
     testbed.set_defaults(check_credentials=False)  # its config names the testbed's own token, written by `up`
 
@@ -152,6 +156,33 @@ def _write_sandbox_config(args: argparse.Namespace) -> Path:
 
 
 
+def _bookie_action(home: Path, action: str, which: str) -> int:
+    """stop-bookie (SIGTERM), kill-bookie (SIGKILL) or start-bookie (same ports and data) on one testbed bookie."""
+    from harness.testbed import bookie
+    from harness.testbed.server import read_state
+
+    info = read_state(home)
+    if info is None:
+        print(f"no testbed recorded under {home}: run `sweeper testbed up` first", file=sys.stderr)
+        return EXIT_REFUSED
+    ref: int | str = int(which) if which.isdigit() else which
+    try:
+        target = bookie.find_bookie(info, ref)
+        if action == "stop-bookie":
+            bookie.stop_bookie(info, ref)
+        elif action == "kill-bookie":
+            bookie.kill_bookie(info, ref)
+        else:
+            info = bookie.start_bookie(info, ref)
+            target = bookie.find_bookie(info, ref)
+    except bookie.BookieError as exc:
+        print(f"testbed: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    state = "running" if target.alive else "down"
+    print(f"bookie {target.index} ({target.bookie_id}): {state}, pid {target.pid}, HTTP {target.http_url}")
+    return EXIT_OK
+
+
 def cmd_testbed(args: argparse.Namespace) -> int:
     """The real Apache Pulsar testbed (tests and experiments only; see harness/testbed)."""
     from harness.testbed.server import TestbedError, status, testbed_crash, testbed_down, testbed_up
@@ -164,6 +195,9 @@ def cmd_testbed(args: argparse.Namespace) -> int:
                   f"metadata {info.metadata_store_url}, S3 {info.s3_endpoint} (bucket {info.offload_bucket})")
             print(f"superuser token: {info.superuser_token_file}; sweeper config: {info.sweeper_config}; "
                   f"broker log: {info.log_file}")
+            for bookie in info.bookies:
+                print(f"bookie {bookie.index}: {bookie.bookie_id} (pid {bookie.pid}), HTTP {bookie.http_url}, "
+                      f"data {bookie.ledger_dir}, log {bookie.log_file}")
         elif args.action == "seed":
             from harness.testbed.server import running_testbed
             from harness.testbed.world import build_world
@@ -180,10 +214,12 @@ def cmd_testbed(args: argparse.Namespace) -> int:
             cli._print_counts("induced orphans:", kinds)
         elif args.action == "crash":
             testbed_crash(home)
-            print("broker killed (-9); the metadata store and the bookie still run; `sweeper testbed up` restarts it")
+            print("broker killed (-9); the metadata store and the bookies still run; `sweeper testbed up` restarts it")
         elif args.action == "down":
             stopped = testbed_down(home, wipe=args.wipe)
             print("testbed stopped" if stopped else "no testbed was running", "(data wiped)" if args.wipe else "")
+        elif args.action.endswith("-bookie"):
+            return _bookie_action(home, args.action, args.bookie)
         else:
             print(json.dumps(status(home), indent=2))
     except TestbedError as exc:

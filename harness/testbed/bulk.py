@@ -1,13 +1,18 @@
-"""Bulk data for the reclaim tests (issue 35): megabytes of reproducible messages laid out in the bookie's entry logs
-so that a test knows which logs hold only orphan data, which share orphan data with live data, and how much.
+"""Bulk data for the reclaim tests (issue 35): megabytes of reproducible messages laid out in the bookies' entry logs
+so that a test knows which logs hold only orphan data, which share orphan data with live data, and how much, on
+every bookie.
 
-The bookie (harness.testbed.server.bookie_settings) rotates its entry log every 4 MiB (`logSizeLimit`) and writes
-entries in the order they arrive, so what a test produces back to back lands in consecutive logs. A log the
-garbage collector can drop whole must hold nothing live: a burst of orphan data is fenced off from live data on
-both sides by a *pad*, an ordinary topic of more than one log's worth that the test deletes through the broker's
-admin API (a proper delete: Pulsar deletes its ledgers itself) before the measured sweep. Live filler produced
-last makes the bookie rotate past everything before it, so those logs are flushed and no longer the one being
-written (the collector skips that one).
+Each bookie (harness.testbed.storage.reclaim_settings) rotates its entry log every 4 MiB (`logSizeLimit`) and
+writes entries in the order they arrive, so what a test produces back to back lands in consecutive logs. The broker
+stripes every ledger over the three bookies (ensemble 3, write quorum 2): each bookie stores about two thirds of
+every topic's entries, in the order they were produced, so every bookie's logs follow the same layout, each at two
+thirds of the produced size (`harness.testbed.bookie.striped_bytes` gives a bookie's exact share from the ledgers'
+metadata). Sizes that must hold on every bookie (a pad of more than one log) are therefore produced for the least
+share a bookie can get (`produced_for`). A log the garbage collector can drop whole must hold nothing live: a burst
+of orphan data is fenced off from live data on both sides by a *pad*, an ordinary topic of more than one log's
+worth on every bookie that the test deletes through the broker's admin API (a proper delete: Pulsar deletes its
+ledgers itself) before the measured sweep. Live filler produced last makes every bookie rotate past everything
+before it, so those logs are flushed and no longer the one being written (the collector skips that one).
 
 Payloads are reproducible from (seed, topic, index): a live topic's messages can be compared byte for byte after
 a compaction rewrote them.
@@ -24,16 +29,29 @@ from typing import Any
 import pulsar
 
 from harness.testbed.admin import Admin
+from harness.testbed.bookie import striped_bytes
 from harness.testbed.orphans import Metadata, ledger_znode, ml_path
 from harness.testbed.server import TestbedInfo
 from sweeper.codecs import pulsar as codec
-from sweeper.codecs.bookkeeper import decode_ledger_metadata
+from sweeper.codecs.bookkeeper import LedgerMetadata, decode_ledger_metadata
 
 KIB = 1024
 MIB = 1024 * KIB
-LOG_SIZE_LIMIT = 4 * MIB  # the testbed bookie's logSizeLimit
-# More than one entry log of data: nothing produced before a pad shares a log with anything produced after it.
-PAD_BYTES = LOG_SIZE_LIMIT + 512 * KIB
+LOG_SIZE_LIMIT = 4 * MIB  # each testbed bookie's logSizeLimit
+# The least share of a run of produced bytes one bookie stores: the broker rolls a data ledger every 10 entries
+# (managedLedgerMaxEntriesPerLedger) and, with ensemble 3 and write quorum 2, each bookie of a ledger's ensemble
+# stores 7, 7 or 6 of its 10 entries (striped_bytes); two thirds on average.
+LEAST_SHARE = 0.6
+
+
+def produced_for(per_bookie_bytes: int) -> int:
+    """What to produce so that every bookie stores at least `per_bookie_bytes` of it."""
+    return -(-per_bookie_bytes * 10 // int(LEAST_SHARE * 10))
+
+
+# More than one entry log of data on every bookie: nothing produced before a pad shares a log with anything
+# produced after it.
+PAD_BYTES = produced_for(LOG_SIZE_LIMIT + 512 * KIB)
 
 
 def payload(seed: int, topic: str, index: int, size: int) -> bytes:
@@ -104,33 +122,69 @@ def orphan_topic(metadata: Metadata, admin: Admin, topic: str) -> list[int]:
     return [ledger for ledger in ledgers if metadata.exists(ledger_znode(ledger))]
 
 
-def ledger_lengths(metadata: Metadata, ledgers: list[int]) -> dict[int, int]:
-    """Each ledger's `length` as BookKeeper's metadata records it (what the sweeper expects the bookie to free)."""
-    return {ledger: decode_ledger_metadata(metadata.get(ledger_znode(ledger))[0]).length for ledger in ledgers}
+def ledger_metadata(metadata: Metadata, ledgers: list[int]) -> dict[int, LedgerMetadata]:
+    """Each ledger's BookKeeper metadata (its length, ensemble and quorums)."""
+    return {ledger: decode_ledger_metadata(metadata.get(ledger_znode(ledger))[0]) for ledger in ledgers}
+
+
+def ledgers_of_namespace(metadata: Metadata, namespace: str) -> dict[int, LedgerMetadata]:
+    """Every ledger in BookKeeper's metadata that Pulsar wrote for `namespace` (`tenant/ns`): its topics' data and
+    cursor ledgers and its schema ledgers, by their custom metadata. A sweep scoped to a namespace may delete more
+    than the orphans a test made there (what Pulsar leaked there itself): read this before it, to know where the
+    bytes of whatever it deleted were."""
+    from sweeper.layout import is_middle, is_tree_top, parse_ledger_relative_path
+
+    root = "/ledgers"
+    prefix = f"{namespace}/".encode()
+    found: dict[int, LedgerMetadata] = {}
+
+    def walk(relative: str) -> None:
+        for child in metadata.get_children(f"{root}/{relative}".rstrip("/")):
+            below = f"{relative}/{child}".lstrip("/")
+            parsed = parse_ledger_relative_path(below)
+            if parsed is not None:
+                described = decode_ledger_metadata(metadata.get(f"{root}/{below}")[0])
+                owner = (described.custom_metadata.get("pulsar/managed-ledger")
+                         or described.custom_metadata.get("pulsar/schemaId") or b"")
+                if owner.startswith(prefix):
+                    found[parsed.ledger_id] = described
+            elif is_tree_top(child) if not relative else is_middle(child):
+                walk(below)
+
+    walk("")
+    return found
 
 
 @dataclass
 class Orphans:
-    """A topic made an orphan: its ledgers, their lengths, the payload bytes produced into it."""
+    """A topic made an orphan: its ledgers, their lengths, the payload bytes produced into it, and what each bookie
+    stores of them."""
 
     topic: str
     ledgers: list[int] = field(default_factory=list)
     lengths: dict[int, int] = field(default_factory=dict)
     produced_bytes: int = 0
     made_at: float = 0.0  # wall clock once orphaned: the sweep waits out its grace period from here
+    striped: dict[str, int] = field(default_factory=dict)  # bookie id -> bytes of these ledgers it stores
 
     @property
     def ledger_bytes(self) -> int:
         return sum(self.lengths.values())
 
+    def bookie_bytes(self, bookie_id: str) -> int:
+        """The bytes of these ledgers bookie `bookie_id` stores (0 when it holds none)."""
+        return self.striped.get(bookie_id, 0)
+
 
 def make_orphans(metadata: Metadata, admin: Admin, topic: str, produced_bytes: int) -> Orphans:
     ledgers = orphan_topic(metadata, admin, topic)
-    return Orphans(topic, ledgers, ledger_lengths(metadata, ledgers), produced_bytes, time.time())
+    described = ledger_metadata(metadata, ledgers)
+    return Orphans(topic, ledgers, {ledger: meta.length for ledger, meta in described.items()}, produced_bytes,
+                   time.time(), striped_bytes(described.values()))
 
 
 def wait_flushed(seconds: float = 3.0) -> None:
-    """The bookie flushes its write cache and rotated logs every `flushInterval` (1 s): give it a few."""
+    """The bookies flush their write caches and rotated logs every `flushInterval` (1 s): give them a few."""
     time.sleep(seconds)
 
 
@@ -141,20 +195,20 @@ def wait_flushed(seconds: float = 3.0) -> None:
 FREED, INTERLEAVED, DOWN = "freed", "interleaved", "down"
 ORPHAN_MESSAGE = 100 * KIB
 LIVE_MESSAGE = 50 * KIB  # interleaved: two orphan bytes per live byte, each log about a third live
-FILLER_BYTES = LOG_SIZE_LIMIT + 2 * MIB  # rotates the bookie past every log before it
+FILLER_BYTES = produced_for(LOG_SIZE_LIMIT + 2 * MIB)  # rotates every bookie past every log before it
 
 
 @dataclass
 class ReclaimLayout:
-    """What `build_reclaim_layout` wrote, in the bookie's order:
+    """What `build_reclaim_layout` wrote, in each bookie's order (every bookie stores about two thirds of each part):
 
         down (a few KiB of orphans) | pad | interleaved (orphan, live, orphan, live, ...) | pad | pad | freed (a burst
         of orphans) | pad | filler (live)
 
     The `freed` burst's logs hold nothing but its orphans and its pads, which the test deletes before the sweep: every
-    one of its logs is dropped whole once the orphans are deleted. The interleaved logs stay about a third live
-    (over minor compaction's 0.2, under major's 0.5) while their pads live; deleting the pads leaves the edge logs
-    under a third live as well."""
+    one of its logs, on every bookie, is dropped whole once the orphans are deleted. The interleaved logs stay about
+    a third live (over minor compaction's 0.2, under major's 0.5) while their pads live; deleting the pads leaves
+    the edge logs under a third live as well."""
 
     tenant: str
     seed: int

@@ -1,4 +1,4 @@
-"""A second Pulsar cluster on the testbed's bookie: its own metadata in a chroot of the same ZooKeeper.
+"""A second Pulsar cluster on the testbed's bookies: its own metadata in a chroot of the same ZooKeeper.
 
 This is how upstream shares one BookKeeper between clusters: `pulsar initialize-cluster-metadata
 --existing-bk-metadata-service-uri` (PulsarClusterMetadataSetup) registers a new cluster whose brokers
@@ -20,14 +20,9 @@ import requests
 from kazoo.client import KazooClient
 
 from harness.lifecycle import stop_process
-from harness.testbed.server import (
-    LEAN_JVM_ENV,
-    TestbedError,
-    TestbedInfo,
-    check_starting,
-    spawn_logged,
-    write_broker_conf,
-)
+from harness.testbed.processes import LEAN_JVM_ENV, TestbedError, check_starting, spawn_logged, write_conf
+from harness.testbed.server import TestbedInfo
+from harness.testbed.storage import ACK_QUORUM, ENSEMBLE_SIZE, WRITE_QUORUM
 from harness.zkserver import free_port_block
 
 PEER_CLUSTER = "peer"
@@ -62,7 +57,7 @@ class PeerInfo:
 
 
 def peer_settings(info: TestbedInfo, broker_port: int, web_port: int) -> dict[str, str]:
-    """broker.conf overrides: the peer's own metadata, the testbed's bookie, no auth, small ledgers."""
+    """broker.conf overrides: the peer's own metadata, the testbed's bookies, no auth, small ledgers."""
     store = f"zk:{info.zookeeper}{PEER_CHROOT}"
     return {
         "clusterName": PEER_CLUSTER,
@@ -78,10 +73,10 @@ def peer_settings(info: TestbedInfo, broker_port: int, web_port: int) -> dict[st
         "brokerDeleteInactiveTopicsEnabled": "false",
         "defaultRetentionTimeInMinutes": "-1",
         "defaultRetentionSizeInMB": "-1",
-        # One bookie: broker.conf's defaults (2/2/2) would never get an ensemble.
-        "managedLedgerDefaultEnsembleSize": "1",
-        "managedLedgerDefaultWriteQuorum": "1",
-        "managedLedgerDefaultAckQuorum": "1",
+        # Striped over the testbed's three bookies as its own cluster's ledgers are (server.broker_settings).
+        "managedLedgerDefaultEnsembleSize": str(ENSEMBLE_SIZE),
+        "managedLedgerDefaultWriteQuorum": str(WRITE_QUORUM),
+        "managedLedgerDefaultAckQuorum": str(ACK_QUORUM),
         "managedLedgerMinLedgerRolloverTimeMinutes": "0",
         "managedLedgerMaxEntriesPerLedger": "10",
         "managedLedgerCursorMaxEntriesPerLedger": "5",
@@ -130,7 +125,7 @@ def peer_up(info: TestbedInfo, heap: str = "-Xms256m -Xmx512m -XX:MaxDirectMemor
         raise TestbedError(f"initialize-cluster-metadata for the peer failed: {setup.stdout[-3000:]}"
                            f"{setup.stderr[-3000:]}")
     conf = home / "conf" / "broker.conf"
-    write_broker_conf(pulsar / "conf" / "broker.conf", conf, peer_settings(info, peer.broker_port, peer.web_port))
+    write_conf(pulsar / "conf" / "broker.conf", conf, peer_settings(info, peer.broker_port, peer.web_port))
     broker = spawn_logged([str(pulsar / "bin" / "pulsar"), "broker"],
                     {**os.environ, **env, "PULSAR_BROKER_CONF": str(conf)}, peer.log_file, home)
     peer = PeerInfo(**{**asdict(peer), "pid": broker.pid})
@@ -138,7 +133,7 @@ def peer_up(info: TestbedInfo, heap: str = "-Xms256m -Xmx512m -XX:MaxDirectMemor
     deadline = time.monotonic() + timeout
     try:
         while not _ready(peer):
-            check_starting(broker, info, peer.log_file, deadline, timeout, "the peer cluster's broker")
+            check_starting(broker, peer.log_file, deadline, timeout, "the peer cluster's broker")
             time.sleep(1.0)
     except BaseException:
         peer_down(peer)

@@ -1,14 +1,17 @@
-"""Start, inspect and stop the real Pulsar testbed (standalone broker + bookie + ZooKeeper or Oxia, moto S3).
+"""Start, inspect and stop the real Pulsar testbed (standalone broker, three bookies, ZooKeeper or Oxia, moto S3).
 
-Everything lives under one home directory (default `var/testbed/`): the config this module
-writes, the token secret and tokens, the metadata store's and the bookie's data, the logs, and
+Everything lives under one home directory (default `var/testbed/`): the configs this module
+writes, the token secret and tokens, the metadata store's and the bookies' data, the logs, and
 `testbed.json`, the state file with the ports (free loopback ports chosen at start) and PIDs.
 
 Two flavours of metadata store (`testbed_up(metadata=...)`):
-- `zookeeper` (the default): Pulsar's standalone runs ZooKeeper itself, in the storage JVM;
+- `zookeeper` (the default): Pulsar's own ZooKeeper (`bin/pulsar zookeeper`), a process of its own;
 - `oxia` (issue 24): a real `oxia standalone` server (harness.oxiaserver) with several shards, started here
-  before the JVMs; broker and bookie keep all their metadata in its `default` namespace, BookKeeper through
+  before the JVMs; broker and bookies keep all their metadata in its `default` namespace, BookKeeper through
   Pulsar's `metadata-store:` driver.
+On both, three bookies, each a process of its own with its HTTP server, and the broker striping every ledger over
+them (ensemble 3, write quorum 2, ack quorum 2): harness.testbed.storage says why and how. The broker is Pulsar's
+standalone with `--only-broker`, so `crash` can `kill -9` it while the metadata store and the bookies live on.
 """
 
 from __future__ import annotations
@@ -20,18 +23,18 @@ import json
 import os
 import re
 import secrets
-import socket
-import subprocess
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from harness.lifecycle import kill_process, pid_alive, stop_process
 from harness.oxiaserver import OxiaServerInfo, missing_binary_reason, oxia_binary, start_oxia, stop_oxia
 from harness.s3server import S3ServerInfo, start_s3, stop_s3
+from harness.testbed import storage
+from harness.testbed.processes import LEAN_JVM_ENV, TestbedError, check_starting, spawn_logged, write_conf
+from harness.testbed.storage import ACK_QUORUM, ENSEMBLE_SIZE, WRITE_QUORUM, BookieInfo
 from harness.zkserver import free_port_block
 
 DEFAULT_HOME = Path("var/testbed")
@@ -47,25 +50,17 @@ S3_SECRET_KEY = "testbed-secret"
 ZOOKEEPER, OXIA = "zookeeper", "oxia"
 METADATA_STORES = (ZOOKEEPER, OXIA)
 
-# Every Pulsar JVM the testbed starts (broker, bookie, the peer, the CLI tools) shares two cores with the test
-# suite for the suite's whole run: C1 alone and the serial collector roughly halve what they burn starting,
-# building the world and idling (measured on one testbed: 31 s -> 18 s of CPU to a built world, 10.4 s -> 5.8 s
-# per idle 90 s). pulsar_env.sh's own default extra options are kept; bkenv.sh passes them on to the bookie tools.
-LEAN_JVM_ENV = {
-    "PULSAR_GC": "-XX:+UseSerialGC",
-    "PULSAR_GC_LOG": "-Xlog:disable",
-    "PULSAR_EXTRA_OPTS": "-XX:TieredStopAtLevel=1 -Dpulsar.allocator.exit_on_oom=true "
-                         "-Dio.netty.recycler.maxCapacityPerThread=4096",
-}
-
-# Several shards, so the keys the broker and the bookie write spread over them and every read the sweeper makes
+# Several shards, so the keys the broker and the bookies write spread over them and every read the sweeper makes
 # proves it routes a key to the shard the server put it in (the PyPI client alone does not: sweeper.metastore.oxia).
 OXIA_SHARDS = 3
 OXIA_NAMESPACE = "default"  # `oxia standalone` serves this one namespace only
 
-
-class TestbedError(RuntimeError):
-    pass
+# One block of free loopback ports per testbed, each at a fixed offset. The first seven are where the testbed of
+# one bookie had them (bookie 0 keeps offsets 1 and 5); on Oxia nothing listens on the ZooKeeper port, on
+# ZooKeeper nothing on Oxia's.
+ZK_OFFSET, BROKER_OFFSET, WEB_OFFSET, S3_OFFSET, OXIA_OFFSET = 0, 2, 3, 4, 6
+BOOKIE_PORT_OFFSETS = ((1, 5), (7, 8), (9, 10))  # (bookiePort, httpServerPort) of bookie 0, 1, 2
+PORT_BLOCK = 11
 
 
 @dataclass(frozen=True)
@@ -84,14 +79,25 @@ class TestbedInfo:
     pid: int
     offload_bucket: str
     started_at: float = field(default=0.0)
-    storage_pid: int = 0  # ZooKeeper + bookie JVM (the bookie alone on Oxia); `pid` is the broker's
+    # `pid` is the broker's. In a state file of before the three bookies: the standalone JVM that ran ZooKeeper and
+    # the one bookie (the bookie alone on Oxia); 0 since.
+    storage_pid: int = 0
     # With defaults, so a state file an older version wrote still loads (as the ZooKeeper flavour).
     metadata: str = ZOOKEEPER
     oxia_address: str = ""  # host:port of the Oxia server (flavour `oxia`)
     oxia_pid: int = 0
-    # The bookie's HTTP server (BookKeeper's admin REST API and Prometheus /metrics, issue 35); 0 in a state file
-    # an older version wrote (its bookie ran without one).
+    # Bookie 0's HTTP server (BookKeeper's admin REST API and Prometheus /metrics, issue 35), as `bk_port` is its
+    # bookie port; 0 in a state file an older version wrote (its bookie ran without one).
     bookie_http_port: int = 0
+    # The bookies, each a process (harness.testbed.storage); empty in a state file of before them
+    # (harness.testbed.bookie.bookies then describes the one bookie from the fields above).
+    bookies: tuple[BookieInfo, ...] = ()
+    zookeeper_pid: int = 0  # the ZooKeeper server (flavour `zookeeper`)
+
+    def __post_init__(self) -> None:
+        # A state file holds the bookies as JSON objects; `asdict` hands them over as dicts.
+        object.__setattr__(self, "bookies", tuple(b if isinstance(b, BookieInfo) else BookieInfo(**b)
+                                                  for b in self.bookies))
 
     @property
     def on_oxia(self) -> bool:
@@ -113,7 +119,7 @@ class TestbedInfo:
 
     @property
     def bookkeeper_metadata_service_uri(self) -> str:
-        """BookKeeper's `metadataServiceUri` for this testbed's bookie, as its clients spell it."""
+        """BookKeeper's `metadataServiceUri` for this testbed's bookies, as its clients spell it."""
         if self.on_oxia:
             return f"metadata-store:{self.metadata_store_url}"
         return f"zk+hierarchical://127.0.0.1:{self.zk_port}/ledgers"
@@ -143,15 +149,15 @@ class TestbedInfo:
         return Path(self.home) / "logs" / "broker.out"
 
     @property
-    def storage_log_file(self) -> Path:
-        return Path(self.home) / "logs" / ("bookie.out" if self.on_oxia else "zookeeper-bookie.out")
-
-    @property
     def oxia_home(self) -> Path:
         return Path(self.home) / "data" / "oxia"
 
     def superuser_token(self) -> str:
         return self.superuser_token_file.read_text().strip()
+
+    def with_bookie(self, bookie: BookieInfo) -> TestbedInfo:
+        """This testbed with `bookie` in place of the bookie of the same index (a new pid)."""
+        return replace(self, bookies=tuple(bookie if b.index == bookie.index else b for b in self.bookies))
 
 
 def default_pulsar_home(version: str = PULSAR_VERSION) -> Path:
@@ -226,11 +232,11 @@ def broker_settings(info: TestbedInfo, secret_file: Path, offloaders_dir: Path) 
         "tokenSecretKey": f"file://{secret_file.resolve()}",
         "brokerClientAuthenticationPlugin": "org.apache.pulsar.client.impl.auth.AuthenticationToken",
         "brokerClientAuthenticationParameters": f"file://{(home / 'tokens' / f'{SUPERUSER}.jwt').resolve()}",
-        # The bookie (configured from this same file by Pulsar's LocalBookkeeperEnsemble): small caches.
-        "dbStorage_writeCacheMaxSizeMb": "16",
-        "dbStorage_readAheadCacheMaxSizeMb": "16",
-        "dbStorage_rocksDB_blockCacheSize": "16777216",
-        **bookie_settings(info),
+        # Every ledger striped over the three bookies (harness.testbed.storage), each entry on two of them, as a
+        # production cluster writes (standalone.conf says 1/1/1: its one bookie).
+        "managedLedgerDefaultEnsembleSize": str(ENSEMBLE_SIZE),
+        "managedLedgerDefaultWriteQuorum": str(WRITE_QUORUM),
+        "managedLedgerDefaultAckQuorum": str(ACK_QUORUM),
         "numIOThreads": "2",
         "numHttpServerThreads": "4",
         "numOrderedExecutorThreads": "2",
@@ -238,39 +244,6 @@ def broker_settings(info: TestbedInfo, secret_file: Path, offloaders_dir: Path) 
         "bookkeeperNumberOfChannelsPerBookie": "1",
         **_metadata_settings(info),
     }
-
-
-def bookie_settings(info: TestbedInfo) -> dict[str, str]:
-    """The bookie's HTTP server, metrics, entry logs and garbage collection (issue 35: space freed, verified).
-
-    Both flavours' bookies read them from standalone.conf: LocalBookkeeperEnsemble on ZooKeeper, and on Oxia
-    PulsarStandalone 4.0.8 hands the loaded file to BKCluster as its base configuration (harness.testbed.bookie has
-    what the real bookie showed)."""
-    settings = {
-        # BookKeeper's admin REST API (/api/v1/bookie/...) and, with the Prometheus provider, /metrics on the same
-        # port: PrometheusMetricsProvider starts a server of its own only when the bookie's HTTP server is off.
-        "httpServerEnabled": "true",
-        "httpServerClass": "org.apache.bookkeeper.http.vertx.VertxHttpServer",
-        "httpServerPort": str(info.bookie_http_port),
-        "statsProviderClass": "org.apache.bookkeeper.stats.prometheus.PrometheusMetricsProvider",
-        # Small entry logs that rotate after 4 MiB and are flushed within a second, so a test's orphans fill logs
-        # of their own that the garbage collector can drop whole.
-        "logSizeLimit": "4194304",
-        "flushInterval": "1000",
-        # Pulsar's bookkeeper.conf values (ServerConfiguration's own major threshold is 0.8).
-        "majorCompactionThreshold": "0.5",
-        "majorCompactionInterval": "86400",
-        "minorCompactionThreshold": "0.2",
-        "minorCompactionInterval": "3600",
-        # Only a triggered GC (PUT /api/v1/bookie/gc) reclaims during a test: the tests measure what one run gave
-        # back, and no test waits for the periodic collector.
-        "gcWaitTime": "3600000",
-    }
-    if info.on_oxia:
-        settings["httpServerHost"] = "127.0.0.1"
-    # The ZooKeeper flavour leaves httpServerHost unset (0.0.0.0): the bookie registers its HTTP endpoint with host
-    # 0.0.0.0, and the sweeper's "0.0.0.0 -> bookie host" fallback meets a real registration.
-    return settings
 
 
 def _metadata_settings(info: TestbedInfo) -> dict[str, str]:
@@ -281,27 +254,7 @@ def _metadata_settings(info: TestbedInfo) -> dict[str, str]:
         # --metadata-url only where it starts the bookie (startBookieWithMetadataStore).
         "metadataStoreUrl": info.metadata_store_url,
         "configurationMetadataStoreUrl": info.metadata_store_url,
-        # Off ZooKeeper, PulsarStandalone's bookie (BKCluster) takes the --bookkeeper-port only when ephemeral
-        # ports are allowed; otherwise it binds a random free port. (On data a previous `up` left, it keeps the
-        # port its cookie names, whatever this says.)
-        "allowEphemeralPorts": "true",
     }
-
-
-def write_broker_conf(template: Path, target: Path, settings: dict[str, str]) -> None:
-    """Pulsar's standalone.conf with `settings` replacing (or appended after) its keys."""
-    remaining = dict(settings)
-    lines = []
-    for line in template.read_text().splitlines():
-        key = line.split("=", 1)[0].strip() if "=" in line and not line.lstrip().startswith("#") else None
-        if key in remaining:
-            lines.append(f"{key}={remaining.pop(key)}")
-        else:
-            lines.append(line)
-    lines.append("")
-    lines.append("# ledger-sweeper testbed")
-    lines.extend(f"{key}={value}" for key, value in remaining.items())
-    target.write_text("\n".join(lines) + "\n")
 
 
 def _store_toml(info: TestbedInfo) -> tuple[str, str]:
@@ -399,11 +352,14 @@ def _ready(info: TestbedInfo, token: str) -> bool:
     return status == 200 and "public/default" in json.loads(body or b"[]")
 
 
-def log_tail(info: TestbedInfo, chars: int = 4000) -> str:
-    try:
-        return info.log_file.read_text(errors="replace")[-chars:]
-    except FileNotFoundError:
-        return "(no log)"
+def write_state(info: TestbedInfo) -> None:
+    """Record `info` as the testbed's state (`testbed.json`): what `down`, `status` and the bookie helpers read."""
+    _state_file(Path(info.home)).write_text(json.dumps(asdict(info), indent=2))
+
+
+def read_state(home: str | Path) -> TestbedInfo | None:
+    """The state recorded under `home` (pids as last written), whatever still runs."""
+    return _previous_state(Path(home))
 
 
 def testbed_up(
@@ -411,14 +367,15 @@ def testbed_up(
     pulsar_home: str | Path | None = None,
     offloaders_dir: str | Path | None = None,
     heap: str = "-Xms512m -Xmx1g -XX:MaxDirectMemorySize=512m",
-    storage_heap: str = "-Xms128m -Xmx384m -XX:MaxDirectMemorySize=256m",
     timeout: float = 240.0,
     metadata: str | None = None,
 ) -> TestbedInfo:
     """Start the testbed (idempotent: a running one is returned as it is).
 
     `metadata` is the metadata store, `zookeeper` or `oxia`; None keeps the one recorded under `home` (so a
-    broker restarted after a crash comes back on the store it left), and is ZooKeeper for a new home."""
+    broker restarted after a crash comes back on the store it left), and is ZooKeeper for a new home. Where the
+    metadata store and moto still run (after `crash`), only what is down is started again, on the same ports and
+    data: the broker, and any bookie that was stopped or killed."""
     if metadata is not None and metadata not in METADATA_STORES:
         raise TestbedError(f"unknown metadata store {metadata!r}: one of {', '.join(METADATA_STORES)}")
     home = Path(home).resolve()
@@ -453,32 +410,34 @@ def testbed_up(
     if flavour == OXIA and oxia_binary() is None:
         raise TestbedError(missing_binary_reason())
     version = pulsar.name.removeprefix("apache-pulsar-")
-    if (previous is not None and previous.metadata == flavour and pid_alive(previous.s3_pid)
-            and pid_alive(previous.storage_pid) and (not previous.on_oxia or pid_alive(previous.oxia_pid))):
-        # A broker restart after a crash (kill -9): same ports and data; the metadata store, the bookie and
-        # S3 kept running.
-        info = TestbedInfo(**{**asdict(previous), "pid": 0, "started_at": time.time()})
+    fresh = not (previous is not None and _restartable(previous, flavour))
+    if not fresh:
+        # A broker restart after a crash (kill -9): same ports and data; the metadata store and S3 kept running,
+        # and the bookies that still run are kept.
+        assert previous is not None
+        info = replace(previous, pid=0, started_at=time.time())
     else:
         if previous is not None:
             testbed_down(home, previous)
-        # Below the ephemeral range: the JVM binds them seconds later, while the machine is busy connecting.
-        # The sixth port is the bookie's HTTP server, the seventh Oxia's; on Oxia nothing listens on the first
-        # (no ZooKeeper).
-        base = free_port_block(7 if flavour == OXIA else 6)
-        s3 = start_s3(home / "logs", port=base + 4)
+        # Below the ephemeral range: the JVMs bind them seconds later, while the machine is busy connecting.
+        base = free_port_block(PORT_BLOCK)
+        s3 = start_s3(home / "logs", port=base + S3_OFFSET)
+        bookies = storage.plan_bookies(home, flavour == OXIA,
+                                       [(base + port, base + http) for port, http in BOOKIE_PORT_OFFSETS])
         info = TestbedInfo(
             home=str(home), pulsar_home=str(pulsar.resolve()), pulsar_version=version, cluster=CLUSTER_NAME,
-            zk_port=0 if flavour == OXIA else base, bk_port=base + 1, broker_port=base + 2, web_port=base + 3,
-            s3_endpoint=s3.endpoint, s3_pid=s3.pid, pid=0, offload_bucket=OFFLOAD_BUCKET, started_at=time.time(),
-            metadata=flavour, oxia_address=f"127.0.0.1:{base + 6}" if flavour == OXIA else "",
-            bookie_http_port=base + 5)
+            zk_port=0 if flavour == OXIA else base + ZK_OFFSET, bk_port=bookies[0].port,
+            broker_port=base + BROKER_OFFSET, web_port=base + WEB_OFFSET, s3_endpoint=s3.endpoint, s3_pid=s3.pid,
+            pid=0, offload_bucket=OFFLOAD_BUCKET, started_at=time.time(), metadata=flavour,
+            oxia_address=f"127.0.0.1:{base + OXIA_OFFSET}" if flavour == OXIA else "",
+            bookie_http_port=bookies[0].http_port, bookies=bookies)
+    deadline = time.monotonic() + timeout
     try:
-        if info.on_oxia and not info.oxia_pid:
-            oxia = start_oxia(info.oxia_home, shards=OXIA_SHARDS, port=int(info.oxia_address.rsplit(":", 1)[1]))
-            info = TestbedInfo(**{**asdict(info), "oxia_pid": oxia.pid})
-            _state_file(home).write_text(json.dumps(asdict(info), indent=2))
+        if fresh:
+            _create_bucket(info)
+        info = _start_storage(info, deadline, timeout)
         conf = home / "conf" / "standalone.conf"
-        write_broker_conf(pulsar / "conf" / "standalone.conf", conf, broker_settings(info, secret_file, offloaders))
+        write_conf(pulsar / "conf" / "standalone.conf", conf, broker_settings(info, secret_file, offloaders))
         env = {
             **os.environ,
             "PULSAR_STANDALONE_CONF": str(conf),
@@ -487,31 +446,24 @@ def testbed_up(
             # The jclouds `S3` driver reads ACCESS_KEY_ID / ACCESS_KEY_SECRET (JCloudBlobStoreProvider).
             "ACCESS_KEY_ID": S3_ACCESS_KEY,
             "ACCESS_KEY_SECRET": S3_SECRET_KEY,
+            "PULSAR_MEM": heap,
         }
         if info.on_oxia:
             env.pop("PULSAR_STANDALONE_USE_ZOOKEEPER", None)  # it would win over --metadata-url
         else:
-            # Upstream PulsarStandalone: this forces the ZooKeeper metadata store (LocalBookkeeperEnsemble)
-            # instead of the RocksDB one new standalones default to (PIP-117).
+            # Upstream PulsarStandalone: this keeps the broker on ZooKeeper (the metadata store the standalone
+            # started itself before) instead of the RocksDB one new standalones default to (PIP-117).
             env["PULSAR_STANDALONE_USE_ZOOKEEPER"] = "1"
-        standalone = [str(pulsar / "bin" / "pulsar"), "standalone", "--no-functions-worker", "--no-stream-storage",
-                      "--bookkeeper-port", str(info.bk_port), *_store_arguments(info)]
-        deadline = time.monotonic() + timeout
-        if not info.storage_pid:
-            # The bookie (and ZooKeeper) in one JVM (`--no-broker`), the broker in another (`--only-broker`):
-            # a broker can then be killed while the metadata store and the bookie live on, as in production.
-            storage = spawn_logged([*standalone, "--no-broker"], {**env, "PULSAR_MEM": storage_heap},
-                             info.storage_log_file, home)
-            info = TestbedInfo(**{**asdict(info), "storage_pid": storage.pid})
-            _state_file(home).write_text(json.dumps(asdict(info), indent=2))
-            _wait_for_storage(info, storage, deadline, timeout)
-            _create_bucket(info)
-        broker = spawn_logged([*standalone, "--only-broker"], {**env, "PULSAR_MEM": heap}, info.log_file, home)
-        info = TestbedInfo(**{**asdict(info), "pid": broker.pid})
-        _state_file(home).write_text(json.dumps(asdict(info), indent=2))
+        # The broker alone (`--only-broker`): the metadata store and the bookies are processes of their own, so a
+        # broker can be killed while they live on, as in production.
+        broker = spawn_logged([str(pulsar / "bin" / "pulsar"), "standalone", "--no-functions-worker",
+                               "--no-stream-storage", *_store_arguments(info), "--only-broker"],
+                              env, info.log_file, home)
+        info = replace(info, pid=broker.pid)
+        write_state(info)
         token = info.superuser_token()
         while not _ready(info, token):
-            check_starting(broker, info, info.log_file, deadline, timeout, "the Pulsar broker")
+            check_starting(broker, info.log_file, deadline, timeout, "the Pulsar broker")
             time.sleep(1.0)
     except BaseException:
         testbed_down(home, info)
@@ -520,92 +472,50 @@ def testbed_up(
     return info
 
 
+def _restartable(previous: TestbedInfo, flavour: str) -> bool:
+    """Whether `previous` can be brought back up as it is: same flavour, the three-bookie layout, and its metadata
+    store and moto still running."""
+    store_alive = pid_alive(previous.oxia_pid) if previous.on_oxia else pid_alive(previous.zookeeper_pid)
+    return (previous.metadata == flavour and bool(previous.bookies) and pid_alive(previous.s3_pid) and store_alive
+            and not pid_alive(previous.storage_pid))
+
+
+def _start_storage(info: TestbedInfo, deadline: float, timeout: float) -> TestbedInfo:
+    """The metadata store (Oxia or ZooKeeper) and every bookie not running, each recorded in the state file as soon
+    as it has a pid (so `down` stops it whatever happens next); BookKeeper's metadata initialised first if the store
+    has none. Returns the testbed with the new pids once every bookie serves."""
+    if info.on_oxia and not pid_alive(info.oxia_pid):
+        oxia = start_oxia(info.oxia_home, shards=OXIA_SHARDS, port=int(info.oxia_address.rsplit(":", 1)[1]))
+        info = replace(info, oxia_pid=oxia.pid)
+        write_state(info)
+    if not info.on_oxia and not pid_alive(info.zookeeper_pid):
+        zookeeper = storage.spawn_zookeeper(info)
+        info = replace(info, zookeeper_pid=zookeeper.pid)
+        write_state(info)
+        storage.wait_zookeeper(info, zookeeper, deadline, timeout)
+    storage.initialize_cluster(info)
+    down = [b for b in info.bookies if not b.alive]
+    storage.wait_unregistered(info, down, deadline, timeout)  # a bookie killed before this `up` (crash, kill -9)
+    started = {}
+    for bookie in down:
+        process = storage.spawn_bookie(info, bookie)
+        started[bookie.index] = process
+        info = info.with_bookie(replace(bookie, pid=process.pid))
+        write_state(info)
+    storage.wait_bookies_serving(info, started, deadline, timeout)
+    return info
+
+
 def _store_arguments(info: TestbedInfo) -> list[str]:
+    """Where the standalone broker finds its metadata store."""
     home = Path(info.home)
     if not info.on_oxia:
-        return ["--zookeeper-port", str(info.zk_port), "--zookeeper-dir", str(home / "data" / "zookeeper"),
-                "--bookkeeper-dir", str(home / "data" / "bookkeeper")]
+        # PulsarStandalone (PULSAR_STANDALONE_USE_ZOOKEEPER) builds the broker's `zk:127.0.0.1:<port>` from these.
+        return ["--zookeeper-port", str(info.zk_port), "--zookeeper-dir", str(home / "data" / "zookeeper")]
     # PulsarStandalone falls back to ZooKeeper, whatever --metadata-url says, when its --zookeeper-dir exists
-    # ("Found existing ZooKeeper metadata"): name one that never does. The bookie's data is kept apart from the
-    # ZooKeeper flavour's, whose cookie names another cluster.
+    # ("Found existing ZooKeeper metadata"): name one that never does.
     return ["--metadata-url", info.metadata_store_url,
-            "--zookeeper-dir", str(home / "data" / "oxia-flavour-has-no-zookeeper"),
-            "--bookkeeper-dir", str(home / "data" / "bookkeeper-oxia")]
-
-
-def spawn_logged(command: list[str], env: dict[str, str], log_file: Path, cwd: Path) -> subprocess.Popen[bytes]:
-    log = open(log_file, "ab")  # noqa: SIM115 - handed to the child process
-    try:
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
-                                env=env, start_new_session=True)
-    finally:
-        log.close()
-
-
-def check_starting(proc: subprocess.Popen[bytes], info: TestbedInfo, log_file: Path, deadline: float, timeout: float,
-           what: str) -> None:
-    if proc.poll() is not None:
-        raise TestbedError(f"{what} exited with {proc.returncode} before serving; log {log_file}:\n"
-                           f"{_tail(log_file)}")
-    if time.monotonic() > deadline:
-        raise TestbedError(f"{what} not serving after {timeout:.0f}s; log {log_file}:\n{_tail(log_file)}")
-
-
-def _tail(log_file: Path, chars: int = 4000) -> str:
-    try:
-        return log_file.read_text(errors="replace")[-chars:]
-    except FileNotFoundError:
-        return "(no log)"
-
-
-def _wait_for_storage(info: TestbedInfo, storage: subprocess.Popen[bytes], deadline: float, timeout: float) -> None:
-    what = "the bookie (on Oxia)" if info.on_oxia else "ZooKeeper and the bookie"
-    if not info.on_oxia:
-        while not _storage_ready(info):
-            check_starting(storage, info, info.storage_log_file, deadline, timeout, what)
-            time.sleep(0.5)
-        return
-    from sweeper.metastore.oxia import OxiaStore
-
-    store = OxiaStore(info.oxia_address, OXIA_NAMESPACE)  # up before the JVM: one client for every poll
-    try:
-        while not _bookie_available(store):
-            check_starting(storage, info, info.storage_log_file, deadline, timeout, what)
-            time.sleep(0.5)
-    finally:
-        store.close()
-
-
-def _bookie_available(client: Any) -> bool:
-    """The bookie has registered itself as available (a kazoo client or an OxiaStore)."""
-    from kazoo.exceptions import NoNodeError
-
-    try:
-        return any(c != "readonly" for c in client.get_children("/ledgers/available"))
-    except NoNodeError:
-        return False
-
-
-def _storage_ready(info: TestbedInfo) -> bool:
-    """ZooKeeper answers and the bookie has registered itself as available."""
-    from kazoo.client import KazooClient
-    from kazoo.handlers.threading import KazooTimeoutError
-
-    try:
-        with socket.create_connection(("127.0.0.1", info.zk_port), timeout=0.5):
-            pass
-    except OSError:
-        return False
-    zk = KazooClient(hosts=info.zookeeper, timeout=5.0)
-    try:
-        zk.start(timeout=5)
-    except KazooTimeoutError:
-        return False
-    try:
-        return _bookie_available(zk)
-    finally:
-        zk.stop()
-        zk.close()
+            "--zookeeper-dir", str(home / "data" / "oxia-flavour-has-no-zookeeper")]
 
 
 def _create_bucket(info: TestbedInfo) -> None:
@@ -618,22 +528,26 @@ def _create_bucket(info: TestbedInfo) -> None:
 
 def testbed_down(home: str | Path = DEFAULT_HOME, info: TestbedInfo | None = None, wipe: bool = False,
                  timeout: float = 30.0) -> bool:
-    """Stop the broker and the storage JVM (SIGTERM to each process group, SIGKILL after `timeout`), Oxia and moto.
-    True if a JVM ran."""
+    """Stop the broker, the bookies (all at once), ZooKeeper or Oxia, and moto: SIGTERM to each process group,
+    SIGKILL after `timeout`. True if a JVM ran."""
     home = Path(home)
     state = _state_file(home)
     if state.exists():
-        # The state file wins over a caller's copy: a broker restarted after a crash has a new PID.
+        # The state file wins over a caller's copy: a broker or bookie restarted since has a new PID.
         info = TestbedInfo(**json.loads(state.read_text()))
     stopped = False
     if info is not None:
         if info.pid and pid_alive(info.pid):
             stop_process(info.pid, timeout)
             stopped = True
-        if info.storage_pid and pid_alive(info.storage_pid):
-            stop_process(info.storage_pid, timeout)
+        # The bookies before their metadata store: one that loses its store while stopping waits on it.
+        if any(b.alive for b in info.bookies):
+            storage.stop_bookies(info.bookies, timeout)
             stopped = True
-        # Oxia after the JVMs: a broker or bookie that loses its store while stopping waits on it.
+        for pid in (info.storage_pid, info.zookeeper_pid):
+            if pid and pid_alive(pid):
+                stop_process(pid, timeout)
+                stopped = True
         if info.oxia_pid and pid_alive(info.oxia_pid):
             stop_oxia(OxiaServerInfo(info.oxia_address, info.oxia_pid, OXIA_SHARDS))
         if info.s3_pid and pid_alive(info.s3_pid):
@@ -651,13 +565,15 @@ def status(home: str | Path = DEFAULT_HOME) -> dict[str, object]:
     if info is None:
         return {"running": False, "home": str(home)}
     token = info.superuser_token()
-    return {"running": True, "serving": _ready(info, token), **asdict(info),
+    bookies = [{**asdict(b), "running": b.alive, "http_url": b.http_url, "ledger_dir": str(b.ledger_dir)}
+               for b in info.bookies]
+    return {"running": True, "serving": _ready(info, token), **asdict(info), "bookies": bookies,
             "metadata_store_url": info.metadata_store_url, "service_url": info.service_url, "admin_url": info.admin_url,
             "sweeper_config": str(info.sweeper_config), "log": str(info.log_file)}
 
 
 def testbed_crash(home: str | Path = DEFAULT_HOME) -> None:
-    """kill -9 the broker (the metadata store and the bookie live on): a crash, no clean shutdown. `testbed_up`
+    """kill -9 the broker (the metadata store and the bookies live on): a crash, no clean shutdown. `testbed_up`
     afterwards restarts it on the same ports and data."""
     info = running_testbed(home)
     if info is None:
@@ -666,21 +582,9 @@ def testbed_crash(home: str | Path = DEFAULT_HOME) -> None:
 
 
 def bookkeeper_ledgers(info: TestbedInfo, timeout: float = 120.0) -> set[int]:
-    """Every ledger BookKeeper's own shell lists (`bookkeeper shell listledgers`, from the distribution).
-
-    On Oxia too: Pulsar's `bin/bookkeeper` loads its `metadata-store:` drivers (PulsarMetadataClientDriver)."""
-    home = Path(info.home)
-    conf = home.resolve() / "conf" / "bk-shell.conf"  # absolute: the shell resolves a relative one against conf/
-    conf.write_text(f"metadataServiceUri={info.bookkeeper_metadata_service_uri}\n")
-    env = {**os.environ, "BOOKIE_CONF": str(conf), "BOOKIE_LOG_DIR": str(home / "logs"),
-           "BOOKIE_MEM": "-Xms64m -Xmx256m", "BOOKIE_GC": "-XX:+UseSerialGC", "BOOKIE_GC_LOG": "-Xlog:disable",
-           "PULSAR_EXTRA_OPTS": LEAN_JVM_ENV["PULSAR_EXTRA_OPTS"]}
-    done = subprocess.run([str(Path(info.pulsar_home) / "bin" / "bookkeeper"), "shell", "listledgers"],
-                          capture_output=True, text=True, timeout=timeout, env=env, check=False)
-    if done.returncode != 0:
-        raise TestbedError(f"bookkeeper shell listledgers failed ({done.returncode}): {done.stdout[-2000:]}"
-                           f"{done.stderr[-2000:]}")
-    return {int(m) for m in re.findall(r"ledgerID: (\d+)", done.stdout + done.stderr)}
+    """Every ledger BookKeeper's own shell lists (`bookkeeper shell listledgers`, from the distribution)."""
+    output = storage.bookkeeper_shell(info, "listledgers", timeout=timeout)
+    return {int(m) for m in re.findall(r"ledgerID: (\d+)", output)}
 
 
 # Their names start with "test": keep pytest from collecting (and running) them when a test imports them.

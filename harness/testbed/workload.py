@@ -19,7 +19,8 @@ import pulsar
 from pulsar.schema import AvroSchema, Integer, Record, String
 
 from harness.testbed.admin import Admin, AdminError
-from harness.testbed.server import LEAN_JVM_ENV, SUPERUSER, TestbedInfo
+from harness.testbed.processes import LEAN_JVM_ENV
+from harness.testbed.server import SUPERUSER, TestbedInfo
 
 TENANT = "sweep"
 NAMESPACE = f"{TENANT}/app"

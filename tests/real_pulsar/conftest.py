@@ -1,8 +1,8 @@
 """The real-cluster tests' testbed: one real Apache Pulsar per test session (harness.testbed).
 
-Pulsar's standalone from the distribution jvm/pom.xml fetches (ZooKeeper metadata store, one bookie,
-moto S3 for offload, token auth), a workload through the real `pulsar-client`, and orphans made the
-way Pulsar leaves them, with a ground-truth manifest. `SWEEPER_SKIP_REAL_PULSAR=1` skips these tests.
+Pulsar 4.0.8 from the distribution jvm/pom.xml fetches (its ZooKeeper, three bookies each in its own process,
+the standalone broker, moto S3 for offload, token auth), a workload through the real `pulsar-client`, and orphans
+made the way Pulsar leaves them, with a ground-truth manifest. `SWEEPER_SKIP_REAL_PULSAR=1` skips these tests.
 
 Grace period: the orphans are minutes old, so the sweeper runs with a forced short grace period
 (`[safety] min_age_hours = GRACE_S / 3600, force_min_age = true`) on the real clock, not a "later"
@@ -41,11 +41,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Real-Pulsar tests run last, and their testbed starts now, in the background."""
     # Stable: the order within each group is kept. Among the testbed's tests, test_fidelity.py and test_sweep.py
     # come first, then test_shared_bookkeeper.py, then test_retention.py: the order the suite is timed in. Nothing
-    # relies on it: what must happen first is requested through the fixtures below.
+    # relies on it: what must happen first is requested through the fixtures below. test_bookies.py comes last:
+    # its bookie restarts make the broker close the ledgers it was writing, which no other test needs to see.
     # The Oxia testbed's tests come after the ZooKeeper testbed's: under xdist each testbed's tests are one unit of
     # work, handed out last (both testbeds are prepared meanwhile), the longer first.
     items.sort(key=lambda i: (bool(testbed_session.testbeds_needed(i)), "test_oxia_testbed.py" in i.nodeid,
-                              "test_retention.py" in i.nodeid, "test_shared_bookkeeper.py" in i.nodeid))
+                              "test_bookies.py" in i.nodeid, "test_retention.py" in i.nodeid,
+                              "test_shared_bookkeeper.py" in i.nodeid))
     if config.option.collectonly:
         return
     for flavour in set().union(*(testbed_session.testbeds_needed(i) for i in items)):

