@@ -127,6 +127,12 @@ def ledger_metadata(metadata: Metadata, ledgers: list[int]) -> dict[int, LedgerM
     return {ledger: decode_ledger_metadata(metadata.get(ledger_znode(ledger))[0]) for ledger in ledgers}
 
 
+def all_ledgers(metadata: Metadata) -> dict[int, LedgerMetadata]:
+    """Every ledger in BookKeeper's metadata, Pulsar's or not: what a test compares before and after a window to
+    know what the broker deleted by itself meanwhile (cursor ledgers it rolled, compacted ledgers it replaced)."""
+    return ledgers_of_namespace(metadata, "")
+
+
 def ledgers_of_namespace(metadata: Metadata, namespace: str) -> dict[int, LedgerMetadata]:
     """Every ledger in BookKeeper's metadata that Pulsar wrote for `namespace` (`tenant/ns`): its topics' data and
     cursor ledgers and its schema ledgers, by their custom metadata. A sweep scoped to a namespace may delete more
@@ -135,7 +141,7 @@ def ledgers_of_namespace(metadata: Metadata, namespace: str) -> dict[int, Ledger
     from sweeper.layout import is_middle, is_tree_top, parse_ledger_relative_path
 
     root = "/ledgers"
-    prefix = f"{namespace}/".encode()
+    prefix = f"{namespace}/".encode() if namespace else b""
     found: dict[int, LedgerMetadata] = {}
 
     def walk(relative: str) -> None:
@@ -146,7 +152,7 @@ def ledgers_of_namespace(metadata: Metadata, namespace: str) -> dict[int, Ledger
                 described = decode_ledger_metadata(metadata.get(f"{root}/{below}")[0])
                 owner = (described.custom_metadata.get("pulsar/managed-ledger")
                          or described.custom_metadata.get("pulsar/schemaId") or b"")
-                if owner.startswith(prefix):
+                if not prefix or owner.startswith(prefix):
                     found[parsed.ledger_id] = described
             elif is_tree_top(child) if not relative else is_middle(child):
                 walk(below)
@@ -193,6 +199,10 @@ def wait_flushed(seconds: float = 3.0) -> None:
 # Everything a case writes (orphans, pads, live topics) is in its namespace: a sweep scoped to it also takes what
 # Pulsar leaks there by itself (schema ledgers of the namespace's first topics), and leaves nothing behind.
 FREED, INTERLEAVED, DOWN = "freed", "interleaved", "down"
+# Issue 44's windows (tests/real_pulsar/test_reclaim_windows.py): `shared`, our orphan interleaved with live data while
+# Pulsar deletes a topic of its own (with the pads fencing it) between the delete and the GC; `restart`, a few KiB
+# of orphans on bookies one of which restarts between the samples.
+SHARED, RESTART = "shared", "restart"
 ORPHAN_MESSAGE = 100 * KIB
 LIVE_MESSAGE = 50 * KIB  # interleaved: two orphan bytes per live byte, each log about a third live
 FILLER_BYTES = produced_for(LOG_SIZE_LIMIT + 2 * MIB)  # rotates every bookie past every log before it
@@ -216,6 +226,8 @@ class ReclaimLayout:
     pads: dict[str, list[str]] = field(default_factory=dict)  # case -> the pad topics fencing its logs
     live_topic: str = ""  # the interleaved case's live messages
     live_count: int = 0
+    # case -> topics Pulsar itself deletes during that case's run (a topic of its own and the pads fencing it)
+    pulsar_deletes: dict[str, list[str]] = field(default_factory=dict)
     filler_topic: str = ""
     produced_s: float = 0.0
 
@@ -259,6 +271,21 @@ def build_reclaim_layout(info: TestbedInfo, admin: Admin, metadata: Metadata, cl
             produced[INTERLEAVED] = producers.bytes[orphan]
             layout.live_count = producers.sent[layout.live_topic]
             pad(INTERLEAVED, 2)
+        if SHARED in cases:
+            # pad | orphan+live interleaved | pad (stays) | pad | own | pad: Pulsar deletes own and its two pads
+            # itself, and their logs go whole; the orphan's logs stay a third live, over minor compaction's 0.2.
+            pad(SHARED, 1)
+            live, orphan = layout.topic(SHARED, "live"), layout.topic(SHARED, "orphan")
+            producers.interleave(orphan, live, interleaved_rounds, ORPHAN_MESSAGE, LIVE_MESSAGE, seed)
+            produced[SHARED] = producers.bytes[orphan]
+            pad(SHARED, 2)
+            own = [layout.topic(SHARED, "own-pad-1"), layout.topic(SHARED, "own"), layout.topic(SHARED, "own-pad-2")]
+            producers.burst(own[0], PAD_BYTES, ORPHAN_MESSAGE, seed)
+            producers.burst(own[1], produced[SHARED], ORPHAN_MESSAGE, seed)
+            producers.burst(own[2], PAD_BYTES, ORPHAN_MESSAGE, seed)
+            layout.pulsar_deletes[SHARED] = own
+        if RESTART in cases:
+            produced[RESTART] = producers.burst(layout.topic(RESTART, "orphan"), 64 * KIB, KIB, seed)
         if FREED in cases:
             pad(FREED, 1)
             produced[FREED] = producers.burst(layout.topic(FREED, "orphan"), freed_bytes, ORPHAN_MESSAGE, seed)

@@ -57,13 +57,34 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from harness.lifecycle import kill_process, pid_alive, stop_process, terminate, wait_gone
 from harness.testbed.processes import LEAN_JVM_ENV, TestbedError, check_starting, spawn_logged, write_conf
 
-if TYPE_CHECKING:
-    from harness.testbed.server import TestbedInfo
+
+class TestbedInfo(Protocol):
+    """What the storage processes need of the testbed's state (harness.testbed.server.TestbedInfo, which imports
+    this module: named here by shape, so the two never import each other)."""
+
+    __test__ = False  # not a pytest test class
+    home: str
+    pulsar_home: str
+    zk_port: int
+    oxia_address: str
+    bookies: tuple[BookieInfo, ...]
+
+    @property
+    def on_oxia(self) -> bool: ...
+
+    @property
+    def zookeeper(self) -> str: ...
+
+    @property
+    def metadata_store_url(self) -> str: ...
+
+    @property
+    def bookkeeper_metadata_service_uri(self) -> str: ...
 
 BOOKIE_COUNT = 3
 # The broker's striping (broker.conf's managedLedgerDefault*): every ledger on all three bookies, each entry on two.
