@@ -548,7 +548,7 @@ def _emit_planned(spark: SparkSession, store: TableStore, run_id: str, planned: 
 # A producer that failed (a broker restarted or lost mid-send) is opened again this many times, after these waits:
 # the same producer name and sequence ids, so the new producer learns what the broker persisted and sends the rest,
 # and the broker's deduplication drops what raced it (issue 45). About a broker restart's worth in all.
-SEND_RETRY_WAITS_S = (2.0, 5.0, 10.0, 20.0)
+SEND_RETRY_WAITS_S = (2.0, 5.0, 10.0, 20.0, 30.0)
 
 
 def _send_with_retries(messages: list[PlannedMessage], broker: BrokerSettings, producer: ProducerSettings,
