@@ -134,6 +134,13 @@ def test_each_bookie_expects_its_striped_share() -> None:
     assert shares["a"].estimated == 2  # bytes per entry are the ledger's mean
 
 
+def test_a_one_entry_ledger_is_on_write_quorum_bookies_only() -> None:
+    # The schema ledgers Pulsar leaks in a new namespace: one entry, ensemble 3, write quorum 2 (the real testbed's).
+    shares = expected_shares([DeletedLedger(206, 782, 3, 2, ("a", "b", "c"), last_entry_id=0,
+                                            segments=((0, ("c", "b", "a")),))])
+    assert {b: (e.bytes, e.with_data) for b, e in shares.items()} == {"c": (782, 1), "b": (782, 1)}
+
+
 def test_the_share_follows_the_entries_each_ensemble_position_was_sent() -> None:
     # Five entries over an ensemble of three, one copy each: positions get entries 0,3 / 1,4 / 2.
     shares = expected_shares([DeletedLedger(7, 500, 3, 1, ("x", "y", "z"), last_entry_id=4,

@@ -112,7 +112,7 @@ def _entries_on(index: int, first: int, last: int, ensemble_size: int, write_quo
 
 def ledger_shares(ledger: DeletedLedger) -> tuple[dict[str, int], bool]:
     """Bytes of a closed ledger per bookie, and whether that split is an estimate beyond the entries' mean size."""
-    entries = (ledger.last_entry_id or -1) + 1
+    entries = (-1 if ledger.last_entry_id is None else ledger.last_entry_id) + 1
     if ledger.length <= 0 or entries <= 0:
         return {}, False
     if not ledger.segments:

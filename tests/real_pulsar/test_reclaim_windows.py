@@ -34,6 +34,7 @@ from sweeper.cli import main
 from sweeper.config import SweeperConfig, to_toml
 from sweeper.pipeline import sweep
 from sweeper.tables import open_table_store
+from tests.real_pulsar.test_reclaim import settle
 from tests.support.real_pulsar import COST, GRACE_S, Swept, sweeper_config
 
 pytestmark = [pytest.mark.real_pulsar, pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -100,7 +101,7 @@ def test_pulsar_deleting_beside_us_makes_what_came_back_a_bound_never_freed(
     theirs = {ledger: meta for ledger, meta in described.items()
               if meta.custom_metadata.get("pulsar/managed-ledger") in theirs_names}
     assert theirs, "Pulsar's own topic and its pads have ledgers"
-    bookie.trigger_gc_all(info, force_minor=True)  # what earlier tests' deletes left is reclaimed before the baseline
+    settle(info)  # what earlier tests' deletes left is collected before the baseline
     disk_before = bookie.entry_log_bytes_by_bookie(info)
 
     result = sweep(spark, cfg, store, until="delete", execute=True)  # measured only: no GC asked yet
@@ -152,6 +153,7 @@ def test_a_bookie_restarted_between_the_samples_gives_a_lower_bound_never_freed(
     info = testbed_world.info
     cfg = _config(info, tmp_path / "tables", windows, RESTART)
     store = open_table_store(cfg.tables.root, spark, engine="delta-rs")
+    settle(info)
     result = sweep(spark, cfg, store, until="delete", execute=True)  # samples before, deletes, measures
     assert set(windows.orphans[RESTART].ledgers) <= {r["ledger_id"] for r in store.read_arrow(
         "delete_results", where={"run_id": result.run_id, "outcome": "deleted"}).to_pylist()}
