@@ -35,18 +35,22 @@ from tests.support.real_pulsar import (
     sweep_the_plan,
 )
 
+RESTARTING = ("test_bookies.py", "test_reclaim_windows.py", "test_emit_broker_restart.py")
+
 
 @pytest.hookimpl(trylast=True)  # after `-m` and `-k` deselected: a run that keeps none starts no testbed
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Real-Pulsar tests run last, and their testbed starts now, in the background."""
     # Stable: the order within each group is kept. Among the testbed's tests, test_fidelity.py and test_sweep.py
     # come first, then test_shared_bookkeeper.py, then test_retention.py: the order the suite is timed in. Nothing
-    # relies on it: what must happen first is requested through the fixtures below. test_bookies.py comes last:
-    # its bookie restarts make the broker close the ledgers it was writing, which no other test needs to see.
+    # relies on it: what must happen first is requested through the fixtures below. The tests that restart a
+    # bookie or the broker come last (test_bookies.py, test_reclaim_windows.py, test_emit_broker_restart.py): a
+    # restart makes the broker close the ledgers it was writing and Pulsar leak schema ledgers, which no other test
+    # needs to see.
     # The Oxia testbed's tests come after the ZooKeeper testbed's: under xdist each testbed's tests are one unit of
     # work, handed out last (both testbeds are prepared meanwhile), the longer first.
     items.sort(key=lambda i: (bool(testbed_session.testbeds_needed(i)), "test_oxia_testbed.py" in i.nodeid,
-                              "test_bookies.py" in i.nodeid, "test_retention.py" in i.nodeid,
+                              any(m in i.nodeid for m in RESTARTING), "test_retention.py" in i.nodeid,
                               "test_shared_bookkeeper.py" in i.nodeid))
     if config.option.collectonly:
         return

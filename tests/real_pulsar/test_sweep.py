@@ -16,6 +16,8 @@ from harness.testbed.orphans import ledger_znode, schema_path
 from harness.testbed.server import bookkeeper_ledgers
 from harness.testbed.workload import (
     SCHEMA_EVOLVE,
+    SHADOW,
+    SHADOW_SOURCE,
     admin_for,
     client_for,
     read_all,
@@ -111,7 +113,14 @@ def test_broker_view_names_no_deleted_ledger(swept: Swept) -> None:
         # Every ledger the broker references still exists in BookKeeper (offloaded ones excepted).
         missing = {ledger: who for ledger, who in referenced.items() if not zk.exists(ledger_znode(ledger))}
         offloaded = _offloaded_ledgers(admin_for(info), zk)
-        assert not {k: v for k, v in missing.items() if k not in offloaded}
+        # A shadow topic's view of its source may name a ledger the source dropped and deleted (upstream
+        # ShadowManagedLedgerImpl.processSourceManagedLedgerInfo keeps the last ledger it saw until its open
+        # fails): Pulsar's lag, never ours when the ledger was gone before our snapshot and the source no
+        # longer lists it.
+        source = {int(ledger["ledgerId"]) for ledger in admin_for(info).internal_stats(SHADOW_SOURCE)["ledgers"]}
+        lagging = {ledger for ledger, who in missing.items()
+                   if who.startswith(SHADOW + " ") and ledger not in swept.reconciled.bk_before | source}
+        assert not {k: v for k, v in missing.items() if k not in offloaded and k not in lagging}
     finally:
         zk.stop()
 
