@@ -25,8 +25,8 @@ from harness.sandbox.seed import seed_zookeeper
 from harness.zkserver import start_zookeeper, stop_zookeeper
 from sweeper.config import SweeperConfig
 from sweeper.pipeline import snapshot_stage
-from sweeper.reconcile import SafetySettings, run_reconcile
-from sweeper.safety import CircuitBreaker
+from sweeper.reconcile.stage import SafetySettings, run_reconcile
+from sweeper.rules.safety import CircuitBreaker
 from sweeper.spark import get_spark
 from sweeper.tables import open_table_store
 from sweeper.zk import client as zkutil

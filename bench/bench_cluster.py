@@ -56,7 +56,7 @@ from harness.sandbox.pulsar import start_pulsar, stop_pulsar
 from harness.sandbox.seed import seed_zookeeper
 from harness.spark_standalone import StandaloneCluster, start_cluster, stop_cluster
 from harness.zkserver import free_port, start_zookeeper, stop_zookeeper
-from sweeper.layout import ledger_path
+from sweeper.codecs.layout import ledger_path
 from sweeper.zk import client as zkutil
 
 REPO = Path(__file__).resolve().parents[1]

@@ -25,12 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kazoo.client import KazooClient
 
 from harness.zkserver import start_zookeeper, stop_zookeeper
-from sweeper import pending_delete
+from sweeper.codecs import pending_delete
 from sweeper.codecs import pulsar as codec
 from sweeper.codecs.bookkeeper import LedgerMetadata, Segment, encode_ledger_metadata
+from sweeper.codecs.layout import LedgerLayout, layout_znode, ledger_path
 from sweeper.config import PulsarMetadataConfig, SweeperConfig
 from sweeper.delete.stage import run_delete
-from sweeper.layout import LedgerLayout, layout_znode, ledger_path
 from sweeper.runs import record as record_run
 from sweeper.spark import get_spark
 from sweeper.table_schemas import EMITTED, SNAPSHOT_TABLES

@@ -44,12 +44,12 @@ from kazoo.protocol.states import KazooState
 from harness import zkensemble as ens
 from harness.sandbox.model import OrphanKind, SandboxCluster, SandboxSpec, Status, build_cluster
 from harness.sandbox.seed import seed_zookeeper
-from sweeper import pending_delete
+from sweeper.codecs import pending_delete
+from sweeper.codecs.layout import ledger_path
 from sweeper.config import PulsarMetadataConfig, SafetyConfig, ScanConfig, SweeperConfig
 from sweeper.delete import DELETED, LedgerDeleter
 from sweeper.delete.retry import RetryPolicy, run_with_retries
 from sweeper.delete.stage import records_from_json, run_delete
-from sweeper.layout import ledger_path
 from sweeper.pipeline import snapshot_stage
 from sweeper.ratelimit import TokenBucket
 from sweeper.scan.bookkeeper import read_layout

@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_emit.py --records 100000
 
 Both sides talk to the same local endpoint (its own process, as in the sandbox) through the real
-`pulsar-client`. Ours: `sweeper.emit.run_emit` on an `orphans` table of N candidates (Spark
+`pulsar-client`. Ours: `sweeper.emit.stage.run_emit` on an `orphans` table of N candidates (Spark
 tasks, one producer per slot, batching, bounded in-flight). Baseline: one producer, batching
 off, `send()` one record at a time waiting for each receipt; it runs on the first
 `--baseline-records` records only (it is slow), and the two are compared as records per second.
@@ -32,9 +32,9 @@ import pulsar
 
 from harness.sandbox.pulsar import start_pulsar, stop_pulsar
 from harness.zkserver import free_port
-from sweeper import pending_delete
+from sweeper.codecs import pending_delete
 from sweeper.config import PulsarMetadataConfig, SweeperConfig
-from sweeper.emit import run_emit
+from sweeper.emit.stage import run_emit
 from sweeper.runs import GATES_PASSED
 from sweeper.runs import record as record_run
 from sweeper.spark import get_spark

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.bench_reconcile import write_snapshot
 from harness.sandbox.model import SandboxSpec, build_cluster
 from sweeper.config import GatesConfig
-from sweeper.gates import GATED, run_gates
+from sweeper.reconcile.gates import GATED, run_gates
 from sweeper.spark import get_spark
 from sweeper.tables import open_table_store
 

@@ -70,14 +70,14 @@ from harness.sandbox.seed import (
     schema_locator_bytes,
 )
 from sweeper.codecs.bookkeeper import decode_ledger_metadata
+from sweeper.codecs.layout import ledger_path
 from sweeper.codecs.pulsar import decode_schema_locator
 from sweeper.config import SweeperConfig
-from sweeper.layout import ledger_path
 from sweeper.offload import CLUSTER_NAME_KEY, MANAGED_LEDGER_NAME_KEY, parse_offload_key
-from sweeper.reconcile import SafetySettings, run_reconcile
-from sweeper.retention_debt import RetentionSettings, run_retention_debt
+from sweeper.reconcile.stage import SafetySettings, run_reconcile
+from sweeper.retention.debt import RetentionSettings, run_retention_debt
+from sweeper.rules.safety import CircuitBreaker
 from sweeper.runs import record as record_run
-from sweeper.safety import CircuitBreaker
 from sweeper.scan import as_rows
 from sweeper.scan import bookkeeper as bk_scan
 from sweeper.scan import pulsar as pulsar_scan
@@ -237,7 +237,7 @@ def add_peer(spark: Any, work: Path, tables_root: Path, peer_tables: dict[str, l
              run_id: str, captured_at: datetime) -> dict[str, int]:
     """The peer's ledgers join this cluster's `bk_ledgers` (the bookies are shared) and its snapshot, scanned as
     snapshot_peers stores it, fills `peer_references`."""
-    from sweeper.references import PEER_NAMESPACE, PEER_READ, peer_rows
+    from sweeper.rules.references import PEER_NAMESPACE, PEER_READ, peer_rows
     from sweeper.snapshot import PEER_TABLES
     from sweeper.table_schemas import PEER_REFERENCES
 
@@ -403,8 +403,8 @@ def main() -> None:
 _RECONCILE_IN_TREE = """
 import inspect, json, sys, time
 sys.path.insert(0, sys.argv[1])
-from sweeper.reconcile import SafetySettings, run_reconcile
-from sweeper.safety import CircuitBreaker
+from sweeper.reconcile.stage import SafetySettings, run_reconcile
+from sweeper.rules.safety import CircuitBreaker
 from sweeper.spark import get_spark
 from sweeper.tables import open_table_store
 spark = get_spark("bench-reconcile-tree")

@@ -26,8 +26,8 @@ from harness.oxiaserver import start_oxia, stop_oxia
 from harness.sandbox.model import SandboxSpec, build_cluster
 from harness.sandbox.seed import seed_oxia, seed_zookeeper
 from harness.zkserver import start_zookeeper, stop_zookeeper
+from sweeper.codecs.layout import LedgerLayout, ledger_path
 from sweeper.config import PulsarMetadataConfig, SweeperConfig
-from sweeper.layout import LedgerLayout, ledger_path
 from sweeper.metastore.oxia import OxiaStore
 from sweeper.pipeline import snapshot_stage
 from sweeper.spark import get_spark

@@ -43,8 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness.sandbox.model import SandboxSpec, build_cluster
 from harness.sandbox.seed import seed_zookeeper
 from harness.zkserver import start_zookeeper, stop_zookeeper
+from sweeper.codecs.layout import LedgerLayout, ledger_path
 from sweeper.config import ScanConfig, SweeperConfig
-from sweeper.layout import LedgerLayout, ledger_path
 from sweeper.zk import client as zkutil
 
 PROBE_ZNODES = 200

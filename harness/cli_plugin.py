@@ -86,7 +86,7 @@ def _port_flag(args: argparse.Namespace) -> str:
 
 def cmd_sandbox(args: argparse.Namespace) -> int:
     from harness.sandbox import SandboxSpec, s3_endpoint, sandbox_down, sandbox_up, seed_sandbox
-    from sweeper.layout import LedgerLayout
+    from sweeper.codecs.layout import LedgerLayout
 
     home = Path(args.home)
     if args.action == "up":
@@ -248,8 +248,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     os.environ.pop("SWEEPER_RUN_ID", None)
     if args.run_id:
         from sweeper import runs
-        from sweeper.console import read_store
         from sweeper.errors import UsageError
+        from sweeper.report.console import read_store
 
         store = read_store(cli._load_config(args))
         if runs.succeeded(store, args.run_id, "reconcile") is None:

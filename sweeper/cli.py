@@ -53,7 +53,7 @@ def strict(cfg: SweeperConfig) -> SweeperConfig:
 _READ_ONLY = {"runs", "show", "dlq"}
 _NO_HEARTBEAT = _READ_ONLY | {"init-config"}
 _said_config: list[str] = []  # once per command, however many times its parts load the config
-_heartbeat: list[Any] = []  # the running command's (sweeper.progress.Heartbeat), told of the Spark session
+_heartbeat: list[Any] = []  # the running command's (sweeper.report.progress.Heartbeat), told of the Spark session
 
 
 def _config_choice(args: argparse.Namespace) -> config_mod.ConfigChoice:
@@ -111,8 +111,8 @@ def _print_counts(title: str, counts: dict[str, int]) -> None:
 def _check_credentials(cfg: SweeperConfig) -> None:
     """Every secret the config names is read now, before Spark starts: an unset variable or an unreadable file is
     the operator's configuration (exit 2, in a second), not a refusal 20 seconds into a run."""
+    from sweeper.broker.system_topic import SystemTopicError, read_token
     from sweeper.connections import Connections
-    from sweeper.system_topic import SystemTopicError, read_token
 
     Connections.from_config(cfg)  # ZooKeeper's TLS/SASL/digest secrets, for every store
     try:
@@ -319,8 +319,8 @@ def cmd_retention(args: argparse.Namespace) -> int:
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
-    from sweeper.console import read_store
     from sweeper.delete.stage import dead_letters, redrive
+    from sweeper.report.console import read_store
 
     cfg = _load_config(args)
     # Refuses a root with no tables (exit 2) instead of reporting "0 dead letters" for a mistyped path.
@@ -346,7 +346,7 @@ def _limit(args: argparse.Namespace) -> int:
 
 def cmd_runs(args: argparse.Namespace) -> int:
     """The runs in the tables, newest first: read-only, no Spark."""
-    from sweeper.console import read_store, render, run_rows, run_summaries
+    from sweeper.report.console import read_store, render, run_rows, run_summaries
 
     args.limit = _limit(args)
     store = read_store(_load_config(args))
@@ -367,7 +367,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     """One run's rows of one table (orphans, deletes, ...), filtered: read-only, no Spark."""
-    from sweeper.console import read_store, render, show_rows
+    from sweeper.report.console import read_store, render, show_rows
 
     args.limit = _limit(args)
     store = read_store(_load_config(args))
@@ -497,7 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
     common(dlq)
     dlq.set_defaults(func=cmd_dlq)
 
-    from sweeper.console import FORMATS, VIEWS
+    from sweeper.report.console import FORMATS, VIEWS
 
     def read_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--tables", help="table root (overrides [tables] root)")
@@ -738,7 +738,7 @@ def _stop_on_signals() -> list[str]:
 
 def _run(args: argparse.Namespace) -> int:
     from sweeper.errors import SweeperError, terminal_line
-    from sweeper.progress import Heartbeat
+    from sweeper.report.progress import Heartbeat
 
     _said_config.clear()
     _heartbeat.clear()

@@ -164,7 +164,7 @@ class GatesConfig:
     missing_reference_allowance: int = 10  # this many missing references never refuse a run, whatever the fraction
     # A snapshot of at most this many gated rows (ledgers, managed ledgers, cursors, schemas, quarantine) is
     # validated on the driver; a larger one with Spark jobs. The checks are the same either way. "auto": as many
-    # as a quarter of the memory the driver's process can still get holds (sweeper.gates.driver_row_limit).
+    # as a quarter of the memory the driver's process can still get holds (sweeper.reconcile.gates.driver_row_limit).
     driver_rows: int | str = "auto"
 
 
@@ -244,7 +244,7 @@ class RetentionConfig:
     actions_per_second: float = 2.0  # admin REST calls per second while repairing
     max_actions_per_run: int = 1000  # repairs beyond this wait for the next run (reported as deferred)
     plan_max_age_hours: float = 24.0  # `retention --execute` refuses a plan older than this
-    # Added to what Pulsar itself protects (sweeper.protection): never deleted, trimmed or loaded by a repair, and
+    # Added to what Pulsar itself protects (sweeper.rules.protection): never deleted, trimmed or loaded by a repair, and
     # their cursor ledgers never deleted. Globs on the subscription name, and on tenant/namespace/topic.
     protected_subscriptions: str = ""
     protected_topics: str = ""

@@ -15,10 +15,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from sweeper.broker.system_topic import AdminClient, BrokerSettings, open_client
 from sweeper.config import SweeperConfig, SystemTopicConfig
 from sweeper.metastore.urls import StoreUrl, parse_pulsar_store_url
 from sweeper.offload import S3Target, s3_client
-from sweeper.system_topic import AdminClient, BrokerSettings, open_client
 from sweeper.zk import client as zkutil
 from sweeper.zk.security import ZkSecurity, bookkeeper_security, pulsar_security
 
@@ -166,7 +166,7 @@ class Connections:
     def cluster_admin(self) -> AdminClient:
         """An admin client that may also follow a redirect to any broker of this cluster registered now (the
         owner of a topic is often another broker), never to a host outside it."""
-        from sweeper.liveness import registered_web_origins
+        from sweeper.broker.liveness import registered_web_origins
 
         admin = self.admin()
         with self.pulsar.session() as client:

@@ -15,28 +15,30 @@ from typing import Any, Protocol
 
 from pyspark.sql import SparkSession
 
-from sweeper import emit, retention_repair, runs, snapshot
+from sweeper import runs, snapshot
+from sweeper.broker.system_topic import SystemTopicError
 from sweeper.config import SweeperConfig
-from sweeper.console import human_bytes, plural
 from sweeper.delete.lock import RunLockHeld
 from sweeper.delete.stage import DeleteCounts, DeleteRefused, DeleteRunResult, run_delete
-from sweeper.emit import EmitCounts, EmitFailed, EmitRefused, EmitResult, EmitSettings
+from sweeper.emit import stage as emit
+from sweeper.emit.stage import EmitCounts, EmitFailed, EmitRefused, EmitResult, EmitSettings
 from sweeper.errors import StageRefused as StageRefused  # where the sweep's callers catch it
-from sweeper.gates import GateFailed, run_gates
 from sweeper.metastore.migration import MigrationRefused
-from sweeper.metrics import MetricsError, publish, registry
 from sweeper.reclaim.stage import ReclaimCounts, ReclaimResult, run_reclaim, sample_before, summary_line
-from sweeper.reconcile import ReconcileCounts, ReconcileRefused, ReconcileResult, SafetySettings, run_reconcile
-from sweeper.retention_debt import (
+from sweeper.reconcile.gates import GateFailed, run_gates
+from sweeper.reconcile.stage import ReconcileCounts, ReconcileRefused, ReconcileResult, SafetySettings, run_reconcile
+from sweeper.report.console import human_bytes, plural
+from sweeper.report.metrics import MetricsError, publish, registry
+from sweeper.retention import repair as retention_repair
+from sweeper.retention.debt import (
     RetentionDebtCounts,
     RetentionDebtRefused,
     RetentionDebtResult,
     RetentionSettings,
     run_retention_debt,
 )
-from sweeper.retention_repair import RepairCounts, RepairResult, RepairSettings, RetentionRepairRefused
+from sweeper.retention.repair import RepairCounts, RepairResult, RepairSettings, RetentionRepairRefused
 from sweeper.snapshot import SnapshotCounts, SnapshotResult, SnapshotSettings, zk_load
-from sweeper.system_topic import SystemTopicError
 from sweeper.tables import TableStore
 
 # In order; `sweep --until S` runs the stages up to S. A dry-run sweep ends after retention_debt (the report).
@@ -104,7 +106,7 @@ def retention_stage(spark: SparkSession, config: SweeperConfig, store: TableStor
         lookup = None
         if config.retention.topic_policies == "admin":
             from sweeper.connections import Connections
-            from sweeper.topic_policies import TopicPolicyLookup
+            from sweeper.retention.policies import TopicPolicyLookup
 
             # The owner of a topic is often another broker of this cluster: its redirects are followed, others not.
             lookup = TopicPolicyLookup(Connections.from_config(config).cluster_admin(),

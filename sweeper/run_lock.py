@@ -2,8 +2,8 @@
 
 Ephemeral, so a crashed driver's lock goes away with its session instead of blocking every later run until
 someone deletes it by hand. Held, it also makes an unclosed journal mean a run that stopped: the delete
-(`sweeper.delete.lock`), the emit (`sweeper.emit`) and the retention repair (`sweeper.repair_journal`) each fold a
-stopped run in under theirs.
+(`sweeper.delete.lock`), the emit (`sweeper.emit.stage`) and the retention repair (`sweeper.retention.journal`) each
+fold a stopped run in under theirs.
 
 Holding the lock is not enough to act (DESIGN.md invariant 22). ZooKeeper's session semantics (the upstream fact
 this rests on, from ZooKeeper's programmer's guide, "ZooKeeper Sessions", and `ZooKeeperServer.expire` /

@@ -32,6 +32,8 @@ from pyspark.sql.types import BinaryType, LongType, StringType, StructField, Str
 from pyspark.storagelevel import StorageLevel
 
 from sweeper import runs
+from sweeper.broker.liveness import ClockReading, clock_problem, live_brokers, probe_clock
+from sweeper.broker.system_topic import BrokerSettings, SystemTopicError, broker_partitions
 from sweeper.config import (
     BookKeeperConfig,
     OffloadConfig,
@@ -45,21 +47,19 @@ from sweeper.config import (
 )
 from sweeper.connections import Connections, MetadataEndpoint
 from sweeper.errors import Refused, RunIdTaken
-from sweeper.liveness import ClockReading, clock_problem, live_brokers, probe_clock
 from sweeper.metastore.migration import check_stores
 from sweeper.metastore.urls import StoreUrl
 from sweeper.offload import S3Target, list_offload_objects, listing_units, s3_client
 from sweeper.ratelimit import TokenBucket
 from sweeper.records import ChildrenRead, ZnodeRead
-from sweeper.references import PEER_NAMESPACE, PEER_READ, PEER_UNREAD, peer_rows
-from sweeper.retention import parse_namespace_policies
+from sweeper.rules.references import PEER_NAMESPACE, PEER_READ, PEER_UNREAD, peer_rows
+from sweeper.rules.retention import parse_namespace_policies
 from sweeper.scan import RowChunk, quarantine_row
 from sweeper.scan import bookkeeper as bk_scan
 from sweeper.scan import pulsar as pulsar_scan
 from sweeper.scan.ownership import scan_bundle_owners
 from sweeper.scan.pending_deletes import read_partition
 from sweeper.spark import task_error
-from sweeper.system_topic import BrokerSettings, SystemTopicError, broker_partitions
 from sweeper.table_schemas import PEER_REFERENCES, SNAPSHOT_TABLES
 from sweeper.tables import CommitResult, TableStore
 from sweeper.tables.files import TablesWriter, TablesWriting

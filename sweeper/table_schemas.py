@@ -226,7 +226,7 @@ ORPHANS = _schema(
     # candidate | young | out_of_scope | unknown | missing | stale_pointer | other_cluster | protected: only
     # candidates act
     ("status", S, False),
-    ("verdict", S, False),  # orphan | unknown | missing (sweeper.classify)
+    ("verdict", S, False),  # orphan | unknown | missing (sweeper.rules.classify)
     ("reason", S, False),
     ("detail", S),
     ("component", S),
@@ -281,7 +281,7 @@ PENDING_DELETES = _schema(
     ("message_id", S, False),  # ledger:entry:batch of the system topic's partition
     ("publish_time_ms", L),
     ("message_key", S),
-    ("record_key", S, False),  # what makes two messages the same request (sweeper.pending_delete.record_key)
+    ("record_key", S, False),  # what makes two messages the same request (sweeper.codecs.pending_delete.record_key)
     ("ledger_id", L, False),
     ("ledger_type", S, False),  # LEDGER | OFFLOAD_LEDGER
     ("component", S, False),
@@ -311,8 +311,8 @@ SNAPSHOT_TABLES: dict[str, StructType] = {
 ZK_SNAPSHOT_TABLES = dict(SNAPSHOT_TABLES)
 
 # What the snapshot read from each peer cluster's metadata ([safety] peer_metadata): the clusters sharing these
-# bookies. `kind` (sweeper.references): peer_read | peer_unread (why in `referrer`) | reference | owner | namespace |
-# quarantined_owner. Reconcile takes the union of every cluster's references.
+# bookies. `kind` (sweeper.rules.references): peer_read | peer_unread (why in `referrer`) | reference | owner |
+# namespace | quarantined_owner. Reconcile takes the union of every cluster's references.
 PEER_REFERENCES = _schema(
     *RUN_COLUMNS,
     ("cluster", S, False),  # the peer's metadata connect string, as configured
@@ -445,7 +445,7 @@ PENDING_DELETE_STATUS = _schema(
 
 # Retention debt (issue 15): per topic, ledgers Pulsar's own rules would trim that nobody trims (or that
 # cannot be judged); per idle cursor, what it alone keeps from being trimmed. One row per topic that owes
-# something or is `unknown`, one per idle cursor (sweeper.retention_debt).
+# something or is `unknown`, one per idle cursor (sweeper.retention.debt).
 RETENTION_DEBT = _schema(
     ("run_id", S, False),
     ("captured_at", TS, False),
@@ -453,7 +453,7 @@ RETENTION_DEBT = _schema(
     # topic: candidate | awaiting_broker | none | out_of_scope | protected | unknown
     # cursor: candidate | idle | protected | out_of_scope | unknown. Only candidates are ever repaired.
     ("status", S, False),
-    # sweeper.retention.Reason; a protected row: why (a sweeper.protection.Protected value, or system_topic)
+    # sweeper.rules.retention.Reason; a protected row: why (a sweeper.rules.protection.Protected value, or system_topic)
     ("reason", S, False),
     ("detail", S),
     ("tenant", S),
@@ -511,7 +511,7 @@ RECLAIMABLE_REPORT = _schema(
     ("total_bytes", L),  # orphans + expired-but-unloaded + idle cursors
 )
 
-# One row per repair action (sweeper.retention_repair), dry runs included.
+# One row per repair action (sweeper.retention.repair), dry runs included.
 RETENTION_ACTIONS = _schema(
     ("run_id", S, False),  # the repair run
     ("plan_run_id", S, False),  # the run whose retention_debt planned it
@@ -533,7 +533,7 @@ RETENTION_ACTIONS = _schema(
     ("dry_run", B, False),
 )
 
-# The retention repair's intents (sweeper.repair_journal): one row, committed, before every admin call; its
+# The retention repair's intents (sweeper.retention.journal): one row, committed, before every admin call; its
 # outcomes are its `retention_actions` rows (each committed before the next call). The next `retention --execute`
 # folds a run left unclosed (killed) into retention_actions, from the live metadata, and closes it.
 REPAIR_JOURNAL = _schema(

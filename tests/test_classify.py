@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from sweeper.classify import (
+from sweeper.rules.classify import (
     Classification,
     CompactionPointer,
     CompactionRef,
@@ -121,7 +121,7 @@ def test_what_cannot_be_established_is_unknown_never_orphan(facts: dict[str, obj
 
 
 def test_objects_only_unreferenced_are_orphans() -> None:
-    from sweeper.classify import ObjectFacts, ObjectReason, classify_object
+    from sweeper.rules.classify import ObjectFacts, ObjectReason, classify_object
 
     ours = {"cluster_name": "east", "managed_ledger": ML, "local_cluster": "east"}
     assert classify_object(ObjectFacts(referenced=True, offload_complete=True)) == (
@@ -147,7 +147,7 @@ def test_objects_only_unreferenced_are_orphans() -> None:
 ])
 def test_an_object_is_ours_only_when_its_own_metadata_says_so(facts: dict[str, object],
                                                               expected: tuple[Verdict, str]) -> None:
-    from sweeper.classify import ObjectFacts, classify_object
+    from sweeper.rules.classify import ObjectFacts, classify_object
 
     verdict_, reason = classify_object(ObjectFacts(referenced=False, **{"local_cluster": "east", **facts}))
     assert (verdict_, reason.value) == expected

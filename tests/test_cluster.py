@@ -25,7 +25,7 @@ from deltalake import DeltaTable
 from harness.sandbox import PORT_SPAN, SandboxSpec, build_cluster, s3_endpoint, sandbox_down
 from harness.spark_standalone import StandaloneCluster, start_cluster, stop_cluster
 from harness.zkserver import free_port_block
-from sweeper.layout import LedgerLayout, ledger_path
+from sweeper.codecs.layout import LedgerLayout, ledger_path
 from sweeper.zk import client as zkutil
 from tests.support.config import SHORT_LIVED_JVM
 

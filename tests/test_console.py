@@ -12,7 +12,7 @@ import pytest
 from sweeper import runs
 from sweeper.cli import EXIT_OK, EXIT_USAGE, main
 from sweeper.config import SweeperConfig
-from sweeper.console import run_summaries
+from sweeper.report.console import run_summaries
 from sweeper.table_schemas import DELETE_RESULTS
 from sweeper.tables.delta_rs import DeltaRsTableStore
 
@@ -152,10 +152,10 @@ def test_a_killed_delete_is_shown_from_its_journal_until_folded_in_and_never_twi
     it closed the attempt) show nothing twice. Real Delta tables, written with the real `Journal`."""
     from deltalake import DeltaTable
 
+    from sweeper.codecs.layout import LedgerLayout, ledger_path
     from sweeper.delete.journal import JOURNAL_TABLE, open_journal, resolve_interrupted
     from sweeper.delete.records import PendingRecord
     from sweeper.delete.results import DeleteResult
-    from sweeper.layout import LedgerLayout, ledger_path
 
     tables = str(_tables(tmp_path))
     store = DeltaRsTableStore(tables, None)  # type: ignore[arg-type]
@@ -246,7 +246,7 @@ def test_a_killed_delete_is_shown_from_its_journal_until_folded_in_and_never_twi
 def test_a_killed_emit_is_shown_from_its_journal_until_the_next_emit(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`sweeper runs` shows an emit killed outright as `interrupted` before the next emit records it, then once."""
-    from sweeper.emit import JOURNAL_TABLE, EmitJournal, fold_interrupted
+    from sweeper.emit.stage import JOURNAL_TABLE, EmitJournal, fold_interrupted
     from sweeper.table_schemas import EMIT_JOURNAL, EMITTED
 
     tables = str(_tables(tmp_path))
@@ -300,8 +300,8 @@ def test_a_killed_retention_repair_is_shown_from_its_journal_until_folded_in_and
     twice. Real Delta tables, the real `RepairJournal` and `resolve_interrupted`."""
     from deltalake import DeltaTable
 
-    from sweeper.repair_journal import JOURNAL_TABLE, RepairJournal, resolve_interrupted
-    from sweeper.retention_repair import RepairCounts
+    from sweeper.retention.journal import JOURNAL_TABLE, RepairJournal, resolve_interrupted
+    from sweeper.retention.repair import RepairCounts
     from sweeper.table_schemas import RETENTION_ACTIONS
 
     tables = str(_tables(tmp_path))

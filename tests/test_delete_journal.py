@@ -6,10 +6,10 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from sweeper.codecs.layout import LedgerLayout, ledger_path
 from sweeper.delete.journal import JOURNAL_TABLE, open_journal, resolve_interrupted, unclosed_attempts
 from sweeper.delete.records import PendingRecord
 from sweeper.delete.results import DeleteResult
-from sweeper.layout import LedgerLayout, ledger_path
 from sweeper.table_schemas import DELETE_JOURNAL
 from sweeper.tables import open_table_store
 

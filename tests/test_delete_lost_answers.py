@@ -27,12 +27,12 @@ from harness.oxiaserver import OxiaServerInfo
 from harness.s3server import S3ServerInfo
 from harness.sandbox.model import SandboxSpec, Status
 from sweeper.codecs import pulsar as codec
+from sweeper.codecs.layout import LedgerLayout, layout_znode, ledger_path
 from sweeper.delete import ALREADY_GONE, DELETED, FAILED, LedgerDeleter, ObjectDeleter
 from sweeper.delete.journal import INTENT, OUTCOME, lost_answer_evidence
 from sweeper.delete.results import ANSWER_LOST
 from sweeper.delete.retry import RetryPolicy, run_with_retries
 from sweeper.delete.stage import run_delete
-from sweeper.layout import LedgerLayout, layout_znode, ledger_path
 from sweeper.metastore.oxia import OxiaStore
 from sweeper.offload import S3Target, s3_client
 from sweeper.vocabulary import DAY_MS

@@ -20,6 +20,7 @@ from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
 from harness.sandbox.model import SandboxSpec
+from sweeper.codecs.layout import ledger_path
 from sweeper.delete.stage import (
     DeleteCounts,
     DeleteRunResult,
@@ -29,7 +30,6 @@ from sweeper.delete.stage import (
     run_delete,
 )
 from sweeper.errors import Refused
-from sweeper.layout import ledger_path
 from sweeper.metastore.migration import MIGRATION_FLAG_PATH, MIGRATION_NOT_ATTEMPTED, MigrationRefused
 from sweeper.pipeline import delete_stage
 from sweeper.zk import client as zkutil

@@ -245,11 +245,12 @@ def test_a_bookkeeper_copy_goes_only_with_its_offloaded_copy(world: tuple[Any, s
 
 def test_an_offload_record_of_a_namespace_denied_today_or_a_protected_topic_is_refused(
         zk: KazooClient, world: tuple[Any, str, str]) -> None:
-    # Issue 26 (4): a record is a request; the object deleter applies today's scope and protection (sweeper.rules).
-    from sweeper.classify import Sharing
+    # Issue 26 (4): a record is a request; the object deleter applies today's scope and protection
+    # (sweeper.rules.owner).
     from sweeper.delete.results import REFUSED
-    from sweeper.rules import ActingRules
-    from sweeper.safety import Scope
+    from sweeper.rules.classify import Sharing
+    from sweeper.rules.owner import ActingRules
+    from sweeper.rules.safety import Scope
 
     s3, a, _ = world
     denied = ActingRules(scope=Scope(deny=("t/ns",)), sharing=Sharing.DEDICATED)

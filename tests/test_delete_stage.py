@@ -16,9 +16,9 @@ from harness.s3server import S3ServerInfo
 from harness.sandbox.model import SandboxSpec, Status
 from harness.zkserver import free_port, start_zookeeper, stop_zookeeper
 from sweeper.codecs import pulsar as codec
+from sweeper.codecs.layout import ledger_path
 from sweeper.delete.lock import DeleteRunLock, RunLockHeld
 from sweeper.delete.stage import DeleteRefused, dead_letters, redrive, retry_states, run_delete
-from sweeper.layout import ledger_path
 from sweeper.offload import S3Target, s3_client
 from sweeper.pipeline import delete_summary
 from sweeper.tables import open_table_store

@@ -13,6 +13,7 @@ from kazoo.client import KazooClient
 
 from harness.zkserver import ServerClock, start_zookeeper, stop_zookeeper
 from sweeper.codecs import pulsar as codec
+from sweeper.codecs.layout import LedgerLayout, layout_znode, ledger_path
 from sweeper.delete import (
     ALREADY_GONE,
     DELETED,
@@ -27,7 +28,6 @@ from sweeper.delete import (
     RunLockHeld,
     run_with_retries,
 )
-from sweeper.layout import LedgerLayout, layout_znode, ledger_path
 from sweeper.vocabulary import DAY_MS
 from sweeper.zk import client as zkutil
 from tests.support.ledgers import CREATED, ledger_bytes
@@ -532,9 +532,9 @@ def test_a_released_bookkeeper_copy_goes_only_once_its_offloaded_copy_is_seen(cl
 def test_the_delete_refuses_a_replicated_subscriptions_cursor_ledger_and_a_protected_name(
         cluster: KazooClient) -> None:
     # Issue 26 (1, 4): the record's cursor, read right now, carries pulsar.replicated.subscription = 1.
-    from sweeper.classify import Sharing
     from sweeper.delete.results import REFUSED
-    from sweeper.rules import ActingRules
+    from sweeper.rules.classify import Sharing
+    from sweeper.rules.owner import ActingRules
 
     rules = ActingRules(sharing=Sharing.DEDICATED)
     ml = f"{ML_ROOT}/{ML}"

@@ -17,9 +17,10 @@ from pyspark.sql import SparkSession
 
 from harness.sandbox.model import SandboxSpec
 from harness.zkserver import free_port
-from sweeper import pending_delete
+from sweeper.broker.system_topic import BrokerSettings, partition_for, partition_topic
+from sweeper.codecs import pending_delete
 from sweeper.config import SweeperConfig
-from sweeper.emit import (
+from sweeper.emit.stage import (
     ALREADY_PUBLISHED,
     PUBLISHED,
     REFUSED_OVERSIZE,
@@ -31,9 +32,8 @@ from sweeper.emit import (
     run_emit,
     send_slot,
 )
-from sweeper.reconcile import CANDIDATE, SafetySettings, run_reconcile
-from sweeper.safety import CircuitBreaker
-from sweeper.system_topic import BrokerSettings, partition_for, partition_topic
+from sweeper.reconcile.stage import CANDIDATE, SafetySettings, run_reconcile
+from sweeper.rules.safety import CircuitBreaker
 from sweeper.tables import TableStore, open_table_store
 from tests.support.broker import TOPIC, Broker
 from tests.support.config import BASE_CONFIG

@@ -30,11 +30,12 @@ INTERNAL = {
     "sweeper.tables.base.TableNotFoundError": "a missing table is read as empty or refused by the caller",
     "sweeper.tables.base.TableSchemaError": "a programming error in a stage's rows: a bug, exit 1 with its trace",
     "sweeper.tables.files.NotNullViolation": "raised inside a table write: a bug, exit 1",
-    "sweeper.pending_delete.InvalidPendingDelete": "a malformed record is quarantined as `invalid`, never raised",
+    "sweeper.codecs.pending_delete.InvalidPendingDelete":
+        "a malformed record is quarantined as `invalid`, never raised",
     "sweeper.codecs.errors.MetadataDecodeError": "a corrupt znode is quarantined, never raised to the CLI",
     "sweeper.zk.wire.ZooKeeperWireError": "the wire reader's failure, turned into ZooKeeperUnavailableError",
-    "sweeper.metrics.MetricsError": "a metrics outage is a warning line, never a failed sweep",
-    "sweeper.emit.EmitFailed": "escalated by the pipeline to a refusal naming what was acknowledged",
+    "sweeper.report.metrics.MetricsError": "a metrics outage is a warning line, never a failed sweep",
+    "sweeper.emit.stage.EmitFailed": "escalated by the pipeline to a refusal naming what was acknowledged",
     "sweeper.snapshot.SnapshotIncomplete": "a scan that lost part of its input: a failure (exit 1), recorded",
     "sweeper.reclaim.samples.BookieAnswerError": "a bookie's answer we cannot read: the bookie is not_measured",
     "sweeper.reclaim.bookie_http.BookieUnreachable": "a bookie that does not answer: not_measured",
@@ -65,8 +66,8 @@ def test_every_error_of_the_package_is_in_the_hierarchy_or_named_internal() -> N
 
 def test_config_and_setup_errors_are_usage_errors_and_refusals_are_refusals() -> None:
     from sweeper.metastore.urls import StoreUrlError
-    from sweeper.repair_journal import RepairLockHeld
-    from sweeper.safety import SafetyConfigError
+    from sweeper.retention.journal import RepairLockHeld
+    from sweeper.rules.safety import SafetyConfigError
     from sweeper.tables import DeltaSparkUnavailableError
     from sweeper.tables.storage import TableStorageUnavailableError
     from sweeper.zk.errors import ZooKeeperUnavailableError

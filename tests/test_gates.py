@@ -15,11 +15,18 @@ from harness.sandbox.entities import ml_custom
 from harness.sandbox.model import SandboxCluster, SandboxSpec, build_cluster
 from harness.sandbox.seed import ledger_znode_data, seed_zookeeper
 from sweeper import runs
+from sweeper.codecs.layout import LedgerLayout, layout_znode, ledger_path
 from sweeper.config import GatesConfig
 from sweeper.errors import StageRefused
-from sweeper.gates import DRIVER_ROWS_FALLBACK, GateFailed, baseline, driver_row_limit, memory_available, run_gates
-from sweeper.layout import LedgerLayout, layout_znode, ledger_path
 from sweeper.pipeline import reconcile_stage, snapshot_stage
+from sweeper.reconcile.gates import (
+    DRIVER_ROWS_FALLBACK,
+    GateFailed,
+    baseline,
+    driver_row_limit,
+    memory_available,
+    run_gates,
+)
 from sweeper.table_schemas import BK_LEDGERS
 from sweeper.tables import open_table_store
 from tests.support.config import ZkTarget

@@ -25,29 +25,28 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     ("foundation", "words, records and errors every layer shares; no sweeper import but each other", (
         "sweeper",  # the package itself: its version
         "sweeper._proto", "sweeper.errors", "sweeper.vocabulary", "sweeper.names", "sweeper.records",
-        "sweeper.resources", "sweeper.table_schemas", "sweeper.ratelimit", "sweeper.progress",
+        "sweeper.resources", "sweeper.table_schemas", "sweeper.ratelimit", "sweeper.report.progress",
         "sweeper.codecs.errors",
     )),
     ("settings and formats", "the config (store addresses resolved as it loads), the metadata codecs, layouts", (
-        "sweeper.config", "sweeper.metastore.urls", "sweeper.codecs", "sweeper.layout", "sweeper.pending_delete",
-        "sweeper.spark",
+        "sweeper.config", "sweeper.metastore.urls", "sweeper.codecs", "sweeper.codecs.layout",
+        "sweeper.codecs.pending_delete", "sweeper.spark",
     )),
     ("rules", "pure decisions over records and rows: what is an orphan, what is protected, what retention owes", (
-        "sweeper.classify", "sweeper.safety", "sweeper.protection", "sweeper.retention", "sweeper.rules",
-        "sweeper.references", "sweeper.plots",
+        "sweeper.rules", "sweeper.report.plots",
     )),
     ("stores", "one module per store or service: ZooKeeper, Oxia, the tables, the broker, S3, the runs ledger", (
-        "sweeper.zk", "sweeper.metastore", "sweeper.tables", "sweeper.system_topic", "sweeper.offload",
-        "sweeper.run_lock", "sweeper.runs", "sweeper.metrics", "sweeper.scan",  # scan: the package's row helpers
+        "sweeper.zk", "sweeper.metastore", "sweeper.tables", "sweeper.broker.system_topic", "sweeper.offload",
+        "sweeper.run_lock", "sweeper.runs", "sweeper.report.metrics", "sweeper.scan",  # scan: the package's row helpers
     )),
     ("connections and readers", "a run's endpoints, the liveness probes, the scanners, the repair's journal", (
-        "sweeper.connections", "sweeper.liveness", "sweeper.topic_policies", "sweeper.scan.bookkeeper",
+        "sweeper.connections", "sweeper.broker.liveness", "sweeper.retention.policies", "sweeper.scan.bookkeeper",
         "sweeper.scan.pulsar",
-        "sweeper.scan.ownership", "sweeper.scan.pending_deletes", "sweeper.repair_journal",
+        "sweeper.scan.ownership", "sweeper.scan.pending_deletes", "sweeper.retention.journal",
     )),
     ("stages", "one step of a run each (test_layering: no stage imports another), and the run's report", (
-        "sweeper.snapshot", "sweeper.gates", "sweeper.reconcile", "sweeper.retention_debt", "sweeper.emit",
-        "sweeper.retention_repair", "sweeper.delete", "sweeper.reclaim", "sweeper.stages", "sweeper.console",
+        "sweeper.snapshot", "sweeper.reconcile", "sweeper.retention.debt", "sweeper.emit", "sweeper.retention.repair",
+        "sweeper.delete", "sweeper.reclaim", "sweeper.stages", "sweeper.report.console",
     )),
     ("pipeline", "the stages in order, each wrapped once", (
         "sweeper.pipeline",

@@ -25,11 +25,11 @@ HARNESS_PACKAGE = REPO / "harness"
 # libraries any stage may use.
 STAGES = {
     "sweeper.snapshot": "snapshot",
-    "sweeper.gates": "gates",
-    "sweeper.reconcile": "reconcile",
-    "sweeper.retention_debt": "retention_debt",
+    "sweeper.reconcile.gates": "gates",
+    "sweeper.reconcile.stage": "reconcile",
+    "sweeper.retention.debt": "retention_debt",
     "sweeper.emit": "emit",
-    "sweeper.retention_repair": "retention_repair",
+    "sweeper.retention.repair": "retention_repair",
 }
 HARNESS = ("harness",)
 # Product modules allowed to import the harness: none (issue 36). `sweeper sandbox`, `testbed`, `audit` and
@@ -88,7 +88,8 @@ def _stage_of(module: str) -> str | None:
         return "delete"
     if module.startswith("sweeper.reclaim"):
         return "reclaim"  # the step after the delete (issue 35): it reads the delete's tables, never its code
-    return STAGES.get(module)
+    held = [prefix for prefix in STAGES if module == prefix or module.startswith(prefix + ".")]
+    return STAGES[max(held, key=len)] if held else None
 
 
 def test_no_import_circle_in_the_package() -> None:

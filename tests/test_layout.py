@@ -1,6 +1,6 @@
 import pytest
 
-from sweeper.layout import (
+from sweeper.codecs.layout import (
     INT_MAX,
     LayoutError,
     LedgerLayout,

@@ -21,7 +21,7 @@ from sweeper.codecs.bookkeeper import (
     ledger_message,
 )
 from sweeper.codecs.errors import MetadataDecodeError
-from sweeper.safety import ledger_created_ms
+from sweeper.rules.safety import ledger_created_ms
 from sweeper.scan import RowChunk, as_rows
 from sweeper.scan.bookkeeper import LEDGER_COLUMNS, OWNERSHIP_KEYS, ledger_row, ledger_values
 from sweeper.table_schemas import SNAPSHOT_TABLES

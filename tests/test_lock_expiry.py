@@ -35,8 +35,8 @@ from pyspark.sql import SparkSession
 
 from harness.lifecycle import group_alive
 from harness.sandbox.model import SandboxSpec
+from sweeper.codecs.layout import ledger_path
 from sweeper.config import SweeperConfig, to_toml
-from sweeper.layout import ledger_path
 from tests.support.broker import Broker
 from tests.support.config import SHORT_LIVED_SPARK_ENV, ZkTarget
 from tests.support.seeded import planned_delete
@@ -184,7 +184,7 @@ def test_an_emit_frozen_past_its_session_publishes_nothing_more_and_is_recorded_
     """The emit's half of the issue: a second emitter takes the lock while the first is frozen; the first, resumed,
     sends and records nothing more (its producers read the fence before they start and before they record), exits 3,
     and every record is on the topic and in `emitted` once, each attempt with one status."""
-    from sweeper.emit import FAILPOINT_BEFORE_RECORDING_ENV
+    from sweeper.emit.stage import FAILPOINT_BEFORE_RECORDING_ENV
 
     spec = SandboxSpec(seed=46, topics=40)
     _, cfg, store, run_id = planned_delete(zk, zk_target.hosts, spark, tmp_path, broker, spec, emit=False)

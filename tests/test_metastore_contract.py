@@ -18,8 +18,8 @@ from kazoo.exceptions import (
     RuntimeInconsistency,
 )
 
+from sweeper.codecs.layout import LayoutError, LedgerLayout, layout_znode
 from sweeper.connections import OxiaEndpoint, ZooKeeperEndpoint
-from sweeper.layout import LayoutError, LedgerLayout, layout_znode
 from sweeper.metastore.migration import MIGRATION_FLAG_PATH, MigrationState, read_migration
 from sweeper.metastore.oxia import capabilities_of
 from sweeper.scan.bookkeeper import read_layout

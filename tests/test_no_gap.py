@@ -18,11 +18,11 @@ from pyspark.sql import SparkSession
 from harness.sandbox.model import SandboxSpec
 from sweeper import runs
 from sweeper.delete.stage import run_delete
-from sweeper.emit import EmitSettings
-from sweeper.emit import run as run_emit_stage
+from sweeper.emit.stage import EmitSettings
+from sweeper.emit.stage import run as run_emit_stage
 from sweeper.pipeline import delete_stage, emit_stage, repair_stage
-from sweeper.retention_repair import RepairSettings
-from sweeper.retention_repair import run as run_repair_stage
+from sweeper.retention.repair import RepairSettings
+from sweeper.retention.repair import run as run_repair_stage
 from sweeper.runs import record as record_run
 from sweeper.table_schemas import RETENTION_DEBT
 from sweeper.tables import open_table_store

@@ -22,8 +22,8 @@ from matplotlib.figure import Figure
 
 from harness.sandbox import PORT_SPAN, sandbox_down
 from harness.zkserver import free_port_block
-from sweeper import plots
 from sweeper.cli import EXIT_OK, main
+from sweeper.report import plots
 from sweeper.table_schemas import RECLAIM
 from sweeper.tables.delta_rs import DeltaRsTableStore
 from tests.support.config import SHORT_LIVED_SPARK_ENV

@@ -13,8 +13,8 @@ from harness.s3server import S3ServerInfo
 from harness.sandbox.model import SandboxSpec, build_cluster
 from harness.sandbox.seed import seed_s3, seed_zookeeper
 from sweeper.offload import S3Target, listing_units, parse_offload_key, s3_client
-from sweeper.reconcile import CANDIDATE, OTHER_CLUSTER, UNKNOWN, YOUNG, SafetySettings, run_reconcile
-from sweeper.safety import DAY_MS, CircuitBreaker
+from sweeper.reconcile.stage import CANDIDATE, OTHER_CLUSTER, UNKNOWN, YOUNG, SafetySettings, run_reconcile
+from sweeper.rules.safety import DAY_MS, CircuitBreaker
 from tests.support.config import BASE_CONFIG
 from tests.support.seeded import SeededSnapshotMaker
 
@@ -97,8 +97,8 @@ def test_a_bucket_listed_only_in_part_fails_the_gate_and_proves_no_delete_done(
 ) -> None:
     # Issue 11 (11): listing errors on slices other than the first were dropped, so a bucket listed in part
     # passed for complete, and a pending delete of an object in the unlisted part read as carried out.
-    from sweeper.gates import run_gates
-    from sweeper.reconcile import pending_delete_states, references, snapshot_frames
+    from sweeper.reconcile.gates import run_gates
+    from sweeper.reconcile.stage import pending_delete_states, references, snapshot_frames
     from sweeper.table_schemas import PENDING_DELETES
     from tests.support.gates import gates_on_both_engines
     from tests.support.s3_faults import S3FaultProxy

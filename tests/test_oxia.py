@@ -20,19 +20,19 @@ from harness.sandbox.model import OrphanKind, SandboxCluster, SandboxSpec, Statu
 from harness.sandbox.seed import seed_oxia
 from harness.zkserver import free_port
 from sweeper.codecs import pulsar as codec
+from sweeper.codecs.layout import LedgerLayout, layout_znode, ledger_path
 from sweeper.config import SweeperConfig
 from sweeper.delete import DELETED, IN_USE, LedgerDeleter
 from sweeper.delete.stage import run_delete
-from sweeper.emit import run_emit
+from sweeper.emit.stage import run_emit
 from sweeper.errors import Refused
-from sweeper.layout import LedgerLayout, layout_znode, ledger_path
 from sweeper.metastore import oxia as oxia_store
 from sweeper.metastore import oxia_grpc, oxia_keys
 from sweeper.metastore.migration import MIGRATION_FLAG_PATH, MigrationRefused
 from sweeper.metastore.oxia import OxiaStore, OxiaUnavailableError, children_range
 from sweeper.metastore.oxia_grpc import OxiaReadClient
 from sweeper.pipeline import snapshot_stage
-from sweeper.reconcile import SafetySettings, run_reconcile
+from sweeper.reconcile.stage import SafetySettings, run_reconcile
 from sweeper.runs import record as record_run
 from sweeper.tables import TableStore, open_table_store
 from sweeper.vocabulary import CANDIDATE, DAY_MS

@@ -9,14 +9,14 @@ from kazoo.client import KazooClient
 from pyspark.sql import SparkSession
 
 from harness.sandbox.model import SandboxSpec
-from sweeper import pending_delete
+from sweeper.broker.system_topic import partition_topic
+from sweeper.codecs import pending_delete
 from sweeper.codecs import pulsar as codec
 from sweeper.delete.stage import run_delete
-from sweeper.emit import run_emit
-from sweeper.gates import run_gates
+from sweeper.emit.stage import run_emit
 from sweeper.pipeline import reconcile_stage, snapshot_stage
+from sweeper.reconcile.gates import run_gates
 from sweeper.runs import record as record_run
-from sweeper.system_topic import partition_topic
 from sweeper.zk import client as zkutil
 from tests.support.broker import TOPIC, Broker
 from tests.support.seeded import SeededSnapshotMaker

@@ -1,5 +1,6 @@
-"""The audit notebook's figures (sweeper.plots, issue 23) read without the notebook: labelled axes, one byte unit per
-figure that matches the data, `tenant/namespace` labels, small causes visible next to large ones, dated trend ticks.
+"""The audit notebook's figures (sweeper.report.plots, issue 23) read without the notebook: labelled axes, one byte
+unit per figure that matches the data, `tenant/namespace` labels, small causes visible next to large ones,
+dated trend ticks.
 
 No Spark and no servers: small frames, rendered with Agg. `SWEEPER_WRITE_DOC_PLOTS=1` also writes the figures to
 docs/img/ for docs/operations.md.
@@ -25,7 +26,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from sweeper import plots
+from sweeper.report import plots
 
 REPO = Path(__file__).resolve().parents[1]
 DOC_IMG = REPO / "docs" / "img"
@@ -309,7 +310,7 @@ def test_empty_candidates_aggregate_to_empty_tables() -> None:
 
 
 def test_plots_never_import_spark() -> None:
-    tree = ast.parse((REPO / "sweeper" / "plots.py").read_text())
+    tree = ast.parse((REPO / "sweeper" / "report" / "plots.py").read_text())
     names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert not [n for n in names if n.split(".")[0] in {"pyspark", "delta"}], names

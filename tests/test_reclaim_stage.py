@@ -17,12 +17,12 @@ from harness.s3server import S3ServerInfo
 from sweeper import runs
 from sweeper._proto.bookkeeper_metadata_pb2 import BookieServiceInfoFormat
 from sweeper.config import SweeperConfig
-from sweeper.metrics import render
 from sweeper.offload import S3Target, s3_client
 from sweeper.pipeline import reclaim_stage, sample_bookies_before
 from sweeper.reclaim.decide import FREED, NOT_MEASURED, PENDING_COMPACTION, PENDING_GC, RESTARTED
 from sweeper.reclaim.discovery import FOUND_IN_REGISTRATION
 from sweeper.reclaim.stage import latest_rows, run_reclaim, sample_before, summary_line
+from sweeper.report.metrics import render
 from sweeper.table_schemas import BK_LEDGERS, BOOKIE_SAMPLES, DELETE_RESULTS, OFFLOAD_OBJECTS
 from sweeper.tables.delta_rs import DeltaRsTableStore
 from tests.support.bookie_server import BookieHttpServer, BookieState

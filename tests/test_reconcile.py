@@ -10,8 +10,8 @@ from pyspark.sql import SparkSession
 
 from harness.sandbox.model import OrphanKind, SandboxSpec, Status, build_cluster
 from harness.sandbox.seed import seed_zookeeper
-from sweeper.layout import LedgerLayout
-from sweeper.reconcile import (
+from sweeper.codecs.layout import LedgerLayout
+from sweeper.reconcile.stage import (
     CANDIDATE,
     MISSING,
     OUT_OF_SCOPE,
@@ -23,7 +23,7 @@ from sweeper.reconcile import (
     SafetySettings,
     run_reconcile,
 )
-from sweeper.safety import CircuitBreaker, GracePeriod, Scope
+from sweeper.rules.safety import CircuitBreaker, GracePeriod, Scope
 from sweeper.tables import TableStore
 from tests.support.ledgers import CREATED, ledger_bytes
 from tests.support.seeded import SeededSnapshotMaker
@@ -187,8 +187,8 @@ def test_cursor_ledgers_of_protected_cursors_on_a_live_topic_are_protected(
 ) -> None:
     # Issue 26 (1): an unreferenced cursor ledger of a cursor Pulsar (or the operator) protects is never a
     # candidate while its topic lives; the same leftover of an ordinary subscription is.
-    from sweeper.layout import ledger_path
-    from sweeper.protection import Protection
+    from sweeper.codecs.layout import ledger_path
+    from sweeper.rules.protection import Protection
 
     spec = SandboxSpec(seed=11, topics=30)
     cluster = build_cluster(spec)

@@ -15,9 +15,9 @@ from pyspark.sql import SparkSession
 from harness.sandbox.model import SandboxSpec, build_cluster
 from harness.sandbox.retention_scenarios import FOREVER_NS, SIZE_NS, TIME_NS
 from harness.zkserver import ServerClock
-from sweeper.reconcile import SafetySettings, run_reconcile
-from sweeper.retention_debt import RetentionDebtRefused, RetentionSettings, run_retention_debt
-from sweeper.safety import CircuitBreaker, Scope
+from sweeper.reconcile.stage import SafetySettings, run_reconcile
+from sweeper.retention.debt import RetentionDebtRefused, RetentionSettings, run_retention_debt
+from sweeper.rules.safety import CircuitBreaker, Scope
 from sweeper.tables import TableStore, open_table_store
 from sweeper.vocabulary import DAY_MS
 from tests.support.admin_server import AdminServer
@@ -126,7 +126,7 @@ def _row(kind: str, ml: str, owned: bool | None, policy: str, cursor: str | None
 
 
 def test_a_topic_level_policy_not_ruled_out_makes_the_topic_unknown_unless_the_broker_says_none() -> None:
-    from sweeper.retention_debt import NOT_SET, RULED_OUT, SET, UNCHECKED, finalize_topic_policies
+    from sweeper.retention.debt import NOT_SET, RULED_OUT, SET, UNCHECKED, finalize_topic_policies
 
     def fresh() -> list[dict[str, Any]]:
         return [_row("topic", "t/ns/persistent/a", True, UNCHECKED), _row("cursor", "t/ns/persistent/a", True,
@@ -179,9 +179,9 @@ class _TopicPolicyBroker(AdminServer):
 
 @pytest.mark.integration  # an HTTP server answering as the broker
 def test_the_broker_is_asked_for_local_and_global_topic_policies_of_the_partitioned_topic() -> None:
-    from sweeper.retention_debt import NOT_SET, SET, UNREAD
-    from sweeper.system_topic import AdminClient
-    from sweeper.topic_policies import TopicPolicyLookup
+    from sweeper.broker.system_topic import AdminClient
+    from sweeper.retention.debt import NOT_SET, SET, UNREAD
+    from sweeper.retention.policies import TopicPolicyLookup
 
     broker = _TopicPolicyBroker({
         "t/ns/ttl/messageTTL?isGlobal=true": (200, b"3600"),
@@ -216,7 +216,7 @@ def test_admin_mode_asks_the_broker_only_about_owned_topics_whose_policies_may_b
     owned bundle is judged under its namespace's policy once the broker says it has none of its own; namespaces
     whose __change_events holds no event are never asked about (the unowned case: the finalize test above)."""
     from harness.sandbox.retention_scenarios import TOPIC_POLICY_NS
-    from sweeper.retention_debt import NOT_SET, NOT_USED, RULED_OUT
+    from sweeper.retention.debt import NOT_SET, NOT_USED, RULED_OUT
 
     tenant, ns = TOPIC_POLICY_NS.split("/")
     zk.create(f"/namespace/{tenant}/{ns}/0x00000000_0xffffffff", b"{}", ephemeral=True, makepath=True)
@@ -301,8 +301,8 @@ def test_the_column_wise_summaries_are_retention_summarize_of_each_topic() -> No
     import numpy as np
     import pyarrow as pa
 
-    from sweeper.retention import COMPACTION_CURSOR, Cursor, Ledger, Position, TopicSummaries, summarize
-    from sweeper.retention_debt import _summaries, _Topics
+    from sweeper.retention.debt import _summaries, _Topics
+    from sweeper.rules.retention import COMPACTION_CURSOR, Cursor, Ledger, Position, TopicSummaries, summarize
 
     rng = random.Random(3)
     now = 1_700_000_000_000

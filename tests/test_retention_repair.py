@@ -17,14 +17,15 @@ from pyspark.sql import SparkSession
 from harness.sandbox.model import SandboxSpec
 from harness.zkserver import ServerClock
 from sweeper import runs
+from sweeper.broker.system_topic import AdminClient, RedirectRefused, broker_web_origins, redirect_target
 from sweeper.codecs import pulsar as codec
 from sweeper.config import ConfigError
 from sweeper.connections import Connections
 from sweeper.names import encode_local_name
 from sweeper.pipeline import repair_stage
-from sweeper.protection import REPLICATED_SUBSCRIPTION_PROPERTY
 from sweeper.ratelimit import TokenBucket
-from sweeper.repair_journal import (
+from sweeper.retention.debt import SET, UNREAD, RetentionSettings, run_retention_debt
+from sweeper.retention.journal import (
     DELETE_CALL,
     INTERRUPTED,
     LOADED,
@@ -35,8 +36,8 @@ from sweeper.repair_journal import (
     NodeNow,
     settle,
 )
-from sweeper.retention_debt import SET, UNREAD, RetentionSettings, run_retention_debt
-from sweeper.retention_repair import (
+from sweeper.retention.policies import TopicPolicyLookup
+from sweeper.retention.repair import (
     DEFERRED,
     DELETE_SUBSCRIPTION,
     DELETED,
@@ -55,11 +56,10 @@ from sweeper.retention_repair import (
     run_repair,
     subscription_activity,
 )
+from sweeper.rules.protection import REPLICATED_SUBSCRIPTION_PROPERTY
 from sweeper.runs import record as record_run
-from sweeper.system_topic import AdminClient, RedirectRefused, broker_web_origins, redirect_target
 from sweeper.table_schemas import RETENTION_DEBT
 from sweeper.tables import open_table_store
-from sweeper.topic_policies import TopicPolicyLookup
 from tests.support.admin_server import AdminServer, Answer, pulsar_like_answers
 from tests.support.config import BASE_CONFIG, ZkTarget
 from tests.support.gates import record_gated_reconcile

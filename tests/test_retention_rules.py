@@ -9,8 +9,8 @@ import zlib
 
 import pytest
 
-from sweeper.protection import Protection
-from sweeper.retention import (
+from sweeper.rules.protection import Protection
+from sweeper.rules.retention import (
     COMPACTION_CURSOR,
     MEGABYTE,
     MINUTE_MS,

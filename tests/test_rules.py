@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from sweeper.classify import Sharing
-from sweeper.protection import Protected, Protection, cursor_protection, managed_ledger_protection, topic_protection
-from sweeper.rules import OUT_OF_SCOPE, PROTECTED, SHARED_UNVERIFIED, ActingRules, Owner, refusal
-from sweeper.safety import Scope
+from sweeper.rules.classify import Sharing
+from sweeper.rules.owner import OUT_OF_SCOPE, PROTECTED, SHARED_UNVERIFIED, ActingRules, Owner, refusal
+from sweeper.rules.protection import (
+    Protected,
+    Protection,
+    cursor_protection,
+    managed_ledger_protection,
+    topic_protection,
+)
+from sweeper.rules.safety import Scope
 
 DEDICATED = ActingRules(sharing=Sharing.DEDICATED)
 

@@ -23,10 +23,10 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NoNodeError
 
 from harness.zkserver import ServerClock
+from sweeper.codecs.layout import LedgerLayout, ledger_path
 from sweeper.delete.lock import DeleteRunLock
 from sweeper.delete.results import DELETED, FAILED
 from sweeper.delete.zk_executor import LOCK_LOST, LedgerDeleter
-from sweeper.layout import LedgerLayout, ledger_path
 from sweeper.run_lock import LockLost, LockWatch, RunLockHeld
 from sweeper.zk import client as zkutil
 from tests.support.config import ZkTarget

@@ -61,7 +61,7 @@ def test_run_ids_sort_by_time() -> None:
 
 def test_the_runs_status_agrees_with_the_exit_code_a_stage_ends_with(tmp_path: Path) -> None:
     """Issue 23: a failure the stage escalates to a refusal (exit 3) was recorded `failed` in `runs`."""
-    from sweeper.emit import EmitFailed
+    from sweeper.emit.stage import EmitFailed
     from sweeper.errors import StageRefused
 
     store, cfg = _store(tmp_path), SweeperConfig()
@@ -115,7 +115,7 @@ def test_a_spark_job_cancelled_by_an_interrupt_is_the_interrupt(tmp_path: Path) 
 
     # A stage that turns such a failure into a refusal on its way out (the snapshot's system-topic read does) is
     # still the interrupt: `interrupted`, as the exit code 130 says, never `refused`.
-    from sweeper.system_topic import SystemTopicError
+    from sweeper.broker.system_topic import SystemTopicError
 
     def read_cancelled() -> None:
         try:
@@ -131,8 +131,8 @@ def test_a_spark_job_cancelled_by_an_interrupt_is_the_interrupt(tmp_path: Path) 
 def test_typed_counts_are_the_runs_map_and_read_back_whole(tmp_path: Path) -> None:
     """A stage's counts are typed fields; `runs` keeps the flat map it always had, and reading it back gives the
     same typed counts. A key no field declares is kept in `extra`, never dropped."""
-    from sweeper.reconcile import ReconcileCounts
-    from sweeper.retention_debt import RetentionDebtCounts
+    from sweeper.reconcile.stage import ReconcileCounts
+    from sweeper.retention.debt import RetentionDebtCounts
 
     by_type = {"candidate.ledger": 2, "candidate.offload_object": 1, "young.ledger": 1}
     counts = ReconcileCounts(candidate=3, young=1, by_status_and_type=by_type, by_reason={"topic_deleted": 3},
@@ -161,7 +161,7 @@ def test_the_retention_repair_records_its_run_through_the_stage_wrapper(tmp_path
     failed repair left no row. Now: stopped by the broker = refused, failed actions = partial, Ctrl-C =
     interrupted, a refusal = refused (exit 3), each with its typed counts."""
     from sweeper import pipeline
-    from sweeper.retention_repair import RepairCounts, RepairResult, RetentionRepairRefused
+    from sweeper.retention.repair import RepairCounts, RepairResult, RetentionRepairRefused
 
     store, cfg = _store(tmp_path), SweeperConfig()
     endings: list[Any] = [
@@ -176,7 +176,7 @@ def test_the_retention_repair_records_its_run_through_the_stage_wrapper(tmp_path
             raise ending
         return ending
 
-    from sweeper import retention_repair
+    from sweeper.retention import repair as retention_repair
 
     monkeypatch.setattr(retention_repair, "run", run_repair)
     for n in range(3):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sweeper.safety import (
+from sweeper.rules.safety import (
     DAY_MS,
     HOUR_MS,
     CircuitBreaker,
@@ -75,8 +75,8 @@ def test_scope_allow_and_deny() -> None:
 
 
 def test_plan_status_applies_every_rule_in_order() -> None:
-    from sweeper.classify import Verdict
-    from sweeper.reconcile import CANDIDATE, OUT_OF_SCOPE, UNKNOWN, YOUNG, SafetySettings, plan_status
+    from sweeper.reconcile.stage import CANDIDATE, OUT_OF_SCOPE, UNKNOWN, YOUNG, SafetySettings, plan_status
+    from sweeper.rules.classify import Verdict
 
     settings = SafetySettings(scope=Scope(deny=("t2",)))
     old = NOW - 30 * DAY_MS

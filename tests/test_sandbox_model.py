@@ -13,7 +13,7 @@ from harness.sandbox.model import (
     build_cluster,
     pulsar_protects_cursor,
 )
-from sweeper.layout import INT_MAX, LedgerLayout
+from sweeper.codecs.layout import INT_MAX, LedgerLayout
 
 
 def referenced_ids(cluster: SandboxCluster) -> set[int]:

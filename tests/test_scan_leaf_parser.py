@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sweeper.layout import LONG_MAX, LedgerLayout, ledger_relative_path, parse_ledger_relative_path
+from sweeper.codecs.layout import LONG_MAX, LedgerLayout, ledger_relative_path, parse_ledger_relative_path
 from sweeper.scan.bookkeeper import _LeafParser
 
 

@@ -16,11 +16,11 @@ from pyspark.sql import SparkSession
 
 from harness.sandbox.model import OrphanKind, SandboxCluster, SandboxSpec, Status, build_cluster
 from harness.sandbox.seed import seed_zookeeper
+from sweeper.codecs.layout import ledger_path
 from sweeper.config import SweeperConfig
 from sweeper.delete.stage import run_delete
-from sweeper.layout import ledger_path
 from sweeper.pipeline import snapshot_stage
-from sweeper.reconcile import CANDIDATE, OTHER_CLUSTER, ReconcileRefused, SafetySettings, run_reconcile
+from sweeper.reconcile.stage import CANDIDATE, OTHER_CLUSTER, ReconcileRefused, SafetySettings, run_reconcile
 from sweeper.tables import TableStore, open_table_store
 from sweeper.zk import client as zkutil
 from tests.support.config import ZkTarget

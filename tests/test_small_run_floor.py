@@ -3,7 +3,7 @@ and the reconcile's counts from its one aggregation."""
 
 from __future__ import annotations
 
-from sweeper.reconcile import CANDIDATE, orphan_tally
+from sweeper.reconcile.stage import CANDIDATE, orphan_tally
 from sweeper.snapshot import ZNODES_PER_SESSION, deal_tasks, session_count
 
 

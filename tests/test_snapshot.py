@@ -14,8 +14,8 @@ from harness.sandbox.model import SandboxCluster, SandboxSpec, Status, build_clu
 from harness.sandbox.seed import ledger_metadata, seed_zookeeper
 from harness.zkserver import free_port
 from sweeper.codecs.bookkeeper import decode_ledger_metadata, encode_ledger_metadata
+from sweeper.codecs.layout import LedgerLayout, ledger_path
 from sweeper.config import BookKeeperConfig
-from sweeper.layout import LedgerLayout, ledger_path
 from sweeper.pipeline import snapshot_stage
 from sweeper.scan import as_rows
 from sweeper.scan import bookkeeper as bk_scan
@@ -266,8 +266,8 @@ def test_a_table_committed_short_of_the_scan_fails_the_run(
     naming the table, and reconcile never sees it. Lost on each path: an engine that appends the cached scan
     (delta-spark's way), the commit of the files the tasks wrote, and the tasks' own writer (whose file records
     then agree with the files: only the scan's count, made apart from the writing, shows the loss)."""
-    from sweeper.reconcile import ReconcileRefused, SafetySettings, run_reconcile
-    from sweeper.safety import CircuitBreaker
+    from sweeper.reconcile.stage import ReconcileRefused, SafetySettings, run_reconcile
+    from sweeper.rules.safety import CircuitBreaker
     from sweeper.snapshot import SnapshotIncomplete
 
     _seeded(zk, LedgerLayout.HIERARCHICAL, seed=2, topics=5)

@@ -37,7 +37,7 @@ def test_the_zip_alone_is_enough_for_executors_to_encode_and_decode_records(tmp_
     # come from the zip, not from this checkout.
     probe = (
         "import sys; sys.path.insert(0, sys.argv[1])\n"
-        "import sweeper.pending_delete as pd\n"
+        "import sweeper.codecs.pending_delete as pd\n"
         "assert pd.__file__.startswith(sys.argv[1]), pd.__file__\n"
         "import sweeper.resources as r\n"
         "assert r.__file__.startswith(sys.argv[1]), r.__file__\n"

@@ -16,8 +16,8 @@ from harness.sandbox.model import SandboxSpec, build_cluster
 from harness.sandbox.seed import seed_zookeeper
 from sweeper import runs
 from sweeper.cli import EXIT_OK, EXIT_REFUSED, main
-from sweeper.layout import ledger_path
-from sweeper.reconcile import CANDIDATE
+from sweeper.codecs.layout import ledger_path
+from sweeper.reconcile.stage import CANDIDATE
 from sweeper.tables import open_table_store
 from tests.support.config import ZkTarget
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from harness.zkserver import super_digest
+from sweeper.codecs.layout import LedgerLayout
 from sweeper.delete.permissions import WHY_PARENT, needed
-from sweeper.layout import LedgerLayout
 from sweeper.zk.acl import (
     ADMIN,
     DELETE,
@@ -90,7 +90,7 @@ def test_the_check_spread_over_sessions_finds_what_one_session_finds(
     READ (a ledger, a cursor) sit in the second and third shares, so a share's answers lost would pass them."""
     from kazoo.security import ACL, Id, Permissions
 
-    from sweeper import pending_delete
+    from sweeper.codecs import pending_delete
     from sweeper.connections import ZooKeeperEndpoint
     from sweeper.delete import permissions
     from sweeper.zk import client as zkutil

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from sweeper.layout import LedgerLayout
+from sweeper.codecs.layout import LedgerLayout
 from sweeper.names import encode_local_name
 from sweeper.vocabulary import DAY_MS
 

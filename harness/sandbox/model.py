@@ -40,8 +40,8 @@ from harness.sandbox.entities import (  # noqa: F401 - re-exported: the model's 
     schema_custom,
 )
 from harness.sandbox.retention_scenarios import RetentionExpectation, add_retention_scenarios, namespace_policies
+from sweeper.codecs.layout import INT_MAX, LedgerLayout
 from sweeper.codecs.pulsar import offload_uuid
-from sweeper.layout import INT_MAX, LedgerLayout
 
 
 @dataclass
@@ -82,7 +82,7 @@ class SandboxCluster:
         giving up after a few retries (ManagedLedgerImpl.internalTrimLedgers, offloadedLedgersToDelete ->
         asyncDeleteLedgerFromBookKeeper). But that copy may be the only one left if the offloaded objects were
         lost, so a sweeper that cannot see the bucket keeps it (`unknown`, offloaded_copy_not_verified:
-        sweeper.classify._managed_ledger, DESIGN invariant 13)."""
+        sweeper.rules.classify._managed_ledger, DESIGN invariant 13)."""
         if offloads_verified:
             return {}
         return {i: "offloaded copy not verifiable: no bucket listed ([offload] enabled = false)"

@@ -27,7 +27,7 @@ from harness.sandbox.model import (
 from harness.zkserver import ServerClock, clock_for
 from sweeper.codecs import pulsar as pulsar_codec
 from sweeper.codecs.bookkeeper import LedgerMetadata, Segment, encode_ledger_metadata
-from sweeper.layout import LedgerLayout, layout_znode, ledger_path
+from sweeper.codecs.layout import LedgerLayout, layout_znode, ledger_path
 
 WINDOW = 2000
 

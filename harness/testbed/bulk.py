@@ -138,7 +138,7 @@ def ledgers_of_namespace(metadata: Metadata, namespace: str) -> dict[int, Ledger
     cursor ledgers and its schema ledgers, by their custom metadata. A sweep scoped to a namespace may delete more
     than the orphans a test made there (what Pulsar leaked there itself): read this before it, to know where the
     bytes of whatever it deleted were."""
-    from sweeper.layout import is_middle, is_tree_top, parse_ledger_relative_path
+    from sweeper.codecs.layout import is_middle, is_tree_top, parse_ledger_relative_path
 
     root = "/ledgers"
     prefix = f"{namespace}/".encode() if namespace else b""

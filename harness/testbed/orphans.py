@@ -71,7 +71,7 @@ def schema_path(name: str) -> str:
 
 @dataclass
 class InducedOrphan:
-    kind: str  # the reason a correct sweeper gives (sweeper.classify.Reason / ObjectReason values)
+    kind: str  # the reason a correct sweeper gives (sweeper.rules.classify.Reason / ObjectReason values)
     topic: str
     how: str
     ledgers: list[int] = field(default_factory=list)

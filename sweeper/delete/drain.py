@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sweeper import pending_delete
+from sweeper.broker.system_topic import BrokerSettings, SystemTopicError, describe_client_error, open_client
+from sweeper.codecs import pending_delete
 from sweeper.config import SystemTopicConfig
 from sweeper.delete.records import SOURCE_TOPIC, PendingRecord
-from sweeper.system_topic import BrokerSettings, SystemTopicError, describe_client_error, open_client
 
 
 class TopicDrain:

@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sweeper import runs
+from sweeper.codecs.layout import LedgerLayout, ledger_path
 from sweeper.delete.records import PendingRecord
 from sweeper.delete.results import (
     ALREADY_GONE,
@@ -40,7 +41,6 @@ from sweeper.delete.results import (
     DeleteResult,
     answer_lost_deleted,
 )
-from sweeper.layout import LedgerLayout, ledger_path
 from sweeper.table_schemas import DELETE_JOURNAL, DELETE_RESULTS
 from sweeper.tables import TableStore, TaskAppender
 

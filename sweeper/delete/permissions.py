@@ -13,10 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from sweeper import pending_delete
+from sweeper.codecs import pending_delete
+from sweeper.codecs.layout import LayoutError, LedgerLayout, ledger_path
 from sweeper.connections import ZooKeeperEndpoint
 from sweeper.delete.decide import managed_ledger_name
-from sweeper.layout import LayoutError, LedgerLayout, ledger_path
 from sweeper.ratelimit import TokenBucket
 from sweeper.zk import client as zkutil
 from sweeper.zk.acl import DELETE, READ, UNREADABLE, Acl, Identity, Missing, identity_of, missing_permissions

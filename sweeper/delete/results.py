@@ -15,7 +15,7 @@ MISMATCH = "mismatch"
 INVALID = "invalid"
 FAILED = "failed"
 # A rule of today's config forbids it (shared BookKeeper unverified, protected, out of scope, another cluster's):
-# the detail starts with the rule's name (sweeper.rules).
+# the detail starts with the rule's name (sweeper.rules.owner).
 REFUSED = "refused"
 
 # The detail of a `failed` delete whose answer never came (ZooKeeper's ConnectionLoss or a timeout, Oxia's gRPC

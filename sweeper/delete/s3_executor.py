@@ -33,7 +33,7 @@ from sweeper.delete.results import (
 )
 from sweeper.delete.retry import is_transient, is_transient_code
 from sweeper.offload import object_metadata
-from sweeper.rules import ActingRules, Owner, refusal
+from sweeper.rules.owner import ActingRules, Owner, refusal
 from sweeper.vocabulary import DAY_MS
 from sweeper.zk import client as zkutil
 
@@ -89,7 +89,7 @@ class ObjectDeleter:
         self.local_cluster = local_cluster
         self.min_age_ms = min_age_ms
         self.now_ms = now_ms
-        # Today's scope and protection (sweeper.rules); objects name their cluster (pulsarClusterName, written by
+        # Today's scope and protection (sweeper.rules.owner); objects name their cluster (pulsarClusterName, written by
         # BlobStoreManagedLedgerOffloader from LedgerOffloader.METADATA_PULSAR_CLUSTER_NAME), so sharing is not asked.
         self.rules = rules
         # (bucket, key) -> the error that took the answer to its DeleteObjects: sent, maybe applied (DESIGN.md

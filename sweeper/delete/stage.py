@@ -27,9 +27,11 @@ from kazoo.exceptions import NoAuthError
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from sweeper import pending_delete, runs
-from sweeper.classify import Sharing
+from sweeper import runs
+from sweeper.broker.liveness import clock_problem, live_brokers
+from sweeper.codecs import pending_delete
 from sweeper.codecs.bookkeeper import decode_ledger_metadata
+from sweeper.codecs.layout import LedgerLayout, ledger_path
 from sweeper.config import (
     BookKeeperConfig,
     DeleteConfig,
@@ -54,8 +56,6 @@ from sweeper.delete.retry import RetryPolicy, run_with_retries
 from sweeper.delete.s3_executor import ObjectDeleter
 from sweeper.delete.zk_executor import LOCK_LOST, LedgerDeleter, OffloadCheck
 from sweeper.errors import Refused
-from sweeper.layout import LedgerLayout, ledger_path
-from sweeper.liveness import clock_problem, live_brokers
 from sweeper.metastore.migration import (
     MIGRATION_NOT_ATTEMPTED,
     MigrationGuard,
@@ -65,11 +65,12 @@ from sweeper.metastore.migration import (
 from sweeper.metastore.urls import StoreUrl
 from sweeper.names import managed_ledger_for_topic, topic_for_managed_ledger
 from sweeper.offload import S3Target, object_metadata, s3_client
-from sweeper.protection import Protection
 from sweeper.ratelimit import TokenBucket
-from sweeper.rules import ActingRules
+from sweeper.rules.classify import Sharing
+from sweeper.rules.owner import ActingRules
+from sweeper.rules.protection import Protection
+from sweeper.rules.safety import GracePeriod, Scope
 from sweeper.run_lock import Fence, LockLost, LockWatch
-from sweeper.safety import GracePeriod, Scope
 from sweeper.scan.bookkeeper import read_layout, split_custom_metadata
 from sweeper.table_schemas import DEAD_LETTER, DELETE_RESULTS, RETRY_QUEUE
 from sweeper.tables import TableStore
@@ -863,7 +864,7 @@ def offload_checker(target: DeleteTarget) -> OffloadCheck | None:
 
 
 def acting_rules(settings: DeleteSettings) -> ActingRules:
-    """The rules of today's settings, as reconcile applies them (sweeper.reconcile.SafetySettings.from_config)."""
+    """The rules of today's settings, as reconcile applies them (sweeper.reconcile.stage.SafetySettings.from_config)."""
     sharing = (Sharing.DEDICATED if settings.safety.bookkeeper_dedicated
                else Sharing.PEERS_READ if settings.safety.peer_metadata else Sharing.UNVERIFIED)
     return ActingRules(Scope.of(settings.safety.allow, settings.safety.deny),

@@ -26,10 +26,10 @@ from kazoo.exceptions import (
 )
 
 from sweeper import names
-from sweeper.classify import CompactionPointer, CompactionRef, compaction_reference
 from sweeper.codecs import pulsar as codec
 from sweeper.codecs.bookkeeper import decode_ledger_metadata
 from sweeper.codecs.errors import MetadataDecodeError
+from sweeper.codecs.layout import LayoutError, LedgerLayout, is_middle, is_tree_top, ledger_path, tree_depth
 from sweeper.delete import decide
 from sweeper.delete.decide import DELETE, LiveLedger, ReferrerState, managed_ledger_name
 from sweeper.delete.results import (
@@ -46,10 +46,10 @@ from sweeper.delete.results import (
     result_for,
 )
 from sweeper.delete.retry import is_transient
-from sweeper.layout import LayoutError, LedgerLayout, is_middle, is_tree_top, ledger_path, tree_depth
 from sweeper.metastore.oxia import capabilities_of
-from sweeper.protection import cursor_protection, describe
-from sweeper.rules import OTHER_CLUSTER, PROTECTED, ActingRules, Owner, refusal
+from sweeper.rules.classify import CompactionPointer, CompactionRef, compaction_reference
+from sweeper.rules.owner import OTHER_CLUSTER, PROTECTED, ActingRules, Owner, refusal
+from sweeper.rules.protection import cursor_protection, describe
 from sweeper.run_lock import Fence, LockWatch
 from sweeper.vocabulary import BUCKET_PREFIX, COMPACTED_TOPIC_LEDGER, COMPACTION_CURSOR
 from sweeper.zk import client as zkutil
@@ -233,7 +233,7 @@ class LedgerDeleter:
         self.shadows = {k: tuple(v) for k, v in (shadows or {}).items()}
         # A NoAuth refuses the whole run: once met, nothing more is deleted (the driver stops the run).
         self.refusal: str | None = None
-        # Today's rules (sweeper.rules), re-applied to every record whatever planned it; None only for callers
+        # Today's rules (sweeper.rules.owner), re-applied to every record whatever planned it; None only for callers
         # that test the re-verification alone.
         self.rules = rules
         # Every other cluster writing to these bookies ([safety] peer_metadata): (name, a read-only deleter on its
@@ -391,7 +391,8 @@ class LedgerDeleter:
         return Verified(index, record, path, live.zk_version, referrer.versions, decision.detail, started)
 
     def _refused(self, record: Mapping[str, Any], referrer: ReferrerState) -> str | None:
-        """`<rule>: <why>` when today's rules forbid touching this ledger (sweeper.rules, as reconcile applies them)."""
+        """`<rule>: <why>` when today's rules forbid touching this ledger (sweeper.rules.owner, as reconcile applies
+        them)."""
         if self.rules is None:
             return None
         cursor = record.get("cursorName")
@@ -522,7 +523,7 @@ class LedgerDeleter:
                 if value == ledger_id:
                     refs.append(f"cursor {cursor} bucket {prop.name}")
         if component == "COMPACTED_LEDGER":
-            # The rule reconcile applies (sweeper.classify.compaction_reference): ZooKeeper's pointer lags
+            # The rule reconcile applies (sweeper.rules.classify.compaction_reference): ZooKeeper's pointer lags
             # while the cursor has a cursor ledger, so only a lower id than it is provably superseded.
             longs = {p.name: p.value for p in info.properties}
             pointer = CompactionPointer(longs.get(COMPACTED_TOPIC_LEDGER), info.cursorsLedgerId != -1)

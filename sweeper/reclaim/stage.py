@@ -454,7 +454,7 @@ def latest_rows(store: TableStore, run_id: str) -> list[dict[str, Any]]:
 def summary_line(rows: list[dict[str, Any]]) -> str:
     """The sweep summary's line: "bookies gave back 18.2 MiB of 20.0 MiB expected; 1.8 MiB waits for compaction on
     bookie-2"."""
-    from sweeper.console import human_bytes
+    from sweeper.report.console import human_bytes
 
     bookies = [r for r in rows if r["target_kind"] == "bookie"]
     measured = [r for r in bookies if r["verdict"] != NOT_MEASURED]

@@ -28,7 +28,7 @@ from sweeper.codecs.bookkeeper import (
     ledger_message,
 )
 from sweeper.codecs.errors import MetadataDecodeError
-from sweeper.layout import (
+from sweeper.codecs.layout import (
     LONG_MAX,
     LayoutError,
     LedgerLayout,
@@ -41,7 +41,7 @@ from sweeper.layout import (
     tree_depth,
 )
 from sweeper.metastore.oxia import capabilities_of
-from sweeper.safety import ledger_created_ms
+from sweeper.rules.safety import ledger_created_ms
 from sweeper.scan import Row, RowChunk, quarantine_row
 from sweeper.zk import client as zkutil
 
@@ -199,7 +199,7 @@ def ledger_values(path: str, ledger_id: int, tree: str, msg: pb.LedgerMetadataFo
         ledger_id, path, tree, zk_version, zk_ctime_ms, zk_mtime_ms, format_version, STATE_NAMES[msg.state],
         msg.ensembleSize, msg.quorumSize, msg.ackQuorumSize if has("ackQuorumSize") else msg.quorumSize,
         msg.lastEntryId if has("lastEntryId") else INVALID_ENTRY_ID, msg.length, metadata_ctime,
-        # The later of the broker's and ZooKeeper's clocks (sweeper.safety.ledger_created_ms).
+        # The later of the broker's and ZooKeeper's clocks (sweeper.rules.safety.ledger_created_ms).
         ledger_created_ms(metadata_ctime, zk_ctime_ms),
         "metadata" if metadata_ctime is not None and metadata_ctime >= zk_ctime_ms else "znode",
         DIGEST_NAMES[msg.digestType] if has("digestType") else None, len(msg.segment), sorted(bookies), text,

@@ -15,7 +15,7 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
-from sweeper.retention import parse_bundle_range
+from sweeper.rules.retention import parse_bundle_range
 from sweeper.zk import client as zkutil
 
 MAX_DEPTH = 4  # <tenant>/<namespace>/<bundle>, or <tenant>/<cluster>/<namespace>/<bundle> for old names

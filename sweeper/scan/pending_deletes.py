@@ -11,9 +11,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from sweeper import pending_delete
+from sweeper.broker.system_topic import (
+    BrokerSettings,
+    SystemTopicError,
+    describe_client_error,
+    open_client,
+    partition_topic,
+)
+from sweeper.codecs import pending_delete
 from sweeper.scan import Row, quarantine_row
-from sweeper.system_topic import BrokerSettings, SystemTopicError, describe_client_error, open_client, partition_topic
 
 READ_TIMEOUT_MS = 5000
 

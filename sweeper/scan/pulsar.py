@@ -289,7 +289,7 @@ def cursor_rows(ml_name: str, znode: str, path: str, data: bytes, stat: Any) -> 
         yield {**ref, **compaction_ref_row(long_props.get(COMPACTED_TOPIC_LEDGER), info.cursorsLedgerId != -1)}
 
 
-# `cursor_ledger_refs.kind` for the `__compaction` cursor (sweeper.classify.CompactionPointer says why):
+# `cursor_ledger_refs.kind` for the `__compaction` cursor (sweeper.rules.classify.CompactionPointer says why):
 COMPACTED = "compacted_ledger"  # ZooKeeper's pointer, authoritative: the cursor has no cursor ledger
 COMPACTED_LAGGING = "compacted_ledger_lagging"  # ZooKeeper's pointer while a cursor ledger is active: may lag
 COMPACTED_UNREADABLE = "compacted_ledger_unreadable"  # no pointer in ZooKeeper, a cursor ledger is active

@@ -33,9 +33,9 @@ from pyspark.sql import SparkSession
 
 from harness.sandbox.model import SandboxSpec, Status
 from harness.zkensemble import EnsembleInfo
+from sweeper.codecs.layout import ledger_path
 from sweeper.config import to_toml
 from sweeper.delete.stage import run_delete
-from sweeper.layout import ledger_path
 from tests.support.broker import Broker
 from tests.support.seeded import orphans_past_grace, planned_delete
 from tests.support.zk_ensemble import (

@@ -23,8 +23,9 @@ from pyspark.sql import SparkSession
 
 from harness.testbed.server import testbed_crash, testbed_up
 from harness.testbed.world import World
-from sweeper import pending_delete, runs
-from sweeper.emit import FAILPOINT_BEFORE_RECORDING_ENV
+from sweeper import runs
+from sweeper.codecs import pending_delete
+from sweeper.emit.stage import FAILPOINT_BEFORE_RECORDING_ENV
 from sweeper.pipeline import emit_stage
 from sweeper.table_schemas import ORPHANS
 from sweeper.tables import open_table_store

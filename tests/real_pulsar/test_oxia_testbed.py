@@ -33,7 +33,7 @@ from harness.testbed.server import (
 )
 from harness.testbed.workload import admin_for, client_for, read_all
 from harness.testbed.world import World, broker_references, managed_ledger_topics, metadata_for, s3_client_for
-from sweeper.layout import is_middle, is_tree_top
+from sweeper.codecs.layout import is_middle, is_tree_top
 from sweeper.metastore.oxia_keys import server_hash
 from tests.real_pulsar.test_reclaim import assert_freed, build_layout, delete_pads, sweep_case
 from tests.support import testbed_session

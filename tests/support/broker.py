@@ -8,7 +8,7 @@ from typing import Any
 from harness.sandbox.pulsar_endpoint import PulsarEndpoint
 from harness.sandbox.pulsar_endpoint.admin import AdminServer
 from harness.zkserver import free_port
-from sweeper.system_topic import partition_topic
+from sweeper.broker.system_topic import partition_topic
 
 TOPIC = "persistent://pulsar/system/__ledger_deletion"
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from sweeper import runs
 from sweeper.config import GatesConfig
-from sweeper.gates import GateResult, run_gates
+from sweeper.reconcile.gates import GateResult, run_gates
 from sweeper.tables import TableStore
 
 

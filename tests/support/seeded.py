@@ -19,10 +19,10 @@ from harness.s3server import S3ServerInfo
 from harness.sandbox.model import OrphanKind, SandboxCluster, SandboxSpec, Status, build_cluster
 from harness.sandbox.seed import seed_s3, seed_zookeeper
 from sweeper.config import SweeperConfig
-from sweeper.emit import run_emit
+from sweeper.emit.stage import run_emit
 from sweeper.offload import S3Target, s3_client
 from sweeper.pipeline import reconcile_stage, snapshot_stage
-from sweeper.reconcile import SafetySettings, run_reconcile
+from sweeper.reconcile.stage import SafetySettings, run_reconcile
 from sweeper.runs import record as record_run
 from sweeper.tables import TableStore, open_table_store
 from sweeper.vocabulary import DAY_MS

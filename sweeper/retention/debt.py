@@ -1,6 +1,6 @@
 """The retention-debt step (after reconcile): expired ledgers nobody trims, and what idle cursors pin.
 
-Each managed ledger's ledger list, cursors and znode times are brought together and `sweeper.retention`'s
+Each managed ledger's ledger list, cursors and znode times are brought together and `sweeper.rules.retention`'s
 pure rules applied to each topic. Topics that cannot owe anything are left out first: `retention.may_owe`
 decides from per-topic aggregates (each ledger list's count, lowest and highest id, total size and first
 entry, grouped by the table engine; each topic's slowest and oldest cursor), whatever the namespace's policy.
@@ -11,7 +11,7 @@ driver needs are small reads too; whether a namespace's topic-level policies may
 driver once the rows are back. One run's snapshot in; `retention_debt` (a row per topic that owes
 something or cannot be judged, a row per idle cursor) and `reclaimable_report` (bytes by cause per tenant
 and namespace, orphans included) out. Nothing here talks to a broker: a lookup would acquire bundles and
-load topics, which is the repair (`sweeper.retention_repair`).
+load topics, which is the repair (`sweeper.retention.repair`).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from pyspark.sql.types import BooleanType, IntegerType, LongType, StringType, St
 from sweeper import runs
 from sweeper.config import RetentionConfig, SafetyConfig
 from sweeper.errors import Refused
-from sweeper.protection import NONE, REPLICATED_SUBSCRIPTION_PROPERTY, Protected, Protection, describe
-from sweeper.retention import (
+from sweeper.rules.protection import NONE, REPLICATED_SUBSCRIPTION_PROPERTY, Protected, Protection, describe
+from sweeper.rules.retention import (
     MINUTE_MS,
     BrokerRetention,
     Cursor,
@@ -60,7 +60,7 @@ from sweeper.retention import (
     topic_protection,
     topic_status,
 )
-from sweeper.safety import Scope, retention_scope
+from sweeper.rules.safety import Scope, retention_scope
 from sweeper.table_schemas import ALL_TABLES, RECLAIMABLE_REPORT, RETENTION_DEBT, SNAPSHOT_TABLES
 from sweeper.tables import TableStore
 from sweeper.vocabulary import (
@@ -475,7 +475,7 @@ def _topic_rows(group: list[tuple[Any, ...]], ctx: _Context) -> list[dict[str, A
 
 
 def _describe(reason: str | None) -> str:
-    """A protection reason in words (`sweeper.protection.describe`, or retention's wider `system_topic`)."""
+    """A protection reason in words (`sweeper.rules.protection.describe`, or retention's wider `system_topic`)."""
     try:
         return describe(Protected(reason))
     except ValueError:

@@ -43,8 +43,8 @@ from enum import StrEnum
 
 import numpy as np
 
-from sweeper import protection
-from sweeper.protection import NONE, Protection
+from sweeper.rules import protection
+from sweeper.rules.protection import NONE, Protection
 from sweeper.vocabulary import COMPACTION_CURSOR
 
 MEGABYTE = 1024 * 1024
@@ -79,8 +79,8 @@ class DebtReason(StrEnum):
     TOPIC_POLICY_SET = "topic_policy_set"
     METADATA_QUARANTINED = "metadata_quarantined"
     IDLE_CURSOR = "idle_cursor"
-    # A `__` topic or a `pulsar/*` namespace's that `sweeper.protection` does not name: Pulsar's all the same.
-    # Protected rows otherwise carry a `sweeper.protection.Protected` value as their reason.
+    # A `__` topic or a `pulsar/*` namespace's that `sweeper.rules.protection` does not name: Pulsar's all the same.
+    # Protected rows otherwise carry a `sweeper.rules.protection.Protected` value as their reason.
     SYSTEM_TOPIC = "system_topic"
 
 
@@ -325,8 +325,8 @@ def trimmable(ledgers: Sequence[Ledger], positions: Iterable[Position], policy: 
 
 
 def cursor_protection(cursor: Cursor, extra: Protection = NONE) -> str | None:
-    """Why this cursor is never deleted (a `sweeper.protection.Protected` value), or None: `sweeper.protection`'s
-    rule on the cursor's name and its replicated-subscription property."""
+    """Why this cursor is never deleted (a `sweeper.rules.protection.Protected` value), or None:
+    `sweeper.rules.protection`'s rule on the cursor's name and its replicated-subscription property."""
     found = protection.cursor_protection(cursor.name, None, extra, replicated=cursor.replicated)
     return found.value if found is not None else None
 
@@ -334,7 +334,7 @@ def cursor_protection(cursor: Cursor, extra: Protection = NONE) -> str | None:
 def topic_protection(namespace: str, local_name: str, extra: Protection = NONE) -> str | None:
     """Why nothing here acts on this topic (`namespace` is `tenant/namespace`), or None.
 
-    `sweeper.protection` names what Pulsar protects and what the operator adds; retention keeps off two wider
+    `sweeper.rules.protection` names what Pulsar protects and what the operator adds; retention keeps off two wider
     families too (reason `system_topic`): any `__` topic (`SystemTopicNames` adds to them between releases) and
     every `pulsar/*` namespace (the broker's own: functions, the transaction coordinator, heartbeats).
     """

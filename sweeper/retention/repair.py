@@ -1,6 +1,6 @@
 """Repairing retention debt through the broker's admin REST API only, two-phase like deletes.
 
-Phase 1 is the `retention_debt` plan (sweeper.retention_debt); this is phase 2. Dry run by default
+Phase 1 is the `retention_debt` plan (sweeper.retention.debt); this is phase 2. Dry run by default
 (`sweeper retention`: what would be done, after the same re-checks); `--execute` on the command line
 (never a config switch) acts:
 - an idle subscription (`candidate` cursor rows: idle past `[retention] cursor_idle_days`, in scope,
@@ -18,7 +18,7 @@ broker's live stats (connected consumers, recent acknowledgements or reads) righ
 are paced (`actions_per_second`), capped per run (`max_actions_per_run`), and every outcome lands in
 `retention_actions` as it happens.
 
-With `--execute` an intent is committed to `repair_journal` before every admin call (sweeper.repair_journal), under
+With `--execute` an intent is committed to `repair_journal` before every admin call (sweeper.retention.journal), under
 a run lock, and the run first folds in every repair a kill left unclosed: what the broker did for it is recorded
 as that run's, never this one's (DESIGN.md invariants 17, 18).
 
@@ -26,7 +26,7 @@ A plan is a request, not a verdict (DESIGN.md invariants 14-17): `--execute` ref
 `[retention] plan_max_age_hours`, and each action is judged again under today's config and metadata (scope,
 the namespace's replication clusters, protection, the cursor's mark-delete position) before anything is
 called. Admin calls, and the redirects they receive, stay with this cluster's registered brokers
-(sweeper.system_topic.redirect_target).
+(sweeper.broker.system_topic.redirect_target).
 """
 
 from __future__ import annotations
@@ -44,15 +44,15 @@ from kazoo.exceptions import NoNodeError
 from pyspark.sql import functions as F
 
 from sweeper import names, runs
+from sweeper.broker.liveness import registered_web_origins
+from sweeper.broker.system_topic import AdminClient, RedirectRefused, SystemTopicError
 from sweeper.codecs import pulsar as codec
 from sweeper.codecs.errors import MetadataDecodeError
 from sweeper.config import SweeperConfig
 from sweeper.connections import Connections
 from sweeper.errors import Refused
-from sweeper.liveness import registered_web_origins
-from sweeper.protection import Protection, cursor_protection, describe, managed_ledger_protection
 from sweeper.ratelimit import TokenBucket
-from sweeper.repair_journal import (
+from sweeper.retention.journal import (
     DELETE_CALL,
     DELETE_SUBSCRIPTION,
     DELETED,
@@ -68,8 +68,8 @@ from sweeper.repair_journal import (
     Resolution,
     resolve_interrupted,
 )
-from sweeper.safety import Scope, retention_scope
-from sweeper.system_topic import AdminClient, RedirectRefused, SystemTopicError
+from sweeper.rules.protection import Protection, cursor_protection, describe, managed_ledger_protection
+from sweeper.rules.safety import Scope, retention_scope
 from sweeper.table_schemas import RETENTION_ACTIONS
 from sweeper.tables import TableStore
 from sweeper.vocabulary import DAY_MS
@@ -686,7 +686,7 @@ def _act(action: PlannedAction, result: RepairResult, client: Any, admin: AdminC
         _record(result, action, WOULD_LOAD, "unchanged since the plan; --execute loads and trims it", None, before)
         return
     assert admin is not None
-    # What shows, after a kill, whether the call took effect (sweeper.repair_journal.settle): a load writes the
+    # What shows, after a kill, whether the call took effect (sweeper.retention.journal.settle): a load writes the
     # managed ledger, a trim drops ledgers from its list.
     facts = {"zk_path": ml_path, "zk_version": found[1].version, "zk_ctime_ms": found[1].ctime,
              "topic_unloaded": action.check_version, "listed_ledger_ids": _listed_ids(found[0]),

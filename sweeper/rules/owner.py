@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sweeper import names
-from sweeper.classify import Sharing
-from sweeper.protection import NONE, Protection, cursor_protection, describe, topic_protection
-from sweeper.safety import Scope
+from sweeper.rules.classify import Sharing
+from sweeper.rules.protection import NONE, Protection, cursor_protection, describe, topic_protection
+from sweeper.rules.safety import Scope
 
 SHARED_UNVERIFIED = "shared_bookkeeper_unverified"
 PROTECTED = "protected"

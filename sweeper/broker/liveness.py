@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError, NoNodeError
 
-from sweeper.system_topic import Origin, broker_web_origins
+from sweeper.broker.system_topic import Origin, broker_web_origins
 from sweeper.zk import client as zkutil
 
 
@@ -75,7 +75,7 @@ def live_brokers(client: KazooClient, path: str) -> list[str]:
 
 def registered_web_origins(client: KazooClient, path: str) -> frozenset[Origin]:
     """The admin endpoints (`webServiceUrl` / `webServiceUrlTls`) of the brokers registered live under `path`:
-    the only hosts an admin redirect may lead to (sweeper.system_topic.redirect_target). A registration that
+    the only hosts an admin redirect may lead to (sweeper.broker.system_topic.redirect_target). A registration that
     cannot be read or decoded adds nobody."""
     try:
         children = client.get_children(path)

@@ -96,8 +96,8 @@ VIEWS: dict[str, View] = {
 def read_store(config: SweeperConfig) -> TableStore:
     """The tables of `config`, read by delta-rs without Spark; a root with no tables is the operator's mistake."""
     from sweeper.delete.journal import JOURNAL_TABLE as DELETE_JOURNAL
-    from sweeper.emit import JOURNAL_TABLE as EMIT_JOURNAL
-    from sweeper.repair_journal import JOURNAL_TABLE as REPAIR_JOURNAL
+    from sweeper.emit.stage import JOURNAL_TABLE as EMIT_JOURNAL
+    from sweeper.retention.journal import JOURNAL_TABLE as REPAIR_JOURNAL
     from sweeper.tables.delta_rs import DeltaRsTableStore
     from sweeper.tables.storage import TableStorage, delta_rs_options
 
@@ -263,7 +263,7 @@ def unfolded_run_rows(store: TableStore, recorded: Sequence[Mapping[str, Any]]) 
 def _unfolded_emits(store: TableStore, recorded: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The emit attempts with a `started` row and no `closed` one, counted as `emit.fold_interrupted` counts them
     (its `emitted` rows carry the attempt's start as `emitted_at`)."""
-    from sweeper.emit import CLOSED, INTENT, JOURNAL_TABLE, PUBLISHED, STARTED
+    from sweeper.emit.stage import CLOSED, INTENT, JOURNAL_TABLE, PUBLISHED, STARTED
 
     if not store.exists(JOURNAL_TABLE):
         return []
@@ -303,7 +303,7 @@ def _unfolded_emits(store: TableStore, recorded: Sequence[Mapping[str, Any]]) ->
 def unfolded_repairs(store: TableStore, run_id: str | None = None) -> list[UnfoldedAttempt]:
     """The repair runs (`run_id`, or all) whose `repair_journal` is not closed, oldest first: each stopped (or is
     running now) and no later repair has folded it in."""
-    from sweeper.repair_journal import JOURNAL_TABLE, unclosed_runs, unsettled
+    from sweeper.retention.journal import JOURNAL_TABLE, unclosed_runs, unsettled
 
     pending = [r for r in unclosed_runs(store) if run_id in (None, r)]
     if not pending:
@@ -324,7 +324,7 @@ def unfolded_repairs(store: TableStore, run_id: str | None = None) -> list[Unfol
 def _unfolded_repair_rows(store: TableStore, recorded: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """An `interrupted` row for each unfolded repair run with no `runs` row of its stage: the fold-in writes one
     only then (any row: its own, stopped before closing the journal, or the run's own stage wrapper's)."""
-    from sweeper.repair_journal import STAGE
+    from sweeper.retention.journal import STAGE
 
     out = []
     for repair in unfolded_repairs(store):
@@ -397,7 +397,7 @@ def _journal_deletes(store: TableStore, run_id: str) -> list[dict[str, Any]]:
 def _journal_actions(store: TableStore, run_id: str) -> list[dict[str, Any]]:
     """`retention_actions`-shaped rows, `intended`, for the calls the run's unfolded repair journalled and recorded
     no action for (a fold-in writes a row for each, so once folded in there are none)."""
-    from sweeper.repair_journal import JOURNAL_TABLE
+    from sweeper.retention.journal import JOURNAL_TABLE
     from sweeper.table_schemas import RETENTION_ACTIONS
 
     names = RETENTION_ACTIONS.fieldNames()

@@ -20,10 +20,10 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from sweeper import runs
+from sweeper.broker.liveness import Liveness, liveness_problems
 from sweeper.config import GatesConfig
 from sweeper.errors import Refused
-from sweeper.liveness import Liveness, liveness_problems
-from sweeper.references import PEER_OWNER, PEER_REFERENCE
+from sweeper.rules.references import PEER_OWNER, PEER_REFERENCE
 from sweeper.tables import TableStore
 from sweeper.vocabulary import LISTING_FAILED
 
@@ -263,7 +263,7 @@ class _DriverRows:
 
 
 def snapshot_liveness(rows: _SparkRows | _DriverRows, recorded: dict[str, int], dedicated: bool = False) -> Liveness:
-    """What the run's snapshot says about this cluster's metadata being live (see sweeper.liveness): its own
+    """What the run's snapshot says about this cluster's metadata being live (see sweeper.broker.liveness): its own
     managed-ledger and cursor changes against its own newest data ledger, never a peer's on shared bookies."""
     changes = [v for v in (rows.newest("managed_ledgers", "zk_mtime_ms"), rows.newest("ml_cursors", "zk_mtime_ms"))
                if v is not None]

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from sweeper import names
-from sweeper.safety import globs
+from sweeper.rules.safety import globs
 from sweeper.vocabulary import CHANGE_EVENTS, COMPACTION_CURSOR
 
 REPLICATED_SUBSCRIPTION_PROPERTY = "pulsar.replicated.subscription"

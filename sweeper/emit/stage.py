@@ -39,13 +39,8 @@ from kazoo.exceptions import NoAuthError
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from sweeper import pending_delete, runs
-from sweeper.config import SweeperConfig, SystemTopicConfig
-from sweeper.connections import Connections
-from sweeper.errors import Refused, caused_by_interrupt
-from sweeper.run_lock import LOCKS_DIR, LockLost, RunLock
-from sweeper.spark import task_error
-from sweeper.system_topic import (
+from sweeper import runs
+from sweeper.broker.system_topic import (
     BrokerSettings,
     SystemTopicError,
     describe_client_error,
@@ -54,6 +49,12 @@ from sweeper.system_topic import (
     partition_for,
     partition_topic,
 )
+from sweeper.codecs import pending_delete
+from sweeper.config import SweeperConfig, SystemTopicConfig
+from sweeper.connections import Connections
+from sweeper.errors import Refused, caused_by_interrupt
+from sweeper.run_lock import LOCKS_DIR, LockLost, RunLock
+from sweeper.spark import task_error
 from sweeper.table_schemas import EMIT_JOURNAL, EMITTED
 from sweeper.tables import TableStore, TaskAppender
 from sweeper.vocabulary import CANDIDATE

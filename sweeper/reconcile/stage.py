@@ -1,8 +1,8 @@
 """The reconcile action: anti-join a snapshot into orphans, with reasons, gates and a report.
 
 Spark does the set work (which ledger ids nothing references, which owners exist); the verdict
-for each unreferenced ledger comes from `sweeper.classify`, a pure function; the safety rules
-from `sweeper.safety`. One run's snapshot in, one run's `orphans` and `orphan_report` out.
+for each unreferenced ledger comes from `sweeper.rules.classify`, a pure function; the safety rules
+from `sweeper.rules.safety`. One run's snapshot in, one run's `orphans` and `orphan_report` out.
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sweeper import names, runs
-from sweeper.classify import (
+from sweeper.config import SweeperConfig
+from sweeper.errors import Refused
+from sweeper.rules.classify import (
     CompactionPointer,
     LedgerFacts,
     ObjectFacts,
@@ -27,15 +29,20 @@ from sweeper.classify import (
     classify,
     classify_object,
 )
-from sweeper.config import SweeperConfig
-from sweeper.errors import Refused
-from sweeper.protection import NONE as NO_EXTRA_PROTECTION
-from sweeper.protection import Protection
-from sweeper.references import PEER_NAMESPACE, PEER_OWNER, PEER_QUARANTINED, PEER_READ, PEER_REFERENCE, PEER_UNREAD
-from sweeper.references import references as references
-from sweeper.references import released_from_bookkeeper as released_from_bookkeeper
-from sweeper.rules import Owner, owner_scope, protection_of
-from sweeper.safety import CircuitBreaker, GracePeriod, Scope, offload_in_flight
+from sweeper.rules.owner import Owner, owner_scope, protection_of
+from sweeper.rules.protection import NONE as NO_EXTRA_PROTECTION
+from sweeper.rules.protection import Protection
+from sweeper.rules.references import (
+    PEER_NAMESPACE,
+    PEER_OWNER,
+    PEER_QUARANTINED,
+    PEER_READ,
+    PEER_REFERENCE,
+    PEER_UNREAD,
+)
+from sweeper.rules.references import references as references
+from sweeper.rules.references import released_from_bookkeeper as released_from_bookkeeper
+from sweeper.rules.safety import CircuitBreaker, GracePeriod, Scope, offload_in_flight
 from sweeper.scan.pulsar import (
     COMPACTED,
     COMPACTED_LAGGING,
@@ -54,7 +61,7 @@ UNKNOWN = "unknown"
 MISSING = "missing"
 STALE_POINTER = "stale_pointer"  # named only by a compaction pointer ZooKeeper may hold stale: not lost data
 OTHER_CLUSTER = "other_cluster"  # another Pulsar cluster's data: an offloaded object, a peer's ledger
-PROTECTED = "protected"  # Pulsar (or the operator) protects its owner: sweeper.protection
+PROTECTED = "protected"  # Pulsar (or the operator) protects its owner: sweeper.rules.protection
 
 
 class ReconcileRefused(Refused):
@@ -128,7 +135,8 @@ class ReconcileCounts(runs.StageCounts):
     # (1: on the driver, 0: as Spark jobs, above [gates] driver_rows): at a million ledgers the gates are most of it.
     gates_ms: int = runs.count("gate.ms")
     gates_on_driver: int = runs.count("gate.on_driver")
-    gates_driver_rows: int = runs.count("gate.driver_rows")  # the limit that chose (see sweeper.gates.driver_row_limit)
+    # The limit that chose (see sweeper.reconcile.gates.driver_row_limit).
+    gates_driver_rows: int = runs.count("gate.driver_rows")
 
 
 @dataclass

@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from sweeper.broker.system_topic import AdminClient, RedirectRefused, SystemTopicError
 from sweeper.ratelimit import TokenBucket
-from sweeper.system_topic import AdminClient, RedirectRefused, SystemTopicError
 from sweeper.vocabulary import UNREAD
 
 

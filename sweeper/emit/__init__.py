@@ -1,0 +1,1 @@
+"""PIP-186 phase 1: the emit stage."""

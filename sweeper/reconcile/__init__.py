@@ -1,0 +1,1 @@
+"""The reconcile stage and the data-quality gates that run before it."""
