@@ -36,7 +36,7 @@ INTERNAL = {
     "sweeper.zk.wire.ZooKeeperWireError": "the wire reader's failure, turned into ZooKeeperUnavailableError",
     "sweeper.report.metrics.MetricsError": "a metrics outage is a warning line, never a failed sweep",
     "sweeper.emit.stage.EmitFailed": "escalated by the pipeline to a refusal naming what was acknowledged",
-    "sweeper.snapshot.stage.SnapshotIncomplete": "a scan that lost part of its input: a failure (exit 1), recorded",
+    "sweeper.snapshot.settings.SnapshotIncomplete": "a scan that lost part of its input: a failure (exit 1), recorded",
     "sweeper.reclaim.samples.BookieAnswerError": "a bookie's answer we cannot read: the bookie is not_measured",
     "sweeper.reclaim.bookie_http.BookieUnreachable": "a bookie that does not answer: not_measured",
 }

@@ -6,19 +6,22 @@ read the znodes), `packer` (their rows packed per table), `offload_listing`, `pe
 producers), `outputs` (where the rows go: cached and appended, or written by the tasks) and `stage` (the run).
 """
 
-from sweeper.snapshot.stage import (
-    LEAVES_PER_DIRECTORY,
-    OBJECTS_PER_HEAD_TASK,
+from sweeper.snapshot.settings import (
     OFFLOAD_TARGET,
-    PEER_TABLES,
     STAT_READS,
-    ZNODES_PER_SESSION,
     ClockSkewRefused,
     ScanTarget,
     SnapshotCounts,
     SnapshotIncomplete,
     SnapshotResult,
     SnapshotSettings,
+    zk_load,
+)
+from sweeper.snapshot.stage import (
+    LEAVES_PER_DIRECTORY,
+    OBJECTS_PER_HEAD_TASK,
+    PEER_TABLES,
+    ZNODES_PER_SESSION,
     TablePacker,
     claim_run_id,
     deal_tasks,
@@ -30,7 +33,6 @@ from sweeper.snapshot.stage import (
     scan_sessions,
     session_count,
     share_divisor,
-    zk_load,
 )
 
 __all__ = [
