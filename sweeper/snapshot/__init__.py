@@ -6,6 +6,7 @@ read the znodes), `packer` (their rows packed per table), `offload_listing`, `pe
 producers), `outputs` (where the rows go: cached and appended, or written by the tasks) and `stage` (the run).
 """
 
+from sweeper.snapshot.packer import TablePacker
 from sweeper.snapshot.settings import (
     OFFLOAD_TARGET,
     STAT_READS,
@@ -22,7 +23,6 @@ from sweeper.snapshot.stage import (
     OBJECTS_PER_HEAD_TASK,
     PEER_TABLES,
     ZNODES_PER_SESSION,
-    TablePacker,
     claim_run_id,
     deal_tasks,
     listing_tasks,
