@@ -76,7 +76,7 @@ def test_the_packer_reports_the_offload_targets_its_rows_name_and_an_empty_ledge
     from types import SimpleNamespace
 
     from sweeper.snapshot import LEAVES_PER_DIRECTORY, OFFLOAD_TARGET, TablePacker
-    from sweeper.snapshot.stage import _leaves
+    from sweeper.snapshot.planning import _leaves
 
     packer = TablePacker("run-1", datetime.now(UTC))
     for ledger, bucket in ((1, "b1"), (2, "b1"), (3, None), (4, "b2")):

@@ -7,6 +7,16 @@ producers), `outputs` (where the rows go: cached and appended, or written by the
 """
 
 from sweeper.snapshot.packer import TablePacker
+from sweeper.snapshot.planning import (
+    LEAVES_PER_DIRECTORY,
+    ZNODES_PER_SESSION,
+    deal_tasks,
+    namespace_policy_row,
+    plan_tasks,
+    scan_sessions,
+    session_count,
+    share_divisor,
+)
 from sweeper.snapshot.settings import (
     OFFLOAD_TARGET,
     STAT_READS,
@@ -18,22 +28,7 @@ from sweeper.snapshot.settings import (
     SnapshotSettings,
     zk_load,
 )
-from sweeper.snapshot.stage import (
-    LEAVES_PER_DIRECTORY,
-    OBJECTS_PER_HEAD_TASK,
-    PEER_TABLES,
-    ZNODES_PER_SESSION,
-    claim_run_id,
-    deal_tasks,
-    listing_tasks,
-    namespace_policy_row,
-    plan_tasks,
-    run,
-    scan_dataframe,
-    scan_sessions,
-    session_count,
-    share_divisor,
-)
+from sweeper.snapshot.stage import OBJECTS_PER_HEAD_TASK, PEER_TABLES, claim_run_id, listing_tasks, run, scan_dataframe
 
 __all__ = [
     "LEAVES_PER_DIRECTORY",
