@@ -144,7 +144,7 @@ def _target(cfg: SweeperConfig, sessions: int) -> Any:
 def spark_loop(spark: Any, cfg: SweeperConfig, stop: threading.Event, stats: dict[str, float]) -> None:
     """The snapshot's scan stage as Spark runs it, again and again."""
     from sweeper.snapshot import STAT_READS, SnapshotSettings, plan_tasks, scan_dataframe, scan_sessions
-    from sweeper.snapshot.stage import _counts
+    from sweeper.snapshot.scanners import _counts
 
     tasks = plan_tasks(SnapshotSettings.from_config(cfg)).tasks
     sessions = scan_sessions(spark, SnapshotSettings.from_config(cfg), len(tasks))
@@ -166,7 +166,7 @@ def task_worker(cfg: SweeperConfig, sessions: int, units: list[tuple[str, str]],
     import pyarrow as pa
 
     from sweeper.snapshot import STAT_READS
-    from sweeper.snapshot.stage import _scan_partition
+    from sweeper.snapshot.scanners import _scan_partition
 
     batch = pa.RecordBatch.from_pydict({"kind": [k for k, _ in units], "payload": [p for _, p in units]})
     reads, started = 0, time.monotonic()

@@ -17,6 +17,7 @@ from sweeper.snapshot.planning import (
     session_count,
     share_divisor,
 )
+from sweeper.snapshot.scanners import scan_dataframe
 from sweeper.snapshot.settings import (
     OFFLOAD_TARGET,
     STAT_READS,
@@ -28,7 +29,7 @@ from sweeper.snapshot.settings import (
     SnapshotSettings,
     zk_load,
 )
-from sweeper.snapshot.stage import OBJECTS_PER_HEAD_TASK, PEER_TABLES, claim_run_id, listing_tasks, run, scan_dataframe
+from sweeper.snapshot.stage import OBJECTS_PER_HEAD_TASK, PEER_TABLES, claim_run_id, listing_tasks, run
 
 __all__ = [
     "LEAVES_PER_DIRECTORY",
