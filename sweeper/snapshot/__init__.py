@@ -6,6 +6,7 @@ read the znodes), `packer` (their rows packed per table), `offload_listing`, `pe
 producers), `outputs` (where the rows go: cached and appended, or written by the tasks) and `stage` (the run).
 """
 
+from sweeper.snapshot.offload_listing import OBJECTS_PER_HEAD_TASK, listing_tasks
 from sweeper.snapshot.packer import TablePacker
 from sweeper.snapshot.planning import (
     LEAVES_PER_DIRECTORY,
@@ -29,7 +30,7 @@ from sweeper.snapshot.settings import (
     SnapshotSettings,
     zk_load,
 )
-from sweeper.snapshot.stage import OBJECTS_PER_HEAD_TASK, PEER_TABLES, claim_run_id, listing_tasks, run
+from sweeper.snapshot.stage import PEER_TABLES, claim_run_id, run
 
 __all__ = [
     "LEAVES_PER_DIRECTORY",
