@@ -16,24 +16,22 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
-import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.storagelevel import StorageLevel
 
 from sweeper import runs
 from sweeper.broker.liveness import clock_problem
-from sweeper.broker.system_topic import BrokerSettings, SystemTopicError, broker_partitions
+from sweeper.broker.system_topic import SystemTopicError
 from sweeper.errors import RunIdTaken
 from sweeper.offload import S3Target
 from sweeper.rules.references import PEER_NAMESPACE, PEER_READ, PEER_UNREAD, peer_rows
-from sweeper.scan.pending_deletes import read_partition
 from sweeper.snapshot.offload_listing import offload_dataframe, offload_targets, offload_written
 from sweeper.snapshot.packer import TablePacker, _tuples, _unpack, table_frame
+from sweeper.snapshot.pending import pending_deletes_dataframe, pending_deletes_written, topic_partitions
 from sweeper.snapshot.planning import (
     PeerPlan,
     concurrent_scan_tasks,
@@ -67,50 +65,6 @@ from sweeper.tables import CommitResult, TableStore
 from sweeper.tables.files import TablesWriter
 
 log = logging.getLogger(__name__)
-
-
-def topic_partitions(settings: SnapshotSettings) -> int:
-    """How many partitions the pending-delete topic has now (0: it does not exist yet)."""
-    cfg = settings.system_topic
-    connections = settings.connections
-    return (connections.admin().partitions(cfg.topic) if cfg.admin_url
-            else broker_partitions(connections.broker(), cfg.topic))
-
-
-def _read_pending(partitions: Iterator[int], broker: BrokerSettings, topic: str, run_id: str,
-                  captured_at: datetime, writer: TablesWriter | None = None) -> Iterator[tuple[str, int, bytes]]:
-    """One reader task: its partitions' records packed per table (with a `writer`, written and counted)."""
-    packer = TablePacker(run_id, captured_at, writer.open() if writer is not None else None)
-
-    def packed() -> Iterator[pa.RecordBatch]:
-        for partition in partitions:
-            for row in read_partition(broker, topic, partition):
-                yield from packer.add(row)
-        yield from packer.flush()
-        yield from packer.files()
-
-    try:
-        yield from _tuples(packed())
-    except BaseException:
-        packer.abort()
-        raise
-
-
-def pending_deletes_dataframe(spark: SparkSession, settings: SnapshotSettings, partitions: int, run_id: str,
-                              captured_at: datetime) -> DataFrame:
-    """One Spark task per partition of the system topic, each with its own reader."""
-    broker, topic = settings.connections.broker(), settings.system_topic.topic
-    rdd = spark.sparkContext.parallelize(range(partitions), partitions).mapPartitions(
-        lambda items: _read_pending(items, broker, topic, run_id, captured_at))
-    return spark.createDataFrame(rdd, PACKED_SCHEMA)
-
-
-def pending_deletes_written(spark: SparkSession, settings: SnapshotSettings, partitions: int, run_id: str,
-                            captured_at: datetime, writer: TablesWriter) -> ScanTotals:
-    """pending_deletes_dataframe as one job whose tasks write the records' rows into the tables' files."""
-    broker, topic = settings.connections.broker(), settings.system_topic.topic
-    return ScanTotals.tally(spark.sparkContext.parallelize(range(partitions), partitions).mapPartitions(
-        lambda items: _read_pending(items, broker, topic, run_id, captured_at, writer)).collect())
 
 
 PEER_TABLES = ("managed_ledgers", "ml_ledgers", "ml_cursors", "cursor_ledger_refs", "schema_ledgers", "quarantine")
