@@ -8,6 +8,7 @@ producers), `outputs` (where the rows go: cached and appended, or written by the
 
 from sweeper.snapshot.offload_listing import OBJECTS_PER_HEAD_TASK, listing_tasks
 from sweeper.snapshot.packer import TablePacker
+from sweeper.snapshot.peers import PEER_TABLES
 from sweeper.snapshot.planning import (
     LEAVES_PER_DIRECTORY,
     ZNODES_PER_SESSION,
@@ -30,7 +31,7 @@ from sweeper.snapshot.settings import (
     SnapshotSettings,
     zk_load,
 )
-from sweeper.snapshot.stage import PEER_TABLES, claim_run_id, run
+from sweeper.snapshot.stage import claim_run_id, run
 
 __all__ = [
     "LEAVES_PER_DIRECTORY",
