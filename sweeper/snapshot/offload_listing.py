@@ -14,14 +14,8 @@ from pyspark.sql import DataFrame, SparkSession
 from sweeper.offload import S3Target, list_offload_objects, listing_units, s3_client
 from sweeper.scan import quarantine_row
 from sweeper.snapshot.packer import TablePacker, _tuples
-from sweeper.snapshot.scanners import (
-    ScanTotals,
-)
-from sweeper.snapshot.settings import (
-    PACKED_SCHEMA,
-    STAT_LISTING_FAILED,
-    SnapshotSettings,
-)
+from sweeper.snapshot.scanners import ScanTotals
+from sweeper.snapshot.settings import PACKED_SCHEMA, STAT_LISTING_FAILED, SnapshotSettings
 from sweeper.tables.files import TablesWriter
 from sweeper.vocabulary import LISTING_FAILED
 

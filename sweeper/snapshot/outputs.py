@@ -14,18 +14,8 @@ from sweeper.offload import S3Target
 from sweeper.snapshot.offload_listing import offload_dataframe, offload_written
 from sweeper.snapshot.packer import TablePacker, _tuples, _unpack
 from sweeper.snapshot.pending import pending_deletes_dataframe, pending_deletes_written
-from sweeper.snapshot.scanners import (
-    ScanTotals,
-    _scan_written,
-    dealt_units,
-    scan_dataframe,
-    scan_totals,
-)
-from sweeper.snapshot.settings import (
-    PACKED_SCHEMA,
-    ScanTarget,
-    SnapshotSettings,
-)
+from sweeper.snapshot.scanners import ScanTotals, _scan_written, dealt_units, scan_dataframe, scan_totals
+from sweeper.snapshot.settings import PACKED_SCHEMA, ScanTarget, SnapshotSettings
 from sweeper.table_schemas import SNAPSHOT_TABLES
 from sweeper.tables import CommitResult, TableStore
 from sweeper.tables.files import TablesWriter

@@ -14,12 +14,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from sweeper.scan import RowChunk
-from sweeper.snapshot.settings import (
-    BATCH_ROWS,
-    FILE_WRITTEN,
-    OFFLOAD_TARGET,
-    PACKED_SCHEMA,
-)
+from sweeper.snapshot.settings import BATCH_ROWS, FILE_WRITTEN, OFFLOAD_TARGET, PACKED_SCHEMA
 from sweeper.table_schemas import SNAPSHOT_TABLES
 from sweeper.tables.files import TablesWriting
 

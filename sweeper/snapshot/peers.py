@@ -13,18 +13,9 @@ from pyspark.storagelevel import StorageLevel
 
 from sweeper.rules.references import PEER_NAMESPACE, PEER_READ, PEER_UNREAD, peer_rows
 from sweeper.snapshot.packer import table_frame
-from sweeper.snapshot.planning import (
-    PeerPlan,
-)
-from sweeper.snapshot.scanners import (
-    _counts,
-    scan_dataframe,
-    zookeeper_task_error,
-)
-from sweeper.snapshot.settings import (
-    ScanTarget,
-    SnapshotSettings,
-)
+from sweeper.snapshot.planning import PeerPlan
+from sweeper.snapshot.scanners import _counts, scan_dataframe, zookeeper_task_error
+from sweeper.snapshot.settings import ScanTarget, SnapshotSettings
 from sweeper.spark import task_error
 from sweeper.table_schemas import PEER_REFERENCES
 from sweeper.tables import TableStore

@@ -12,13 +12,8 @@ from pyspark.sql import DataFrame, SparkSession
 from sweeper.broker.system_topic import BrokerSettings, broker_partitions
 from sweeper.scan.pending_deletes import read_partition
 from sweeper.snapshot.packer import TablePacker, _tuples
-from sweeper.snapshot.scanners import (
-    ScanTotals,
-)
-from sweeper.snapshot.settings import (
-    PACKED_SCHEMA,
-    SnapshotSettings,
-)
+from sweeper.snapshot.scanners import ScanTotals
+from sweeper.snapshot.settings import PACKED_SCHEMA, SnapshotSettings
 from sweeper.tables.files import TablesWriter
 
 

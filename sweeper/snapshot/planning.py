@@ -19,12 +19,7 @@ from sweeper.rules.retention import parse_namespace_policies
 from sweeper.scan import bookkeeper as bk_scan
 from sweeper.scan import pulsar as pulsar_scan
 from sweeper.scan.ownership import scan_bundle_owners
-from sweeper.snapshot.settings import (
-    TASK_BK,
-    TASK_ML,
-    TASK_SCHEMA,
-    SnapshotSettings,
-)
+from sweeper.snapshot.settings import TASK_BK, TASK_ML, TASK_SCHEMA, SnapshotSettings
 from sweeper.zk import client as zkutil
 from sweeper.zk.errors import ZooKeeperPermissionError
 

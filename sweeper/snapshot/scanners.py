@@ -20,11 +20,7 @@ from sweeper.records import ChildrenRead, ZnodeRead
 from sweeper.scan import bookkeeper as bk_scan
 from sweeper.scan import pulsar as pulsar_scan
 from sweeper.snapshot.packer import TablePacker, _tuples
-from sweeper.snapshot.planning import (
-    _shard,
-    deal_tasks,
-    scan_sessions,
-)
+from sweeper.snapshot.planning import _shard, deal_tasks, scan_sessions
 from sweeper.snapshot.settings import (
     FILE_WRITTEN,
     OFFLOAD_TARGET,

@@ -26,15 +26,8 @@ from sweeper.snapshot.offload_listing import offload_targets
 from sweeper.snapshot.outputs import _CachedOutput, _Output, _WrittenOutput
 from sweeper.snapshot.peers import snapshot_peers
 from sweeper.snapshot.pending import topic_partitions
-from sweeper.snapshot.planning import (
-    concurrent_scan_tasks,
-    estimated_znodes,
-    plan_tasks,
-    scan_sessions,
-)
-from sweeper.snapshot.scanners import (
-    zookeeper_task_error,
-)
+from sweeper.snapshot.planning import concurrent_scan_tasks, estimated_znodes, plan_tasks, scan_sessions
+from sweeper.snapshot.scanners import zookeeper_task_error
 from sweeper.snapshot.settings import (
     STAT_LISTING_FAILED,
     STAT_READS,
