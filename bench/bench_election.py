@@ -48,8 +48,9 @@ from sweeper.codecs import pending_delete
 from sweeper.codecs.layout import ledger_path
 from sweeper.config import PulsarMetadataConfig, SafetyConfig, ScanConfig, SweeperConfig
 from sweeper.delete import DELETED, LedgerDeleter
+from sweeper.delete.inputs import records_from_json
 from sweeper.delete.retry import RetryPolicy, run_with_retries
-from sweeper.delete.stage import records_from_json, run_delete
+from sweeper.delete.stage import run_delete
 from sweeper.pipeline import snapshot_stage
 from sweeper.ratelimit import TokenBucket
 from sweeper.scan.bookkeeper import read_layout

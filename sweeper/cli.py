@@ -218,7 +218,9 @@ def cmd_emit(args: argparse.Namespace) -> int:
 
 def cmd_delete(args: argparse.Namespace) -> int:
     from sweeper import runs
-    from sweeper.delete.stage import DeleteRefused, describe, read_operator_list
+    from sweeper.delete.inputs import read_operator_list
+    from sweeper.delete.settings import DeleteRefused
+    from sweeper.delete.stage import describe
     from sweeper.errors import UsageError
     from sweeper.pipeline import delete_stage, delete_summary, is_partial
 
@@ -319,7 +321,7 @@ def cmd_retention(args: argparse.Namespace) -> int:
 
 
 def cmd_dlq(args: argparse.Namespace) -> int:
-    from sweeper.delete.stage import dead_letters, redrive
+    from sweeper.delete.inputs import dead_letters, redrive
     from sweeper.report.console import read_store
 
     cfg = _load_config(args)

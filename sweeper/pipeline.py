@@ -19,7 +19,9 @@ from sweeper import runs, snapshot
 from sweeper.broker.system_topic import SystemTopicError
 from sweeper.config import SweeperConfig
 from sweeper.delete.lock import RunLockHeld
-from sweeper.delete.stage import DeleteCounts, DeleteRefused, DeleteRunResult, run_delete
+from sweeper.delete.run_result import DeleteCounts, DeleteRunResult
+from sweeper.delete.settings import DeleteRefused
+from sweeper.delete.stage import run_delete
 from sweeper.emit import stage as emit
 from sweeper.emit.stage import EmitCounts, EmitFailed, EmitRefused, EmitResult, EmitSettings
 from sweeper.errors import StageRefused as StageRefused  # where the sweep's callers catch it

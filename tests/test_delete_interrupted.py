@@ -41,7 +41,7 @@ from harness.lifecycle import group_alive
 from harness.sandbox.model import SandboxSpec
 from sweeper.codecs.layout import ledger_path
 from sweeper.config import SweeperConfig, to_toml
-from sweeper.delete.stage import FAILPOINT_BEFORE_OUTCOMES_ENV
+from sweeper.delete.tasks import FAILPOINT_BEFORE_OUTCOMES_ENV
 from sweeper.emit.stage import FAILPOINT_BEFORE_RECORDING_ENV
 from tests.support.broker import Broker
 from tests.support.config import SHORT_LIVED_SPARK_ENV, ZkTarget

@@ -21,14 +21,10 @@ from pyspark.sql import SparkSession
 
 from harness.sandbox.model import SandboxSpec
 from sweeper.codecs.layout import ledger_path
-from sweeper.delete.stage import (
-    DeleteCounts,
-    DeleteRunResult,
-    DeleteSettings,
-    _refuse_if_migrating,
-    retry_states,
-    run_delete,
-)
+from sweeper.delete.inputs import retry_states
+from sweeper.delete.run_result import DeleteCounts, DeleteRunResult
+from sweeper.delete.settings import DeleteSettings
+from sweeper.delete.stage import _refuse_if_migrating, run_delete
 from sweeper.errors import Refused
 from sweeper.metastore.migration import MIGRATION_FLAG_PATH, MIGRATION_NOT_ATTEMPTED, MigrationRefused
 from sweeper.pipeline import delete_stage

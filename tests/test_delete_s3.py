@@ -223,7 +223,8 @@ def test_a_bookkeeper_copy_goes_only_with_its_offloaded_copy(world: tuple[Any, s
                                                               s3_server: S3ServerInfo) -> None:
     # Issue 26 (7): the delete HEADs both objects of the copy that replaces the BookKeeper ledger.
     from sweeper.connections import ZooKeeperEndpoint
-    from sweeper.delete.stage import DeleteTarget, offload_checker
+    from sweeper.delete.settings import DeleteTarget
+    from sweeper.delete.tasks import offload_checker
 
     s3, a, _ = world
     target = DeleteTarget(

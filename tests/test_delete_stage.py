@@ -17,8 +17,10 @@ from harness.sandbox.model import SandboxSpec, Status
 from harness.zkserver import free_port, start_zookeeper, stop_zookeeper
 from sweeper.codecs import pulsar as codec
 from sweeper.codecs.layout import ledger_path
+from sweeper.delete.inputs import dead_letters, redrive, retry_states
 from sweeper.delete.lock import DeleteRunLock, RunLockHeld
-from sweeper.delete.stage import DeleteRefused, dead_letters, redrive, retry_states, run_delete
+from sweeper.delete.settings import DeleteRefused
+from sweeper.delete.stage import run_delete
 from sweeper.offload import S3Target, s3_client
 from sweeper.pipeline import delete_summary
 from sweeper.tables import open_table_store
@@ -299,7 +301,7 @@ def test_draining_the_topic_acknowledges_only_committed_outcomes(
 def test_the_chunk_pacer_counts_the_work_toward_the_rate_and_never_exceeds_it() -> None:
     """A chunk's own work time is part of its budget: work as slow as the pace adds no sleep (a pacer that
     slept a whole chunk's worth after slow work halved the delete rate), and fast work is held to the rate."""
-    from sweeper.delete.stage import _paced
+    from sweeper.delete.tasks import _paced
 
     started = time.monotonic()
     for part in _paced(list(range(40)), 20.0):  # two chunks of a second's worth each

@@ -26,7 +26,7 @@ HARNESS_PACKAGE = REPO / "harness"
 STAGES = {
     "sweeper.snapshot": "snapshot",
     "sweeper.reconcile.gates": "gates",
-    "sweeper.reconcile.stage": "reconcile",
+    "sweeper.reconcile": "reconcile",  # the stage and its frames and report (gates: the longer entry above)
     "sweeper.retention.debt": "retention_debt",
     "sweeper.emit": "emit",
     "sweeper.retention.repair": "retention_repair",

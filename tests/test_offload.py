@@ -97,8 +97,9 @@ def test_a_bucket_listed_only_in_part_fails_the_gate_and_proves_no_delete_done(
 ) -> None:
     # Issue 11 (11): listing errors on slices other than the first were dropped, so a bucket listed in part
     # passed for complete, and a pending delete of an object in the unlisted part read as carried out.
+    from sweeper.reconcile.frames import snapshot_frames
     from sweeper.reconcile.gates import run_gates
-    from sweeper.reconcile.stage import pending_delete_states, references, snapshot_frames
+    from sweeper.reconcile.stage import pending_delete_states, references
     from sweeper.table_schemas import PENDING_DELETES
     from tests.support.gates import gates_on_both_engines
     from tests.support.s3_faults import S3FaultProxy

@@ -3,7 +3,8 @@ and the reconcile's counts from its one aggregation."""
 
 from __future__ import annotations
 
-from sweeper.reconcile.stage import CANDIDATE, orphan_tally
+from sweeper.reconcile.report import orphan_tally
+from sweeper.reconcile.stage import CANDIDATE
 from sweeper.snapshot import ZNODES_PER_SESSION, deal_tasks, session_count
 
 

@@ -146,7 +146,7 @@ def settle_unrecorded(store: TableStore, by_attempt: str) -> list[str]:
         begun = started.get(attempt, gap["at"])
         run_rows.append({"run_id": gap["run_id"], "stage": "delete", "status": runs.INTERRUPTED, "started_at": begun,
                          "finished_at": gap["at"], "duration_s": (gap["at"] - begun).total_seconds(),
-                         "counts": {"deleted": outcomes.get(DELETED, 0)},  # fields of stage.DeleteCounts
+                         "counts": {"deleted": outcomes.get(DELETED, 0)},  # fields of run_result.DeleteCounts
                          "config_hash": None, "engine": store.engine,
                          "message": f"attempt {attempt} committed its results ({outcomes.get(DELETED, 0)} deleted, in "
                                     "delete_results) and stopped before recording its end here (recorded by "
@@ -232,7 +232,7 @@ def resolve_interrupted(store: TableStore, exists: Any, by_attempt: str) -> Reso
         run_rows.append({"run_id": run_id, "stage": "delete", "status": runs.INTERRUPTED, "started_at": started,
                          "finished_at": last, "duration_s": (last - started).total_seconds(),
                          "counts": {"deleted": deleted, "recovered_from_journal": found.recovered - before[1],
-                                    "attempted_still_present": present},  # fields of stage.DeleteCounts
+                                    "attempted_still_present": present},  # fields of run_result.DeleteCounts
                          "config_hash": None, "engine": store.engine,
                          "message": f"attempt {attempt} stopped before it finished: {deleted} deleted, {present} "
                                     f"attempted and still present (re-verified by {by_attempt})"})

@@ -11,557 +11,58 @@ Dry run unless `execute`; with `execute`, a ZooKeeper run lock keeps a second de
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import json
-import random
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from botocore.exceptions import ClientError
 from kazoo.exceptions import NoAuthError
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
 from sweeper import runs
 from sweeper.broker.liveness import clock_problem, live_brokers
-from sweeper.codecs import pending_delete
-from sweeper.codecs.bookkeeper import decode_ledger_metadata
-from sweeper.codecs.layout import LedgerLayout, ledger_path
-from sweeper.config import (
-    BookKeeperConfig,
-    DeleteConfig,
-    GatesConfig,
-    OffloadConfig,
-    PulsarMetadataConfig,
-    RetentionConfig,
-    SafetyConfig,
-    ScanConfig,
-    SweeperConfig,
-    SystemTopicConfig,
-)
-from sweeper.connections import Connections, MetadataEndpoint, OxiaEndpoint
+from sweeper.config import SweeperConfig
+from sweeper.connections import OxiaEndpoint
 from sweeper.delete import permissions
-from sweeper.delete.decide import LiveObject, object_mismatch
 from sweeper.delete.drain import TopicDrain
+from sweeper.delete.inputs import (
+    DEAD_LETTERED,
+    QUEUED,
+    RESOLVED,
+    _buckets,
+    _never_seen,
+    _shadows,
+    listed_ledger_ids,
+    load_inputs,
+    read_operator_list,
+    records_from_json,
+)
 from sweeper.delete.journal import Journal, open_journal, relabel_lost_answers, resolve_interrupted
 from sweeper.delete.lock import DeleteRunLock
-from sweeper.delete.records import SOURCE_EMITTED, SOURCE_JSON, SOURCE_RETRY, PendingRecord
-from sweeper.delete.results import DELETED, FAILED, INVALID, DeleteResult, result_for
-from sweeper.delete.retry import RetryPolicy, run_with_retries
-from sweeper.delete.s3_executor import ObjectDeleter
-from sweeper.delete.zk_executor import LOCK_LOST, LedgerDeleter, OffloadCheck
-from sweeper.errors import Refused
+from sweeper.delete.records import SOURCE_JSON, SOURCE_RETRY, PendingRecord
+from sweeper.delete.results import DELETED, FAILED, DeleteResult
+from sweeper.delete.retry import RetryPolicy
+from sweeper.delete.run_result import DeleteCounts, DeleteRunResult
+from sweeper.delete.settings import DeleteRefused, DeleteSettings, DeleteTarget
+from sweeper.delete.tasks import TaskRow, delete_partition
+from sweeper.delete.zk_executor import LOCK_LOST
 from sweeper.metastore.migration import (
     MIGRATION_NOT_ATTEMPTED,
     MigrationGuard,
     MigrationRefused,
     check_stores,
 )
-from sweeper.metastore.urls import StoreUrl
-from sweeper.names import managed_ledger_for_topic, topic_for_managed_ledger
-from sweeper.offload import S3Target, object_metadata, s3_client
-from sweeper.ratelimit import TokenBucket
 from sweeper.rules.classify import Sharing
 from sweeper.rules.owner import ActingRules
 from sweeper.rules.protection import Protection
 from sweeper.rules.safety import GracePeriod, Scope
-from sweeper.run_lock import Fence, LockLost, LockWatch
-from sweeper.scan.bookkeeper import read_layout, split_custom_metadata
+from sweeper.run_lock import LockLost
+from sweeper.scan.bookkeeper import read_layout
 from sweeper.table_schemas import DEAD_LETTER, DELETE_RESULTS, RETRY_QUEUE
 from sweeper.tables import TableStore
 from sweeper.vocabulary import HOUR_MS
 from sweeper.zk import client as zkutil
 from sweeper.zk.errors import ZooKeeperPermissionError
-
-QUEUED, RESOLVED, DEAD_LETTERED = "queued", "resolved", "dead_lettered"
-
-
-class DeleteRefused(Refused):
-    """The delete stage will not start: nothing emitted, another run holds the lock, or an unsafe setup."""
-
-
-@dataclass(frozen=True)
-class DeleteTarget:
-    """What a delete task needs: small and picklable."""
-
-    bookkeeper: MetadataEndpoint  # [bookkeeper]'s store, with its TLS / SASL / digest settings
-    ledgers_root: str
-    layout: str
-    ml_root: str
-    schemas_root: str
-    min_age_ms: int
-    now_ms: int | None
-    execute: bool
-    batch_size: int
-    deletes_per_second: float
-    op_timeout_s: float
-    multi_read: int  # reads per ZooKeeper request when verifying (1: ZooKeeper < 3.6)
-    policy: RetryPolicy
-    endpoint_override: str
-    buckets: tuple[tuple[str, str, str], ...]  # (bucket, region, endpoint) this run may delete from
-    shadows: tuple[tuple[str, tuple[str, ...]], ...] = ()  # source managed ledger -> its shadow topics' ones
-    local_cluster: str = ""  # [pulsar] cluster_name: an object must carry it to be deleted
-    rules: ActingRules = field(default_factory=ActingRules)  # today's rules, re-applied to every record
-    peers: tuple[MetadataEndpoint, ...] = ()  # [safety] peer_metadata: re-read before each ledger delete
-    # Pulsar's store when it is not BookKeeper's: an Oxia namespace of its own (on ZooKeeper the delete refuses)
-    pulsar: MetadataEndpoint | None = None
-    offload_enabled: bool = False  # [offload] enabled: offloaded copies can be checked before a BookKeeper delete
-    journal: Journal | None = None  # with execute: intents and outcomes, committed by the tasks chunk by chunk
-    never_seen: frozenset[int] = frozenset()  # operator-listed ids no snapshot lists: `not_found` when gone
-    # With execute: PIP-454's flag, re-read by each task before every executor call (sweeper.metastore.migration)
-    migration: MigrationGuard | None = None
-    # With execute: the run lock's fence (sweeper.run_lock), checked in every delete multi and read before every
-    # executor call, so a run that lost its lock (an expired session) stops wherever its tasks run
-    fence: Fence | None = None
-
-
-@dataclass(frozen=True)
-class DeleteSettings:
-    """What the delete reads of the config, narrowed once (issue 22's stage shape), with the run's own choices:
-    whether to delete (`execute`) and where its input comes from (the run's marks, an operator's JSON list, or
-    the system topic)."""
-
-    bookkeeper: BookKeeperConfig
-    pulsar: PulsarMetadataConfig
-    delete: DeleteConfig
-    safety: SafetyConfig
-    gates: GatesConfig
-    offload: OffloadConfig
-    scan: ScanConfig
-    retention: RetentionConfig
-    system_topic: SystemTopicConfig
-    connections: Connections
-    config_hash: str
-    pulsar_store: StoreUrl
-    execute: bool = False
-    from_json: str | Path | None = None
-    from_topic: bool = False
-    now_ms: int | None = None  # the decision clock; tests move it
-    # Where the stage says what it waits for (a killed run's lock expiring); the CLI's terminal by default.
-    log: Callable[[str], None] = field(default=print, compare=False, repr=False)
-    # Run under the stage wrapper, which writes the attempt's `runs` row once it returns: its journal says so when it
-    # closes, so that a kill between the two is found and recorded by the next attempt (journal.settle_unrecorded).
-    recorded_in_runs: bool = False
-
-    @classmethod
-    def from_config(cls, config: SweeperConfig, *, execute: bool = False, from_json: str | Path | None = None,
-                    from_topic: bool = False, now_ms: int | None = None,
-                    recorded_in_runs: bool = False) -> DeleteSettings:
-        return cls(config.bookkeeper, config.pulsar, config.delete, config.safety, config.gates, config.offload,
-                   config.scan, config.retention, config.system_topic, Connections.from_config(config),
-                   config.hash(), config.pulsar_store(), execute, from_json, from_topic, now_ms,
-                   recorded_in_runs=recorded_in_runs)
-
-    def hash(self) -> str:
-        return self.config_hash
-
-
-@dataclass(frozen=True)
-class DeleteCounts(runs.StageCounts):
-    """Where the records came from, what was resolved from an interrupted attempt, and each record's outcome."""
-
-    # Inputs: the run's emitted records (or a drained topic, or an operator's list) and the due retries.
-    emitted: int = 0
-    already_final: int = 0
-    not_due: int = 0
-    due_retries: int = 0
-    from_topic: int = 0
-    from_json: int = 0
-    records: int = 0
-    deferred_by_cap: int = 0
-    shadow_topics: int = 0
-    missing_permissions: int = 0
-    # An earlier attempt of the run that stopped: its deletes are on record as its own (sweeper.delete.journal).
-    interrupted_attempts: int = 0
-    interrupted_deleted: int = 0
-    interrupted_recovered: int = 0
-    interrupted_still_present: int = 0
-    # The `interrupted` row of a stopped attempt itself (sweeper.delete.journal.resolve_interrupted).
-    recovered_from_journal: int = 0  # deleted by it, known only from its intents
-    attempted_still_present: int = 0
-    # Outcomes (sweeper.delete.results), one per record.
-    deleted: int = 0
-    would_delete: int = 0
-    already_gone: int = 0
-    not_found: int = 0
-    in_use: int = 0
-    mismatch: int = 0
-    invalid: int = 0
-    refused: int = 0
-    failed: int = 0
-    queued_for_retry: int = 0
-    dead_lettered: int = 0
-    acknowledged: int = 0  # messages acknowledged on the drained topic
-    # The run's settings, recorded with its counts.
-    execute: int = 0
-    deletes_per_second_per_task: int = 0
-
-
-@dataclass
-class DeleteRunResult:
-    run_id: str
-    execute: bool
-    counts: DeleteCounts
-    duration_s: float
-    results: list[DeleteResult] = field(default_factory=list)
-    guards: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def queued(self) -> int:
-        return self.counts.queued_for_retry
-
-
-# ---- inputs ------------------------------------------------------------------------------------
-
-def _latest_by_key(rows: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
-    latest: dict[str, Mapping[str, Any]] = {}
-    for row in sorted(rows, key=lambda r: r["recorded_at"]):
-        latest[row["record_key"]] = row
-    return latest
-
-
-def retry_states(store: TableStore) -> dict[str, Mapping[str, Any]]:
-    if not store.exists("retry_queue"):
-        return {}
-    return _latest_by_key(store.read("retry_queue").toArrow().to_pylist())
-
-
-def load_inputs(store: TableStore, run_id: str, now: datetime,
-                limit: int | None = None) -> tuple[list[PendingRecord], dict[str, int]]:
-    """The run's emitted records without a final result yet, and every queued record that is due,
-    by record key; at most `limit` of them (`counts["selected"]` says how many there were).
-
-    The run's emitted records are filtered, counted and cut to the first `limit` in Spark: only
-    what this run will process reaches the driver, not every record the run ever emitted. The
-    retry queue (failed deletes only) is read on the driver as before.
-    """
-    counts = {"emitted": 0, "already_final": 0, "not_due": 0, "due_retries": 0}
-    queue = retry_states(store)
-    picked: list[PendingRecord] = []
-    pending = 0
-    if store.exists("emitted"):
-        emitted = (store.read("emitted", where={"run_id": run_id}).select("record_key", "payload")
-                   .dropDuplicates(["record_key"]))
-        counts["emitted"] = emitted.count()
-        todo = emitted
-        if store.exists("delete_results"):
-            final = store.read("delete_results", where={"run_id": run_id}).where(
-                (F.col("outcome") != FAILED) & ~F.col("dry_run")).select("record_key")
-            counts["already_final"] = emitted.join(final, "record_key", "left_semi").count()
-            todo = todo.join(final, "record_key", "left_anti")
-        if queue:  # the queue governs records that failed before
-            spark = emitted.sparkSession
-            todo = todo.join(spark.createDataFrame([(k,) for k in queue], "record_key string"), "record_key",
-                             "left_anti")
-        pending = todo.count()
-        head = todo.orderBy("record_key")
-        if limit is not None:
-            head = head.limit(limit)
-        picked = [PendingRecord(row["record_key"], SOURCE_EMITTED, run_id, 0, row["payload"])
-                  for row in head.toArrow().to_pylist()]
-    retries: list[PendingRecord] = []
-    for key, row in queue.items():
-        if row["state"] != QUEUED:
-            continue
-        due = row["next_attempt_at"]
-        if due is not None and due.replace(tzinfo=due.tzinfo or UTC) > now:
-            counts["not_due"] += 1
-            continue
-        counts["due_retries"] += 1
-        retries.append(PendingRecord(key, SOURCE_RETRY, row["run_id"], int(row["attempts"]), row["payload"]))
-    selected = sorted(picked + retries, key=lambda p: p.record_key)
-    counts["selected"] = pending + len(retries)
-    return (selected if limit is None else selected[:limit]), counts
-
-
-def read_operator_list(path: str | Path) -> list[Mapping[str, Any]]:
-    """The entries of an operator's ledger list, each an object (a bare ledger id N becomes `{"ledgerId": N}`);
-    DeleteRefused naming the file and the fault when it cannot be read or is not such a list."""
-    try:
-        entries = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise DeleteRefused(f"cannot read the ledger list {path}: {exc}") from exc
-    if isinstance(entries, Mapping):
-        entries = entries.get("ledgers")
-    if not isinstance(entries, list):
-        raise DeleteRefused(f"{path} must hold a JSON list of ledgers (or {{\"ledgers\": [...]}})")
-    out: list[Mapping[str, Any]] = []
-    for n, entry in enumerate(entries):
-        if isinstance(entry, int) and not isinstance(entry, bool):
-            entry = {"ledgerId": entry}
-        if not isinstance(entry, Mapping):
-            raise DeleteRefused(f"{path} entry {n} is not an object or a ledger id: {entry!r}")
-        out.append(entry)
-    return out
-
-
-def records_from_json(entries: list[Mapping[str, Any]], client: Any, ledgers_root: str,
-                      layout: LedgerLayout) -> list[PendingRecord]:
-    """An operator's list (read_operator_list): full PendingDeleteLedgerInfo objects, or `{"ledgerId": N}`
-    completed from the ledger's own metadata (its ownership then only decides the referrer to check; every
-    other rule holds)."""
-    out: list[PendingRecord] = []
-    for n, entry in enumerate(entries):
-        record = dict(entry) if "ledgerType" in entry else _record_from_metadata(entry, client, ledgers_root, layout)
-        unencodable = ""
-        try:
-            payload = pending_delete.encode({**_RECORD_DEFAULTS, **record})
-        except Exception as exc:  # the delete path reports it as invalid, with the reason
-            payload = json.dumps(record, default=str).encode()
-            try:
-                pending_delete.validate({**_RECORD_DEFAULTS, **record})
-                unencodable = f"entry {n} is not a PendingDeleteLedgerInfo: {exc}"
-            except pending_delete.InvalidPendingDelete as invalid:
-                unencodable = f"entry {n}: {invalid}"
-        out.append(PendingRecord(f"json/{n}/{record.get('ledgerType')}/{record.get('ledgerId')}", SOURCE_JSON, None,
-                                 0, payload, unencodable))
-    return out
-
-
-_RECORD_DEFAULTS: dict[str, Any] = {"topicName": None, "cursorName": None, "schemaId": None, "offloadContext": None,
-                                    "properties": {}, "reason": "operator_list", "runId": None}
-
-
-def _record_from_metadata(entry: Mapping[str, Any], client: Any, ledgers_root: str,
-                          layout: LedgerLayout) -> dict[str, Any]:
-    ledger_id = entry.get("ledgerId", entry.get("ledger_id"))
-    base = {**_RECORD_DEFAULTS, "ledgerType": "LEDGER", "ledgerId": ledger_id, "ledgerComponent": "MANAGED_LEDGER"}
-    if not isinstance(ledger_id, int) or isinstance(ledger_id, bool) or ledger_id < 0:
-        return base  # refused as invalid by the executor, with the reason
-    try:
-        data, _ = client.get(ledger_path(ledgers_root, ledger_id, layout))
-        custom, _ = split_custom_metadata(decode_ledger_metadata(data).custom_metadata)
-    except Exception:  # missing or unreadable: the executor reports already_gone / invalid
-        return base
-    component = pending_delete.COMPONENTS.get(custom.get("component") or "", "MANAGED_LEDGER")
-    if component == "MANAGED_LEDGER" and custom.get("pulsar/cursor"):
-        component = "MANAGED_CURSOR"
-    ml = custom.get("pulsar/managed-ledger")
-    topic = custom.get("pulsar/compactedTopic") or custom.get("pulsar/delayedIndexTopic")
-    if ml:
-        # None for a name Pulsar cannot have written: the executor then refuses the record as invalid.
-        topic = topic_for_managed_ledger(ml)
-    properties = {"bucket_key": custom["pulsar/delayedIndexBucketKey"]} if custom.get(
-        "pulsar/delayedIndexBucketKey") else {}
-    return {**base, "ledgerComponent": component, "topicName": topic, "cursorName": custom.get("pulsar/cursor"),
-            "schemaId": custom.get("pulsar/schemaId"), "properties": properties}
-
-
-# ---- tasks -------------------------------------------------------------------------------------
-
-def _decode(item: PendingRecord) -> tuple[dict[str, Any] | None, str | None]:
-    """Well-formed Avro only: the executors validate the fields themselves, after "gone" and "not Pulsar's"."""
-    if item.unencodable:
-        return None, f"malformed: {item.unencodable}"
-    try:
-        return pending_delete.decode(item.payload, check=False), None
-    except pending_delete.InvalidPendingDelete as exc:
-        return None, f"{exc.kind}: {exc}"
-
-
-def _paced(items: list[Any], per_second: float) -> Iterator[list[Any]]:
-    """Chunks of work; after each, the task pays for its records on the token bucket every stage shares, so it
-    stays under `per_second` records a second.
-
-    A chunk is paid for after its work, so the bucket banks up to a chunk: the time the work took counts toward
-    its budget. With the default one-slice burst it would bank none of it and sleep a whole chunk's worth on top,
-    halving the rate whenever ZooKeeper is as slow as the pace (66fcce4)."""
-    chunk = max(1, min(int(per_second), 2000))
-    bucket = TokenBucket(per_second, burst=chunk, start_full=False)
-    for start in range(0, len(items), chunk):
-        part = items[start:start + chunk]
-        yield part
-        if start + chunk < len(items):
-            bucket.acquire(len(part))
-
-
-class Watch(Protocol):
-    """A condition re-read before each executor call that may delete; once it says stop, the task stops for good
-    (sweeper.metastore.migration.MigrationWatch, sweeper.run_lock.LockWatch)."""
-
-    detail: str | None
-    error: str | None
-
-    def stop(self) -> bool: ...
-
-
-def _stopped(watches: Sequence[Watch]) -> Watch | None:
-    return next((w for w in watches if w.stop()), None)
-
-
-def _run_records(fn: Any, pairs: list[tuple[PendingRecord, dict[str, Any]]], target: DeleteTarget,
-                 rng: random.Random, watches: Sequence[Watch] = ()) -> list[tuple[PendingRecord, DeleteResult]]:
-    out: list[tuple[PendingRecord, DeleteResult]] = []
-    lock = next((w for w in watches if isinstance(w, LockWatch)), None)
-    if watches:
-        fn = _unless_stopped(fn, watches, lock)
-    started = 0
-    stopped: Watch | None = None
-    for part in _paced(pairs, target.deletes_per_second):
-        stopped = _stopped(watches)
-        if stopped is not None:
-            break  # a migration began, or the lock was lost: what is left is on record below, never journalled
-        started += len(part)
-        if target.journal is not None:
-            target.journal.intents(part)  # on record before any of them can be deleted
-        results = run_with_retries(fn, [r for _, r in part], target.policy, rng=rng)
-        done = []
-        for (item, _), result in zip(part, results, strict=True):
-            result.attempt += item.attempts_before
-            done.append((item, result))
-        if target.journal is not None:
-            _failpoint_before_outcomes()
-            target.journal.outcomes(done)
-        out += done
-    if stopped is not None:
-        for item, record in pairs[started:]:
-            result = _left_alone(record, stopped)
-            result.attempt += item.attempts_before
-            out.append((item, result))
-    return out
-
-
-def _left_alone(record: Mapping[str, Any], watch: Watch) -> DeleteResult:
-    return result_for(record, FAILED, watch.detail or "", error=watch.error)
-
-
-def _unless_stopped(fn: Any, watches: Sequence[Watch], lock: LockWatch | None) -> Any:
-    """`fn`, called only while every watch allows deleting: read again before each call, so an in-task retry round
-    after a back-off deletes nothing once a migration began or the lock was lost. A multi that met the lost lock
-    tells the lock's watch, so the task's next call is not even tried."""
-    def call(records: list[Mapping[str, Any]]) -> list[DeleteResult]:
-        stopped = _stopped(watches)
-        if stopped is not None:
-            return [_left_alone(record, stopped) for record in records]
-        results = fn(records)
-        if lock is not None:
-            lost = next((r for r in results if r.detail == LOCK_LOST), None)
-            if lost is not None:
-                lock.lost(lost.error or "")
-        return results
-
-    return call
-
-
-# A test failpoint: seconds to wait between a chunk's deletes and the commit of their outcomes, so a kill test
-# lands in that window (the case the journal's intents exist for) more often than by chance. Unset: no wait.
-FAILPOINT_BEFORE_OUTCOMES_ENV = "SWEEPER_FAILPOINT_BEFORE_OUTCOMES_S"
-
-
-def _failpoint_before_outcomes() -> None:
-    import os
-
-    wait = float(os.environ.get(FAILPOINT_BEFORE_OUTCOMES_ENV) or 0)
-    if wait > 0:
-        time.sleep(wait)
-
-
-TaskRow = tuple[str, str, str | None, bytes | None, DeleteResult]
-
-
-def _store_for_the_task(target: DeleteTarget) -> Any:
-    """BookKeeper's store, or on Oxia with Pulsar in a namespace of its own, both behind one client that sends
-    each path to its store (the delete's referrers are Pulsar's records, its ledgers BookKeeper's)."""
-    client = target.bookkeeper.connect()
-    if target.pulsar is None:
-        return client
-    from sweeper.metastore.oxia_split import SplitStore
-
-    fence_paths = [path for path, _ in target.fence.checks()] if target.fence is not None else []
-    return SplitStore(client, target.pulsar.connect(), target.ledgers_root, bookkeeper_paths=fence_paths)
-
-
-def _reader_for_the_task(target: DeleteTarget) -> Any:
-    """The bulk reader that reads each path where `_store_for_the_task` would: ledgers in BookKeeper's store,
-    referrers in Pulsar's."""
-    reader = target.bookkeeper.wire_reader(target.multi_read)
-    if target.pulsar is None:
-        return reader
-    from sweeper.metastore.oxia_split import SplitReader
-
-    return SplitReader(reader, target.pulsar.wire_reader(target.multi_read), target.ledgers_root)
-
-
-def delete_partition(items: Iterator[list[PendingRecord]], target: DeleteTarget) -> Iterator[TaskRow]:
-    items = [item for group in items for item in group]
-    if not items:
-        return
-    decoded: list[tuple[PendingRecord, dict[str, Any]]] = []
-    finished: list[tuple[PendingRecord, DeleteResult]] = []
-    for item in items:
-        record, problem = _decode(item)
-        if record is None:
-            finished.append((item, result_for({}, INVALID, f"record refused: {problem}")))
-        else:
-            decoded.append((item, record))
-    rng = random.Random(hash(items[0].record_key))
-    client = _store_for_the_task(target)
-    # Pulsar's store is `client` itself, or behind it (SplitStore sends the flag's path to Pulsar's namespace).
-    watches: list[Watch] = []
-    if target.fence is not None:
-        # First: a run that lost its lock acts on nothing, whatever the migration flag says.
-        watches.append(LockWatch(client, target.fence, target.op_timeout_s))
-    if target.migration is not None:
-        watches.append(target.migration.watch(client))
-    reader: Any = None
-    peer_clients: list[Any] = []
-    try:
-        ledgers = [(i, r) for i, r in decoded if r["ledgerType"] == "LEDGER"]
-        if ledgers:
-            # Bulk verification reads on a second session; a missing one only makes verification slower.
-            with contextlib.suppress(Exception):
-                reader = _reader_for_the_task(target)
-        objects = [(i, r) for i, r in decoded if r["ledgerType"] != "LEDGER"]
-        if ledgers:
-            rules, peers = target.rules, []
-            try:
-                for peer in target.peers:
-                    peer_client = peer.connect()
-                    peer_clients.append(peer_client)
-                    peers.append((peer.hosts, LedgerDeleter(
-                        peer_client, ledgers_root=target.ledgers_root, layout=LedgerLayout(target.layout),
-                        managed_ledgers_root=target.ml_root, schemas_root=target.schemas_root,
-                        min_age_ms=target.min_age_ms, now_ms=target.now_ms, op_timeout_s=target.op_timeout_s)))
-            except Exception:  # a peer we cannot read now: nothing it may reference is deleted
-                rules = dataclasses.replace(rules, sharing=Sharing.UNVERIFIED)
-            deleter = LedgerDeleter(
-                client, ledgers_root=target.ledgers_root, layout=LedgerLayout(target.layout),
-                managed_ledgers_root=target.ml_root, schemas_root=target.schemas_root, min_age_ms=target.min_age_ms,
-                now_ms=target.now_ms, execute=target.execute, batch_size=target.batch_size,
-                op_timeout_s=target.op_timeout_s, reader=reader, shadows=dict(target.shadows), rules=rules,
-                peers=peers, offload_check=offload_checker(target), never_seen=target.never_seen, fence=target.fence)
-            finished += _run_records(deleter.process, ledgers, target, rng, watches)
-        by_bucket: dict[str, list[tuple[PendingRecord, dict[str, Any]]]] = {}
-        for item, record in objects:
-            by_bucket.setdefault((record.get("offloadContext") or {}).get("bucket") or "", []).append((item, record))
-        allowed = {b for b, _, _ in target.buckets}
-        regions = {b: (region, endpoint) for b, region, endpoint in target.buckets}
-        for bucket, pairs in sorted(by_bucket.items()):
-            region, endpoint = regions.get(bucket, ("", ""))
-            s3 = s3_client(S3Target(bucket or "-", region, endpoint), target.endpoint_override)
-            objects_deleter = ObjectDeleter(s3, client, managed_ledgers_root=target.ml_root, allowed_buckets=allowed,
-                                            execute=target.execute, op_timeout_s=target.op_timeout_s,
-                                            shadows=dict(target.shadows), local_cluster=target.local_cluster,
-                                            min_age_ms=target.min_age_ms, now_ms=target.now_ms, rules=target.rules)
-            # An object store has no multi to carry the fence: the watch reads it before each DeleteObjects call
-            # (sweeper.run_lock: the window left is that read and the call).
-            finished += _run_records(objects_deleter.process, pairs, target, rng, watches)
-    finally:
-        if reader is not None:
-            reader.close()
-        for peer_client in peer_clients:
-            zkutil.close(peer_client)
-        zkutil.close(client)
-    for item, result in finished:
-        # The payload travels back only where the retry queue will need it.
-        yield (item.record_key, item.source, item.origin_run_id,
-               item.payload if result.outcome == FAILED else None, result)
-
 
 # ---- the stage ---------------------------------------------------------------------------------
 
@@ -570,58 +71,6 @@ def _check_emitted(store: TableStore, run_id: str) -> None:
                  f"run {run_id} has no successful emit: nothing was marked for deletion")
     # Emit refuses an ungated run too; the delete asks again, whoever recorded that emit (DESIGN invariant 19).
     runs.require_gated(store, run_id, DeleteRefused)
-
-
-def _buckets(store: TableStore, settings: DeleteSettings, run_id: str | None) -> tuple[tuple[str, str, str], ...]:
-    """Buckets named by the offload contexts of the run's snapshot (or the latest), plus the configured extras."""
-    found: dict[str, tuple[str, str, str]] = {}
-    if store.exists("ml_ledgers"):
-        frame = store.read("ml_ledgers", where=None if run_id is None else {"run_id": run_id}).where(
-            F.col("offload_bucket").isNotNull())
-        for r in frame.select("offload_bucket", "offload_region", "offload_endpoint").distinct().collect():
-            found[r["offload_bucket"]] = (r["offload_bucket"], r["offload_region"] or "", r["offload_endpoint"] or "")
-    for bucket in (b.strip() for b in settings.offload.extra_buckets.split(",")):
-        if bucket and bucket not in found:
-            found[bucket] = (bucket, settings.offload.region, "")
-    return tuple(found[b] for b in sorted(found))
-
-
-def listed_ledger_ids(entries: list[Mapping[str, Any]]) -> set[int]:
-    """The BookKeeper ledger ids an operator's list names (offloaded copies are checked by their objects)."""
-    ids = set()
-    for entry in entries:
-        ledger_id = entry.get("ledgerId", entry.get("ledger_id"))
-        if entry.get("ledgerType", "LEDGER") == "LEDGER" and isinstance(ledger_id, int) \
-                and not isinstance(ledger_id, bool):
-            ids.add(ledger_id)
-    return ids
-
-
-def _never_seen(store: TableStore, ids: set[int]) -> frozenset[int]:
-    """Those of `ids` that no snapshot of the tables lists (all of them with no snapshot at all)."""
-    if not ids or not store.exists("bk_ledgers"):
-        return frozenset(ids)
-    seen = store.read_arrow("bk_ledgers", where={"ledger_id": frozenset(ids)}, columns=["ledger_id"])
-    return frozenset(ids - set(seen.column("ledger_id").to_pylist()))
-
-
-def _shadows(store: TableStore) -> tuple[tuple[str, tuple[str, ...]], ...] | None:
-    """Shadow topics (PIP-180) seen by any snapshot, by source managed ledger; None with no snapshot at all.
-
-    A shadow topic's managed ledger lists its source's ledgers, so each is a referrer the delete must
-    re-read. A shadow created after the snapshot copies its source's list as it is then, which no
-    longer holds a ledger the source had dropped, so a snapshot's view is enough.
-    """
-    if not store.exists("managed_ledgers"):
-        return None
-    by_source: dict[str, set[str]] = {}
-    rows = (store.read("managed_ledgers").where(F.col("shadow_source").isNotNull())
-            .select("shadow_source", "managed_ledger").distinct().collect())
-    for row in rows:
-        source = managed_ledger_for_topic(row["shadow_source"])
-        if source is not None:
-            by_source.setdefault(source, set()).add(row["managed_ledger"])
-    return tuple((source, tuple(sorted(names))) for source, names in sorted(by_source.items()))
 
 
 def _partitions(spark: SparkSession, settings: DeleteSettings, records: int) -> int:
@@ -834,35 +283,6 @@ def _refuse_if_migrating(result: DeleteRunResult, settings: DeleteSettings, ran:
                                    "record)") from exc
 
 
-def offload_checker(target: DeleteTarget) -> OffloadCheck | None:
-    """Whether a ledger's offloaded copy is whole in its bucket (both objects, non-empty, this cluster's and the
-    listing managed ledger's by their own metadata), asked right before its BookKeeper copy is deleted."""
-    if not target.offload_enabled:
-        return None
-    clients: dict[tuple[str, str, str], Any] = {}
-
-    def check(bucket: str, region: str, endpoint: str, keys: tuple[str, ...], ml_name: str) -> str | None:
-        if not bucket:
-            return "the offload context names no bucket"
-        where = (bucket, region, endpoint)
-        if where not in clients:
-            clients[where] = s3_client(S3Target(bucket, region, endpoint), target.endpoint_override)
-        live = []
-        for key in keys:
-            try:
-                head = clients[where].head_object(Bucket=bucket, Key=key)
-            except ClientError as exc:
-                return f"s3://{bucket}/{key}: {exc.response.get('Error', {}).get('Code', exc)}"
-            if not head.get("ContentLength"):
-                return f"s3://{bucket}/{key} is empty"
-            live.append(LiveObject(key, 0, object_metadata(head)))
-        # The rule an offload record's objects must pass (this cluster's, this managed ledger's); age is not asked.
-        wrong = object_mismatch({"topicName": topic_for_managed_ledger(ml_name)}, live, target.local_cluster, 0, 0)
-        return f"s3://{bucket}/{wrong.detail}" if wrong is not None else None
-
-    return check
-
-
 def acting_rules(settings: DeleteSettings) -> ActingRules:
     """The rules of today's settings, as reconcile applies them (sweeper.reconcile.stage.SafetySettings.from_config)."""
     sharing = (Sharing.DEDICATED if settings.safety.bookkeeper_dedicated
@@ -944,34 +364,9 @@ def _commit(store: TableStore, run_id: str, rows: list[TaskRow], target: DeleteT
     return DeleteRunResult(run_id, execute, DeleteCounts.from_row(counts), 0.0, results)
 
 
-# ---- dead letters --------------------------------------------------------------------------------
-
-def dead_letters(store: TableStore) -> list[Mapping[str, Any]]:
-    """Records whose latest dead-letter row is `dead` (not yet re-driven)."""
-    if not store.exists("dead_letter"):
-        return []
-    return [r for r in _latest_by_key(store.read_arrow("dead_letter").to_pylist()).values() if r["state"] == "dead"]
-
-
-def redrive(store: TableStore, record_keys: Sequence[str] | None = None) -> int:
-    """Queue dead letters again with a fresh attempt budget; all of them when `record_keys` is None."""
-    now = datetime.now(UTC)
-    chosen = [r for r in dead_letters(store) if record_keys is None or r["record_key"] in record_keys]
-    if not chosen:
-        return 0
-    store.append_rows("retry_queue", [{
-        "run_id": r["run_id"], "recorded_at": now, "record_key": r["record_key"], "ledger_id": r["ledger_id"],
-        "state": QUEUED, "attempts": 0, "next_attempt_at": now, "last_error": r["last_error"], "payload": r["payload"],
-    } for r in chosen], RETRY_QUEUE, commit_metadata={"stage": "dlq_redrive"})
-    store.append_rows("dead_letter", [{**r, "recorded_at": now, "state": "redriven"} for r in chosen], DEAD_LETTER,
-                      commit_metadata={"stage": "dlq_redrive"})
-    return len(chosen)
-
-
 def describe(result: DeleteResult) -> str:
     """One line per record, for `sweeper delete --from-json` and the logs."""
     where = result.zk_path or (f"s3://{result.s3_bucket}/{','.join(result.s3_keys)}" if result.s3_bucket else "")
     error = f" error={result.error}" if result.error else ""
     return (f"{result.outcome:<13} ledger={result.ledger_id} type={result.ledger_type} "
             f"component={result.component} {where} attempt={result.attempt} {result.detail}{error}")
-

@@ -8,7 +8,7 @@ from `sweeper.rules.safety`. One run's snapshot in, one run's `orphans` and `orp
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -17,9 +17,11 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from sweeper import names, runs
+from sweeper import runs
 from sweeper.config import SweeperConfig
 from sweeper.errors import Refused
+from sweeper.reconcile.frames import _facts_frame, _object_facts_frame, snapshot_frames
+from sweeper.reconcile.report import build_report, orphan_tally
 from sweeper.rules.classify import (
     CompactionPointer,
     LedgerFacts,
@@ -32,27 +34,14 @@ from sweeper.rules.classify import (
 from sweeper.rules.owner import Owner, owner_scope, protection_of
 from sweeper.rules.protection import NONE as NO_EXTRA_PROTECTION
 from sweeper.rules.protection import Protection
-from sweeper.rules.references import (
-    PEER_NAMESPACE,
-    PEER_OWNER,
-    PEER_QUARANTINED,
-    PEER_READ,
-    PEER_REFERENCE,
-    PEER_UNREAD,
-)
+from sweeper.rules.references import PEER_NAMESPACE, PEER_READ, PEER_REFERENCE, PEER_UNREAD
 from sweeper.rules.references import references as references
 from sweeper.rules.references import released_from_bookkeeper as released_from_bookkeeper
 from sweeper.rules.safety import CircuitBreaker, GracePeriod, Scope, offload_in_flight
-from sweeper.scan.pulsar import (
-    COMPACTED,
-    COMPACTED_LAGGING,
-    COMPACTED_UNREADABLE,
-    COMPACTED_UNRECORDED,
-    COMPACTION_KINDS,
-)
-from sweeper.table_schemas import ORPHAN_REPORT, ORPHANS, PENDING_DELETE_STATUS, SNAPSHOT_TABLES
+from sweeper.scan.pulsar import COMPACTED, COMPACTED_LAGGING, COMPACTED_UNREADABLE, COMPACTED_UNRECORDED
+from sweeper.table_schemas import ORPHAN_REPORT, ORPHANS, PENDING_DELETE_STATUS
 from sweeper.tables import TableStore
-from sweeper.vocabulary import CANDIDATE, DAY_MS, HOUR_MS
+from sweeper.vocabulary import CANDIDATE, HOUR_MS
 
 # Orphan row statuses: only `candidate` may ever be emitted or deleted.
 YOUNG = "young"
@@ -146,114 +135,6 @@ class ReconcileResult:
     duration_s: float
     report: list[dict[str, Any]]
     sharing: str = ""  # whether every cluster writing to the bookies was read, in one line
-
-
-def snapshot_frames(store: TableStore, run_id: str) -> dict[str, DataFrame]:
-    return store.run_frames(SNAPSHOT_TABLES, run_id)
-
-
-def verified_offloads(frames: dict[str, DataFrame], local_cluster: str) -> DataFrame:
-    """(ledger_id, _copy_verified): ledgers a managed ledger lists as released from BookKeeper whose offloaded copy
-    this snapshot saw whole: the data and the index object (`<uuid>-ledger-<id>[-index]`, written by Pulsar's
-    BlobStoreManagedLedgerOffloader), each carrying this cluster's pulsarClusterName and the listing managed ledger's
-    name, both non-empty. (The data object's size is not compared with the listed ledger size: the offloader's
-    block format adds headers and the listed size is what the broker counted, so only emptiness is certain.)"""
-    released = (frames["ml_ledgers"].where(released_from_bookkeeper())
-                .select("ledger_id", F.col("offload_uuid").alias("uuid"), F.col("managed_ledger").alias("_rel_ml")))
-    objects = frames["offload_objects"].select("uuid", "ledger_id", "role", "size", "managed_ledger", "cluster_name",
-                                               "metadata_read")
-    good = (F.coalesce(F.col("metadata_read"), F.lit(False)) & (F.col("cluster_name") == F.lit(local_cluster))
-            & (F.col("managed_ledger") == F.col("_rel_ml")) & (F.col("size") > 0))
-    return (released.join(objects, ["uuid", "ledger_id"], "left")
-            .groupBy("ledger_id", "uuid")
-            .agg(F.countDistinct(F.when(good, F.col("role"))).alias("_roles"))
-            .groupBy("ledger_id").agg(F.min(F.col("_roles") == 2).alias("_copy_verified")))
-
-
-def _facts_frame(frames: dict[str, DataFrame], refs: DataFrame, local_cluster: str = "",
-                 ref_ids: DataFrame | None = None) -> DataFrame:
-    """Unreferenced Pulsar ledgers with the facts `classify` needs, one row each. `refs` holds every cluster's
-    references (ours and the peers'); an owner a peer could not decode counts as quarantined. `ref_ids`: the
-    distinct ledger ids of `refs`, when the caller has them already."""
-    bk = frames["bk_ledgers"].where(F.col("is_pulsar"))
-    unreferenced = bk.join(ref_ids if ref_ids is not None else refs.select("ledger_id").distinct(), "ledger_id",
-                           "left_anti")
-    mls = frames["managed_ledgers"]
-    ml_names = mls.select(F.col("managed_ledger").alias("_ml"), F.lit(True).alias("_ml_exists"))
-    peers = frames["peer_references"]
-    quarantined = (
-        frames["quarantine"]
-        .where(F.col("owner").isNotNull())
-        .select(F.col("owner").alias("_q_owner"))
-        .unionByName(peers.where(F.col("kind") == PEER_QUARANTINED).select(F.col("owner").alias("_q_owner")))
-        .distinct()
-        .withColumn("_quarantined", F.lit(True))
-    )
-    peer_owners = (peers.where(F.col("kind") == PEER_OWNER).select(F.col("owner").alias("_p_owner")).distinct()
-                   .withColumn("_owner_at_peer", F.lit(True)))
-    cursors = frames["ml_cursors"].select(
-        F.col("managed_ledger").alias("_c_ml"), F.col("cursor_znode").alias("_c"), F.lit(True).alias("_cursor_exists")
-    )
-    schemas = (
-        frames["schema_ledgers"]
-        .select(F.col("schema_id").alias("_schema"), F.lit(True).alias("_schema_exists"))
-        .distinct()
-    )
-    compaction = (
-        frames["cursor_ledger_refs"]
-        .where(F.col("kind").isin(*COMPACTION_KINDS))
-        .groupBy(F.col("managed_ledger").alias("_cp_ml"))
-        .agg(F.first("kind").alias("_cp_kind"), F.first("ledger_id").alias("_cp_ledger"))
-    )
-    bk_deleted = (
-        frames["ml_ledgers"]
-        .where(released_from_bookkeeper())
-        .select("ledger_id")
-        .distinct()
-        .withColumn("_bk_deleted", F.lit(True))
-    )
-
-    # Bucket and compacted ledgers name their topic; its managed ledger is the topic's canonical
-    # encoding, computed (not joined), so a quarantined or missing managed ledger still matches.
-    owner_topic = F.coalesce(F.col("bucket_topic"), F.col("compacted_topic"))
-    topic_ml = F.udf(lambda topic: names.managed_ledger_for_topic(topic), "string")
-    facts = (
-        unreferenced.withColumn("owner_topic", owner_topic)
-        .withColumn("owner_ml", F.when(F.col("owner_topic").isNotNull(), topic_ml(F.col("owner_topic")))
-                    .otherwise(F.col("managed_ledger")))
-        .join(ml_names, F.col("owner_ml") == F.col("_ml"), "left")
-        .join(cursors, (F.col("owner_ml") == F.col("_c_ml")) & (F.col("cursor") == F.col("_c")), "left")
-        .join(schemas, F.col("schema_id") == F.col("_schema"), "left")
-        .join(compaction, F.col("owner_ml") == F.col("_cp_ml"), "left")
-        .join(bk_deleted, "ledger_id", "left")
-        .join(verified_offloads(frames, local_cluster), "ledger_id", "left")
-        .join(quarantined, F.coalesce(F.col("owner_ml"), F.col("schema_id")) == F.col("_q_owner"), "left")
-        .join(peer_owners, F.coalesce(F.col("owner_ml"), F.col("schema_id")) == F.col("_p_owner"), "left")
-    )
-    return facts.select(
-        "ledger_id",
-        "path",
-        "zk_version",
-        "component",
-        "managed_ledger",
-        "cursor",
-        "schema_id",
-        "owner_topic",
-        "owner_ml",
-        "bucket_key",
-        "length",
-        "created_ms",
-        "created_source",
-        F.coalesce(F.col("_ml_exists"), F.lit(False)).alias("ml_exists"),
-        F.coalesce(F.col("_schema_exists"), F.lit(False)).alias("schema_exists"),
-        F.coalesce(F.col("_cursor_exists"), F.lit(False)).alias("cursor_exists"),
-        F.col("_cp_kind").alias("compaction_kind"),
-        F.col("_cp_ledger").alias("compaction_ledger"),
-        F.coalesce(F.col("_bk_deleted"), F.lit(False)).alias("bk_deleted"),
-        F.coalesce(F.col("_quarantined"), F.lit(False)).alias("owner_quarantined"),
-        F.coalesce(F.col("_owner_at_peer"), F.lit(False)).alias("owner_at_peer"),
-        F.coalesce(F.col("_copy_verified"), F.lit(False)).alias("copy_verified"),
-    )
 
 
 def compaction_pointer(kind: str | None, zk_ledger: int | None) -> CompactionPointer | None:
@@ -373,30 +254,6 @@ def _classify_partition(
             )
         if out:
             yield pa.RecordBatch.from_pylist(out, schema=schema)
-
-
-def _object_facts_frame(frames: dict[str, DataFrame]) -> DataFrame:
-    contexts = (frames["ml_ledgers"].where(F.col("offload_uuid").isNotNull())
-                .groupBy(F.col("offload_uuid").alias("uuid"), "ledger_id")
-                .agg(F.max(F.coalesce("offload_complete", F.lit(False))).alias("complete"),
-                     F.max("offload_timestamp_ms").alias("offload_ts"),
-                     F.first("managed_ledger").alias("ref_ml")))
-    quarantined = (frames["quarantine"].where(F.col("owner").isNotNull()).select(F.col("owner").alias("_q"))
-                   .distinct().withColumn("owner_quarantined", F.lit(True)))
-    # classify_object's first rule, applied before Python: a referenced object whose offload completed is in use
-    # and yields no row. (Pulsar's ManagedLedgerImpl.getLedgerHandle opens such a ledger from tiered storage by
-    # the uuid in its complete OffloadContext: readOffloaded(ledgerId, uid, ...); "referenced" is that uuid and
-    # ledger id listed by a managed ledger, the join above.) Most objects are such (157k of 205k in the 1M bench),
-    # and shipping them to Python to be skipped cost about a third of reconcile's Python time. Every other object
-    # still goes through classify_object.
-    in_use_complete = F.col("ref_ml").isNotNull() & F.coalesce(F.col("complete"), F.lit(False))
-    return (frames["offload_objects"].join(contexts, ["uuid", "ledger_id"], "left")
-            .where(~in_use_complete)
-            .join(quarantined, F.col("managed_ledger") == F.col("_q"), "left")
-            .select("bucket", "key", "uuid", "ledger_id", "size", "last_modified_ms", "managed_ledger", "ref_ml",
-                    "complete", "offload_ts", "cluster_name",
-                    F.coalesce("metadata_read", F.lit(False)).alias("metadata_read"),
-                    F.coalesce("owner_quarantined", F.lit(False)).alias("owner_quarantined")))
 
 
 def _classify_objects(batches: Iterator[pa.RecordBatch], run_id: str, now_ms: int,
@@ -529,25 +386,6 @@ def pending_delete_states(frames: dict[str, DataFrame], refs: DataFrame, run_id:
                          detail.alias("detail"))
 
 
-def build_report(orphans: DataFrame, run_id: str) -> DataFrame:
-    """Per tenant / namespace / topic: candidates, reclaimable bytes, and how old they are."""
-    candidates = orphans.where(F.col("status") == CANDIDATE)
-    day = float(DAY_MS)
-    return (
-        candidates.groupBy("tenant", "namespace", "topic")
-        .agg(
-            F.count("*").alias("orphans"),
-            F.sum(F.coalesce("size_bytes", F.lit(0))).alias("reclaimable_bytes"),
-            (F.min("age_ms") / day).alias("min_age_days"),
-            (F.expr("percentile_approx(age_ms, 0.5)") / day).alias("median_age_days"),
-            (F.max("age_ms") / day).alias("max_age_days"),
-            F.sort_array(F.collect_set("reason")).alias("reasons"),
-        )
-        .withColumn("run_id", F.lit(run_id))
-        .select(*ORPHAN_REPORT.fieldNames())
-    )
-
-
 def _few_rows(store: TableStore, table: str, where: Mapping[str, Any], columns: list[str]) -> list[dict[str, Any]]:
     """A run's few rows of a snapshot table, on the driver; none when a store written by an earlier version has no
     such table yet (as `run_frames` reads it)."""
@@ -675,33 +513,6 @@ def run_reconcile(
     orphans.unpersist()
     return ReconcileResult(run_id, ReconcileCounts.from_row(counts), time.monotonic() - started, report_rows,
                            sharing_note)
-
-
-@dataclass(frozen=True)
-class OrphanTally:
-    """The orphan rows counted by status, by status and object type, and the candidates by reason, with the
-    candidate offloaded objects' count and bytes (for the object breaker)."""
-
-    counts: Mapping[str, int]
-    candidate_objects: int = 0
-    candidate_object_bytes: int = 0
-
-
-def orphan_tally(groups: Iterable[Mapping[str, Any]]) -> OrphanTally:
-    """From rows of (object_type, status, reason, rows, bytes): a pure function, so the counts the run reports are
-    tested without Spark."""
-    counts: dict[str, int] = {}
-    objects = object_bytes = 0
-    for group in groups:
-        status, kind, rows = group["status"], group["object_type"], int(group["rows"])
-        counts[status] = counts.get(status, 0) + rows
-        counts[f"{status}.{kind}"] = counts.get(f"{status}.{kind}", 0) + rows
-        if status == CANDIDATE:
-            counts[f"reason.{group['reason']}"] = counts.get(f"reason.{group['reason']}", 0) + rows
-            if kind == "offload_object":
-                objects += rows
-                object_bytes += int(group["bytes"] or 0)
-    return OrphanTally(counts, objects, object_bytes)
 
 
 def missing_reference_problem(missing: int, referenced: int, settings: SafetySettings) -> str | None:

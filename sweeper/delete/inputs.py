@@ -1,0 +1,235 @@
+"""The delete's inputs: the run's emitted records and the due retries (the retry queue, with its dead letters), an
+operator's ledger list, and what the snapshot in the tables says of them (buckets, shadow topics, ids never seen)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import functions as F
+
+from sweeper.codecs import pending_delete
+from sweeper.codecs.bookkeeper import decode_ledger_metadata
+from sweeper.codecs.layout import LedgerLayout, ledger_path
+from sweeper.delete.records import SOURCE_EMITTED, SOURCE_JSON, SOURCE_RETRY, PendingRecord
+from sweeper.delete.results import FAILED
+from sweeper.delete.settings import DeleteRefused, DeleteSettings
+from sweeper.names import managed_ledger_for_topic, topic_for_managed_ledger
+from sweeper.scan.bookkeeper import split_custom_metadata
+from sweeper.table_schemas import DEAD_LETTER, RETRY_QUEUE
+from sweeper.tables import TableStore
+
+QUEUED, RESOLVED, DEAD_LETTERED = "queued", "resolved", "dead_lettered"
+
+
+def _latest_by_key(rows: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    latest: dict[str, Mapping[str, Any]] = {}
+    for row in sorted(rows, key=lambda r: r["recorded_at"]):
+        latest[row["record_key"]] = row
+    return latest
+
+
+def retry_states(store: TableStore) -> dict[str, Mapping[str, Any]]:
+    if not store.exists("retry_queue"):
+        return {}
+    return _latest_by_key(store.read("retry_queue").toArrow().to_pylist())
+
+
+def load_inputs(store: TableStore, run_id: str, now: datetime,
+                limit: int | None = None) -> tuple[list[PendingRecord], dict[str, int]]:
+    """The run's emitted records without a final result yet, and every queued record that is due,
+    by record key; at most `limit` of them (`counts["selected"]` says how many there were).
+
+    The run's emitted records are filtered, counted and cut to the first `limit` in Spark: only
+    what this run will process reaches the driver, not every record the run ever emitted. The
+    retry queue (failed deletes only) is read on the driver as before.
+    """
+    counts = {"emitted": 0, "already_final": 0, "not_due": 0, "due_retries": 0}
+    queue = retry_states(store)
+    picked: list[PendingRecord] = []
+    pending = 0
+    if store.exists("emitted"):
+        emitted = (store.read("emitted", where={"run_id": run_id}).select("record_key", "payload")
+                   .dropDuplicates(["record_key"]))
+        counts["emitted"] = emitted.count()
+        todo = emitted
+        if store.exists("delete_results"):
+            final = store.read("delete_results", where={"run_id": run_id}).where(
+                (F.col("outcome") != FAILED) & ~F.col("dry_run")).select("record_key")
+            counts["already_final"] = emitted.join(final, "record_key", "left_semi").count()
+            todo = todo.join(final, "record_key", "left_anti")
+        if queue:  # the queue governs records that failed before
+            spark = emitted.sparkSession
+            todo = todo.join(spark.createDataFrame([(k,) for k in queue], "record_key string"), "record_key",
+                             "left_anti")
+        pending = todo.count()
+        head = todo.orderBy("record_key")
+        if limit is not None:
+            head = head.limit(limit)
+        picked = [PendingRecord(row["record_key"], SOURCE_EMITTED, run_id, 0, row["payload"])
+                  for row in head.toArrow().to_pylist()]
+    retries: list[PendingRecord] = []
+    for key, row in queue.items():
+        if row["state"] != QUEUED:
+            continue
+        due = row["next_attempt_at"]
+        if due is not None and due.replace(tzinfo=due.tzinfo or UTC) > now:
+            counts["not_due"] += 1
+            continue
+        counts["due_retries"] += 1
+        retries.append(PendingRecord(key, SOURCE_RETRY, row["run_id"], int(row["attempts"]), row["payload"]))
+    selected = sorted(picked + retries, key=lambda p: p.record_key)
+    counts["selected"] = pending + len(retries)
+    return (selected if limit is None else selected[:limit]), counts
+
+
+def read_operator_list(path: str | Path) -> list[Mapping[str, Any]]:
+    """The entries of an operator's ledger list, each an object (a bare ledger id N becomes `{"ledgerId": N}`);
+    DeleteRefused naming the file and the fault when it cannot be read or is not such a list."""
+    try:
+        entries = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise DeleteRefused(f"cannot read the ledger list {path}: {exc}") from exc
+    if isinstance(entries, Mapping):
+        entries = entries.get("ledgers")
+    if not isinstance(entries, list):
+        raise DeleteRefused(f"{path} must hold a JSON list of ledgers (or {{\"ledgers\": [...]}})")
+    out: list[Mapping[str, Any]] = []
+    for n, entry in enumerate(entries):
+        if isinstance(entry, int) and not isinstance(entry, bool):
+            entry = {"ledgerId": entry}
+        if not isinstance(entry, Mapping):
+            raise DeleteRefused(f"{path} entry {n} is not an object or a ledger id: {entry!r}")
+        out.append(entry)
+    return out
+
+
+def records_from_json(entries: list[Mapping[str, Any]], client: Any, ledgers_root: str,
+                      layout: LedgerLayout) -> list[PendingRecord]:
+    """An operator's list (read_operator_list): full PendingDeleteLedgerInfo objects, or `{"ledgerId": N}`
+    completed from the ledger's own metadata (its ownership then only decides the referrer to check; every
+    other rule holds)."""
+    out: list[PendingRecord] = []
+    for n, entry in enumerate(entries):
+        record = dict(entry) if "ledgerType" in entry else _record_from_metadata(entry, client, ledgers_root, layout)
+        unencodable = ""
+        try:
+            payload = pending_delete.encode({**_RECORD_DEFAULTS, **record})
+        except Exception as exc:  # the delete path reports it as invalid, with the reason
+            payload = json.dumps(record, default=str).encode()
+            try:
+                pending_delete.validate({**_RECORD_DEFAULTS, **record})
+                unencodable = f"entry {n} is not a PendingDeleteLedgerInfo: {exc}"
+            except pending_delete.InvalidPendingDelete as invalid:
+                unencodable = f"entry {n}: {invalid}"
+        out.append(PendingRecord(f"json/{n}/{record.get('ledgerType')}/{record.get('ledgerId')}", SOURCE_JSON, None,
+                                 0, payload, unencodable))
+    return out
+
+
+_RECORD_DEFAULTS: dict[str, Any] = {"topicName": None, "cursorName": None, "schemaId": None, "offloadContext": None,
+                                    "properties": {}, "reason": "operator_list", "runId": None}
+
+
+def _record_from_metadata(entry: Mapping[str, Any], client: Any, ledgers_root: str,
+                          layout: LedgerLayout) -> dict[str, Any]:
+    ledger_id = entry.get("ledgerId", entry.get("ledger_id"))
+    base = {**_RECORD_DEFAULTS, "ledgerType": "LEDGER", "ledgerId": ledger_id, "ledgerComponent": "MANAGED_LEDGER"}
+    if not isinstance(ledger_id, int) or isinstance(ledger_id, bool) or ledger_id < 0:
+        return base  # refused as invalid by the executor, with the reason
+    try:
+        data, _ = client.get(ledger_path(ledgers_root, ledger_id, layout))
+        custom, _ = split_custom_metadata(decode_ledger_metadata(data).custom_metadata)
+    except Exception:  # missing or unreadable: the executor reports already_gone / invalid
+        return base
+    component = pending_delete.COMPONENTS.get(custom.get("component") or "", "MANAGED_LEDGER")
+    if component == "MANAGED_LEDGER" and custom.get("pulsar/cursor"):
+        component = "MANAGED_CURSOR"
+    ml = custom.get("pulsar/managed-ledger")
+    topic = custom.get("pulsar/compactedTopic") or custom.get("pulsar/delayedIndexTopic")
+    if ml:
+        # None for a name Pulsar cannot have written: the executor then refuses the record as invalid.
+        topic = topic_for_managed_ledger(ml)
+    properties = {"bucket_key": custom["pulsar/delayedIndexBucketKey"]} if custom.get(
+        "pulsar/delayedIndexBucketKey") else {}
+    return {**base, "ledgerComponent": component, "topicName": topic, "cursorName": custom.get("pulsar/cursor"),
+            "schemaId": custom.get("pulsar/schemaId"), "properties": properties}
+
+
+def _buckets(store: TableStore, settings: DeleteSettings, run_id: str | None) -> tuple[tuple[str, str, str], ...]:
+    """Buckets named by the offload contexts of the run's snapshot (or the latest), plus the configured extras."""
+    found: dict[str, tuple[str, str, str]] = {}
+    if store.exists("ml_ledgers"):
+        frame = store.read("ml_ledgers", where=None if run_id is None else {"run_id": run_id}).where(
+            F.col("offload_bucket").isNotNull())
+        for r in frame.select("offload_bucket", "offload_region", "offload_endpoint").distinct().collect():
+            found[r["offload_bucket"]] = (r["offload_bucket"], r["offload_region"] or "", r["offload_endpoint"] or "")
+    for bucket in (b.strip() for b in settings.offload.extra_buckets.split(",")):
+        if bucket and bucket not in found:
+            found[bucket] = (bucket, settings.offload.region, "")
+    return tuple(found[b] for b in sorted(found))
+
+
+def listed_ledger_ids(entries: list[Mapping[str, Any]]) -> set[int]:
+    """The BookKeeper ledger ids an operator's list names (offloaded copies are checked by their objects)."""
+    ids = set()
+    for entry in entries:
+        ledger_id = entry.get("ledgerId", entry.get("ledger_id"))
+        if entry.get("ledgerType", "LEDGER") == "LEDGER" and isinstance(ledger_id, int) \
+                and not isinstance(ledger_id, bool):
+            ids.add(ledger_id)
+    return ids
+
+
+def _never_seen(store: TableStore, ids: set[int]) -> frozenset[int]:
+    """Those of `ids` that no snapshot of the tables lists (all of them with no snapshot at all)."""
+    if not ids or not store.exists("bk_ledgers"):
+        return frozenset(ids)
+    seen = store.read_arrow("bk_ledgers", where={"ledger_id": frozenset(ids)}, columns=["ledger_id"])
+    return frozenset(ids - set(seen.column("ledger_id").to_pylist()))
+
+
+def _shadows(store: TableStore) -> tuple[tuple[str, tuple[str, ...]], ...] | None:
+    """Shadow topics (PIP-180) seen by any snapshot, by source managed ledger; None with no snapshot at all.
+
+    A shadow topic's managed ledger lists its source's ledgers, so each is a referrer the delete must
+    re-read. A shadow created after the snapshot copies its source's list as it is then, which no
+    longer holds a ledger the source had dropped, so a snapshot's view is enough.
+    """
+    if not store.exists("managed_ledgers"):
+        return None
+    by_source: dict[str, set[str]] = {}
+    rows = (store.read("managed_ledgers").where(F.col("shadow_source").isNotNull())
+            .select("shadow_source", "managed_ledger").distinct().collect())
+    for row in rows:
+        source = managed_ledger_for_topic(row["shadow_source"])
+        if source is not None:
+            by_source.setdefault(source, set()).add(row["managed_ledger"])
+    return tuple((source, tuple(sorted(names))) for source, names in sorted(by_source.items()))
+
+
+# ---- dead letters --------------------------------------------------------------------------------
+
+def dead_letters(store: TableStore) -> list[Mapping[str, Any]]:
+    """Records whose latest dead-letter row is `dead` (not yet re-driven)."""
+    if not store.exists("dead_letter"):
+        return []
+    return [r for r in _latest_by_key(store.read_arrow("dead_letter").to_pylist()).values() if r["state"] == "dead"]
+
+
+def redrive(store: TableStore, record_keys: Sequence[str] | None = None) -> int:
+    """Queue dead letters again with a fresh attempt budget; all of them when `record_keys` is None."""
+    now = datetime.now(UTC)
+    chosen = [r for r in dead_letters(store) if record_keys is None or r["record_key"] in record_keys]
+    if not chosen:
+        return 0
+    store.append_rows("retry_queue", [{
+        "run_id": r["run_id"], "recorded_at": now, "record_key": r["record_key"], "ledger_id": r["ledger_id"],
+        "state": QUEUED, "attempts": 0, "next_attempt_at": now, "last_error": r["last_error"], "payload": r["payload"],
+    } for r in chosen], RETRY_QUEUE, commit_metadata={"stage": "dlq_redrive"})
+    store.append_rows("dead_letter", [{**r, "recorded_at": now, "state": "redriven"} for r in chosen], DEAD_LETTER,
+                      commit_metadata={"stage": "dlq_redrive"})
+    return len(chosen)
