@@ -230,7 +230,7 @@ def _managed_ledger(f: LedgerFacts) -> Classification:
             # trim deletes the BookKeeper copy of a complete offload (ManagedLedgerImpl.internalTrimLedgers,
             # offloadedLedgersToDelete / isOffloadedNeedsDelete); the copy it then reads is
             # BlobStoreManagedLedgerOffloader's `<uuid>-ledger-<id>` and `-index` objects, which
-            # reconcile.verified_offloads looks for.
+            # reconcile.frames.verified_offloads looks for.
             return Classification(Verdict.UNKNOWN, Reason.OFFLOADED_COPY_UNVERIFIED,
                                   f"{f.managed_ledger} lists it offloaded with bookkeeperDeleted=true, but its "
                                   "offloaded objects were not found complete in this cluster's bucket")
