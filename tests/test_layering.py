@@ -28,6 +28,10 @@ STAGES = {
     "sweeper.reconcile.gates": "gates",
     "sweeper.reconcile.stage": "reconcile",
     "sweeper.retention.debt": "retention_debt",
+    "sweeper.retention.debt_types": "retention_debt",  # the stage's own parts (issue 46)
+    "sweeper.retention.debt_reads": "retention_debt",
+    "sweeper.retention.debt_select": "retention_debt",
+    "sweeper.retention.debt_rows": "retention_debt",
     "sweeper.emit": "emit",
     "sweeper.retention.repair": "retention_repair",
 }

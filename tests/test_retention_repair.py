@@ -24,7 +24,8 @@ from sweeper.connections import Connections
 from sweeper.names import encode_local_name
 from sweeper.pipeline import repair_stage
 from sweeper.ratelimit import TokenBucket
-from sweeper.retention.debt import SET, UNREAD, RetentionSettings, run_retention_debt
+from sweeper.retention.debt import run_retention_debt
+from sweeper.retention.debt_types import RetentionSettings
 from sweeper.retention.journal import (
     DELETE_CALL,
     INTERRUPTED,
@@ -60,6 +61,7 @@ from sweeper.rules.protection import REPLICATED_SUBSCRIPTION_PROPERTY
 from sweeper.runs import record as record_run
 from sweeper.table_schemas import RETENTION_DEBT
 from sweeper.tables import open_table_store
+from sweeper.vocabulary import SET, UNREAD
 from tests.support.admin_server import AdminServer, Answer, pulsar_like_answers
 from tests.support.config import BASE_CONFIG, ZkTarget
 from tests.support.gates import record_gated_reconcile
