@@ -37,7 +37,7 @@ from sweeper.retention.debt_types import (
     RetentionDebtResult,
     RetentionSettings,
 )
-from sweeper.retention.repair import RepairCounts, RepairResult, RepairSettings, RetentionRepairRefused
+from sweeper.retention.repair_plan import RepairCounts, RepairResult, RepairSettings, RetentionRepairRefused
 from sweeper.snapshot import SnapshotCounts, SnapshotResult, SnapshotSettings, zk_load
 from sweeper.tables import TableStore
 

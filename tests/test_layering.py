@@ -34,6 +34,8 @@ STAGES = {
     "sweeper.retention.debt_rows": "retention_debt",
     "sweeper.emit": "emit",
     "sweeper.retention.repair": "retention_repair",
+    "sweeper.retention.repair_plan": "retention_repair",  # the stage's own parts (issue 46)
+    "sweeper.retention.repair_calls": "retention_repair",
 }
 HARNESS = ("harness",)
 # Product modules allowed to import the harness: none (issue 36). `sweeper sandbox`, `testbed`, `audit` and

@@ -28,33 +28,33 @@ from sweeper.retention.debt import run_retention_debt
 from sweeper.retention.debt_types import RetentionSettings
 from sweeper.retention.journal import (
     DELETE_CALL,
+    DELETE_SUBSCRIPTION,
+    DELETED,
     INTERRUPTED,
+    LOAD_TOPIC,
     LOADED,
     STATS_CALL,
     TRIM_CALL,
+    TRIMMED,
     UNKNOWN,
     Intent,
     NodeNow,
     settle,
 )
 from sweeper.retention.policies import TopicPolicyLookup
-from sweeper.retention.repair import (
+from sweeper.retention.repair import run_repair
+from sweeper.retention.repair_plan import (
     DEFERRED,
-    DELETE_SUBSCRIPTION,
-    DELETED,
-    LOAD_TOPIC,
     NOT_NEEDED,
     SKIPPED,
     SKIPPED_ACTIVE,
     SKIPPED_GONE,
-    TRIMMED,
     WOULD_DELETE,
     WOULD_LOAD,
     RetentionRepairRefused,
     plan_actions,
     plan_age_refusal,
     replication_refusal,
-    run_repair,
     subscription_activity,
 )
 from sweeper.rules.protection import REPLICATED_SUBSCRIPTION_PROPERTY

@@ -161,7 +161,7 @@ def test_the_retention_repair_records_its_run_through_the_stage_wrapper(tmp_path
     failed repair left no row. Now: stopped by the broker = refused, failed actions = partial, Ctrl-C =
     interrupted, a refusal = refused (exit 3), each with its typed counts."""
     from sweeper import pipeline
-    from sweeper.retention.repair import RepairCounts, RepairResult, RetentionRepairRefused
+    from sweeper.retention.repair_plan import RepairCounts, RepairResult, RetentionRepairRefused
 
     store, cfg = _store(tmp_path), SweeperConfig()
     endings: list[Any] = [
