@@ -75,7 +75,8 @@ from sweeper.codecs.pulsar import decode_schema_locator
 from sweeper.config import SweeperConfig
 from sweeper.offload import CLUSTER_NAME_KEY, MANAGED_LEDGER_NAME_KEY, parse_offload_key
 from sweeper.reconcile.stage import SafetySettings, run_reconcile
-from sweeper.retention.debt import RetentionSettings, run_retention_debt
+from sweeper.retention.debt import run_retention_debt
+from sweeper.retention.debt_types import RetentionSettings
 from sweeper.rules.safety import CircuitBreaker
 from sweeper.runs import record as record_run
 from sweeper.scan import as_rows

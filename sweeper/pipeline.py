@@ -32,14 +32,14 @@ from sweeper.reconcile.stage import ReconcileCounts, ReconcileRefused, Reconcile
 from sweeper.report.console import human_bytes, plural
 from sweeper.report.metrics import MetricsError, publish, registry
 from sweeper.retention import repair as retention_repair
-from sweeper.retention.debt import (
+from sweeper.retention.debt import run_retention_debt
+from sweeper.retention.debt_types import (
     RetentionDebtCounts,
     RetentionDebtRefused,
     RetentionDebtResult,
     RetentionSettings,
-    run_retention_debt,
 )
-from sweeper.retention.repair import RepairCounts, RepairResult, RepairSettings, RetentionRepairRefused
+from sweeper.retention.repair_plan import RepairCounts, RepairResult, RepairSettings, RetentionRepairRefused
 from sweeper.snapshot import SnapshotCounts, SnapshotResult, SnapshotSettings, zk_load
 from sweeper.tables import TableStore
 

@@ -301,7 +301,7 @@ def test_a_killed_retention_repair_is_shown_from_its_journal_until_folded_in_and
     from deltalake import DeltaTable
 
     from sweeper.retention.journal import JOURNAL_TABLE, RepairJournal, resolve_interrupted
-    from sweeper.retention.repair import RepairCounts
+    from sweeper.retention.repair_plan import RepairCounts
     from sweeper.table_schemas import RETENTION_ACTIONS
 
     tables = str(_tables(tmp_path))

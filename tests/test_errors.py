@@ -27,8 +27,8 @@ from sweeper.errors import (
 # Exceptions that never reach the operator as such: each is caught where it is raised and becomes one of the
 # hierarchy's (or a recorded outcome), and why.
 INTERNAL = {
-    "sweeper.tables.base.TableNotFoundError": "a missing table is read as empty or refused by the caller",
-    "sweeper.tables.base.TableSchemaError": "a programming error in a stage's rows: a bug, exit 1 with its trace",
+    "sweeper.tables.errors.TableNotFoundError": "a missing table is read as empty or refused by the caller",
+    "sweeper.tables.errors.TableSchemaError": "a programming error in a stage's rows: a bug, exit 1 with its trace",
     "sweeper.tables.files.NotNullViolation": "raised inside a table write: a bug, exit 1",
     "sweeper.codecs.pending_delete.InvalidPendingDelete":
         "a malformed record is quarantined as `invalid`, never raised",

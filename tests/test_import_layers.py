@@ -46,6 +46,9 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     )),
     ("stages", "one step of a run each (test_layering: no stage imports another), and the run's report", (
         "sweeper.snapshot", "sweeper.reconcile", "sweeper.retention.debt", "sweeper.emit", "sweeper.retention.repair",
+        # retention.debt's and retention.repair's parts (issue 46): a stage's own modules, in its layer
+        "sweeper.retention.debt_types", "sweeper.retention.debt_reads", "sweeper.retention.debt_select",
+        "sweeper.retention.debt_rows", "sweeper.retention.repair_plan", "sweeper.retention.repair_calls",
         "sweeper.delete", "sweeper.reclaim", "sweeper.stages", "sweeper.report.console",
     )),
     ("pipeline", "the stages in order, each wrapped once", (

@@ -28,8 +28,14 @@ STAGES = {
     "sweeper.reconcile.gates": "gates",
     "sweeper.reconcile": "reconcile",  # the stage and its frames and report (gates: the longer entry above)
     "sweeper.retention.debt": "retention_debt",
+    "sweeper.retention.debt_types": "retention_debt",  # the stage's own parts (issue 46)
+    "sweeper.retention.debt_reads": "retention_debt",
+    "sweeper.retention.debt_select": "retention_debt",
+    "sweeper.retention.debt_rows": "retention_debt",
     "sweeper.emit": "emit",
     "sweeper.retention.repair": "retention_repair",
+    "sweeper.retention.repair_plan": "retention_repair",  # the stage's own parts (issue 46)
+    "sweeper.retention.repair_calls": "retention_repair",
 }
 HARNESS = ("harness",)
 # Product modules allowed to import the harness: none (issue 36). `sweeper sandbox`, `testbed`, `audit` and

@@ -21,8 +21,8 @@ from sweeper.delete.stage import run_delete
 from sweeper.emit.stage import EmitSettings
 from sweeper.emit.stage import run as run_emit_stage
 from sweeper.pipeline import delete_stage, emit_stage, repair_stage
-from sweeper.retention.repair import RepairSettings
 from sweeper.retention.repair import run as run_repair_stage
+from sweeper.retention.repair_plan import RepairSettings
 from sweeper.runs import record as record_run
 from sweeper.table_schemas import RETENTION_DEBT
 from sweeper.tables import open_table_store

@@ -16,7 +16,8 @@ from harness.sandbox.model import SandboxSpec, build_cluster
 from harness.sandbox.retention_scenarios import FOREVER_NS, SIZE_NS, TIME_NS
 from harness.zkserver import ServerClock
 from sweeper.reconcile.stage import SafetySettings, run_reconcile
-from sweeper.retention.debt import RetentionDebtRefused, RetentionSettings, run_retention_debt
+from sweeper.retention.debt import run_retention_debt
+from sweeper.retention.debt_types import RetentionDebtRefused, RetentionSettings
 from sweeper.rules.safety import CircuitBreaker, Scope
 from sweeper.tables import TableStore, open_table_store
 from sweeper.vocabulary import DAY_MS
@@ -126,7 +127,8 @@ def _row(kind: str, ml: str, owned: bool | None, policy: str, cursor: str | None
 
 
 def test_a_topic_level_policy_not_ruled_out_makes_the_topic_unknown_unless_the_broker_says_none() -> None:
-    from sweeper.retention.debt import NOT_SET, RULED_OUT, SET, UNCHECKED, finalize_topic_policies
+    from sweeper.retention.debt import finalize_topic_policies
+    from sweeper.vocabulary import NOT_SET, RULED_OUT, SET, UNCHECKED
 
     def fresh() -> list[dict[str, Any]]:
         return [_row("topic", "t/ns/persistent/a", True, UNCHECKED), _row("cursor", "t/ns/persistent/a", True,
@@ -180,8 +182,8 @@ class _TopicPolicyBroker(AdminServer):
 @pytest.mark.integration  # an HTTP server answering as the broker
 def test_the_broker_is_asked_for_local_and_global_topic_policies_of_the_partitioned_topic() -> None:
     from sweeper.broker.system_topic import AdminClient
-    from sweeper.retention.debt import NOT_SET, SET, UNREAD
     from sweeper.retention.policies import TopicPolicyLookup
+    from sweeper.vocabulary import NOT_SET, SET, UNREAD
 
     broker = _TopicPolicyBroker({
         "t/ns/ttl/messageTTL?isGlobal=true": (200, b"3600"),
@@ -216,7 +218,7 @@ def test_admin_mode_asks_the_broker_only_about_owned_topics_whose_policies_may_b
     owned bundle is judged under its namespace's policy once the broker says it has none of its own; namespaces
     whose __change_events holds no event are never asked about (the unowned case: the finalize test above)."""
     from harness.sandbox.retention_scenarios import TOPIC_POLICY_NS
-    from sweeper.retention.debt import NOT_SET, NOT_USED, RULED_OUT
+    from sweeper.vocabulary import NOT_SET, NOT_USED, RULED_OUT
 
     tenant, ns = TOPIC_POLICY_NS.split("/")
     zk.create(f"/namespace/{tenant}/{ns}/0x00000000_0xffffffff", b"{}", ephemeral=True, makepath=True)
@@ -301,7 +303,8 @@ def test_the_column_wise_summaries_are_retention_summarize_of_each_topic() -> No
     import numpy as np
     import pyarrow as pa
 
-    from sweeper.retention.debt import _summaries, _Topics
+    from sweeper.retention.debt_reads import _Topics
+    from sweeper.retention.debt_select import _summaries
     from sweeper.rules.retention import COMPACTION_CURSOR, Cursor, Ledger, Position, TopicSummaries, summarize
 
     rng = random.Random(3)

@@ -24,42 +24,44 @@ from sweeper.connections import Connections
 from sweeper.names import encode_local_name
 from sweeper.pipeline import repair_stage
 from sweeper.ratelimit import TokenBucket
-from sweeper.retention.debt import SET, UNREAD, RetentionSettings, run_retention_debt
+from sweeper.retention.debt import run_retention_debt
+from sweeper.retention.debt_types import RetentionSettings
 from sweeper.retention.journal import (
     DELETE_CALL,
+    DELETE_SUBSCRIPTION,
+    DELETED,
     INTERRUPTED,
+    LOAD_TOPIC,
     LOADED,
     STATS_CALL,
     TRIM_CALL,
+    TRIMMED,
     UNKNOWN,
     Intent,
     NodeNow,
     settle,
 )
 from sweeper.retention.policies import TopicPolicyLookup
-from sweeper.retention.repair import (
+from sweeper.retention.repair import run_repair
+from sweeper.retention.repair_plan import (
     DEFERRED,
-    DELETE_SUBSCRIPTION,
-    DELETED,
-    LOAD_TOPIC,
     NOT_NEEDED,
     SKIPPED,
     SKIPPED_ACTIVE,
     SKIPPED_GONE,
-    TRIMMED,
     WOULD_DELETE,
     WOULD_LOAD,
     RetentionRepairRefused,
     plan_actions,
     plan_age_refusal,
     replication_refusal,
-    run_repair,
     subscription_activity,
 )
 from sweeper.rules.protection import REPLICATED_SUBSCRIPTION_PROPERTY
 from sweeper.runs import record as record_run
 from sweeper.table_schemas import RETENTION_DEBT
 from sweeper.tables import open_table_store
+from sweeper.vocabulary import SET, UNREAD
 from tests.support.admin_server import AdminServer, Answer, pulsar_like_answers
 from tests.support.config import BASE_CONFIG, ZkTarget
 from tests.support.gates import record_gated_reconcile

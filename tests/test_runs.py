@@ -132,7 +132,7 @@ def test_typed_counts_are_the_runs_map_and_read_back_whole(tmp_path: Path) -> No
     """A stage's counts are typed fields; `runs` keeps the flat map it always had, and reading it back gives the
     same typed counts. A key no field declares is kept in `extra`, never dropped."""
     from sweeper.reconcile.stage import ReconcileCounts
-    from sweeper.retention.debt import RetentionDebtCounts
+    from sweeper.retention.debt_types import RetentionDebtCounts
 
     by_type = {"candidate.ledger": 2, "candidate.offload_object": 1, "young.ledger": 1}
     counts = ReconcileCounts(candidate=3, young=1, by_status_and_type=by_type, by_reason={"topic_deleted": 3},
@@ -161,7 +161,7 @@ def test_the_retention_repair_records_its_run_through_the_stage_wrapper(tmp_path
     failed repair left no row. Now: stopped by the broker = refused, failed actions = partial, Ctrl-C =
     interrupted, a refusal = refused (exit 3), each with its typed counts."""
     from sweeper import pipeline
-    from sweeper.retention.repair import RepairCounts, RepairResult, RetentionRepairRefused
+    from sweeper.retention.repair_plan import RepairCounts, RepairResult, RetentionRepairRefused
 
     store, cfg = _store(tmp_path), SweeperConfig()
     endings: list[Any] = [

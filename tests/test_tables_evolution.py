@@ -23,7 +23,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import ArrayType, IntegerType, LongType, StringType, StructField, StructType
 
 from sweeper.tables import TableSchemaError, TableStore, open_table_store
-from sweeper.tables.base import ADDED_KEY, arrow_schema
+from sweeper.tables.commits import ADDED_KEY
+from sweeper.tables.schema import arrow_schema
 
 TABLE = "ledgers"
 OLD = StructType([

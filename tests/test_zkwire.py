@@ -10,7 +10,7 @@ from kazoo.client import KazooClient
 
 from harness.zkserver import free_port
 from sweeper.records import ChildrenRead, ZnodeRead
-from sweeper.zk import wire as zkwire
+from sweeper.zk import handshake, jute
 from sweeper.zk.errors import ZooKeeperPermissionError, ZooKeeperUnavailableError
 from sweeper.zk.wire import WireReader, ZooKeeperWireError
 
@@ -190,14 +190,14 @@ def test_a_member_behind_what_the_reader_saw_refuses_it_and_a_reconnect_resumes_
         seen = reader._last_zxid
         assert seen > 0
         with pytest.raises(ZooKeeperUnavailableError, match="handshake failed"):
-            zkwire._handshake(zk_target.hosts, [(host, port)], 2.0, None, last_zxid=seen + 2**40)
-        sock, _, session, _, _, reached = zkwire._handshake(
+            handshake._handshake(zk_target.hosts, [(host, port)], 2.0, None, last_zxid=seen + 2**40)
+        sock, _, session, _, _, reached = handshake._handshake(
             zk_target.hosts, [(host, port)], 2.0, None, resume=(reader.session_id, reader._passwd), last_zxid=seen)
         sock.close()
         assert session == reader.session_id and reached == (host, port)
         # A session the server does not know (expired meanwhile) is answered with a zero timeout: a new one is made.
-        sock, _, fresh, _, _, _ = zkwire._handshake(zk_target.hosts, [(host, port)], 2.0, None,
-                                                    resume=(12345, bytes(16)), last_zxid=seen)
+        sock, _, fresh, _, _, _ = handshake._handshake(zk_target.hosts, [(host, port)], 2.0, None,
+                                                       resume=(12345, bytes(16)), last_zxid=seen)
         sock.close()
         assert fresh not in (0, 12345, reader.session_id)
 
@@ -261,7 +261,7 @@ def test_server_without_multi_read_fails_clearly(
 ) -> None:
     # A pre-3.6 server answers an opcode it doesn't know with UNIMPLEMENTED and hangs up; an
     # opcode unknown to this server provokes exactly that reply.
-    monkeypatch.setattr(zkwire, "_OP_MULTI_READ", 99)
+    monkeypatch.setattr(jute, "_OP_MULTI_READ", 99)  # the multiRead frame is built there
     zk.create("/x", b"1")
     with WireReader(zk_target.hosts, multi_read=5) as reader:
         with pytest.raises(ZooKeeperUnavailableError, match=r"multiRead .*multi_read=1"):

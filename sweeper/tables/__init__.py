@@ -15,7 +15,8 @@ Both write ordinary Delta tables: either engine (or any Delta reader) can read t
 
 Upgrades: a write declaring nullable columns an existing table lacks adds them first (one commit), and reads
 return each table in the schema this version declares (sweeper.table_schemas), with nulls in the columns a
-table an earlier version wrote lacks; nothing else ever changes a table's schema (sweeper.tables.base).
+table an earlier version wrote lacks; nothing else ever changes a table's schema (sweeper.tables.base, its
+helpers in sweeper.tables.schema).
 """
 
 from __future__ import annotations
@@ -35,14 +36,10 @@ from sweeper.spark import (
     is_embedded,
     jars_dir,
 )
-from sweeper.tables.base import (
-    CommitResult,
-    TableNotFoundError,
-    TableSchemaError,
-    TableStore,
-    TaskAppender,
-)
+from sweeper.tables.base import TableStore, TaskAppender
+from sweeper.tables.commits import CommitResult
 from sweeper.tables.delta_rs import DeltaRsTableStore
+from sweeper.tables.errors import TableNotFoundError, TableSchemaError
 from sweeper.tables.files import NotNullViolation
 from sweeper.tables.storage import (
     TableStorage,

@@ -1,4 +1,5 @@
-"""What every table engine shares: the errors, the result type, and schema enforcement.
+"""What every table engine shares: the store's contract (TableStore) and its write path, which enforces the schema
+(its helpers: sweeper.tables.schema; the errors: sweeper.tables.errors; a commit's result: sweeper.tables.commits).
 
 Schema rules are checked here, before any engine writes, so both engines accept and refuse the
 same appends: columns are matched by name (order does not matter, the table's order is used),
@@ -16,7 +17,6 @@ version wrote reads with nulls in the columns added since, as it would once evol
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -24,21 +24,17 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, ClassVar
 from urllib.parse import urlparse
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql.types import (
-    ArrayType,
     BooleanType,
     ByteType,
-    DataType,
     DateType,
     IntegerType,
     LongType,
-    MapType,
     ShortType,
     StringType,
     StructField,
@@ -46,28 +42,17 @@ from pyspark.sql.types import (
 )
 
 from sweeper.table_schemas import ALL_TABLES
-from sweeper.tables.files import NotNullViolation, TablesWriter, check_not_null, is_local, padded
+from sweeper.tables.arrow_rows import columns_to_arrow, rows_to_arrow
+from sweeper.tables.commits import ADDED_KEY, COMMIT_ID_KEY, ENGINE_KEY, TABLE_KEY, CommitResult
+from sweeper.tables.conditions import check_aggregates
+from sweeper.tables.errors import TableNotFoundError, TableSchemaError
+from sweeper.tables.files import NotNullViolation, TablesWriter, is_local, padded
+from sweeper.tables.schema import conformed, evolution, loose_type, schema_problems
 
 log = logging.getLogger(__name__)
 
-# Keys we add to every commit's metadata (user keys cannot override them).
-COMMIT_ID_KEY = "sweeper.commit_id"
-TABLE_KEY = "sweeper.table"
-ENGINE_KEY = "sweeper.engine"
-ROWS_KEY = "sweeper.rows"
-FILES_KEY = "sweeper.files"
-ADDED_KEY = "sweeper.added_columns"  # in the metadata of a commit that added columns (schema evolution)
-
 PARTITION_TYPES = (StringType, IntegerType, LongType, ShortType, ByteType, BooleanType, DateType)
 _TABLE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
-
-
-class TableNotFoundError(LookupError):
-    """No Delta table (or no such version of it) at the path."""
-
-
-class TableSchemaError(ValueError):
-    """Data whose columns or types don't match the table's; nothing was committed."""
 
 
 @dataclass(frozen=True)
@@ -108,251 +93,6 @@ class TaskAppender:
         from deltalake import write_deltalake
 
         write_deltalake(self.uri, data, mode="append", storage_options=self.storage_options or None)
-
-
-@dataclass(frozen=True)
-class CommitResult:
-    table: str
-    version: int  # Delta table version created by this commit (the current one when nothing was committed)
-    rows: int
-    files: int
-    engine: str
-
-
-# --------------------------------------------------------------------------- schema helpers
-
-
-def loose_type(dtype: DataType) -> DataType:
-    """The type with nullability and field metadata erased: what "same type" means here."""
-    if isinstance(dtype, StructType):
-        return StructType([StructField(f.name, loose_type(f.dataType), True) for f in dtype.fields])
-    if isinstance(dtype, ArrayType):
-        return ArrayType(loose_type(dtype.elementType), True)
-    if isinstance(dtype, MapType):
-        return MapType(loose_type(dtype.keyType), loose_type(dtype.valueType), True)
-    return dtype
-
-
-def schema_problems(actual: StructType, expected: StructType) -> list[str]:
-    """Differences between `actual` (the data) and `expected` (the table), as readable lines."""
-    have = {f.name: f.dataType for f in actual.fields}
-    want = {f.name: f.dataType for f in expected.fields}
-    problems = []
-    missing = [n for n in want if n not in have]
-    extra = [n for n in have if n not in want]
-    if missing:
-        problems.append(f"missing column(s): {', '.join(missing)}")
-    if extra:
-        problems.append(f"unexpected column(s): {', '.join(extra)}")
-    for name, dtype in want.items():
-        if name in have and loose_type(have[name]) != loose_type(dtype):
-            problems.append(f"column {name!r}: data has {have[name].simpleString()}, table has {dtype.simpleString()}")
-    if len(have) != len(actual.fields):
-        problems.append("duplicate column names in the data")
-    return problems
-
-
-def evolution(name: str, path: str, table: StructType, declared: StructType) -> list[StructField]:
-    """The columns `declared` adds to the existing table `table`, nullable, in declared order ([] when none): the one
-    change an upgrade may make to a table. Raises TableSchemaError, naming the table and the fix, for the changes
-    it may not: a column of the table left out or renamed (its rows' values would be lost to readers), a column's
-    type changed (older files hold the old type), a new NOT NULL column (the rows already there have no value)."""
-    have = {f.name: f for f in table.fields}
-    want = {f.name: f for f in declared.fields}
-    problems = []
-    if len(want) != len(declared.fields):
-        problems.append("duplicate column names in the declared schema")
-    dropped = [n for n in have if n not in want]
-    if dropped:
-        problems.append(f"missing column(s): {', '.join(dropped)} (in the table, not declared: a column is never "
-                        "dropped or renamed; declare it again, nullable if nothing writes it any more)")
-    for column, fld in want.items():
-        if column in have and loose_type(have[column].dataType) != loose_type(fld.dataType):
-            problems.append(f"column {column!r}: declared {fld.dataType.simpleString()}, the table has "
-                            f"{have[column].dataType.simpleString()} (a column's type never changes: declare a new "
-                            "column instead)")
-    added = [fld for column, fld in want.items() if column not in have]
-    strict = [fld.name for fld in added if not fld.nullable]
-    if strict:
-        problems.append(f"new column(s) {', '.join(strict)} declared NOT NULL (the rows already in the table have no "
-                        "value there: declare them nullable)")
-    if problems:
-        raise TableSchemaError(f"table {name!r} at {path} has another schema than the one given: "
-                               + "; ".join(problems) + ". An upgrade may add nullable columns to a table, nothing else")
-    return [StructField(fld.name, fld.dataType, True) for fld in added]
-
-
-def read_schema(table: StructType, declared: StructType | None) -> StructType:
-    """The columns a read of `table` returns for a caller that declares `declared`: the declared ones, in declared
-    order, when the table is one an earlier version wrote (each of its columns declared, with the same type): its
-    own as it has them, the ones added since nullable (they read as nulls). Any other table reads as it is: a
-    declared schema that drops or retypes a column is for the write to refuse, and a read should not hide it."""
-    if declared is None or table == declared:
-        return table
-    want = {f.name: f for f in declared.fields}
-    if len(want) != len(declared.fields):
-        return table
-    for fld in table.fields:
-        if fld.name not in want or loose_type(want[fld.name].dataType) != loose_type(fld.dataType):
-            return table
-    have = {f.name: f for f in table.fields}
-    return StructType([have.get(f.name) or StructField(f.name, f.dataType, True) for f in declared.fields])
-
-
-def matches_nothing(where: Mapping[str, Any] | None, table: StructType, schema: StructType) -> bool:
-    """Whether `where` (as in read_arrow) conditions a column `schema` reads as nulls because `table` lacks it: a
-    null never matches, so no row does, and no file need be opened to say so."""
-    present = set(table.fieldNames())
-    return any(column not in present and column in schema.fieldNames() for column in (where or {}))
-
-
-def conformed(df: DataFrame, schema: StructType) -> DataFrame:
-    """`df`, a table's rows, with `schema`'s columns in its order (read_schema): the ones it lacks as typed nulls."""
-    if df.columns == schema.fieldNames():
-        return df
-    from pyspark.sql import functions as F
-
-    present = set(df.columns)
-    return df.select(*[F.col(f.name) if f.name in present else F.lit(None).cast(f.dataType).alias(f.name)
-                       for f in schema.fields])
-
-
-def arrow_schema(schema: StructType) -> pa.Schema:
-    """Arrow schema of the table's Parquet files, exactly as Delta maps the Spark/Delta types
-    (timestamp -> timestamp[us, tz=UTC], timestamp_ntz -> timestamp[us], map entries key/value)."""
-    from deltalake import Schema as DeltaSchema
-
-    return pa.schema(DeltaSchema.from_json(schema.json()).to_arrow())
-
-
-def check_aggregates(aggregates: Sequence[tuple[str, str]], known: frozenset[str]) -> None:
-    unknown = sorted({fn for _, fn in aggregates} - known)
-    if unknown or not aggregates:
-        raise ValueError(f"aggregate_arrow: unknown functions {unknown} (known: {sorted(known)})" if unknown
-                         else "aggregate_arrow: no aggregates")
-
-
-def is_value_list(value: Any) -> bool:
-    """Whether a `read_arrow` condition is a choice of values rather than one value."""
-    return isinstance(value, list | tuple | set | frozenset)
-
-
-def filtered(df: DataFrame, where: Mapping[str, Any] | None) -> DataFrame:
-    """`df`'s rows matching `where` (as in TableStore.read_arrow) as a Spark filter."""
-    from pyspark.sql import functions as F
-
-    for column, value in (where or {}).items():
-        df = df.where(F.col(column).isin(list(value)) if is_value_list(value) else F.col(column) == value)
-    return df
-
-
-_SCALAR_TYPES = frozenset({str, int, float, bool, bytes, type(None), datetime})
-
-
-def _plain(value: Any) -> Any:
-    if type(value) in _SCALAR_TYPES:  # most values: nothing to unwrap
-        return value
-    if isinstance(value, list) and all(type(v) in _SCALAR_TYPES for v in value):
-        return value
-    if isinstance(value, Row) and hasattr(value, "__fields__"):
-        return value.asDict(recursive=True)
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple) and not isinstance(value, Row):
-        return [_plain(v) for v in value]
-    return value
-
-
-def rows_to_arrow(name: str, rows: Sequence[Mapping[str, Any] | Row | tuple], schema: StructType) -> pa.Table:
-    """Driver-side rows as an Arrow table of the table's types. Naive datetimes are taken as UTC."""
-    names = schema.fieldNames()
-    known = set(names)
-    records = []
-    for i, row in enumerate(rows):
-        if isinstance(row, Row) and hasattr(row, "__fields__"):
-            record = row.asDict(recursive=True)
-        elif isinstance(row, Mapping):
-            record = {k: _plain(v) for k, v in row.items()}
-        elif isinstance(row, tuple | list):
-            if len(row) != len(names):
-                raise TableSchemaError(f"table {name!r}: row {i} has {len(row)} values for {len(names)} columns")
-            record = {k: _plain(v) for k, v in zip(names, row, strict=True)}
-        else:
-            raise TableSchemaError(f"table {name!r}: row {i} is a {type(row).__name__}, not a dict or Row")
-        unknown = [k for k in record if k not in known]
-        if unknown:
-            # Silently dropping a misspelt key would store a null where the caller meant a value.
-            raise TableSchemaError(f"table {name!r}: row {i} has unknown column(s) {', '.join(map(str, unknown))}")
-        records.append(record)
-    target = arrow_schema(schema)
-    try:
-        table = pa.Table.from_pylist(records, schema=target)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
-        raise TableSchemaError(f"table {name!r}: rows don't fit the table schema: {exc}") from exc
-    for i, fld in enumerate(target):
-        check_not_null(table.column(i).combine_chunks(), fld, fld.name, name)
-    return table
-
-
-def columns_to_arrow(name: str, columns: Mapping[str, Sequence[Any]], schema: StructType) -> pa.Table:
-    """Driver-side columns (name -> values; missing columns are null) as an Arrow table of the table's types."""
-    unknown = set(columns) - set(schema.fieldNames())
-    if unknown:
-        raise TableSchemaError(f"table {name!r}: unknown column(s) {', '.join(sorted(unknown))}")
-    lengths = {len(v) for v in columns.values()}
-    if len(lengths) > 1:
-        raise TableSchemaError(f"table {name!r}: columns of different lengths {sorted(lengths)}")
-    rows = lengths.pop() if lengths else 0
-    target = arrow_schema(schema)
-    try:
-        arrays = [pa.array(columns[f.name], type=f.type) if f.name in columns else pa.nulls(rows, f.type)
-                  for f in target]
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
-        raise TableSchemaError(f"table {name!r}: columns don't fit the table schema: {exc}") from exc
-    table = pa.Table.from_arrays(arrays, schema=target)
-    for i, fld in enumerate(target):
-        check_not_null(table.column(i).combine_chunks(), fld, fld.name, name)
-    return table
-
-
-def to_millis(value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        return int(value.timestamp() * 1000)
-    return int(value)
-
-
-def parse_user_metadata(value: Any) -> dict[str, str]:
-    if not value:
-        return {}
-    try:
-        parsed = json.loads(value) if isinstance(value, str) else value
-    except ValueError:
-        return {"userMetadata": str(value)}
-    if not isinstance(parsed, dict):
-        return {"userMetadata": str(value)}
-    return {str(k): str(v) for k, v in parsed.items()}
-
-
-def history_entry(version: int, timestamp: Any, operation: Any, parameters: Any, metrics: Any,
-                  user_metadata: Any, engine_info: Any) -> dict[str, Any]:
-    """One commit, in the same shape for both engines."""
-    metadata = parse_user_metadata(user_metadata)
-    metrics = dict(metrics or {})
-    # Rows added: our delta-rs commits record it in their metadata, Delta-Spark and delta-rs's own
-    # writer in their operation metrics.
-    rows = metadata.get(ROWS_KEY, metrics.get("numOutputRows", metrics.get("num_added_rows")))
-    return {
-        "version": int(version),
-        "timestamp": to_millis(timestamp),  # ms since the epoch, UTC
-        "operation": operation,
-        "rows": int(rows) if rows is not None else None,
-        "operation_parameters": dict(parameters or {}),
-        "operation_metrics": metrics,
-        "metadata": metadata,  # what append(commit_metadata=...) recorded, plus sweeper.* keys
-        "engine_info": engine_info,
-    }
 
 
 def normalize_root(root: str) -> str:

@@ -8,7 +8,7 @@ Nothing big crosses to the driver, and the table changes atomically or not at al
 job commits nothing, and files of failed or duplicate task attempts are never referenced.
 
 Reading hands Spark the active file list of the wanted version, so time travel is a file list.
-A table an earlier version wrote reads in the declared schema (base.read_schema) by handing that schema to the
+A table an earlier version wrote reads in the declared schema (schema.read_schema) by handing that schema to the
 Parquet readers (Spark's and pyarrow's), which read a column a file lacks as nulls: no extra pass over the data.
 Columns an upgrade declares are added with delta-rs's `alter.add_columns` (one ADD COLUMN commit).
 """
@@ -32,24 +32,17 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
-from sweeper.tables.base import (
+from sweeper.tables.base import TableStore
+from sweeper.tables.commits import (
     COMMIT_ID_KEY,
     FILES_KEY,
     ROWS_KEY,
     CommitResult,
-    TableNotFoundError,
-    TableSchemaError,
-    TableStore,
-    arrow_schema,
-    check_aggregates,
-    filtered,
     history_entry,
-    is_value_list,
-    matches_nothing,
     parse_user_metadata,
-    read_schema,
-    schema_problems,
 )
+from sweeper.tables.conditions import check_aggregates, filtered, is_value_list
+from sweeper.tables.errors import TableNotFoundError, TableSchemaError
 from sweeper.tables.files import (
     FILE_RECORD_ARROW,
     FILE_RECORD_DDL,
@@ -62,6 +55,7 @@ from sweeper.tables.files import (
     write_files,
     write_files_task,
 )
+from sweeper.tables.schema import arrow_schema, matches_nothing, read_schema, schema_problems
 from sweeper.tables.storage import spark_uri
 
 _FILE_COLUMN = "__sweeper_file"

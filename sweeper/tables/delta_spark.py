@@ -37,18 +37,11 @@ from py4j.protocol import Py4JError
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructField, StructType
 
-from sweeper.tables.base import (
-    COMMIT_ID_KEY,
-    CommitResult,
-    TableNotFoundError,
-    TableStore,
-    conformed,
-    filtered,
-    history_entry,
-    matches_nothing,
-    parse_user_metadata,
-    read_schema,
-)
+from sweeper.tables.base import TableStore
+from sweeper.tables.commits import COMMIT_ID_KEY, CommitResult, history_entry, parse_user_metadata
+from sweeper.tables.conditions import filtered
+from sweeper.tables.errors import TableNotFoundError
+from sweeper.tables.schema import conformed, matches_nothing, read_schema
 from sweeper.tables.storage import spark_uri
 
 log = logging.getLogger(__name__)

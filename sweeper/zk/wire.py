@@ -31,16 +31,13 @@ Even pipelined, one read per request leaves the server as the bottleneck: ZooKee
 hands each request through several threads. With `multi_read=N` (ZooKeeper >= 3.6) reads travel
 N to a multiRead request instead; results and per-read errors are the same, at many times the rate.
 
-Wire format (zookeeper.jute; kazoo/protocol/serialization.py agrees): every frame is an int32
-length followed by the record. Requests are RequestHeader(xid int, type int) + body; replies are
-ReplyHeader(xid int, zxid long, err int) + body, the body only present when err == 0. All
-integers are big-endian; strings and buffers are int32 length (-1 = null) + bytes.
+
+Wire format: sweeper.zk.jute (the records), sweeper.zk.handshake (a connection's handshake, TLS and login).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import random
 import socket
@@ -50,17 +47,42 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from types import TracebackType
-from typing import TYPE_CHECKING, NamedTuple, TypeVar
+from typing import TYPE_CHECKING
 
 from kazoo.exceptions import EXCEPTIONS
 from kazoo.hosts import collect_hosts
 from kazoo.protocol.paths import normpath
-from kazoo.protocol.states import ZnodeStat
 
 from sweeper.records import ChildrenRead, ZnodeRead
 from sweeper.zk.errors import ZooKeeperPermissionError, ZooKeeperSecurityError, ZooKeeperUnavailableError
+from sweeper.zk.handshake import _handshake
+from sweeper.zk.jute import (
+    _FALSE,
+    _INT,
+    _MAX_XID,
+    _MULTI_HEADER,
+    _NO_AUTH,
+    _NO_NODE,
+    _OP_CLOSE,
+    _OP_ERROR,
+    _OP_GET_ACL,
+    _OP_GET_CHILDREN,
+    _OP_GET_DATA,
+    _OP_WHO_AM_I,
+    _PING_FRAME,
+    _READ_REQUEST_HEAD,
+    _REPLY_HEADER,
+    _STAT,
+    _UNIMPLEMENTED,
+    AclRead,
+    Parser,
+    T,
+    _decode_acl,
+    _multi_read_frame,
+    _new_stat,
+)
 
 if TYPE_CHECKING:
     from sweeper.ratelimit import TokenBucket
@@ -69,46 +91,6 @@ if TYPE_CHECKING:
 __all__ = ["WireReader", "ZooKeeperWireError"]
 
 DEFAULT_WINDOW = 2000
-
-# Opcodes (ZooDefs.OpCode) and the special xids (ClientCnxn).
-_OP_GET_DATA = 4
-_OP_GET_CHILDREN = 8
-_OP_GET_ACL = 6
-_OP_PING = 11
-_OP_CLOSE = -11
-_OP_MULTI_READ = 22
-_OP_AUTH = 100
-_OP_SASL = 102
-_OP_WHO_AM_I = 107
-_OP_ERROR = -1  # the op type of an ErrorResult inside a MultiResponse
-_PING_XID = -2
-_AUTH_XID = -4
-_MAX_XID = 2**31 - 1
-
-_UNIMPLEMENTED = -6
-_NO_NODE = -101
-_NO_AUTH = -102
-_AUTH_FAILED = -115
-_SESSION_CLOSED_REQUIRE_SASL_AUTH = -124
-
-_INT = struct.Struct("!i")
-_REPLY_HEADER = struct.Struct("!iqi")  # xid, zxid, err
-# Stat: czxid, mzxid, ctime, mtime, version, cversion, aversion, ephemeralOwner, dataLength,
-# numChildren, pzxid - the field order of kazoo's ZnodeStat.
-_STAT = struct.Struct("!qqqqiiiqiiq")
-# A read request up to the path bytes: frame length, xid, opcode, path length.
-_READ_REQUEST_HEAD = struct.Struct("!iiii")
-# ConnectRequest: protocolVersion int, lastZxidSeen long, timeOut int, sessionId long, then
-# passwd buffer (16 zero bytes for a new session) and readOnly bool.
-_CONNECT_REQUEST = struct.Struct("!iqiqi16s?")
-# ConnectResponse up to its passwd buffer: protocolVersion int, timeOut int, sessionId long.
-_CONNECT_RESPONSE_HEAD = struct.Struct("!iiq")
-# One op of a multiRead: MultiHeader(type int, done bool, err int) + path length (path, watch follow).
-_MULTI_OP = struct.Struct("!iBii")
-_MULTI_HEADER = struct.Struct("!iBi")
-_MULTI_END = _MULTI_HEADER.pack(-1, True, -1)
-_PING_FRAME = struct.pack("!iii", 8, _PING_XID, _OP_PING)
-_FALSE = b"\x00"
 
 # Reconnects a reader may make in its life: a connection that keeps breaking is an outage to report, not to ride.
 _MAX_RECONNECTS = 10
@@ -121,19 +103,6 @@ _MAX_LOWAT = 256 << 10
 # Compact the receive buffer when fewer free bytes than this remain at its tail, so each
 # recv_into gets a large window rather than dribbling in small reads.
 _MIN_RECV = 64 << 10
-
-# ZnodeStat from an unpacked tuple without ZnodeStat(*fields)'s re-packing: it is on the hot path.
-_new_stat = functools.partial(tuple.__new__, ZnodeStat)
-
-T = TypeVar("T")
-# Parses one result at a body offset in the receive buffer: (result, offset after it).
-Parser = Callable[[str, int, int], tuple[T, int]]
-
-
-class AclRead(NamedTuple):
-    path: str
-    acl: list[tuple[int, str, str]] | None  # (perms, scheme, id) entries; None: no such znode
-    error: BaseException | None = None
 
 
 class ZooKeeperWireError(Exception):
@@ -148,25 +117,6 @@ class ZooKeeperWireError(Exception):
 
 
 _ACLS_REMEMBERED = 4096  # distinct ACL vectors a reader keeps decoded
-
-
-def _decode_acl(raw: bytes) -> tuple[tuple[int, str, str], ...]:
-    """A getACL reply's vector<ACL>: int count, then per entry int perms and the Id's two ustrings."""
-    unpack = _INT.unpack_from
-    (count,) = unpack(raw, 0)
-    offset = 4
-    entries = []
-    for _ in range(max(count, 0)):
-        (perms,) = unpack(raw, offset)
-        offset += 4
-        fields = []
-        for _ in range(2):  # Id: ustring scheme, ustring id
-            (length,) = unpack(raw, offset)
-            offset += 4
-            fields.append(str(raw[offset : offset + max(length, 0)], "utf-8"))
-            offset += max(length, 0)
-        entries.append((perms, fields[0], fields[1]))
-    return tuple(entries)
 
 
 class WireReader:
@@ -662,14 +612,6 @@ class WireReader:
         self._sock.close()
 
 
-def _multi_read_frame(xid: int, opcode: int, raw_paths: list[bytes]) -> bytes:
-    """A multiRead request: MultiHeader + read request per op, then the done marker."""
-    pack = _MULTI_OP.pack
-    ops = b"".join(b"".join((pack(opcode, False, -1, len(raw)), raw, _FALSE)) for raw in raw_paths)
-    body = ops + _MULTI_END
-    return struct.pack("!iii", 8 + len(body), xid, _OP_MULTI_READ) + body
-
-
 def _keepalive(ref: weakref.ref[WireReader], stop: threading.Event) -> None:
     """Ping whenever the session has sent nothing for a third of its timeout."""
     while True:
@@ -688,182 +630,7 @@ def _keepalive(ref: weakref.ref[WireReader], stop: threading.Event) -> None:
             return
 
 
-# X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH (OpenSSL x509_vfy.h)
-_NAME_MISMATCH = (62, 64)
-
-
-class _Refused(Exception):
-    """This host refused our TLS session or our login: a setting to fix, not an outage."""
-
-
-def _handshake(hosts: str, addresses: list[tuple[str, int]], timeout: float, security: ZkSecurity | None,
-               resume: tuple[int, bytes] = (0, bytes(16)), last_zxid: int = 0
-               ) -> tuple[socket.socket, float, int, bytes, int, tuple[str, int]]:
-    """Socket, negotiated session timeout (s), session id, its password, the last xid used and the (host, port)
-    reached, from the first host that completes the handshake (and, with `security`, the TLS session and the login).
-
-    `resume` (session id, password) asks for an existing session, `last_zxid` says the newest zxid seen: a member
-    behind it refuses us, as it refuses ZooKeeper's own clients (ZooKeeperServer.processConnectRequest). A session
-    the ensemble expired meanwhile is answered with a zero timeout: then a new one is asked for."""
-    per_host = timeout / max(1, len(addresses))  # like kazoo: the whole attempt stays within timeout
-    context = security.ssl_context() if security is not None and security.tls else None
-    errors, refused = [], []
-    todo = list(addresses)
-    while todo:
-        host, port = todo.pop(0)
-        try:
-            sock = socket.create_connection((host, port), timeout=per_host)
-        except OSError as exc:
-            errors.append(f"{host}:{port}: {exc}")
-            continue
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if context is not None:
-                sock = _start_tls(context, sock, host)
-            body = _CONNECT_REQUEST.pack(0, last_zxid, int(timeout * 1000), resume[0], 16, resume[1], False)
-            try:
-                sock.sendall(_INT.pack(len(body)) + body)
-                (length,) = _INT.unpack(_recv_exactly(sock, 4))
-                response = _recv_exactly(sock, length)
-                _, negotiated_ms, session_id = _CONNECT_RESPONSE_HEAD.unpack_from(response)
-                (size,) = _INT.unpack_from(response, _CONNECT_RESPONSE_HEAD.size)
-                passwd = response[_CONNECT_RESPONSE_HEAD.size + 4 : _CONNECT_RESPONSE_HEAD.size + 4 + max(size, 0)]
-            except OSError as exc:
-                raise _session_refused(exc, tls=context is not None) from exc
-            if negotiated_ms <= 0 and resume[0]:
-                sock.close()
-                resume = (0, bytes(16))  # expired: nothing of it to keep (a reader holds no watches, no ephemerals)
-                todo.insert(0, (host, port))
-                continue
-            if negotiated_ms <= 0:
-                raise ConnectionError("server refused the session")
-            xid = _login(sock, host, security) if security is not None else 0
-        except _Refused as exc:
-            sock.close()
-            refused.append(f"{host}:{port}: {exc}")
-            continue
-        except (OSError, struct.error) as exc:
-            sock.close()
-            errors.append(f"{host}:{port}: handshake failed: {exc}")
-            continue
-        negotiated = negotiated_ms / 1000.0
-        # From here a silent server means a dead session: give up after one session timeout.
-        sock.settimeout(negotiated)
-        return sock, negotiated, session_id, passwd, xid, (host, port)
-    if refused:
-        assert security is not None
-        raise ZooKeeperSecurityError(
-            f"ZooKeeper at {hosts!r} refused the connection ({security.describe()}): {'; '.join(refused + errors)}")
-    raise ZooKeeperUnavailableError(
-        f"cannot connect to ZooKeeper at {hosts!r} within {timeout:.0f}s: is the server up and the "
-        f"connect string right? ({'; '.join(errors)})"
-    )
-
-
-def _start_tls(context: ssl.SSLContext, sock: socket.socket, host: str) -> ssl.SSLSocket:
-    try:
-        return context.wrap_socket(sock, server_hostname=host)
-    except ssl.SSLCertVerificationError as exc:
-        hint = (f"the certificate does not name {host} (or set tls_verify_hostname = false)"
-                if exc.verify_code in _NAME_MISMATCH
-                else "is tls_ca_file the CA that signed the servers' certificates?")
-        raise _Refused(f"the server's TLS certificate is not trusted: {exc.verify_message}; {hint}") from exc
-    except ssl.SSLError as exc:
-        raise _Refused(_tls_failure("TLS handshake failed", exc)) from exc
-
-
-# TLS alerts with which a server refuses the client's certificate (or its absence).
-_CLIENT_CERTIFICATE_ALERTS = ("BAD_CERTIFICATE", "CERTIFICATE_REQUIRED", "CERTIFICATE_UNKNOWN", "UNKNOWN_CA",
-                              "HANDSHAKE_FAILURE")
-
-
-def _tls_failure(what: str, exc: ssl.SSLError) -> str:
-    reason = exc.reason or str(exc)
-    if "WRONG_VERSION" in reason:
-        return f"{what}: {reason} (is this a TLS port, the servers' secureClientPort?)"
-    if any(alert in reason for alert in _CLIENT_CERTIFICATE_ALERTS):
-        return (f"{what}: {reason}: the server refused our client certificate; is tls_cert_file signed by a CA in "
-                "the servers' ssl.trustStore, with its key in tls_key_file?")
-    return f"{what}: {reason}"
-
-
-def _session_refused(exc: OSError, tls: bool) -> BaseException:
-    """What a failure between connecting and the ZooKeeper session means."""
-    if isinstance(exc, ssl.SSLError):
-        # TLS 1.3 servers check the client's certificate after the client has finished its handshake.
-        return _Refused(_tls_failure("the server ended the TLS session", exc))
-    if tls and isinstance(exc, ConnectionError):
-        return _Refused(f"the server closed the TLS connection before the ZooKeeper handshake ({exc}): was our client "
-                        "certificate refused (tls_cert_file, tls_key_file)?")
-    if isinstance(exc, ConnectionError):
-        return ConnectionError(f"{exc} (a TLS port? then set tls = true)")
-    return exc
-
-
-def _login(sock: socket.socket, host: str, security: ZkSecurity) -> int:
-    """SASL, then digest credentials, on a fresh session; returns the last xid used."""
-    xid = 0
-    if security.sasl_mechanism:
-        who = f"SASL {security.sasl_mechanism} login as " + repr(
-            security.sasl_username if security.sasl_mechanism == "DIGEST-MD5" else security.sasl_principal)
-        client = security.sasl_client(host)
-        challenge: bytes | None = None
-        while not client.complete:
-            try:
-                response = client.process(challenge)
-            except Exception as exc:  # pure-sasl's errors: a bad challenge, a missing library
-                raise _Refused(f"{who} failed: {exc}") from exc
-            if client.complete and not response:
-                break
-            xid += 1
-            err, body = _exchange(sock, xid, _OP_SASL, _buffer(response or b""), f"{who} refused")
-            if err:
-                raise _Refused(f"{who} refused ({_code_name(err)}): wrong user name or password?")
-            (length,) = _INT.unpack_from(body, 0)
-            challenge = bytes(body[4 : 4 + length]) if length >= 0 else None
-    if security.digest is not None:
-        packet = _INT.pack(0) + _buffer(b"digest") + _buffer(security.digest.value.encode())
-        err, _ = _exchange(sock, _AUTH_XID, _OP_AUTH, packet, "digest credentials refused")
-        if err:
-            raise _Refused(f"digest credentials of {security.digest_user!r} refused ({_code_name(err)})")
-    return xid
-
-
-def _exchange(sock: socket.socket, xid: int, opcode: int, body: bytes, refused: str) -> tuple[int, bytes]:
-    """One request and its reply during the login: (error code, reply body)."""
-    frame = struct.pack("!ii", xid, opcode) + body
-    try:
-        sock.sendall(_INT.pack(len(frame)) + frame)
-        (length,) = _INT.unpack(_recv_exactly(sock, 4))
-        reply = _recv_exactly(sock, length)
-    except OSError as exc:
-        # ZooKeeper hangs up on a failed login, sometimes before its error reply reaches us.
-        raise _Refused(f"{refused}: the server closed the connection (wrong user name or password?)") from exc
-    reply_xid, _, err = _REPLY_HEADER.unpack_from(reply, 0)
-    if reply_xid != xid:
-        raise ConnectionError(f"unexpected reply xid {reply_xid} during the login (expected {xid})")
-    return err, reply[_REPLY_HEADER.size :]
-
-
-def _buffer(data: bytes) -> bytes:
-    return _INT.pack(len(data)) + data
-
-
-def _code_name(code: int) -> str:
-    return f"{EXCEPTIONS[code].__name__} (code {code})" if code in EXCEPTIONS else f"code {code}"
-
-
 def _read_error(code: int, path: str) -> Exception:
     if code == _NO_AUTH:
         return ZooKeeperPermissionError(path, "READ")
     return ZooKeeperWireError(code, path)
-
-
-def _recv_exactly(sock: socket.socket, size: int) -> bytes:
-    chunks = bytearray()
-    while len(chunks) < size:
-        chunk = sock.recv(size - len(chunks))
-        if not chunk:
-            raise ConnectionError("connection closed during the handshake")
-        chunks += chunk
-    return bytes(chunks)

@@ -60,7 +60,9 @@ from sweeper import config as config_mod
 from sweeper.codecs import pulsar as codec
 from sweeper.config import SweeperConfig
 from sweeper.pipeline import retention_stage, snapshot_stage
-from sweeper.retention.repair import DELETED, NOT_NEEDED, SKIPPED_ACTIVE, TRIMMED, run_repair
+from sweeper.retention.journal import DELETED, TRIMMED
+from sweeper.retention.repair import run_repair
+from sweeper.retention.repair_plan import NOT_NEEDED, SKIPPED_ACTIVE
 from sweeper.tables import open_table_store
 from tests.support.gates import record_gated_reconcile
 from tests.support.real_pulsar import COST, GRACE_S, AsBuilt, Reconciled
