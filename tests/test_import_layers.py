@@ -47,6 +47,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
     ("stages", "one step of a run each (test_layering: no stage imports another), and the run's report", (
         "sweeper.snapshot", "sweeper.reconcile", "sweeper.retention.debt", "sweeper.emit", "sweeper.retention.repair",
         "sweeper.delete", "sweeper.reclaim", "sweeper.stages", "sweeper.report.console",
+        "sweeper.report.summaries",  # each result's one summary: reads every stage's result, above them all
     )),
     ("pipeline", "the stages in order, each wrapped once", (
         "sweeper.pipeline",
