@@ -17,7 +17,8 @@ from pathlib import Path
 
 from sweeper import cli
 from sweeper import config as config_mod
-from sweeper.cli import EXIT_ERROR, EXIT_OK, EXIT_REFUSED, CliPlugins
+from sweeper.cli import CliPlugins
+from sweeper.errors import EXIT_ERROR, EXIT_OK, EXIT_REFUSED
 
 DEFAULT_PORT = 21810  # harness.sandbox.DEFAULT_PORT, spelled here so that parsing imports no harness module
 
@@ -126,7 +127,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
         if args.port is not None and args.port != running.port:
             raise UsageError(f"--port {args.port}: the sandbox in {home} serves ZooKeeper on {running.port}; drop "
                              f"--port, or `sweeper sandbox down` and `up --port {args.port}`")
-        cfg = cli._load_config(args).replace(bookkeeper={"zookeeper": running.connect_string}, pulsar={"zookeeper": ""})
+        cfg = cli.load_config(args).replace(bookkeeper={"zookeeper": running.connect_string}, pulsar={"zookeeper": ""})
         spec = SandboxSpec(
             seed=args.seed,
             topics=args.topics,
@@ -140,7 +141,7 @@ def cmd_sandbox(args: argparse.Namespace) -> int:
         seeded = seed_sandbox(cfg.bookkeeper.zookeeper, spec, home / "manifest.json", s3=s3_endpoint(home))
         print(f"seeded {seeded.seed.znodes:,} znodes in {seeded.seed.seconds:.1f}s "
               f"({seeded.seed.rate:,.0f}/s); manifest: {seeded.manifest_path}")
-        cli._print_counts("ground truth:", seeded.cluster.counts())
+        cli.print_counts("ground truth:", seeded.cluster.counts())
         return EXIT_OK
     raise AssertionError(args.action)
 
@@ -211,7 +212,7 @@ def cmd_testbed(args: argparse.Namespace) -> int:
             for orphan in world.manifest.orphans:
                 kinds[orphan.kind] = kinds.get(orphan.kind, 0) + len(orphan.ledgers) + len(orphan.objects)
             print(f"workload and orphans written in {world.built_s:.0f}s; ground truth in {world.manifest_path}")
-            cli._print_counts("induced orphans:", kinds)
+            cli.print_counts("induced orphans:", kinds)
         elif args.action == "crash":
             testbed_crash(home)
             print("broker killed (-9); the metadata store and the bookies still run; `sweeper testbed up` restarts it")
@@ -251,7 +252,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         from sweeper.errors import UsageError
         from sweeper.report.console import read_store
 
-        store = read_store(cli._load_config(args))
+        store = read_store(cli.load_config(args))
         if runs.succeeded(store, args.run_id, "reconcile") is None:
             raise UsageError(f"run {args.run_id} has no successful reconcile in {store.root}: `sweeper runs` lists "
                              "the runs there")
@@ -280,7 +281,7 @@ def _sandbox_table_bucket(args: argparse.Namespace) -> None:
     from sweeper.offload import S3Target, s3_client
     from sweeper.tables.storage import TableStorage
 
-    cfg = cli._load_config(args)
+    cfg = cli.load_config(args)
     storage = TableStorage(cfg.tables.root)
     if not storage.on_s3 or cfg.tables.s3_endpoint:
         return

@@ -34,8 +34,11 @@ from sweeper.errors import (  # the exit codes, with the errors they map from (o
     EXIT_USAGE,
 )
 
+__all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PARTIAL", "EXIT_REFUSED", "EXIT_USAGE"]  # a `Refused`
+# gives exit 3, not a return here: EXIT_REFUSED is for the scripts and tests that read the codes from the CLI
+
 # The stages `sweep --until` names, in order (sweeper.pipeline.STAGES; spelled here so parsing imports no Spark).
-SWEEP_STAGES = ("snapshot", "reconcile", "retention_debt", "emit", "delete")
+SWEEP_STAGES = ("snapshot", "reconcile", "retention_debt", "emit", "delete", "reclaim")
 PLUGIN_GROUP = "ledger_sweeper.cli"  # entry points: `register(cli: CliPlugins)` adds commands, flags, pre-hooks
 
 
@@ -63,7 +66,7 @@ def _config_choice(args: argparse.Namespace) -> config_mod.ConfigChoice:
     return config_mod.find_config(args.config, sandbox_config=sandbox_config)
 
 
-def _load_config(args: argparse.Namespace) -> SweeperConfig:
+def load_config(args: argparse.Namespace) -> SweeperConfig:
     choice = _config_choice(args)
     if choice.path is None and not (args.command in _READ_ONLY and getattr(args, "tables", None)):
         raise ConfigError(f"no config found (searched {config_mod.search_order()}): pass --config PATH "
@@ -101,11 +104,11 @@ def _load_config(args: argparse.Namespace) -> SweeperConfig:
     return cfg.replace(**overrides) if overrides else cfg
 
 
-def _print_counts(title: str, counts: dict[str, int]) -> None:
-    print(title)
-    width = max((len(k) for k in counts), default=0)
-    for key in sorted(counts):
-        print(f"  {key:<{width}}  {counts[key]:>12,}")
+def print_counts(title: str, counts: dict[str, int]) -> None:
+    """A titled table of counts, as every stage's summary prints its own (sweeper.report.summaries)."""
+    from sweeper.report.summaries import counts_lines
+
+    print("\n".join(counts_lines(title, counts)))
 
 
 def _check_credentials(cfg: SweeperConfig) -> None:
@@ -137,94 +140,80 @@ def _session(cfg: SweeperConfig) -> tuple[Any, Any]:
     return spark, store
 
 
+def open_stage(args: argparse.Namespace) -> tuple[SweeperConfig, Any, Any]:
+    """Every stage command's opening: a plugin's preparation (`cli.before`), the config, then Spark and the table
+    store. Returns (config, spark session, table store)."""
+    for hook in getattr(args, "before", None) or ():  # e.g. `sweep --sandbox` starts and seeds the sandbox
+        hook(args)
+    cfg = load_config(args)
+    spark, store = _session(cfg)
+    return cfg, spark, store
+
+
+def _say(summary: Any, args: argparse.Namespace, *notes: str, **payload: Any) -> None:
+    """A single-stage command's output: its result's one summary (sweeper.report.summaries), the command's own
+    notes, and with --json the result's payload (plus what the command adds) as the last line."""
+    for line in [*summary.command_lines(), *notes]:
+        print(line)
+    if args.json:
+        print(json.dumps({**summary.payload, **payload}))
+
+
 def cmd_snapshot(args: argparse.Namespace) -> int:
     from sweeper.pipeline import snapshot_stage
-    from sweeper.snapshot import zk_load
+    from sweeper.report.summaries import snapshot_summary
 
-    cfg = _load_config(args)
-    spark, store = _session(cfg)
-    result = snapshot_stage(spark, cfg, store, run_id=args.run_id)
-    print(f"snapshot {result.run_id}: layout {result.layout}, {result.units} scan units, "
-          f"{result.duration_s:.1f}s ({result.ledgers_per_second:,.0f} ledgers/s scanned), engine {store.engine}")
-    print(f"ZooKeeper load: {zk_load(result.counts)}")
-    tables = result.counts.tables()
-    _print_counts("rows written per table:", tables)
-    _print_counts("other counts:", {k: v for k, v in result.counts.as_row().items() if k not in tables})
-    if args.json:
-        print(json.dumps({"run_id": result.run_id, "counts": result.counts.as_row(), "versions": result.versions}))
+    cfg, spark, store = open_stage(args)
+    _say(snapshot_summary(snapshot_stage(spark, cfg, store, run_id=args.run_id)), args)
     return EXIT_OK
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
-    from sweeper import runs
     from sweeper.pipeline import reconcile_stage
+    from sweeper.report.summaries import reconcile_summary
+    from sweeper.runs import resolve_run
 
-    cfg = _load_config(args)
-    spark, store = _session(cfg)
-    run_id = args.run_id or runs.latest(store, "snapshot")
-    if run_id is None:
-        print(f"refused: no successful snapshot in {cfg.tables.root}; run `sweeper snapshot` first", file=sys.stderr)
-        return EXIT_REFUSED
+    cfg, spark, store = open_stage(args)
+    run_id = resolve_run(store, args.run_id, "snapshot", "run `sweeper snapshot` first")
     result = reconcile_stage(spark, cfg, store, run_id, check_gates=not args.skip_gates)
-    print(f"reconcile {run_id}: {result.duration_s:.1f}s (dry run: nothing was deleted)")
-    by_status = result.counts.with_counts(by_reason={}).as_row()
-    _print_counts("orphans by status:", by_status)
-    _print_counts("candidates by reason:", dict(result.counts.by_reason))
-    if result.counts.shared_bookkeeper_unverified:
-        print(result.sharing)
-    if args.json:
-        print(json.dumps({"run_id": run_id, "counts": by_status, "by_reason": result.counts.by_reason}))
+    _say(reconcile_summary(result), args, "dry run: nothing was deleted")
     return EXIT_OK
 
 
 def cmd_retention_debt(args: argparse.Namespace) -> int:
     """The retention-debt stage alone, on a reconciled run: what `sweep` reports after reconcile."""
-    from sweeper import runs
-    from sweeper.pipeline import retention_stage, retention_summary
+    from sweeper.pipeline import retention_stage
+    from sweeper.report.summaries import retention_debt_summary
+    from sweeper.runs import resolve_run
 
-    cfg = _load_config(args)
-    spark, store = _session(cfg)
-    run_id = args.run_id or runs.latest(store, "reconcile")
-    if run_id is None:
-        print(f"refused: no reconciled run in {cfg.tables.root}; run `sweeper reconcile` first", file=sys.stderr)
-        return EXIT_REFUSED
+    cfg, spark, store = open_stage(args)
+    run_id = resolve_run(store, args.run_id, "reconcile", "run `sweeper reconcile` first")
     print(f"[retention] started on run {run_id}: retention debt (unloaded topics, idle cursors)", flush=True)
-    result = retention_stage(spark, cfg, store, run_id)
-    retention_summary(result)
-    print("dry run: nothing was loaded or deleted (`sweeper retention` plans the repair, `--execute` acts)")
-    if args.json:
-        print(json.dumps({"run_id": run_id, "counts": result.counts.as_row()}))
+    _say(retention_debt_summary(retention_stage(spark, cfg, store, run_id)), args,
+         "dry run: nothing was loaded or deleted (`sweeper retention` plans the repair, `--execute` acts)")
     return EXIT_OK
 
 
 def cmd_emit(args: argparse.Namespace) -> int:
-    from sweeper import runs
     from sweeper.pipeline import emit_stage
+    from sweeper.report.summaries import emit_summary
+    from sweeper.runs import resolve_run
 
-    cfg = _load_config(args)
-    spark, store = _session(cfg)
-    run_id = args.run_id or runs.latest(store, "reconcile")
-    if run_id is None:
-        print(f"refused: no reconciled run in {cfg.tables.root}; run `sweeper reconcile` first", file=sys.stderr)
-        return EXIT_REFUSED
-    result = emit_stage(spark, cfg, store, run_id)
-    print(f"emit {run_id}: {result.counts.published:,} published to {cfg.system_topic.topic} in "
-          f"{result.duration_s:.1f}s ({result.records_per_second:,.0f} records/s)")
-    _print_counts("records:", result.counts.as_row())
-    if args.json:
-        print(json.dumps({"run_id": run_id, "counts": result.counts.as_row()}))
+    cfg, spark, store = open_stage(args)
+    run_id = resolve_run(store, args.run_id, "reconcile", "run `sweeper reconcile` first")
+    _say(emit_summary(emit_stage(spark, cfg, store, run_id)), args)
     return EXIT_OK
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    from sweeper import runs
     from sweeper.delete.inputs import read_operator_list
     from sweeper.delete.settings import DeleteRefused
     from sweeper.delete.stage import describe
     from sweeper.errors import UsageError
-    from sweeper.pipeline import delete_stage, delete_summary, is_partial
+    from sweeper.pipeline import delete_stage, riding_after
+    from sweeper.report.summaries import delete_run_summary, is_partial
+    from sweeper.runs import resolve_run
 
-    cfg = _load_config(args)
     if args.from_json:
         # The operator's file is checked before Spark starts: a typo in it is a usage error (exit 2), not a run.
         try:
@@ -233,90 +222,63 @@ def cmd_delete(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
         if not listed:
             raise UsageError(f"{args.from_json} lists no ledgers: nothing to delete")
-    spark, store = _session(cfg)
+    cfg, spark, store = open_stage(args)
     if args.from_json:
         run_id = args.run_id or f"manual-{Path(args.from_json).stem}"
     elif args.from_topic:
         run_id = args.run_id or f"topic-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
     else:
-        run_id = args.run_id or runs.latest(store, "emit")
-        if run_id is None:
-            print(f"refused: no emitted run in {cfg.tables.root}; run `sweeper emit` first", file=sys.stderr)
-            return EXIT_REFUSED
+        run_id = resolve_run(store, args.run_id, "emit", "run `sweeper emit` first")
+    # What `sweep` runs after an executed delete (reclaim, when enabled), through the same step: its `before`
+    # (the bookies' baseline) precedes the delete, its report follows it.
+    follower = riding_after("delete", cfg, args.execute)
+    if follower is not None and follower.before is not None:
+        follower.before(cfg, store, run_id, args.execute, print)
     result = delete_stage(spark, cfg, store, run_id, execute=args.execute, from_json=args.from_json,
                           from_topic=args.from_topic)
     if args.from_json:
         for item in result.results:
             print(describe(item))
-    print(f"delete {run_id}: {delete_summary(result)} in {result.duration_s:.1f}s"
-          + ("" if args.execute else " (dry run: pass --execute to delete)"))
-    _print_counts("guards:", {k: int(v) for k, v in result.guards.items() if isinstance(v, int | float)})
-    if result.guards.get("permission_check", "ok") != "ok":
-        print(f"ZooKeeper permissions: {result.guards['permission_check']}")
-    reclaimed = None
-    if args.execute and cfg.reclaim.enabled:
-        from sweeper.pipeline import reclaim_report, reclaim_stage
-
-        reclaimed = reclaim_stage(cfg, store, run_id, trigger=cfg.reclaim.trigger_gc)
-        reclaim_report(reclaimed)
+    summary = delete_run_summary(result)
+    print("\n".join(summary.command_lines()))
+    more: dict[str, Any] = {}
+    if follower is not None:
+        done = follower.run(spark, cfg, store, run_id, args.execute, print)
+        print("\n".join(follower.summarize(done).sweep_lines()))  # as `sweep` says it: a step that rode along
+        more[follower.name] = done.counts.as_row()
     if args.json:
-        print(json.dumps({"run_id": run_id, "counts": result.counts.as_row(), "guards": result.guards,
-                          **({"reclaim": reclaimed.counts.as_row()} if reclaimed else {})}))
+        print(json.dumps({**summary.payload, **more}))
     return EXIT_PARTIAL if is_partial(result) else EXIT_OK
 
 
 def cmd_reclaim(args: argparse.Namespace) -> int:
     """Measure again what a run's deletes gave back; with --execute, first ask each bookie for one GC."""
-    from sweeper import runs
-    from sweeper.pipeline import reclaim_report, reclaim_stage
+    from sweeper.pipeline import reclaim_stage
+    from sweeper.report.summaries import reclaim_summary
+    from sweeper.runs import resolve_run
 
-    cfg = _load_config(args)
-    _, store = _session(cfg)
-    run_id = args.run_id or runs.latest(store, "delete")
-    if run_id is None or not runs.rows(store, run_id, "delete"):
-        print(f"refused: no delete run {'named ' + repr(args.run_id) + ' ' if args.run_id else ''}in "
-              f"{cfg.tables.root}; `sweeper runs` lists the runs", file=sys.stderr)
-        return EXIT_REFUSED
+    cfg, _, store = open_stage(args)
+    run_id = resolve_run(store, args.run_id, "delete", "`sweeper runs` lists the runs", recorded=True)
+    # Not the sweep's step: here --execute itself asks for the GC, whatever [reclaim] trigger_gc says.
     result = reclaim_stage(cfg, store, run_id, trigger=args.execute)
-    for row in result.rows:
-        print(f"{row['target']:<24} {row['verdict']:<18} expected {row['expected_bytes'] or 0:>14,}  freed "
-              f"{row['freed_bytes'] or 0:>14,}  pending {row['pending_bytes'] or 0:>14,}  {row['action']}"
-              + (f"  ({row['why']})" if row["why"] else ""))
-    reclaim_report(result)
-    if not args.execute:
-        print("measured only: pass --execute to ask each bookie that held deleted data for one GC")
-    if args.json:
-        print(json.dumps({"run_id": run_id, "counts": result.counts.as_row()}))
+    _say(reclaim_summary(result), args, *(() if args.execute else (
+        "measured only: pass --execute to ask each bookie that held deleted data for one GC",)))
     return EXIT_OK
 
 
 def cmd_retention(args: argparse.Namespace) -> int:
     """Repair retention debt through the broker's admin REST API: a dry run unless --execute."""
     from sweeper import runs
+    from sweeper.errors import Refused
     from sweeper.pipeline import repair_stage
+    from sweeper.report.summaries import repair_summary
 
-    cfg = _load_config(args)
-    _, store = _session(cfg)
-    plan = args.run_id or runs.latest(store, "retention_debt")
-    if plan is None:
-        print(f"refused: no retention debt in {cfg.tables.root}; run `sweeper sweep` (or reconcile) first",
-              file=sys.stderr)
-        return EXIT_REFUSED
-    run_id = f"retention-{runs.new_run_id()}"
-    result = repair_stage(cfg, store, plan, run_id, execute=args.execute)
-    for row in result.rows:
-        what = row["topic_name"] + (f" subscription {row['cursor']!r}" if row["cursor"] else "")
-        sizes = f" ({row['bytes_before']:,} -> {row['bytes_after']:,} bytes)" if row["bytes_after"] is not None else ""
-        print(f"{row['action']:<20} {row['outcome']:<15} {what}{sizes}: {row['detail']}")
-    counts = ", ".join(f"{v:,} {k}" for k, v in sorted(result.counts.as_row().items()) if v and k != "execute")
-    counts = counts or "nothing to do"
-    print(f"retention repair {run_id} of plan {plan}: {counts} in {result.duration_s:.1f}s"
-          + ("" if args.execute else " (dry run: pass --execute to act)"))
-    if args.json:
-        print(json.dumps({"run_id": run_id, "plan_run_id": plan, "counts": result.counts.as_row()}))
+    cfg, _, store = open_stage(args)
+    plan = runs.resolve_run(store, args.run_id, "retention_debt", "run `sweeper sweep` (or reconcile) first")
+    result = repair_stage(cfg, store, plan, f"retention-{runs.new_run_id()}", execute=args.execute)
+    _say(repair_summary(result), args)
     if result.stopped:
-        print(f"refused: {result.stopped}", file=sys.stderr)
-        return EXIT_REFUSED
+        raise Refused(result.stopped)
     return EXIT_PARTIAL if result.counts.failed else EXIT_OK
 
 
@@ -324,7 +286,7 @@ def cmd_dlq(args: argparse.Namespace) -> int:
     from sweeper.delete.inputs import dead_letters, redrive
     from sweeper.report.console import read_store
 
-    cfg = _load_config(args)
+    cfg = load_config(args)
     # Refuses a root with no tables (exit 2) instead of reporting "0 dead letters" for a mistyped path.
     reader = read_store(cfg)
     if args.action == "list":
@@ -351,7 +313,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     from sweeper.report.console import read_store, render, run_rows, run_summaries
 
     args.limit = _limit(args)
-    store = read_store(_load_config(args))
+    store = read_store(load_config(args))
     summaries = run_summaries(run_rows(store))  # with the attempts a kill left in the journals, not yet folded in
     if args.status:
         summaries = [r for r in summaries if r["status"] == args.status]
@@ -372,7 +334,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     from sweeper.report.console import read_store, render, show_rows
 
     args.limit = _limit(args)
-    store = read_store(_load_config(args))
+    store = read_store(load_config(args))
     filters = {"reason": args.reason, "status": args.status, "tenant": args.tenant, "namespace": args.namespace}
     rows, view = show_rows(store, args.run, args.what, filters, args.limit)
     sys.stdout.write(render(rows, view.columns, args.format))
@@ -386,15 +348,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     """Run the stages in order with one run id, stopping at the first refusal."""
     from sweeper.pipeline import sweep
 
-    if args.execute and args.until not in (None, "delete"):
+    if args.execute and args.until not in (None, "delete", "reclaim"):
         # Refused before anything starts: doing more than the user named (deleting) is never the resolution.
         print(f"usage error: --execute deletes, but --until {args.until} stops before the delete: drop --execute "
               f"to stop after {args.until}, or drop --until to delete", file=sys.stderr)
         return EXIT_USAGE
-    for hook in getattr(args, "before", ()):  # a plugin's preparation (`--sandbox` starts and seeds the sandbox)
-        hook(args)
-    cfg = _load_config(args)
-    spark, store = _session(cfg)
+    cfg, spark, store = open_stage(args)
     until = args.until or ("delete" if args.execute else "retention_debt")
     result = sweep(spark, cfg, store, until=until, run_id=args.run_id, execute=args.execute)
     if args.json:
@@ -534,9 +493,10 @@ def build_parser() -> argparse.ArgumentParser:
     common(sweep)
     sweep.add_argument("--until", default=None, choices=SWEEP_STAGES,
                        help="last stage to run (default: retention_debt, a dry run that reports; emit marks ledgers "
-                            "for deletion; delete without --execute only reports)")
+                            "for deletion; delete without --execute only reports; reclaim measures what the bookies "
+                            "gave back, which an executed delete also does when [reclaim] is enabled)")
     sweep.add_argument("--execute", action="store_true",
-                       help="run every stage and really delete (with --until, only --until delete)")
+                       help="run every stage and really delete (with --until, only --until delete or reclaim)")
     sweep.add_argument("--allow-no-brokers", action="store_true",
                        help="pass the liveness gate with no broker registered (a cleanup with brokers stopped)")
     sweep.set_defaults(func=cmd_sweep)
@@ -552,8 +512,8 @@ def build_parser() -> argparse.ArgumentParser:
 @dataclass
 class CliPlugins:
     """What a plugin's `register(cli)` gets: add commands, add flags to a product command, and run a hook before it
-    (`cli.before("sweep", hook)`: the command calls `hook(args)` after checking its own flags, before loading the
-    config, so the hook may set the connection overrides `_load_config` reads: zookeeper, s3_endpoint,
+    (`cli.before("sweep", hook)`: the command calls `hook(args)` after checking its own flags, in `open_stage` before
+    loading the config, so the hook may set the connection overrides `load_config` reads: zookeeper, s3_endpoint,
     pulsar_urls, tables_s3_endpoint)."""
 
     subcommands: Any  # argparse's _SubParsersAction

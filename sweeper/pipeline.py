@@ -31,6 +31,17 @@ from sweeper.reconcile.gates import GateFailed, run_gates
 from sweeper.reconcile.stage import ReconcileCounts, ReconcileRefused, ReconcileResult, SafetySettings, run_reconcile
 from sweeper.report.console import human_bytes, plural
 from sweeper.report.metrics import MetricsError, publish, registry
+from sweeper.report.summaries import (
+    Summary,
+    delete_run_summary,
+    delete_summary,  # noqa: F401  (where its callers have always found it)
+    emit_summary,
+    is_partial,
+    reclaim_summary,
+    reconcile_summary,
+    retention_debt_summary,
+    snapshot_summary,
+)
 from sweeper.retention import repair as retention_repair
 from sweeper.retention.debt import run_retention_debt
 from sweeper.retention.debt_types import (
@@ -40,12 +51,13 @@ from sweeper.retention.debt_types import (
     RetentionSettings,
 )
 from sweeper.retention.repair_plan import RepairCounts, RepairResult, RepairSettings, RetentionRepairRefused
-from sweeper.snapshot import SnapshotCounts, SnapshotResult, SnapshotSettings, zk_load
+from sweeper.snapshot import SnapshotCounts, SnapshotResult, SnapshotSettings
 from sweeper.tables import TableStore
 
 # In order; `sweep --until S` runs the stages up to S. A dry-run sweep ends after retention_debt (the report).
-STAGES = ("snapshot", "reconcile", "retention_debt", "emit", "delete")
+STAGES = ("snapshot", "reconcile", "retention_debt", "emit", "delete", "reclaim")
 DRY_RUN_UNTIL = "retention_debt"
+Log = Callable[[str], Any]
 
 
 @dataclass
@@ -119,33 +131,6 @@ def retention_stage(spark: SparkSession, config: SweeperConfig, store: TableStor
                   (RetentionDebtRefused, SystemTopicError))
 
 
-def retention_summary(result: RetentionDebtResult, log: Any = print, top: int = 10) -> None:
-    """Reclaimable bytes by cause, the sweep report's retention lines."""
-    c = result.counts
-    log(f"[retention] {plural(c.topics.get('candidate', 0), 'unloaded topic'):>24} hold "
-        f"{human_bytes(c.expired_unloaded_bytes)} past retention (`sweeper retention --execute` loads "
-        f"them) in {result.duration_s:.1f}s")
-    log(f"            {plural(c.idle_cursors, 'idle cursor')} pin {human_bytes(c.idle_cursor_bytes)} "
-        f"({plural(c.cursors.get('candidate', 0), 'subscription')} past [retention] cursor_idle_days); "
-        f"{plural(c.topics.get('unknown', 0), 'topic')} unknown; {human_bytes(c.awaiting_broker_bytes)} "
-        f"await a loaded broker's trim; {plural(c.topics.get('protected', 0), 'topic')} and "
-        f"{plural(c.cursors.get('protected', 0), 'idle cursor')} protected (never acted on)")
-    rows = [r for r in result.report if r["total_bytes"]]
-    if rows:
-        shown = rows[:top]
-        width = max(len(f"{r['tenant']}/{r['namespace']}") for r in shown)
-        log(f"reclaimable by cause:\n  {'tenant/namespace':<{width}}  {'orphans':>10}  {'expired, unloaded':>17}  "
-            f"{'idle cursors':>12}  {'total':>10}")
-        for r in shown:
-            log(f"  {r['tenant'] + '/' + r['namespace']:<{width}}  {_size(r['orphan_bytes']):>10}  "
-                f"{_size(r['expired_unloaded_bytes']):>17}  {_size(r['idle_cursor_bytes']):>12}  "
-                f"{_size(r['total_bytes']):>10}")
-
-
-def _size(n: int | None) -> str:
-    return human_bytes(n) if n else "-"
-
-
 def emit_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str) -> EmitResult:
     def escalate(exc: Exception) -> Exception | None:
         if isinstance(exc, EmitFailed):
@@ -163,8 +148,6 @@ def emit_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
 def delete_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str, execute: bool = False,
                  from_json: str | None = None, from_topic: bool = False) -> DeleteRunResult:
     def body() -> DeleteRunResult:
-        if execute:
-            sample_bookies_before(config, store, run_id)
         return run_delete(spark, config, store, run_id, execute=execute, from_json=from_json, from_topic=from_topic,
                           recorded_in_runs=True)
 
@@ -197,11 +180,6 @@ def reclaim_stage(config: SweeperConfig, store: TableStore, run_id: str, trigger
                       lambda: run_reclaim(config, store, run_id, trigger=trigger, log=log), ending)
 
 
-def reclaim_report(result: ReclaimResult, log: Any = print) -> None:
-    log(f"[reclaim]   {summary_line(result.rows)} (in {result.duration_s:.1f}s"
-        + (f", {result.counts.gc_triggered} GC triggered" if result.counts.gc_triggered else "") + ")")
-
-
 def repair_stage(config: SweeperConfig, store: TableStore, plan_run_id: str, run_id: str,
                  execute: bool = False) -> RepairResult:
     """The retention repair of one retention-debt plan, under its own run id (`retention-...`)."""
@@ -214,21 +192,6 @@ def repair_stage(config: SweeperConfig, store: TableStore, plan_run_id: str, run
                                                RepairSettings.from_config(config, plan_run_id, execute,
                                                                           recorded_in_runs=True)), ending,
                   (RetentionRepairRefused,))
-
-
-def is_partial(result: DeleteRunResult) -> bool:
-    return bool(result.counts.queued_for_retry or result.counts.dead_lettered or result.counts.failed)
-
-
-def delete_summary(result: DeleteRunResult) -> str:
-    c = result.counts
-    verb = "deleted" if result.execute else "would delete"
-    done = c.deleted if result.execute else c.would_delete
-    not_found = f"{c.not_found:,} not found (no snapshot lists them: check the ids), " if c.not_found else ""
-    return (f"{done:,} {verb}, {c.already_gone:,} already gone, {not_found}{c.in_use:,} in use, "
-            f"{c.mismatch:,} mismatch, {c.invalid:,} invalid, {c.refused:,} refused by the rules, {c.failed:,} failed "
-            f"({c.queued_for_retry:,} queued for retry, {c.dead_lettered:,} dead-lettered); "
-            f"{c.deferred_by_cap:,} deferred by max_deletes_per_run")
 
 
 def export_metrics(config: SweeperConfig, result: SweepResult, log: Any = print) -> None:
@@ -279,65 +242,62 @@ class StageResult(Protocol):
 
 @dataclass(frozen=True)
 class Step:
-    """One stage as the sweep runs it: its start line, the stage itself (with its `runs` bookkeeping), and what
-    the sweep prints and keeps of its result. `sweep` is a loop over these."""
+    """One stage as the sweep runs it: its start line, the stage itself (with its `runs` bookkeeping), its result's
+    one summary (sweeper.report.summaries), and what the sweep keeps of it. `sweep` is a loop over these, and the
+    single-stage commands reach a step that rides along (reclaim after `delete --execute`) through the same one.
+
+    A step may ride along after the step ahead of it (`rides_along`), and may need something before that step runs
+    (`before`): reclaim's baseline of the bookies is only a baseline if it is taken before the delete."""
 
     name: str
     announce: Callable[[SweeperConfig, SweepResult], str]
-    run: Callable[[SparkSession, SweeperConfig, TableStore, str | None, bool], StageResult]
-    report: Callable[[Any, SweeperConfig, SweepResult, Any], None]
+    run: Callable[[SparkSession, SweeperConfig, TableStore, str | None, bool, Log], StageResult]
+    summarize: Callable[[Any], Summary]
+    keep: Callable[[Any, SweepResult], None] = lambda result, sweep: None  # beyond its counts: for metrics
+    rides_along: Callable[[SweeperConfig, bool], bool] | None = None  # (config, execute): also after the one ahead
+    before: Callable[[SweeperConfig, TableStore, str, bool, Log], None] | None = None  # runs before the one ahead
+
+    def report(self, result: Any, sweep: SweepResult, log: Log) -> None:
+        self.keep(result, sweep)
+        for line in self.summarize(result).sweep_lines():
+            log(line)
 
 
-def _snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str | None,
-              execute: bool) -> SnapshotResult:
+def _snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str | None, execute: bool,
+              log: Log) -> SnapshotResult:
     return snapshot_stage(spark, config, store, run_id=run_id)
 
 
-def _report_snapshot(snap: SnapshotResult, config: SweeperConfig, sweep: SweepResult, log: Any) -> None:
-    log(f"[snapshot]  {snap.counts.bk_ledgers:>10,} ledgers, {snap.counts.managed_ledgers:,} "
-        f"managed ledgers, {snap.counts.quarantine:,} quarantined in {snap.duration_s:.1f}s "
-        f"({snap.ledgers_per_second:,.0f} ledgers/s)")
-    log(f"            ZooKeeper: {zk_load(snap.counts)}")
-
-
-def _report_reconcile(rec: ReconcileResult, config: SweeperConfig, sweep: SweepResult, log: Any) -> None:
-    c = rec.counts
-    engine = ("on the driver" if c.gates_on_driver
-              else f"as Spark jobs, above [gates] driver_rows ({c.gates_driver_rows:,} rows)")
-    gates = f" (the gates before it: {c.gates_ms / 1000:.1f}s, {engine})" if c.gates_passed else ""
-    log(f"[reconcile] {c.candidate:>10,} candidates, {c.unknown:,} unknown, {c.young:,} young, {c.missing:,} missing "
-        f"in {rec.duration_s:.1f}s{gates}")
-    if c.other_cluster or c.stale_pointer or c.protected:
-        log(f"              {c.other_cluster:,} of other clusters (never touched), {c.protected:,} protected by "
-            f"Pulsar or [retention] protected_*, {c.stale_pointer:,} compaction pointers ZooKeeper may hold stale "
-            "(not data loss)")
-    if c.shared_bookkeeper_unverified:
-        log(f"              {rec.sharing}")
-    if not config.gates.require_live_brokers:
-        log("              liveness gate waived (--allow-no-brokers): no live broker registration was required")
-    for reason, count in sorted(c.by_reason.items(), key=lambda kv: -kv[1]):
-        log(f"              {count:>8,}  {reason}")
-    if rec.report:
-        log("top topics by reclaimable bytes:")
-        for row in rec.report[:10]:
-            log(f"  {row['tenant']}/{row['namespace']}/{row['topic']}: {plural(row['orphans'] or 0, 'orphan')}, "
-                f"{human_bytes(row['reclaimable_bytes'])}, oldest {plural(int(row['max_age_days'] or 0), 'day')}")
-    if c.pending_deletes:
-        log("pending deletes on the system topic: "
-            + ", ".join(f"{v:,} {k}" for k, v in sorted(c.pending_deletes.items())))
-
-
-def _report_emit(emitted: EmitResult, config: SweeperConfig, sweep: SweepResult, log: Any) -> None:
-    log(f"[emit]      {emitted.counts.published:>10,} records published to "
-        f"{config.system_topic.topic}, {emitted.counts.already_published:,} already there, in "
-        f"{emitted.duration_s:.1f}s")
-
-
-def _report_delete(deleted: DeleteRunResult, config: SweeperConfig, sweep: SweepResult, log: Any) -> None:
+def _keep_delete(deleted: DeleteRunResult, sweep: SweepResult) -> None:
     sweep.partial = is_partial(deleted)
     sweep.outcomes = [(r.ledger_type, r.outcome) for r in deleted.results]
-    log(f"[delete]    {delete_summary(deleted)} in {deleted.duration_s:.1f}s (paced at "
-        f"{config.delete.deletes_per_second:,.0f} deletes/s per task)")
+
+
+def _keep_reclaim(reclaimed: ReclaimResult, sweep: SweepResult) -> None:
+    sweep.reclaim = reclaimed.rows
+
+
+def _reclaims(config: SweeperConfig, execute: bool) -> bool:
+    """Today's `--execute` ends with what the bookies gave back, when [reclaim] is enabled."""
+    return execute and config.reclaim.enabled
+
+
+def _reclaim_baseline(config: SweeperConfig, store: TableStore, run_id: str, execute: bool, log: Log) -> None:
+    if _reclaims(config, execute):
+        sample_bookies_before(config, store, run_id, log)
+
+
+def _reclaim(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str | None, execute: bool,
+             log: Log) -> ReclaimResult:
+    # A GC only with --execute: a dry run's reclaim measures, it never asks a bookie for anything.
+    return reclaim_stage(config, store, str(run_id), trigger=execute and config.reclaim.trigger_gc, log=log)
+
+
+def _announce_reclaim(config: SweeperConfig, sweep: SweepResult) -> str:
+    if sweep.execute and config.reclaim.trigger_gc:
+        return "[reclaim] started: a GC on each bookie that held deleted data, then what the bookies gave back"
+    why = "[reclaim] trigger_gc = false" if sweep.execute else "a dry run"
+    return f"[reclaim] started: what the bookies gave back (no GC triggered: {why})"
 
 
 def _candidates(sweep: SweepResult) -> int:
@@ -346,26 +306,28 @@ def _candidates(sweep: SweepResult) -> int:
 
 STEPS: dict[str, Step] = {step.name: step for step in (
     Step("snapshot", lambda config, sweep: "[snapshot] started: reading BookKeeper's and Pulsar's metadata",
-         _snapshot, _report_snapshot),
+         _snapshot, snapshot_summary),
     Step("reconcile",
          lambda config, sweep: f"[reconcile] started on snapshot {sweep.run_id}: gates, then the anti-joins",
-         lambda spark, config, store, run_id, execute: reconcile_stage(spark, config, store, str(run_id)),
-         _report_reconcile),
+         lambda spark, config, store, run_id, execute, log: reconcile_stage(spark, config, store, str(run_id)),
+         reconcile_summary),
     Step("retention_debt", lambda config, sweep: "[retention] started: retention debt (unloaded topics, idle cursors)",
-         lambda spark, config, store, run_id, execute: retention_stage(spark, config, store, str(run_id)),
-         lambda debt, config, sweep, log: retention_summary(debt, log)),
+         lambda spark, config, store, run_id, execute, log: retention_stage(spark, config, store, str(run_id)),
+         retention_debt_summary),
     Step("emit",
          lambda config, sweep: f"[emit] started: marking {plural(_candidates(sweep), 'candidate')} on "
                                f"{config.system_topic.topic}",
-         lambda spark, config, store, run_id, execute: emit_stage(spark, config, store, str(run_id)),
-         _report_emit),
+         lambda spark, config, store, run_id, execute, log: emit_stage(spark, config, store, str(run_id)),
+         emit_summary),
     Step("delete",
          lambda config, sweep: "[delete] started: "
                                f"{'re-verifying and deleting' if sweep.execute else 're-verifying (dry run)'} what was "
                                "marked",
-         lambda spark, config, store, run_id, execute: delete_stage(spark, config, store, str(run_id),
-                                                                     execute=execute),
-         _report_delete),
+         lambda spark, config, store, run_id, execute, log: delete_stage(spark, config, store, str(run_id),
+                                                                          execute=execute),
+         delete_run_summary, _keep_delete),
+    Step("reclaim", _announce_reclaim, _reclaim, reclaim_summary, _keep_reclaim, rides_along=_reclaims,
+         before=_reclaim_baseline),
 )}
 assert tuple(STEPS) == STAGES
 
@@ -375,44 +337,50 @@ COUNTS: dict[str, type[runs.StageCounts]] = {
     "emit": EmitCounts, "delete": DeleteCounts, "retention_repair": RepairCounts, "reclaim": ReclaimCounts}
 
 
+def riding_after(name: str, config: SweeperConfig, execute: bool) -> Step | None:
+    """The step that runs after `name` unasked (reclaim after an executed delete), if any."""
+    index = STAGES.index(name) + 1
+    follower = STEPS[STAGES[index]] if index < len(STAGES) else None
+    return follower if follower and follower.rides_along and follower.rides_along(config, execute) else None
+
+
+def plan(config: SweeperConfig, until: str, execute: bool) -> list[Step]:
+    """The steps a sweep up to `until` runs: those up to it, and one that rides along after it."""
+    steps = [STEPS[name] for name in STAGES[:STAGES.index(until) + 1]]
+    follower = riding_after(until, config, execute)
+    return steps + ([follower] if follower else [])
+
+
 def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: str = DRY_RUN_UNTIL,
-          run_id: str | None = None, log: Any = print, execute: bool = False) -> SweepResult:
+          run_id: str | None = None, log: Log = print, execute: bool = False) -> SweepResult:
     """Stages in order up to `until`, one loop: each announces itself, runs with its `runs` bookkeeping, and
     reports. Emitting marks ledgers for deletion, so it only runs when asked."""
     if until not in STAGES:
         raise ValueError(f"unknown stage {until!r}; stages: {', '.join(STAGES)}")
-    if execute and until != "delete":
+    if execute and STAGES.index(until) < STAGES.index("delete"):
         raise ValueError(f"execute=True deletes, but until={until!r} stops before the delete")
     t0 = time.monotonic()
     result = SweepResult(run_id or "", execute=execute)
-    for name in STAGES[:STAGES.index(until) + 1]:
-        step = STEPS[name]
+    steps = plan(config, until, execute)
+    for step, ahead in zip(steps, [*steps[1:], None], strict=True):
         log(step.announce(config, result))
-        done = step.run(spark, config, store, result.run_id or None, execute)
+        if ahead is not None and ahead.before is not None:
+            ahead.before(config, store, result.run_id, execute, log)
+        done = step.run(spark, config, store, result.run_id or None, execute, log)
         result.run_id = done.run_id
-        result.stages[name] = {"seconds": round(done.duration_s, 1), **done.counts.as_row()}
-        step.report(done, config, result, log)
-    if execute and "delete" in result.stages and config.reclaim.enabled:
-        trigger = config.reclaim.trigger_gc
-        log("[reclaim] started: " + ("a GC on each bookie that held deleted data, then what the bookies gave back"
-                                     if trigger else "what the bookies gave back (no GC triggered: [reclaim] "
-                                                     "trigger_gc = false)"))
-        reclaimed = reclaim_stage(config, store, result.run_id, trigger=trigger, log=log)
-        result.stages["reclaim"] = {"seconds": round(reclaimed.duration_s, 1), **reclaimed.counts.as_row()}
-        result.reclaim = reclaimed.rows
-        reclaim_report(reclaimed, log)
+        result.stages[step.name] = {"seconds": round(done.duration_s, 1), **done.counts.as_row()}
+        step.report(done, result, log)
     if "reconcile" in result.stages and "emit" not in result.stages:
         log(f"dry run: {_candidates(result):,} candidates would be marked; nothing was published")
-    return _finish(result, config, until, execute, t0, log)
+    return _finish(result, config, execute, t0, log)
 
 
-def _finish(result: SweepResult, config: SweeperConfig, until: str, execute: bool, t0: float,
-            log: Any) -> SweepResult:
+def _finish(result: SweepResult, config: SweeperConfig, execute: bool, t0: float, log: Log) -> SweepResult:
     """The run's metrics, its stage table and its last line, wherever `until` ended it."""
     export_metrics(config, result, log)
     for line in summary_table(result):
         log(line)
-    if until == "delete" and execute:
+    if execute:
         done = "deletes executed"
     elif "emit" in result.stages:
         done = (f"{result.stages['emit'].get('published', 0):,} marks published to {config.system_topic.topic}; "

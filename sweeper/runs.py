@@ -259,6 +259,23 @@ def latest(store: TableStore, stage: str) -> str | None:
     return found[-1]["run_id"] if found else None
 
 
+# What a stage command needs before it, as its refusal names it.
+_READY = {"snapshot": "successful snapshot", "reconcile": "reconciled run", "retention_debt": "retention debt",
+          "emit": "emitted run", "delete": "delete run"}
+
+
+def resolve_run(store: TableStore, run_id: str | None, stage: str, hint: str, *, recorded: bool = False) -> str:
+    """The run a stage command acts on: `run_id` as named (with `recorded`, only if it has a `stage` row), else the
+    newest run whose `stage` succeeded. None is `Refused` (exit 3): `no <what> in <root>; <hint>`."""
+    if run_id and (not recorded or rows(store, run_id, stage)):
+        return run_id
+    found = None if run_id else latest(store, stage)
+    if found is None:
+        named = f"named {run_id!r} " if run_id else ""
+        raise Refused(f"no {_READY[stage]} {named}in {store.root}; {hint}")
+    return found
+
+
 def succeeded(store: TableStore, run_id: str, stage: str) -> dict[str, int] | None:
     """The counts of `run_id`'s `stage` when it succeeded (its latest such row), else None."""
     found = rows(store, run_id=run_id, stage=stage, status=SUCCEEDED)

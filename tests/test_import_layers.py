@@ -50,6 +50,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         "sweeper.retention.debt_types", "sweeper.retention.debt_reads", "sweeper.retention.debt_select",
         "sweeper.retention.debt_rows", "sweeper.retention.repair_plan", "sweeper.retention.repair_calls",
         "sweeper.delete", "sweeper.reclaim", "sweeper.stages", "sweeper.report.console",
+        "sweeper.report.summaries",  # each result's one summary: reads every stage's result, above them all
     )),
     ("pipeline", "the stages in order, each wrapped once", (
         "sweeper.pipeline",

@@ -156,6 +156,7 @@ class EmitResult:
     run_id: str
     counts: EmitCounts
     duration_s: float
+    topic: str = ""  # where the records went, so the run's report names it from the result alone
 
     @property
     def records_per_second(self) -> float:
@@ -431,10 +432,10 @@ def _emit_holding(spark: SparkSession, settings: EmitSettings, store: TableStore
     try:
         broker = settings.connections.broker()
         if not store.exists("orphans"):
-            return EmitResult(run_id, EmitCounts(), time.monotonic() - t0)
+            return EmitResult(run_id, EmitCounts(), time.monotonic() - t0, cfg.topic)
         # The topic's partition count decides the plan; an empty run asks nothing of the broker.
         if _candidates(store, run_id).limit(1).count() == 0:
-            return EmitResult(run_id, EmitCounts(), time.monotonic() - t0)
+            return EmitResult(run_id, EmitCounts(), time.monotonic() - t0, cfg.topic)
         partitions = ensure_topic(cfg, broker)
     except SystemTopicError as exc:
         raise EmitRefused(str(exc)) from exc
@@ -474,7 +475,7 @@ def _emit_planned(spark: SparkSession, store: TableStore, run_id: str, planned: 
     counts["previously_emitted"] = records - (todo.count() if slots else 0)
     counts["partitions"] = partitions
     if not slots:
-        return EmitResult(run_id, EmitCounts.from_row(counts), time.monotonic() - t0)
+        return EmitResult(run_id, EmitCounts.from_row(counts), time.monotonic() - t0, settings.system_topic.topic)
     slot_index = {slot: i for i, slot in enumerate(slots)}
     emitted_at = datetime.now(UTC)
     journal = EmitJournal(store.task_appender(JOURNAL_TABLE, EMIT_JOURNAL), run_id, emitted_at.isoformat(), emitted_at,
@@ -543,7 +544,7 @@ def _emit_planned(spark: SparkSession, store: TableStore, run_id: str, planned: 
     counts["already_published"] = by_status.get(ALREADY_PUBLISHED, 0)
     counts["refused_oversize"] = by_status.get(REFUSED_OVERSIZE, 0)
     counts["producers"] = len(slots)
-    return EmitResult(run_id, EmitCounts.from_row(counts), time.monotonic() - t0)
+    return EmitResult(run_id, EmitCounts.from_row(counts), time.monotonic() - t0, settings.system_topic.topic)
 
 
 # A producer that failed (a broker restarted or lost mid-send) is opened again this many times, after these waits:

@@ -81,6 +81,12 @@ class ReclaimResult:
     duration_s: float
     rows: list[dict[str, Any]] = field(default_factory=list)
 
+    @property
+    def line(self) -> str:
+        """The run's summary line; a property so the report's renderers read it without importing reclaim (which
+        imports the report package: a circle between the packages)."""
+        return summary_line(self.rows)
+
 
 def _targets(config: SweeperConfig, registrations: dict[str, Registration], bookie_ids: Iterable[str],
              problem: str = "") -> dict[str, BookieTarget]:
