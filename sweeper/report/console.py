@@ -26,7 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sweeper import runs
+from sweeper import journal, runs
 from sweeper.config import SweeperConfig
 from sweeper.errors import UsageError
 from sweeper.tables.base import TableStore
@@ -249,7 +249,7 @@ def unfolded_run_rows(store: TableStore, recorded: Sequence[Mapping[str, Any]]) 
             by_outcome[row["outcome"]] = by_outcome.get(row["outcome"], 0) + 1
         others = ", ".join(f"{n:,} {outcome}" for outcome, n in sorted(by_outcome.items()) if outcome != DELETED)
         deleted = by_outcome.get(DELETED, 0)
-        out.append(_interrupted_row(
+        out.append(journal.interrupted_row(
             attempt.run_id, "delete", attempt.started, attempt.last,
             {**by_outcome, DELETED: deleted, INTENDED: len(attempt.in_flight), "execute": 1},
             f"attempt {attempt.attempt_id} stopped before it finished (or is running now); {NOT_FOLDED}. Its "
@@ -289,7 +289,7 @@ def _unfolded_emits(store: TableStore, recorded: Sequence[Mapping[str, Any]]) ->
         unrecorded = [r for r in intents if r["producer_name"] not in {d["producer_name"] for d in done}]
         may_be_sent = sum(int(r["records"] or 0) for r in unrecorded)
         planned = int(started["records"] or 0)
-        out.append(_interrupted_row(
+        out.append(journal.interrupted_row(
             started["run_id"], "emit", started["at"], max(r["at"] for r in mine),
             {"planned": planned, "recorded": len(done), "published": sum(r["status"] == PUBLISHED for r in done),
              "producers_started": len(intents), "producers_unrecorded": len(unrecorded),
@@ -332,7 +332,7 @@ def _unfolded_repair_rows(store: TableStore, recorded: Sequence[Mapping[str, Any
             continue
         by_outcome = Counter(r["outcome"] for r in repair.outcomes)
         done = ", ".join(f"{n:,} {outcome}" for outcome, n in sorted(by_outcome.items()))
-        out.append(_interrupted_row(
+        out.append(journal.interrupted_row(
             repair.run_id, STAGE, repair.started, repair.last,
             {**by_outcome, INTENDED: len(repair.in_flight), "recorded": len(repair.outcomes), "execute": 1},
             f"repair run {repair.run_id} stopped before it finished (or is running now); {REPAIR_NOT_FOLDED}. "
@@ -340,13 +340,6 @@ def _unfolded_repair_rows(store: TableStore, recorded: Sequence[Mapping[str, Any
             f"{plural(len(repair.in_flight), 'call')} intended without a row (unknown until then): "
             f"`sweeper show {repair.run_id} actions` lists them"))
     return out
-
-
-def _interrupted_row(run_id: str, stage: str, started: datetime, last: datetime, counts: Mapping[str, int],
-                     message: str) -> dict[str, Any]:
-    return {"run_id": run_id, "stage": stage, "status": runs.INTERRUPTED, "started_at": started, "finished_at": last,
-            "duration_s": (last - started).total_seconds(), "counts": dict(counts), "config_hash": None,
-            "engine": None, "message": message}
 
 
 def run_rows(store: TableStore) -> list[dict[str, Any]]:
