@@ -1,7 +1,7 @@
 """Issue 45: only the lock holder acts (DESIGN.md invariant 22), on a real ZooKeeper.
 
 The run lock is an ephemeral znode; taking it bumps an epoch znode beside it in the same multi, and every delete
-multi checks both (sweeper.metastore.run_lock). These tests end a holder's session the way an expiry does (the ensemble
+multi checks both (sweeper.run_lock). These tests end a holder's session the way an expiry does (the ensemble
 deletes its ephemeral nodes), let another run take the lock, and show that the first run's fence then refuses its
 multis and its reads, that a deleter carrying that fence deletes nothing, and that a lock whose holder is a dead
 process of this host is waited for instead of refused.
@@ -27,7 +27,7 @@ from sweeper.codecs.layout import LedgerLayout, ledger_path
 from sweeper.delete.lock import DeleteRunLock
 from sweeper.delete.results import DELETED, FAILED
 from sweeper.delete.zk_executor import LOCK_LOST, LedgerDeleter
-from sweeper.metastore.run_lock import LockLost, LockWatch, RunLockHeld
+from sweeper.run_lock import LockLost, LockWatch, RunLockHeld
 from sweeper.zk import client as zkutil
 from tests.support.config import ZkTarget
 from tests.support.ledgers import ledger_bytes

@@ -1,4 +1,4 @@
-"""One delete run at a time per cluster: the run lock (`sweeper.metastore.run_lock`) at `[delete] lock_path`.
+"""One delete run at a time per cluster: the run lock (`sweeper.run_lock`) at `[delete] lock_path`.
 
 Ephemeral, so a crashed driver's lock goes away with its session instead of blocking every
 later run until someone deletes it by hand.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sweeper.metastore.run_lock import LOCKS_DIR, RunLock, RunLockHeld
+from sweeper.run_lock import LOCKS_DIR, RunLock, RunLockHeld
 
 DEFAULT_LOCK_PATH = f"{LOCKS_DIR}/delete"
 

@@ -24,9 +24,9 @@ from sweeper.delete.journal import Journal
 from sweeper.delete.retry import RetryPolicy
 from sweeper.errors import Refused
 from sweeper.metastore.migration import MigrationGuard
-from sweeper.metastore.run_lock import Fence
 from sweeper.metastore.urls import StoreUrl
 from sweeper.rules.owner import ActingRules
+from sweeper.run_lock import Fence
 
 
 class DeleteRefused(Refused):
@@ -63,7 +63,7 @@ class DeleteTarget:
     never_seen: frozenset[int] = frozenset()  # operator-listed ids no snapshot lists: `not_found` when gone
     # With execute: PIP-454's flag, re-read by each task before every executor call (sweeper.metastore.migration)
     migration: MigrationGuard | None = None
-    # With execute: the run lock's fence (metastore.run_lock), checked in every delete multi and read before every
+    # With execute: the run lock's fence (sweeper.run_lock), checked in every delete multi and read before every
     # executor call, so a run that lost its lock (an expired session) stops wherever its tasks run
     fence: Fence | None = None
 

@@ -52,11 +52,11 @@ from sweeper.metastore.migration import (
     MigrationRefused,
     check_stores,
 )
-from sweeper.metastore.run_lock import LockLost
 from sweeper.rules.classify import Sharing
 from sweeper.rules.owner import ActingRules
 from sweeper.rules.protection import Protection
 from sweeper.rules.safety import GracePeriod, Scope
+from sweeper.run_lock import LockLost
 from sweeper.scan.bookkeeper import read_layout
 from sweeper.table_schemas import DEAD_LETTER, DELETE_RESULTS, RETRY_QUEUE
 from sweeper.tables import TableStore

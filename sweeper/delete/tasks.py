@@ -22,11 +22,11 @@ from sweeper.delete.retry import run_with_retries
 from sweeper.delete.s3_executor import ObjectDeleter
 from sweeper.delete.settings import DeleteTarget
 from sweeper.delete.zk_executor import LOCK_LOST, LedgerDeleter, OffloadCheck
-from sweeper.metastore.run_lock import LockWatch
 from sweeper.names import topic_for_managed_ledger
 from sweeper.offload import S3Target, object_metadata, s3_client
 from sweeper.ratelimit import TokenBucket
 from sweeper.rules.classify import Sharing
+from sweeper.run_lock import LockWatch
 from sweeper.zk import client as zkutil
 
 # ---- tasks -------------------------------------------------------------------------------------
@@ -59,7 +59,7 @@ def _paced(items: list[Any], per_second: float) -> Iterator[list[Any]]:
 
 class Watch(Protocol):
     """A condition re-read before each executor call that may delete; once it says stop, the task stops for good
-    (sweeper.metastore.migration.MigrationWatch, sweeper.metastore.run_lock.LockWatch)."""
+    (sweeper.metastore.migration.MigrationWatch, sweeper.run_lock.LockWatch)."""
 
     detail: str | None
     error: str | None
@@ -226,7 +226,7 @@ def delete_partition(items: Iterator[list[PendingRecord]], target: DeleteTarget)
                                             shadows=dict(target.shadows), local_cluster=target.local_cluster,
                                             min_age_ms=target.min_age_ms, now_ms=target.now_ms, rules=target.rules)
             # An object store has no multi to carry the fence: the watch reads it before each DeleteObjects call
-            # (sweeper.metastore.run_lock: the window left is that read and the call).
+            # (sweeper.run_lock: the window left is that read and the call).
             finished += _run_records(objects_deleter.process, pairs, target, rng, watches)
     finally:
         if reader is not None:

@@ -48,17 +48,17 @@ from sweeper.delete.results import (
 from sweeper.delete.retry import is_transient
 from sweeper.delete.zk_reads import WHY_READ, Read, _needs_bookkeeper_copy, _Reads, _released_copies
 from sweeper.metastore.oxia import capabilities_of
-from sweeper.metastore.run_lock import Fence, LockWatch
 from sweeper.rules.classify import CompactionPointer, CompactionRef, compaction_reference
 from sweeper.rules.owner import OTHER_CLUSTER, PROTECTED, ActingRules, Owner, refusal
 from sweeper.rules.protection import cursor_protection, describe
+from sweeper.run_lock import Fence, LockWatch
 from sweeper.vocabulary import BUCKET_PREFIX, COMPACTED_TOPIC_LEDGER, COMPACTION_CURSOR
 from sweeper.zk import client as zkutil
 from sweeper.zk.errors import ZooKeeperPermissionError
 
 NowMs = int | Callable[[], int]
 NOT_ATTEMPTED = "not attempted: a missing ZooKeeper permission stopped the run"
-# The run's lock is not its own any more (metastore.run_lock): nothing more is deleted, by this task or any other.
+# The run's lock is not its own any more (sweeper.run_lock): nothing more is deleted, by this task or any other.
 LOCK_LOST = LockWatch.detail_when_lost
 
 

@@ -53,7 +53,7 @@ from sweeper.codecs import pending_delete
 from sweeper.config import SweeperConfig, SystemTopicConfig
 from sweeper.connections import Connections
 from sweeper.errors import Refused, caused_by_interrupt
-from sweeper.metastore.run_lock import LOCKS_DIR, LockLost, RunLock
+from sweeper.run_lock import LOCKS_DIR, LockLost, RunLock
 from sweeper.spark import task_error
 from sweeper.table_schemas import EMIT_JOURNAL, EMITTED
 from sweeper.tables import TableStore, TaskAppender
@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 JOURNAL_TABLE = journal.EMIT.table
 STARTED, INTENT, CLOSED = journal.STARTED, journal.INTENT, journal.CLOSED
 # The emit's run lock, beside the delete's: one emit at a time, and a stopped emitter that wakes up publishes nothing
-# more once another holds it (sweeper.metastore.run_lock).
+# more once another holds it (sweeper.run_lock).
 LOCK_NAME = "emit"
 # How many messages a producer sends between two looks at the run lock's fence.
 FENCE_EVERY_MESSAGES = 1000

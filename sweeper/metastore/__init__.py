@@ -12,6 +12,5 @@ declared, not hidden (`capabilities`): Oxia has no multi-key transaction and no 
 - `oxia_client_fix`: the PyPI `oxia` client mended once per process (the server's key routing, a race-free start);
 - `oxia`: the Oxia implementation over that client, and its bulk reader over `oxia_grpc`, our gRPC read client;
 - `oxia_split`: BookKeeper's records in one Oxia namespace and Pulsar's in another, as one store and one reader;
-- `run_lock`: one acting run at a time per cluster, and the fence every action checks;
 - `migration`: PIP-454's ZooKeeper-to-Oxia migration flag, and what the sweeper refuses while it is set.
 """

@@ -26,7 +26,7 @@ class SplitStore:
                  bookkeeper_paths: Iterable[str] = ()) -> None:
         self.bookkeeper, self.pulsar, self.ledgers_root = bookkeeper, pulsar, ledgers_root.rstrip("/")
         # Records of ours kept in BookKeeper's namespace beside the ledgers: the run lock and its epoch, which the
-        # delete's fence checks with every compare-and-set (sweeper.metastore.run_lock).
+        # delete's fence checks with every compare-and-set (sweeper.run_lock).
         self.bookkeeper_paths = frozenset(bookkeeper_paths)
         self.hosts = f"{bookkeeper.hosts} (ledgers), {pulsar.hosts} (Pulsar)"
 

@@ -45,7 +45,7 @@ from sweeper import journal, runs
 from sweeper.codecs import pulsar as codec
 from sweeper.codecs.errors import MetadataDecodeError
 from sweeper.errors import Refused
-from sweeper.metastore.run_lock import RunLock, RunLockHeld
+from sweeper.run_lock import RunLock, RunLockHeld
 from sweeper.table_schemas import REPAIR_JOURNAL, RETENTION_ACTIONS
 from sweeper.tables import TableStore
 
@@ -154,7 +154,7 @@ class RepairLockHeld(Refused):
 
 
 class RepairLock:
-    """One `retention --execute` at a time (`metastore.run_lock`), so that a run the journal shows unclosed is one that
+    """One `retention --execute` at a time (`sweeper.run_lock`), so that a run the journal shows unclosed is one that
     stopped, and a killed holder's lock goes with its session."""
 
     def __init__(self, client: Any, path: str, run_id: str, wait_for_dead_local_holder_s: float = 0.0) -> None:

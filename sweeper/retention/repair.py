@@ -548,7 +548,7 @@ class _Intents:
     """The intents of one action: `intend(call, **facts)` commits one before each admin call (no-op on a dry run,
     which calls nothing), then shows that the run still holds its lock (DESIGN.md invariant 22): a repair whose
     session expired, or whose lock another repair took, makes no more calls (LockLost, exit 3). The window left is
-    that read's round trip and the call itself (sweeper.metastore.run_lock)."""
+    that read's round trip and the call itself (sweeper.run_lock)."""
 
     def __init__(self, journal: RepairJournal | None, seq: int, action: PlannedAction,
                  lock: RepairLock | None = None) -> None:

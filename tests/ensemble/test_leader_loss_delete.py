@@ -144,7 +144,7 @@ def test_the_run_lock_taken_as_the_leader_dies_is_this_runs(
     ensemble_zk.ensure_path(lock_path.rsplit("/", 1)[0])
     aimed_path = ensemble_target.chroot + lock_path
 
-    def aim(op: int, body: bytes) -> bool:  # the multi that creates the lock and bumps its epoch (metastore.run_lock)
+    def aim(op: int, body: bytes) -> bool:  # the multi that creates the lock and bumps its epoch (sweeper.run_lock)
         return op == MULTI and aimed_path in multi_creates(body)
 
     with AimedElection(zk_ensemble, aim) as aimed:
