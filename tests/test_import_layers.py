@@ -36,7 +36,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         "sweeper.rules", "sweeper.report.plots",
     )),
     ("stores", "one module per store or service: ZooKeeper, Oxia, the tables, the broker, S3, the runs ledger", (
-        "sweeper.zk", "sweeper.metastore", "sweeper.tables", "sweeper.broker.system_topic", "sweeper.offload",
+        "sweeper.zk", "sweeper.metastore", "sweeper.tables", "sweeper.broker.system_topic", "sweeper.objectstore",
         "sweeper.run_lock", "sweeper.runs", "sweeper.journal", "sweeper.report.metrics",
         "sweeper.scan",  # scan: the package's row helpers
     )),

@@ -477,8 +477,8 @@ def _emit_planned(spark: SparkSession, store: TableStore, run_id: str, planned: 
         return EmitResult(run_id, EmitCounts.from_row(counts), time.monotonic() - t0)
     slot_index = {slot: i for i, slot in enumerate(slots)}
     emitted_at = datetime.now(UTC)
-    journal = EmitJournal(store.task_appender(JOURNAL_TABLE, EMIT_JOURNAL), run_id, emitted_at.isoformat(), emitted_at,
-                          settings.recorded_in_runs)
+    emit_journal = EmitJournal(store.task_appender(JOURNAL_TABLE, EMIT_JOURNAL), run_id, emitted_at.isoformat(),
+                               emitted_at, settings.recorded_in_runs)
     recorder = store.task_appender("emitted", EMITTED)
     columns = EMITTED.fieldNames()
     pause_s = float(os.environ.get(FAILPOINT_BEFORE_RECORDING_ENV) or 0)
@@ -497,7 +497,7 @@ def _emit_planned(spark: SparkSession, store: TableStore, run_id: str, planned: 
         first = messages[0]
         sequence_ids = [m.sequence_id for m in messages]
         # On record before anything is sent: what this producer may put on the topic, should the task die.
-        journal.intent(first.topic_partition, producer.producer_name(first.topic_partition, first.producer_slot),
+        emit_journal.intent(first.topic_partition, producer.producer_name(first.topic_partition, first.producer_slot),
                        min(sequence_ids), max(sequence_ids), len(messages))
         with metadata.session() as zk:
             # The run lock's fence, read before the producer starts and every FENCE_EVERY_MESSAGES sends: a task of
@@ -523,21 +523,21 @@ def _emit_planned(spark: SparkSession, store: TableStore, run_id: str, planned: 
                .map(lambda r: (slot_index[(r["topic_partition"], r["producer_slot"])], r))
                .partitionBy(len(slots), lambda index: index))
     sending = time.monotonic()
-    journal.started(counts["records"] - counts["previously_emitted"])
+    emit_journal.started(counts["records"] - counts["previously_emitted"])
     try:
         # One job: each producer task records what it sent in `emitted` itself, once the broker acknowledged it.
         by_status: dict[str, int] = dict(by_slot.mapPartitions(send_partition).reduceByKey(lambda a, b: a + b)
                                          .collect())
     except Exception as exc:
         if caused_by_interrupt(exc):
-            raise  # the wrapper records it from the journal (record_interrupt)
+            raise  # the wrapper records it from the journal (emit.interrupts)
         error = _task_error(exc)
-        _stop_if_lock_lost(lock, journal)
+        _stop_if_lock_lost(lock, emit_journal)
         with contextlib.suppress(Exception):  # `runs` says failed; the journal must not read as a kill
-            journal.closed(f"failed: {error}"[:2000])
+            emit_journal.closed(f"failed: {error}"[:2000])
         raise EmitFailed(error) from exc
-    _stop_if_lock_lost(lock, journal)
-    journal.closed(f"{sum(by_status.values()):,} records recorded")
+    _stop_if_lock_lost(lock, emit_journal)
+    emit_journal.closed(f"{sum(by_status.values()):,} records recorded")
     counts["send_ms"] = int((time.monotonic() - sending) * 1000)
     counts["published"] = by_status.get(PUBLISHED, 0)
     counts["already_published"] = by_status.get(ALREADY_PUBLISHED, 0)

@@ -308,13 +308,13 @@ def unfolded_repairs(store: TableStore, run_id: str | None = None) -> list[Unfol
     pending = [r for r in unclosed_runs(store) if run_id in (None, r)]
     if not pending:
         return []
-    journal = store.read_arrow(JOURNAL_TABLE, where={"run_id": pending}).to_pylist()
+    written = store.read_arrow(JOURNAL_TABLE, where={"run_id": pending}).to_pylist()
     recorded: list[dict[str, Any]] = []
     if store.exists("retention_actions"):
         recorded = store.read_arrow("retention_actions", where={"run_id": pending, "dry_run": False}).to_pylist()
     found = []
     for run in pending:
-        mine = sorted((r for r in journal if r["run_id"] == run), key=lambda r: r["at"])
+        mine = sorted((r for r in written if r["run_id"] == run), key=lambda r: r["at"])
         own = [r for r in recorded if r["run_id"] == run]
         found.append(UnfoldedAttempt(run, run, mine[0]["at"], max([mine[-1]["at"], *(r["finished_at"] for r in own)]),
                                      tuple(own), tuple(unsettled(mine, own))))
@@ -424,8 +424,8 @@ def show_rows(store: TableStore, run_id: str, view_name: str, filters: Mapping[s
         where[view.filters[name]] = value
     # What the run's unfolded delete attempts or repair journalled: listed until the next one folds it in.
     from_journal = _JOURNALLED.get(view.table)
-    journal = from_journal(store, run_id) if from_journal else []
-    if not journal and not runs.rows(store, run_id=run_id) and not (store.exists(view.table) and store.read_arrow(
+    journalled = from_journal(store, run_id) if from_journal else []
+    if not journalled and not runs.rows(store, run_id=run_id) and not (store.exists(view.table) and store.read_arrow(
             view.table, where={view.run_column: run_id}, columns=[view.run_column]).num_rows) \
             and not unfolded_delete_attempts(store, run_id) and not unfolded_repairs(store, run_id):
         raise UsageError(f"no run {run_id} in {store.root}: `sweeper runs` lists the runs there")
@@ -433,8 +433,8 @@ def show_rows(store: TableStore, run_id: str, view_name: str, filters: Mapping[s
     if from_journal:
         # Every row says where it is recorded, so a script reading json or csv sees one shape either way.
         found = [{**r, RECORDED_IN: view.table} for r in found]
-        found += [r for r in journal if all(r.get(column) == value for column, value in where.items())]
-        if journal:
+        found += [r for r in journalled if all(r.get(column) == value for column, value in where.items())]
+        if journalled:
             view = replace(view, columns=(*view.columns, RECORDED_IN))
     found.sort(key=lambda r: (r.get(view.order) is None, r.get(view.order)))
     return (found[:limit] if limit else found), view

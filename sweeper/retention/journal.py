@@ -300,7 +300,7 @@ def resolve_interrupted(store: TableStore, read: Callable[[str], tuple[bytes, An
         _record_unrecorded(store, by_run)
     if not pending:
         return found
-    journal = store.read_arrow(JOURNAL_TABLE, where={"run_id": pending}).to_pylist()
+    written = store.read_arrow(JOURNAL_TABLE, where={"run_id": pending}).to_pylist()
     recorded: list[dict[str, Any]] = []
     if store.exists("retention_actions"):
         recorded = store.read_arrow("retention_actions", where={"run_id": pending, "dry_run": False}).to_pylist()
@@ -310,7 +310,7 @@ def resolve_interrupted(store: TableStore, read: Callable[[str], tuple[bytes, An
     closing: list[dict[str, Any]] = []
     settled: list[dict[str, Any]] = []
     for run_id in pending:
-        intents = [r for r in journal if r["run_id"] == run_id and r["phase"] == INTENT]
+        intents = [r for r in written if r["run_id"] == run_id and r["phase"] == INTENT]
         own = [r for r in recorded if r["run_id"] == run_id]
         added = []
         for row in unsettled(intents, own):  # what the run did not record itself
@@ -327,7 +327,7 @@ def resolve_interrupted(store: TableStore, read: Callable[[str], tuple[bytes, An
         mine = own + added
         found.rows += added
         settled += mine
-        stamps = [r["at"] for r in journal if r["run_id"] == run_id]
+        stamps = [r["at"] for r in written if r["run_id"] == run_id]
         started, ended = min(stamps), max([*stamps, *(r["finished_at"] for r in own)])
         if record_runs and run_id not in with_runs_row:
             tally = Counter(r["outcome"] for r in mine)
