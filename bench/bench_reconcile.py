@@ -73,7 +73,7 @@ from sweeper.codecs.bookkeeper import decode_ledger_metadata
 from sweeper.codecs.layout import ledger_path
 from sweeper.codecs.pulsar import decode_schema_locator
 from sweeper.config import SweeperConfig
-from sweeper.offload import CLUSTER_NAME_KEY, MANAGED_LEDGER_NAME_KEY, parse_offload_key
+from sweeper.objectstore.s3 import CLUSTER_NAME_KEY, MANAGED_LEDGER_NAME_KEY, parse_offload_key
 from sweeper.reconcile.stage import SafetySettings, run_reconcile
 from sweeper.retention.debt import run_retention_debt
 from sweeper.retention.debt_types import RetentionSettings

@@ -278,7 +278,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 def _sandbox_table_bucket(args: argparse.Namespace) -> None:
     """A table root on S3 with no endpoint of its own lives on the sandbox's S3: create its bucket."""
-    from sweeper.offload import S3Target, s3_client
+    from sweeper.objectstore.s3 import S3Target, s3_client
     from sweeper.tables.storage import TableStorage
 
     cfg = cli.load_config(args)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from sweeper.broker.system_topic import AdminClient, BrokerSettings, open_client
 from sweeper.config import SweeperConfig, SystemTopicConfig
 from sweeper.metastore.urls import StoreUrl, parse_pulsar_store_url
-from sweeper.offload import S3Target, s3_client
+from sweeper.objectstore.s3 import S3Target, s3_client
 from sweeper.zk import client as zkutil
 from sweeper.zk.security import ZkSecurity, bookkeeper_security, pulsar_security
 

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from pyspark.sql import SparkSession
 
-from sweeper import runs, snapshot
+from sweeper import journal, runs, snapshot
 from sweeper.broker.system_topic import SystemTopicError
 from sweeper.config import SweeperConfig
 from sweeper.delete.lock import RunLockHeld
@@ -82,7 +82,8 @@ def snapshot_stage(spark: SparkSession, config: SweeperConfig, store: TableStore
     return runs.stage(store, settings, run_id, "snapshot",
                       lambda: snapshot.run(spark, store, run_id, settings, started),
                       lambda result: runs.Ending(result.counts), started=started,
-                      interrupted="interrupted during the snapshot: its rows are never reconciled; start a new run")
+                      journal=journal.PlainInterrupt("interrupted during the snapshot: its rows are never reconciled; "
+                                                     "start a new run"))
 
 
 def reconcile_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str,
@@ -110,7 +111,8 @@ def reconcile_stage(spark: SparkSession, config: SweeperConfig, store: TableStor
             waived = "gates skipped (--skip-gates): audit only, never emitted or deleted"
         return runs.Ending(result.counts, message=waived)
 
-    return runs.stage(store, config, run_id, "reconcile", body, ending, (GateFailed, ReconcileRefused))
+    return runs.stage(store, config, run_id, "reconcile", body, ending, (GateFailed, ReconcileRefused),
+                      journal=journal.PlainInterrupt())
 
 
 def retention_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str) -> RetentionDebtResult:
@@ -128,7 +130,7 @@ def retention_stage(spark: SparkSession, config: SweeperConfig, store: TableStor
         return run_retention_debt(spark, store, run_id, settings, topic_policy_lookup=lookup)
 
     return runs.stage(store, config, run_id, "retention_debt", body, lambda result: runs.Ending(result.counts),
-                  (RetentionDebtRefused, SystemTopicError))
+                      (RetentionDebtRefused, SystemTopicError), journal=journal.PlainInterrupt())
 
 
 def emit_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str) -> EmitResult:
@@ -142,7 +144,7 @@ def emit_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
     # An interrupted emit is recorded with what its journal and `emitted` hold (issue 22), here, by the wrapper.
     return runs.stage(store, settings, run_id, "emit", lambda: emit.run(spark, store, run_id, settings),
                       lambda result: runs.Ending(result.counts), (EmitRefused,), escalate,
-                      on_interrupt=lambda started: emit.record_interrupt(store, run_id, started, settings))
+                      journal=emit.interrupts(store, run_id))
 
 
 def delete_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str, execute: bool = False,
@@ -157,8 +159,7 @@ def delete_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, 
 
     # An interrupted delete is recorded by its next attempt, from the journal, with what it did (issue 22).
     return runs.stage(store, config, run_id, "delete", body, ending,
-                  (DeleteRefused, RunLockHeld, SystemTopicError, MigrationRefused),
-                  record_interrupt=False)
+                      (DeleteRefused, RunLockHeld, SystemTopicError, MigrationRefused), journal=journal.FoldedByNext())
 
 
 def sample_bookies_before(config: SweeperConfig, store: TableStore, run_id: str, log: Any = print) -> None:
@@ -177,7 +178,8 @@ def reclaim_stage(config: SweeperConfig, store: TableStore, run_id: str, trigger
         return runs.Ending(result.counts, message=summary_line(result.rows))
 
     return runs.stage(store, config, run_id, "reclaim",
-                      lambda: run_reclaim(config, store, run_id, trigger=trigger, log=log), ending)
+                      lambda: run_reclaim(config, store, run_id, trigger=trigger, log=log), ending,
+                      journal=journal.PlainInterrupt())
 
 
 def repair_stage(config: SweeperConfig, store: TableStore, plan_run_id: str, run_id: str,
@@ -191,7 +193,7 @@ def repair_stage(config: SweeperConfig, store: TableStore, plan_run_id: str, run
                   lambda: retention_repair.run(None, store, run_id,
                                                RepairSettings.from_config(config, plan_run_id, execute,
                                                                           recorded_in_runs=True)), ending,
-                  (RetentionRepairRefused,))
+                  (RetentionRepairRefused,), journal=journal.PlainInterrupt())
 
 
 def export_metrics(config: SweeperConfig, result: SweepResult, log: Any = print) -> None:

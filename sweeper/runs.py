@@ -124,29 +124,31 @@ class Ending:
     message: str = ""
 
 
+class Interrupts(Protocol):
+    """How a stage's interrupted attempt reaches `runs` (sweeper.journal declares each stage's)."""
+
+    def record_interrupt(self, store: TableStore, run_id: str, stage: str, started: datetime,
+                         config: ConfigHash | None) -> None: ...
+
+
 def stage(store: TableStore, config: ConfigHash | None, run_id: str, name: str, body: Callable[[], R],
           ending: Callable[[R], Ending], refusals: tuple[type[Exception], ...] = (),
-          escalate: Callable[[Exception], Exception | None] = lambda exc: None, record_interrupt: bool = True,
-          interrupted: str = "", started: datetime | None = None,
-          on_interrupt: Callable[[datetime], None] | None = None) -> R:
+          escalate: Callable[[Exception], Exception | None] = lambda exc: None, started: datetime | None = None,
+          *, journal: Interrupts) -> R:
     """Run one stage's `body` and record how it ended in `runs`, whatever the end: the one wrapper of every stage.
 
     The status always agrees with the exit code the CLI gives the same end:
     - a `Refused` (exit 3) is `refused`; one of the stage's own `refusals` is raised again as `StageRefused`;
-    - an interrupt (Ctrl-C, SIGTERM, or a Spark job PySpark cancelled for one) is `interrupted`, with the
-      `interrupted` line; a stage whose journal says more passes `on_interrupt(started)`, which records the row
-      from it here (the emit); the delete's next attempt records a stopped one (`record_interrupt=False`);
+    - an interrupt (Ctrl-C, SIGTERM, or a Spark job PySpark cancelled for one) is `interrupted`, recorded as the
+      stage's `journal` says (sweeper.journal: from the journal now, by the next attempt, or a plain row);
     - any other exception is `failed`, recorded as its first line (the trace goes to the log file), unless
       `escalate` turns it into a refusal.
     """
     started = started or datetime.now(UTC)
-    said = interrupted or f"interrupted during {name}; re-run the stage (or the sweep) to do it again"
+
     def record_the_interrupt() -> None:
         with contextlib.suppress(Exception):  # the interrupt is what the operator must see
-            if on_interrupt is not None:
-                on_interrupt(started)
-            elif record_interrupt:
-                record(store, run_id, name, INTERRUPTED, started, {}, config, said)
+            journal.record_interrupt(store, run_id, name, started, config)
 
     try:
         result = body()
@@ -230,27 +232,6 @@ def rows(store: TableStore, run_id: str | None = None, stage: str | None = None,
     for row in found:
         row["counts"] = dict(row["counts"] or {})  # Arrow gives a map as (key, value) pairs
     return sorted(found, key=lambda r: (r["started_at"], r["finished_at"]))
-
-
-# The detail a journal's `closed` row starts with when the stage wrapper writes the attempt's `runs` row right after
-# (the delete, the emit, the retention repair): a closed attempt with no row of its stage recorded since was killed
-# between the two, and the next attempt records it (`unrecorded`), so no attempt is left without a status.
-RUNS_ROW_FOLLOWS = "closed; its runs row follows"
-
-
-def unrecorded(store: TableStore, stage: str, closed: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Of `closed` (journal rows: `run_id`, `detail`, and `at`, the close), those closed under the stage wrapper
-    with no `stage` row of their run finished at or after the close."""
-    waiting = [dict(r) for r in closed if str(r.get("detail") or "").startswith(RUNS_ROW_FOLLOWS)]
-    wanted = sorted({r["run_id"] for r in waiting})
-    if not wanted:
-        return []
-    ended: dict[str, list[datetime]] = {}
-    if store.exists(TABLE):
-        for row in store.read_arrow(TABLE, where={"stage": stage, "run_id": wanted},
-                                    columns=["run_id", "finished_at"]).to_pylist():
-            ended.setdefault(row["run_id"], []).append(row["finished_at"])
-    return [r for r in waiting if not any(at >= r["at"] for at in ended.get(r["run_id"], ()))]
 
 
 def latest(store: TableStore, stage: str) -> str | None:

@@ -34,7 +34,7 @@ from sweeper.delete.results import ANSWER_LOST
 from sweeper.delete.retry import RetryPolicy, run_with_retries
 from sweeper.delete.stage import run_delete
 from sweeper.metastore.oxia import OxiaStore
-from sweeper.offload import S3Target, s3_client
+from sweeper.objectstore.s3 import S3Target, s3_client
 from sweeper.vocabulary import DAY_MS
 from tests.support.broker import Broker
 from tests.support.config import ZkTarget

@@ -17,7 +17,7 @@ from harness.zkserver import free_port
 from sweeper.codecs import pulsar as codec
 from sweeper.delete import ALREADY_GONE, DELETED, FAILED, IN_USE, INVALID, MISMATCH, WOULD_DELETE, ObjectDeleter
 from sweeper.delete.retry import RetryPolicy, is_transient_code, run_with_retries
-from sweeper.offload import S3Target, s3_client
+from sweeper.objectstore.s3 import S3Target, s3_client
 from sweeper.vocabulary import DAY_MS
 from tests.support.s3_faults import KeyFault, S3FaultProxy
 

@@ -21,7 +21,7 @@ from sweeper.delete.inputs import dead_letters, redrive, retry_states
 from sweeper.delete.lock import DeleteRunLock, RunLockHeld
 from sweeper.delete.settings import DeleteRefused
 from sweeper.delete.stage import run_delete
-from sweeper.offload import S3Target, s3_client
+from sweeper.objectstore.s3 import S3Target, s3_client
 from sweeper.pipeline import delete_summary
 from sweeper.tables import open_table_store
 from sweeper.zk import client as zkutil

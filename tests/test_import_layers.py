@@ -36,8 +36,9 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         "sweeper.rules", "sweeper.report.plots",
     )),
     ("stores", "one module per store or service: ZooKeeper, Oxia, the tables, the broker, S3, the runs ledger", (
-        "sweeper.zk", "sweeper.metastore", "sweeper.tables", "sweeper.broker.system_topic", "sweeper.offload",
-        "sweeper.run_lock", "sweeper.runs", "sweeper.report.metrics", "sweeper.scan",  # scan: the package's row helpers
+        "sweeper.zk", "sweeper.metastore", "sweeper.tables", "sweeper.broker.system_topic", "sweeper.objectstore",
+        "sweeper.run_lock", "sweeper.runs", "sweeper.journal", "sweeper.report.metrics",
+        "sweeper.scan",  # scan: the package's row helpers
     )),
     ("connections and readers", "a run's endpoints, the liveness probes, the scanners, the repair's journal", (
         "sweeper.connections", "sweeper.broker.liveness", "sweeper.retention.policies", "sweeper.scan.bookkeeper",

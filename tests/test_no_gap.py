@@ -4,7 +4,7 @@
 The kill is stood for by calling each stage's body as the stage wrapper does (so its journal says a runs row follows
 its close) without the wrapper that would write that row: exactly what a kill in between leaves. The next attempt,
 through the wrapper, then records the first as `interrupted`, once, and writes its own status; a third attempt adds
-nothing more. Without the `runs.RUNS_ROW_FOLLOWS` check these attempts have no status at all: the tests fail.
+nothing more. Without the `journal.RUNS_ROW_FOLLOWS` check these attempts have no status at all: the tests fail.
 """
 
 from __future__ import annotations

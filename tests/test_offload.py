@@ -12,7 +12,7 @@ from pyspark.sql import SparkSession
 from harness.s3server import S3ServerInfo
 from harness.sandbox.model import SandboxSpec, build_cluster
 from harness.sandbox.seed import seed_s3, seed_zookeeper
-from sweeper.offload import S3Target, listing_units, parse_offload_key, s3_client
+from sweeper.objectstore.s3 import S3Target, listing_units, parse_offload_key, s3_client
 from sweeper.reconcile.stage import CANDIDATE, OTHER_CLUSTER, UNKNOWN, YOUNG, SafetySettings, run_reconcile
 from sweeper.rules.safety import DAY_MS, CircuitBreaker
 from tests.support.config import BASE_CONFIG
@@ -34,7 +34,7 @@ def test_listing_units_cover_every_key(s3_server: S3ServerInfo) -> None:
     keys = ["!early", "0abc", "9zz", ":colon", "Upper", "`tick", "a1", "fff", "f~", "g", "zzz", "\u00e9t\u00e9"]
     for key in keys:
         client.put_object(Bucket="cover", Key=key, Body=b"")
-    from sweeper.offload import _list
+    from sweeper.objectstore.s3 import _list
 
     seen = [obj["Key"] for unit in listing_units() for obj in _list(client, "cover", *unit)]
     assert sorted(seen) == sorted(keys)

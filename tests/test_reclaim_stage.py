@@ -17,7 +17,7 @@ from harness.s3server import S3ServerInfo
 from sweeper import runs
 from sweeper._proto.bookkeeper_metadata_pb2 import BookieServiceInfoFormat
 from sweeper.config import SweeperConfig
-from sweeper.offload import S3Target, s3_client
+from sweeper.objectstore.s3 import S3Target, s3_client
 from sweeper.pipeline import reclaim_stage, sample_bookies_before
 from sweeper.reclaim.decide import FREED, NOT_MEASURED, PENDING_COMPACTION, PENDING_GC, RESTARTED
 from sweeper.reclaim.discovery import FOUND_IN_REGISTRATION

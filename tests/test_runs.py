@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from sweeper import runs
+from sweeper import journal, runs
 from sweeper.config import SweeperConfig
 from sweeper.tables.delta_rs import DeltaRsTableStore
 
@@ -73,9 +73,9 @@ def test_the_runs_status_agrees_with_the_exit_code_a_stage_ends_with(tmp_path: P
         return StageRefused(f"emit failed: {exc}") if isinstance(exc, EmitFailed) else None
 
     with pytest.raises(StageRefused):
-        runs.stage(store, cfg, "r1", "emit", send, lambda result: None, (), escalate)  # type: ignore[arg-type]
+        runs.stage(store, cfg, "r1", "emit", send, lambda result: None, (), escalate, journal=journal.PlainInterrupt())  # type: ignore[arg-type]
     with pytest.raises(EmitFailed):
-        runs.stage(store, cfg, "r2", "emit", send, lambda result: None, ())  # type: ignore[arg-type]
+        runs.stage(store, cfg, "r2", "emit", send, lambda result: None, (), journal=journal.PlainInterrupt())  # type: ignore[arg-type]
     assert [(r["run_id"], r["status"]) for r in runs.rows(store, stage="emit")] == [
         ("r1", runs.REFUSED), ("r2", runs.FAILED)]
     assert runs.rows(store, run_id="r1")[0]["message"] == "emit failed: producer p-1: 3 sends failed"
@@ -88,7 +88,7 @@ def test_the_runs_status_agrees_with_the_exit_code_a_stage_ends_with(tmp_path: P
         raise WrongRootError("/ledgers does not exist on 127.0.0.1:2181: check [bookkeeper] ledgers_root")
 
     with pytest.raises(WrongRootError):
-        runs.stage(store, cfg, "r3", "snapshot", wrong_root, lambda result: None)  # type: ignore[arg-type]
+        runs.stage(store, cfg, "r3", "snapshot", wrong_root, lambda result: None, journal=journal.PlainInterrupt())  # type: ignore[arg-type]
     assert [r["status"] for r in runs.rows(store, run_id="r3")] == [runs.REFUSED]
 
 
@@ -110,7 +110,7 @@ def test_a_spark_job_cancelled_by_an_interrupt_is_the_interrupt(tmp_path: Path) 
         cancelled()
     assert caused_by_interrupt(raised.value) and not caused_by_interrupt(RuntimeError("boom"))
     with pytest.raises(KeyboardInterrupt):
-        runs.stage(store, cfg, "r1", "reconcile", cancelled, lambda result: None, ())  # type: ignore[arg-type]
+        runs.stage(store, cfg, "r1", "reconcile", cancelled, lambda result: None, (), journal=journal.PlainInterrupt())  # type: ignore[arg-type]
     assert [(r["run_id"], r["status"]) for r in runs.rows(store, stage="reconcile")] == [("r1", runs.INTERRUPTED)]
 
     # A stage that turns such a failure into a refusal on its way out (the snapshot's system-topic read does) is
@@ -124,7 +124,7 @@ def test_a_spark_job_cancelled_by_an_interrupt_is_the_interrupt(tmp_path: Path) 
             raise SystemTopicError(f"reading the system topic: {exc}") from exc
 
     with pytest.raises(KeyboardInterrupt):
-        runs.stage(store, cfg, "r2", "snapshot", read_cancelled, lambda result: None)  # type: ignore[arg-type]
+        runs.stage(store, cfg, "r2", "snapshot", read_cancelled, lambda result: None, journal=journal.PlainInterrupt())  # type: ignore[arg-type]
     assert [r["status"] for r in runs.rows(store, run_id="r2")] == [runs.INTERRUPTED]
 
 

@@ -19,7 +19,7 @@ from harness.sandbox.seed import SeedResult, seed_s3, seed_zookeeper, write_mani
 from harness.zkserver import ZooKeeperServerInfo, running_server, start_zookeeper, stop_zookeeper
 from sweeper.config import SweeperConfig, to_toml
 from sweeper.errors import Refused
-from sweeper.offload import S3Target, s3_client
+from sweeper.objectstore.s3 import S3Target, s3_client
 from sweeper.zk import client as zkutil
 
 DEFAULT_HOME = Path("var/sandbox")

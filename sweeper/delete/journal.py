@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sweeper import runs
+from sweeper import journal
 from sweeper.codecs.layout import LedgerLayout, ledger_path
 from sweeper.delete.records import PendingRecord
 from sweeper.delete.results import (
@@ -44,8 +44,8 @@ from sweeper.delete.results import (
 from sweeper.table_schemas import DELETE_JOURNAL, DELETE_RESULTS
 from sweeper.tables import TableStore, TaskAppender
 
-JOURNAL_TABLE = "delete_journal"
-INTENT, OUTCOME, CLOSED = "intent", "outcome", "closed"
+JOURNAL_TABLE = journal.DELETE.table
+INTENT, OUTCOME, CLOSED = journal.INTENT, journal.OUTCOME, journal.CLOSED
 
 
 def new_attempt_id(run_id: str) -> str:
@@ -87,7 +87,7 @@ class Journal:
             for item, result in done])
 
     def close(self, detail: str = "") -> None:
-        said = runs.RUNS_ROW_FOLLOWS + (f": {detail}" if detail else "") if self.runs_row_follows else detail
+        said = journal.closed_detail(detail, self.runs_row_follows)
         self.appender.append([self._row(CLOSED, detail=said)])
 
 
@@ -124,14 +124,14 @@ def unclosed_attempts(store: TableStore) -> list[str]:
 
 
 def settle_unrecorded(store: TableStore, by_attempt: str) -> list[str]:
-    """Record as `interrupted` every attempt that closed itself under the stage wrapper (runs.RUNS_ROW_FOLLOWS) and has
-    no `runs` row of its run's delete stage written since: it was killed between the two. Its results are already
-    in `delete_results`; only its status was missing. The attempts recorded. Holding the delete run lock."""
+    """Record as `interrupted` every attempt that closed itself under the stage wrapper (journal.RUNS_ROW_FOLLOWS) and
+    has no `runs` row of its run's delete stage written since: it was killed between the two. Its results are
+    already in `delete_results`; only its status was missing. The attempts recorded. Holding the delete run lock."""
     if not store.exists(JOURNAL_TABLE):
         return []
     closed = store.aggregate_arrow(JOURNAL_TABLE, ["attempt_id", "run_id", "detail"], [("at", "max")],
                                    where={"phase": CLOSED}).to_pylist()
-    gaps = runs.unrecorded(store, "delete", ({**r, "at": r["at_max"]} for r in closed))
+    gaps = journal.unrecorded(store, "delete", ({**r, "at": r["at_max"]} for r in closed))
     if not gaps:
         return []
     tallies = store.aggregate_arrow(JOURNAL_TABLE, ["attempt_id", "outcome"], [("at", "count")],
@@ -144,14 +144,12 @@ def settle_unrecorded(store: TableStore, by_attempt: str) -> list[str]:
         attempt = gap["attempt_id"]
         outcomes = {r["outcome"]: int(r["at_count"]) for r in tallies.to_pylist() if r["attempt_id"] == attempt}
         begun = started.get(attempt, gap["at"])
-        run_rows.append({"run_id": gap["run_id"], "stage": "delete", "status": runs.INTERRUPTED, "started_at": begun,
-                         "finished_at": gap["at"], "duration_s": (gap["at"] - begun).total_seconds(),
-                         "counts": {"deleted": outcomes.get(DELETED, 0)},  # fields of run_result.DeleteCounts
-                         "config_hash": None, "engine": store.engine,
-                         "message": f"attempt {attempt} committed its results ({outcomes.get(DELETED, 0)} deleted, in "
-                                    "delete_results) and stopped before recording its end here (recorded by "
-                                    f"{by_attempt})"})
-    runs.record_rows(store, run_rows, {"stage": "delete", "resolved_by": by_attempt})
+        run_rows.append(journal.interrupted_row(
+            gap["run_id"], "delete", begun, gap["at"],
+            {"deleted": outcomes.get(DELETED, 0)},  # fields of run_result.DeleteCounts
+            f"attempt {attempt} committed its results ({outcomes.get(DELETED, 0)} deleted, in delete_results) and "
+            f"stopped before recording its end here (recorded by {by_attempt})", store.engine))
+    journal.record_interrupted(store, "delete", run_rows, by_attempt)
     return [r["attempt_id"] for r in gaps]
 
 
@@ -229,20 +227,19 @@ def resolve_interrupted(store: TableStore, exists: Any, by_attempt: str) -> Reso
         present = found.still_present - before[2]
         started = min(r["at"] for r in mine)
         last = max(r["at"] for r in mine)
-        run_rows.append({"run_id": run_id, "stage": "delete", "status": runs.INTERRUPTED, "started_at": started,
-                         "finished_at": last, "duration_s": (last - started).total_seconds(),
-                         "counts": {"deleted": deleted, "recovered_from_journal": found.recovered - before[1],
-                                    "attempted_still_present": present},  # fields of run_result.DeleteCounts
-                         "config_hash": None, "engine": store.engine,
-                         "message": f"attempt {attempt} stopped before it finished: {deleted} deleted, {present} "
-                                    f"attempted and still present (re-verified by {by_attempt})"})
+        run_rows.append(journal.interrupted_row(
+            run_id, "delete", started, last,
+            {"deleted": deleted, "recovered_from_journal": found.recovered - before[1],
+             "attempted_still_present": present},  # fields of run_result.DeleteCounts
+            f"attempt {attempt} stopped before it finished: {deleted} deleted, {present} attempted and still present "
+            f"(re-verified by {by_attempt})", store.engine))
         journal_rows.append({"run_id": run_id, "attempt_id": attempt, "at": now, "phase": CLOSED,
                              "detail": f"interrupted; resolved by {by_attempt}"})
         found.attempts.append(attempt)
     metadata = {"stage": "delete", "resolved_by": by_attempt}
     if results:
         store.append_rows("delete_results", results, DELETE_RESULTS, commit_metadata=metadata)
-    runs.record_rows(store, run_rows, metadata)
+    journal.record_interrupted(store, "delete", run_rows, by_attempt)
     # Closed last: killed before this, the next attempt folds them again and the `final` check skips duplicates.
     store.append_rows(JOURNAL_TABLE, journal_rows, DELETE_JOURNAL, commit_metadata=metadata)
     return found

@@ -32,7 +32,7 @@ from sweeper.delete.results import (
     result_for,
 )
 from sweeper.delete.retry import is_transient, is_transient_code
-from sweeper.offload import object_metadata
+from sweeper.objectstore.s3 import object_metadata
 from sweeper.rules.owner import ActingRules, Owner, refusal
 from sweeper.vocabulary import DAY_MS
 from sweeper.zk import client as zkutil

@@ -23,7 +23,7 @@ from sweeper.delete.s3_executor import ObjectDeleter
 from sweeper.delete.settings import DeleteTarget
 from sweeper.delete.zk_executor import LOCK_LOST, LedgerDeleter, OffloadCheck
 from sweeper.names import topic_for_managed_ledger
-from sweeper.offload import S3Target, object_metadata, s3_client
+from sweeper.objectstore.s3 import S3Target, object_metadata, s3_client
 from sweeper.ratelimit import TokenBucket
 from sweeper.rules.classify import Sharing
 from sweeper.run_lock import LockWatch

@@ -39,7 +39,7 @@ from kazoo.exceptions import NoAuthError
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from sweeper import runs
+from sweeper import journal, runs
 from sweeper.broker.system_topic import (
     BrokerSettings,
     SystemTopicError,
@@ -62,8 +62,8 @@ from sweeper.zk import client as zkutil
 
 log = logging.getLogger(__name__)
 
-JOURNAL_TABLE = "emit_journal"
-STARTED, INTENT, CLOSED = "started", "intent", "closed"
+JOURNAL_TABLE = journal.EMIT.table
+STARTED, INTENT, CLOSED = journal.STARTED, journal.INTENT, journal.CLOSED
 # The emit's run lock, beside the delete's: one emit at a time, and a stopped emitter that wakes up publishes nothing
 # more once another holds it (sweeper.run_lock).
 LOCK_NAME = "emit"
@@ -394,12 +394,12 @@ def run(spark: SparkSession, store: TableStore, run_id: str, settings: EmitSetti
     return _run_emit(spark, settings, store, run_id)
 
 
-def record_interrupt(store: TableStore, run_id: str, started: datetime, settings: EmitSettings) -> None:
-    """The `interrupted` row of an emit stopped by SIGINT or SIGTERM: from its journal and `emitted` once it had
-    started sending (`fold_interrupted`), else a plain one (nothing was sent)."""
-    if not fold_interrupted(store, run_id, by="its own interrupt handler (SIGINT or SIGTERM)"):
-        runs.record(store, run_id, "emit", runs.INTERRUPTED, started, {}, settings,
-                    "interrupted during emit before anything was sent; re-run emit")
+def interrupts(store: TableStore, run_id: str) -> journal.FoldedNow:
+    """How an emit stopped by SIGINT or SIGTERM is recorded: from its journal and `emitted` once it had started
+    sending (`fold_interrupted`), else a plain row (nothing was sent)."""
+    return journal.FoldedNow(
+        lambda started: fold_interrupted(store, run_id, by="its own interrupt handler (SIGINT or SIGTERM)"),
+        "interrupted during emit before anything was sent; re-run emit")
 
 
 class EmitRunLock(RunLock):
@@ -478,8 +478,8 @@ def _emit_planned(spark: SparkSession, store: TableStore, run_id: str, planned: 
         return EmitResult(run_id, EmitCounts.from_row(counts), time.monotonic() - t0, settings.system_topic.topic)
     slot_index = {slot: i for i, slot in enumerate(slots)}
     emitted_at = datetime.now(UTC)
-    journal = EmitJournal(store.task_appender(JOURNAL_TABLE, EMIT_JOURNAL), run_id, emitted_at.isoformat(), emitted_at,
-                          settings.recorded_in_runs)
+    emit_journal = EmitJournal(store.task_appender(JOURNAL_TABLE, EMIT_JOURNAL), run_id, emitted_at.isoformat(),
+                               emitted_at, settings.recorded_in_runs)
     recorder = store.task_appender("emitted", EMITTED)
     columns = EMITTED.fieldNames()
     pause_s = float(os.environ.get(FAILPOINT_BEFORE_RECORDING_ENV) or 0)
@@ -498,7 +498,7 @@ def _emit_planned(spark: SparkSession, store: TableStore, run_id: str, planned: 
         first = messages[0]
         sequence_ids = [m.sequence_id for m in messages]
         # On record before anything is sent: what this producer may put on the topic, should the task die.
-        journal.intent(first.topic_partition, producer.producer_name(first.topic_partition, first.producer_slot),
+        emit_journal.intent(first.topic_partition, producer.producer_name(first.topic_partition, first.producer_slot),
                        min(sequence_ids), max(sequence_ids), len(messages))
         with metadata.session() as zk:
             # The run lock's fence, read before the producer starts and every FENCE_EVERY_MESSAGES sends: a task of
@@ -524,21 +524,21 @@ def _emit_planned(spark: SparkSession, store: TableStore, run_id: str, planned: 
                .map(lambda r: (slot_index[(r["topic_partition"], r["producer_slot"])], r))
                .partitionBy(len(slots), lambda index: index))
     sending = time.monotonic()
-    journal.started(counts["records"] - counts["previously_emitted"])
+    emit_journal.started(counts["records"] - counts["previously_emitted"])
     try:
         # One job: each producer task records what it sent in `emitted` itself, once the broker acknowledged it.
         by_status: dict[str, int] = dict(by_slot.mapPartitions(send_partition).reduceByKey(lambda a, b: a + b)
                                          .collect())
     except Exception as exc:
         if caused_by_interrupt(exc):
-            raise  # the wrapper records it from the journal (record_interrupt)
+            raise  # the wrapper records it from the journal (emit.interrupts)
         error = _task_error(exc)
-        _stop_if_lock_lost(lock, journal)
+        _stop_if_lock_lost(lock, emit_journal)
         with contextlib.suppress(Exception):  # `runs` says failed; the journal must not read as a kill
-            journal.closed(f"failed: {error}"[:2000])
+            emit_journal.closed(f"failed: {error}"[:2000])
         raise EmitFailed(error) from exc
-    _stop_if_lock_lost(lock, journal)
-    journal.closed(f"{sum(by_status.values()):,} records recorded")
+    _stop_if_lock_lost(lock, emit_journal)
+    emit_journal.closed(f"{sum(by_status.values()):,} records recorded")
     counts["send_ms"] = int((time.monotonic() - sending) * 1000)
     counts["published"] = by_status.get(PUBLISHED, 0)
     counts["already_published"] = by_status.get(ALREADY_PUBLISHED, 0)
@@ -600,8 +600,7 @@ class EmitJournal:
                                         first_sequence_id=first, last_sequence_id=last, records=records)])
 
     def closed(self, detail: str) -> None:
-        said = f"{runs.RUNS_ROW_FOLLOWS}: {detail}" if self.runs_row_follows else detail
-        self.appender.append([self._row(CLOSED, detail=said)])
+        self.appender.append([self._row(CLOSED, detail=journal.closed_detail(detail, self.runs_row_follows))])
 
 
 def fold_interrupted(store: TableStore, run_id: str, by: str) -> int:
@@ -613,7 +612,8 @@ def fold_interrupted(store: TableStore, run_id: str, by: str) -> int:
     closed = {r["attempt_id"] for r in rows if r["phase"] == CLOSED}
     open_attempts = sorted({r["attempt_id"] for r in rows if r["phase"] == STARTED} - closed)
     # Closed under the stage wrapper, and killed before its `runs` row: recorded now as the attempt that stopped.
-    ended = {r["attempt_id"]: r for r in runs.unrecorded(store, "emit", (r for r in rows if r["phase"] == CLOSED))}
+    ended = {r["attempt_id"]: r
+             for r in journal.unrecorded(store, "emit", (r for r in rows if r["phase"] == CLOSED))}
     open_attempts += sorted(ended)
     if not open_attempts:
         return 0
@@ -629,14 +629,12 @@ def fold_interrupted(store: TableStore, run_id: str, by: str) -> int:
         done = [r for r in recorded if r["emitted_at"] == started["at"]]
         if attempt in ended:
             last = ended[attempt]["at"]
-            run_rows.append({"run_id": run_id, "stage": "emit", "status": runs.INTERRUPTED,
-                             "started_at": started["at"], "finished_at": last,
-                             "duration_s": (last - started["at"]).total_seconds(),
-                             "counts": {"planned": int(started["records"] or 0), "recorded": len(done),
-                                        "published": sum(1 for r in done if r["status"] == PUBLISHED)},
-                             "config_hash": None, "engine": store.engine,
-                             "message": f"emit attempt {attempt} finished ({len(done):,} records recorded in emitted) "
-                                        f"and stopped before recording its end here (recorded by {by})"})
+            run_rows.append(journal.interrupted_row(
+                run_id, "emit", started["at"], last,
+                {"planned": int(started["records"] or 0), "recorded": len(done),
+                 "published": sum(1 for r in done if r["status"] == PUBLISHED)},
+                f"emit attempt {attempt} finished ({len(done):,} records recorded in emitted) and stopped before "
+                f"recording its end here (recorded by {by})", store.engine))
             continue
         slots_done = {r["producer_name"] for r in done}
         unrecorded = [r for r in intents if r["producer_name"] not in slots_done]
@@ -646,17 +644,15 @@ def fold_interrupted(store: TableStore, run_id: str, by: str) -> int:
                   "published": sum(1 for r in done if r["status"] == PUBLISHED),
                   "producers_started": len(intents), "producers_unrecorded": len(unrecorded),
                   "may_be_on_topic_unrecorded": may_be_sent}
-        run_rows.append({"run_id": run_id, "stage": "emit", "status": runs.INTERRUPTED, "started_at": started["at"],
-                         "finished_at": last, "duration_s": (last - started["at"]).total_seconds(), "counts": counts,
-                         "config_hash": None, "engine": store.engine,
-                         "message": f"emit attempt {attempt} stopped before it finished: {len(done):,} of "
-                                    f"{counts['planned']:,} records recorded in emitted; {len(unrecorded):,} "
-                                    f"producers ({may_be_sent:,} records) may have sent without a record: the next "
-                                    f"emit of the run re-sends them under the same producer names and sequence "
-                                    f"ids, the broker deduplicates, and they are recorded (resolved by {by})"})
+        run_rows.append(journal.interrupted_row(
+            run_id, "emit", started["at"], last, counts,
+            f"emit attempt {attempt} stopped before it finished: {len(done):,} of {counts['planned']:,} records "
+            f"recorded in emitted; {len(unrecorded):,} producers ({may_be_sent:,} records) may have sent without a "
+            f"record: the next emit of the run re-sends them under the same producer names and sequence ids, the "
+            f"broker deduplicates, and they are recorded (resolved by {by})", store.engine))
         closing.append({"run_id": run_id, "attempt_id": attempt, "at": datetime.now(UTC), "phase": CLOSED,
                         "detail": f"interrupted; resolved by {by}"})
-    runs.record_rows(store, run_rows, {"stage": "emit", "resolved_by": by})
+    journal.record_interrupted(store, "emit", run_rows, by)
     # Closed last: killed before this, the next emit folds them again (a second `interrupted` row, nothing lost).
     store.append_rows(JOURNAL_TABLE, closing, EMIT_JOURNAL, commit_metadata={"stage": "emit", "resolved_by": by})
     return len(open_attempts)

@@ -398,7 +398,7 @@ def _offload_rows(config: SweeperConfig, store: TableStore, run_id: str, measure
 def _objects_present(config: SweeperConfig, bucket: str, keys: set[str]) -> tuple[set[str], bool]:
     from botocore.exceptions import ClientError
 
-    from sweeper.offload import S3Target
+    from sweeper.objectstore.s3 import S3Target
 
     client = Connections.from_config(config).s3(S3Target(bucket))
     present: set[str] = set()

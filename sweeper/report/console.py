@@ -26,7 +26,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from sweeper import runs
+from sweeper import journal, runs
 from sweeper.config import SweeperConfig
 from sweeper.errors import UsageError
 from sweeper.tables.base import TableStore
@@ -249,7 +249,7 @@ def unfolded_run_rows(store: TableStore, recorded: Sequence[Mapping[str, Any]]) 
             by_outcome[row["outcome"]] = by_outcome.get(row["outcome"], 0) + 1
         others = ", ".join(f"{n:,} {outcome}" for outcome, n in sorted(by_outcome.items()) if outcome != DELETED)
         deleted = by_outcome.get(DELETED, 0)
-        out.append(_interrupted_row(
+        out.append(journal.interrupted_row(
             attempt.run_id, "delete", attempt.started, attempt.last,
             {**by_outcome, DELETED: deleted, INTENDED: len(attempt.in_flight), "execute": 1},
             f"attempt {attempt.attempt_id} stopped before it finished (or is running now); {NOT_FOLDED}. Its "
@@ -289,7 +289,7 @@ def _unfolded_emits(store: TableStore, recorded: Sequence[Mapping[str, Any]]) ->
         unrecorded = [r for r in intents if r["producer_name"] not in {d["producer_name"] for d in done}]
         may_be_sent = sum(int(r["records"] or 0) for r in unrecorded)
         planned = int(started["records"] or 0)
-        out.append(_interrupted_row(
+        out.append(journal.interrupted_row(
             started["run_id"], "emit", started["at"], max(r["at"] for r in mine),
             {"planned": planned, "recorded": len(done), "published": sum(r["status"] == PUBLISHED for r in done),
              "producers_started": len(intents), "producers_unrecorded": len(unrecorded),
@@ -308,13 +308,13 @@ def unfolded_repairs(store: TableStore, run_id: str | None = None) -> list[Unfol
     pending = [r for r in unclosed_runs(store) if run_id in (None, r)]
     if not pending:
         return []
-    journal = store.read_arrow(JOURNAL_TABLE, where={"run_id": pending}).to_pylist()
+    written = store.read_arrow(JOURNAL_TABLE, where={"run_id": pending}).to_pylist()
     recorded: list[dict[str, Any]] = []
     if store.exists("retention_actions"):
         recorded = store.read_arrow("retention_actions", where={"run_id": pending, "dry_run": False}).to_pylist()
     found = []
     for run in pending:
-        mine = sorted((r for r in journal if r["run_id"] == run), key=lambda r: r["at"])
+        mine = sorted((r for r in written if r["run_id"] == run), key=lambda r: r["at"])
         own = [r for r in recorded if r["run_id"] == run]
         found.append(UnfoldedAttempt(run, run, mine[0]["at"], max([mine[-1]["at"], *(r["finished_at"] for r in own)]),
                                      tuple(own), tuple(unsettled(mine, own))))
@@ -332,7 +332,7 @@ def _unfolded_repair_rows(store: TableStore, recorded: Sequence[Mapping[str, Any
             continue
         by_outcome = Counter(r["outcome"] for r in repair.outcomes)
         done = ", ".join(f"{n:,} {outcome}" for outcome, n in sorted(by_outcome.items()))
-        out.append(_interrupted_row(
+        out.append(journal.interrupted_row(
             repair.run_id, STAGE, repair.started, repair.last,
             {**by_outcome, INTENDED: len(repair.in_flight), "recorded": len(repair.outcomes), "execute": 1},
             f"repair run {repair.run_id} stopped before it finished (or is running now); {REPAIR_NOT_FOLDED}. "
@@ -340,13 +340,6 @@ def _unfolded_repair_rows(store: TableStore, recorded: Sequence[Mapping[str, Any
             f"{plural(len(repair.in_flight), 'call')} intended without a row (unknown until then): "
             f"`sweeper show {repair.run_id} actions` lists them"))
     return out
-
-
-def _interrupted_row(run_id: str, stage: str, started: datetime, last: datetime, counts: Mapping[str, int],
-                     message: str) -> dict[str, Any]:
-    return {"run_id": run_id, "stage": stage, "status": runs.INTERRUPTED, "started_at": started, "finished_at": last,
-            "duration_s": (last - started).total_seconds(), "counts": dict(counts), "config_hash": None,
-            "engine": None, "message": message}
 
 
 def run_rows(store: TableStore) -> list[dict[str, Any]]:
@@ -431,8 +424,8 @@ def show_rows(store: TableStore, run_id: str, view_name: str, filters: Mapping[s
         where[view.filters[name]] = value
     # What the run's unfolded delete attempts or repair journalled: listed until the next one folds it in.
     from_journal = _JOURNALLED.get(view.table)
-    journal = from_journal(store, run_id) if from_journal else []
-    if not journal and not runs.rows(store, run_id=run_id) and not (store.exists(view.table) and store.read_arrow(
+    journalled = from_journal(store, run_id) if from_journal else []
+    if not journalled and not runs.rows(store, run_id=run_id) and not (store.exists(view.table) and store.read_arrow(
             view.table, where={view.run_column: run_id}, columns=[view.run_column]).num_rows) \
             and not unfolded_delete_attempts(store, run_id) and not unfolded_repairs(store, run_id):
         raise UsageError(f"no run {run_id} in {store.root}: `sweeper runs` lists the runs there")
@@ -440,8 +433,8 @@ def show_rows(store: TableStore, run_id: str, view_name: str, filters: Mapping[s
     if from_journal:
         # Every row says where it is recorded, so a script reading json or csv sees one shape either way.
         found = [{**r, RECORDED_IN: view.table} for r in found]
-        found += [r for r in journal if all(r.get(column) == value for column, value in where.items())]
-        if journal:
+        found += [r for r in journalled if all(r.get(column) == value for column, value in where.items())]
+        if journalled:
             view = replace(view, columns=(*view.columns, RECORDED_IN))
     found.sort(key=lambda r: (r.get(view.order) is None, r.get(view.order)))
     return (found[:limit] if limit else found), view

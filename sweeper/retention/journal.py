@@ -41,7 +41,7 @@ from typing import Any
 
 from kazoo.exceptions import NoAuthError
 
-from sweeper import runs
+from sweeper import journal, runs
 from sweeper.codecs import pulsar as codec
 from sweeper.codecs.errors import MetadataDecodeError
 from sweeper.errors import Refused
@@ -49,8 +49,8 @@ from sweeper.run_lock import RunLock, RunLockHeld
 from sweeper.table_schemas import REPAIR_JOURNAL, RETENTION_ACTIONS
 from sweeper.tables import TableStore
 
-JOURNAL_TABLE = "repair_journal"
-INTENT, CLOSED = "intent", "closed"
+JOURNAL_TABLE = journal.REPAIR.table
+INTENT, CLOSED = journal.INTENT, journal.CLOSED
 STAGE = "retention_repair"
 
 # The admin calls, in the order an action makes them.
@@ -204,8 +204,7 @@ class RepairJournal:
         self.written += 1
 
     def close(self, detail: str = "") -> None:
-        if self.runs_row_follows:
-            detail = runs.RUNS_ROW_FOLLOWS + (f": {detail}" if detail else "")
+        detail = journal.closed_detail(detail, self.runs_row_follows)
         self.store.append_rows(JOURNAL_TABLE, [self._row(CLOSED, detail=detail[:2000])], REPAIR_JOURNAL,
                                commit_metadata={"run_id": self.run_id, "stage": STAGE})
 
@@ -275,18 +274,16 @@ def _record_unrecorded(store: TableStore, by_run: str) -> None:
         return
     closed = store.aggregate_arrow(JOURNAL_TABLE, ["run_id", "detail"], [("at", "max")],
                                    where={"phase": CLOSED}).to_pylist()
-    gaps = runs.unrecorded(store, STAGE, ({**r, "at": r["at_max"]} for r in closed))
+    gaps = journal.unrecorded(store, STAGE, ({**r, "at": r["at_max"]} for r in closed))
     if not gaps:
         return
     firsts = {r["run_id"]: r["at_min"] for r in store.aggregate_arrow(
         JOURNAL_TABLE, ["run_id"], [("at", "min")], where={"run_id": [g["run_id"] for g in gaps]}).to_pylist()}
     begun = {g["run_id"]: firsts.get(g["run_id"], g["at"]) for g in gaps}
-    runs.record_rows(store, [{
-        "run_id": g["run_id"], "stage": STAGE, "status": runs.INTERRUPTED, "started_at": begun[g["run_id"]],
-        "finished_at": g["at"], "duration_s": (g["at"] - begun[g["run_id"]]).total_seconds(),
-        "counts": {}, "config_hash": None, "engine": store.engine,
-        "message": f"run {g['run_id']} finished its actions (in retention_actions) and stopped before recording its "
-                   f"end here (recorded by {by_run})"} for g in gaps], {"stage": STAGE, "resolved_by": by_run})
+    journal.record_interrupted(store, STAGE, [journal.interrupted_row(
+        g["run_id"], STAGE, begun[g["run_id"]], g["at"], {},
+        f"run {g['run_id']} finished its actions (in retention_actions) and stopped before recording its end here "
+        f"(recorded by {by_run})", store.engine) for g in gaps], by_run)
 
 
 def resolve_interrupted(store: TableStore, read: Callable[[str], tuple[bytes, Any] | None], by_run: str,
@@ -303,7 +300,7 @@ def resolve_interrupted(store: TableStore, read: Callable[[str], tuple[bytes, An
         _record_unrecorded(store, by_run)
     if not pending:
         return found
-    journal = store.read_arrow(JOURNAL_TABLE, where={"run_id": pending}).to_pylist()
+    written = store.read_arrow(JOURNAL_TABLE, where={"run_id": pending}).to_pylist()
     recorded: list[dict[str, Any]] = []
     if store.exists("retention_actions"):
         recorded = store.read_arrow("retention_actions", where={"run_id": pending, "dry_run": False}).to_pylist()
@@ -313,7 +310,7 @@ def resolve_interrupted(store: TableStore, read: Callable[[str], tuple[bytes, An
     closing: list[dict[str, Any]] = []
     settled: list[dict[str, Any]] = []
     for run_id in pending:
-        intents = [r for r in journal if r["run_id"] == run_id and r["phase"] == INTENT]
+        intents = [r for r in written if r["run_id"] == run_id and r["phase"] == INTENT]
         own = [r for r in recorded if r["run_id"] == run_id]
         added = []
         for row in unsettled(intents, own):  # what the run did not record itself
@@ -330,18 +327,16 @@ def resolve_interrupted(store: TableStore, read: Callable[[str], tuple[bytes, An
         mine = own + added
         found.rows += added
         settled += mine
-        stamps = [r["at"] for r in journal if r["run_id"] == run_id]
+        stamps = [r["at"] for r in written if r["run_id"] == run_id]
         started, ended = min(stamps), max([*stamps, *(r["finished_at"] for r in own)])
         if record_runs and run_id not in with_runs_row:
             tally = Counter(r["outcome"] for r in mine)
             done = ", ".join(f"{n} {k}" for k, n in sorted(tally.items())) or "nothing"
-            run_rows.append({
-                "run_id": run_id, "stage": STAGE, "status": runs.INTERRUPTED, "started_at": started,
-                "finished_at": ended, "duration_s": (ended - started).total_seconds(),
-                "counts": counts({**tally, "execute": 1, "recovered_from_journal": len(added)}).as_row(),
-                "config_hash": None, "engine": store.engine,
-                "message": f"run {run_id} stopped before it finished: {done} ({len(added)} from its intents in "
-                           f"{JOURNAL_TABLE}, resolved by {by_run})"})
+            run_rows.append(journal.interrupted_row(
+                run_id, STAGE, started, ended,
+                counts({**tally, "execute": 1, "recovered_from_journal": len(added)}).as_row(),
+                f"run {run_id} stopped before it finished: {done} ({len(added)} from its intents in "
+                f"{JOURNAL_TABLE}, resolved by {by_run})", store.engine))
         closing.append({"run_id": run_id, "plan_run_id": intents[0]["plan_run_id"] if intents else None, "at": now,
                         "phase": CLOSED, "detail": f"interrupted; resolved by {by_run}"})
         found.run_ids.append(run_id)
@@ -349,7 +344,7 @@ def resolve_interrupted(store: TableStore, read: Callable[[str], tuple[bytes, An
     metadata = {"stage": STAGE, "resolved_by": by_run}
     if found.rows:
         store.append_rows("retention_actions", found.rows, RETENTION_ACTIONS, commit_metadata=metadata)
-    runs.record_rows(store, run_rows, metadata)
+    journal.record_interrupted(store, STAGE, run_rows, by_run)
     # Closed last: killed before this, the next run folds them again, and finds these rows already recorded.
     store.append_rows(JOURNAL_TABLE, closing, REPAIR_JOURNAL, commit_metadata=metadata)
     return found

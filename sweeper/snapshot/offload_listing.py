@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
-from sweeper.offload import S3Target, list_offload_objects, listing_units, s3_client
+from sweeper.objectstore.s3 import S3Target, list_offload_objects, listing_units, s3_client
 from sweeper.scan import quarantine_row
 from sweeper.snapshot.packer import TablePacker, _tuples
 from sweeper.snapshot.scanners import ScanTotals

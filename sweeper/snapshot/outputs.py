@@ -10,7 +10,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.storagelevel import StorageLevel
 
-from sweeper.offload import S3Target
+from sweeper.objectstore.s3 import S3Target
 from sweeper.snapshot.offload_listing import offload_dataframe, offload_written
 from sweeper.snapshot.packer import TablePacker, _tuples, _unpack
 from sweeper.snapshot.pending import pending_deletes_dataframe, pending_deletes_written

@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sweeper.connections import MetadataEndpoint
-from sweeper.offload import S3Target
+from sweeper.objectstore.s3 import S3Target
 from sweeper.ratelimit import TokenBucket
 from sweeper.records import ChildrenRead, ZnodeRead
 from sweeper.scan import bookkeeper as bk_scan

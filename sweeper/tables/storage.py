@@ -15,7 +15,7 @@ Who talks to S3, and how each finds its settings:
   cluster's settings; credentials come from s3a's default provider chain, which reads the same
   environment variables and instance roles.
 Credentials are never read from the config file and never put into a storage option, except the
-fixed dummy key for a loopback endpoint (the sandbox's moto accepts any key), as sweeper.offload does.
+fixed dummy key for a loopback endpoint (the sandbox's moto accepts any key), as sweeper.objectstore.s3 does.
 
 Committing safely on S3 (no rename, no atomic "create if absent" before 2024):
 - delta-rs writes each commit with a conditional PUT (`If-None-Match: *`), so two writers never

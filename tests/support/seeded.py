@@ -20,7 +20,7 @@ from harness.sandbox.model import OrphanKind, SandboxCluster, SandboxSpec, Statu
 from harness.sandbox.seed import seed_s3, seed_zookeeper
 from sweeper.config import SweeperConfig
 from sweeper.emit.stage import run_emit
-from sweeper.offload import S3Target, s3_client
+from sweeper.objectstore.s3 import S3Target, s3_client
 from sweeper.pipeline import reconcile_stage, snapshot_stage
 from sweeper.reconcile.stage import SafetySettings, run_reconcile
 from sweeper.runs import record as record_run
