@@ -33,6 +33,7 @@ from sweeper.errors import (  # the exit codes, with the errors they map from (o
     EXIT_REFUSED,
     EXIT_USAGE,
 )
+from sweeper.report.chatter import chatter_to_log_file, restore_stderr
 
 __all__ = ["EXIT_ERROR", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_PARTIAL", "EXIT_REFUSED", "EXIT_USAGE"]  # a `Refused`
 # gives exit 3, not a return here: EXIT_REFUSED is for the scripts and tests that read the codes from the CLI
@@ -588,57 +589,16 @@ def cmd_init_config(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-LOG_FILE_ENV = "SWEEPER_LOG_FILE"
-DEFAULT_LOG_FILE = "var/log/sweeper.log"
-
-
-def _chatter_to_log_file(verbose: bool) -> tuple[Path | None, Any]:
-    """Everything written to file descriptor 2 from now on (the JVM's log4j and its stack traces, Python workers,
-    py4j's complaints, library warnings) goes to the log file; this process's own lines keep the terminal.
-
-    Only when stderr is the process's real descriptor 2 (a terminal, a scheduler's pipe): inside a test's or a
-    notebook's captured stderr nothing is moved. With --verbose nothing is moved either."""
-    import os
-
-    try:
-        real = not verbose and sys.stderr is sys.__stderr__ and sys.stderr.fileno() == 2
-    except (AttributeError, OSError, ValueError):
-        real = False
-    if not real:
-        return None, None
-    path = Path(os.environ.get(LOG_FILE_ENV) or DEFAULT_LOG_FILE).resolve()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    except OSError:
-        return None, None  # an unwritable log location must not stop the command
-    terminal_fd = os.dup(2)
-    os.dup2(log_fd, 2)
-    os.close(log_fd)
-    sys.stderr = os.fdopen(terminal_fd, "w", buffering=1)
-    return path, terminal_fd
-
-
-def _restore_stderr(terminal_fd: Any) -> None:
-    import os
-
-    if terminal_fd is None:
-        return
-    sys.stderr.flush()
-    os.dup2(terminal_fd, 2)
-    sys.stderr = sys.__stderr__
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    log_path, terminal_fd = _chatter_to_log_file(getattr(args, "verbose", False))
+    log_path, terminal_fd = chatter_to_log_file(getattr(args, "verbose", False))
     logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         **({"filename": str(log_path)} if log_path else {}))
     try:
         return _main(args, log_path)
     finally:
-        _restore_stderr(terminal_fd)
+        restore_stderr(terminal_fd)
 
 
 def _main(args: argparse.Namespace, log_path: Path | None) -> int:
