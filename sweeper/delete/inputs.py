@@ -184,6 +184,7 @@ def _buckets(store: TableStore, settings: DeleteSettings, run_id: str | None) ->
 
 def _with_extras(found: dict[str, tuple[str, str, str]],
                  settings: DeleteSettings) -> tuple[tuple[str, str, str], ...]:
+    """`found` and the buckets `[offload] extra_buckets` adds (an older offloader's: no context names them)."""
     for bucket in (b.strip() for b in settings.offload.extra_buckets.split(",")):
         if bucket and bucket not in found:
             found[bucket] = (bucket, settings.offload.region, "")
