@@ -225,9 +225,10 @@ BK_LAYOUT = StructType([StructField(name, BK_LEDGERS[name].dataType) for name in
     "length", "ensemble_size", "write_quorum", "state", "last_entry_id", "bookies", "segment_first_entries",
     "segment_ensembles")])
 
-# Carried (issue 46): true in every row this version writes to `orphans`, `emitted` and `delete_results`; null in a row
-# an older version wrote, whose readers then go back to the snapshot tables as that version did. The values carried are
-# null where there is nothing to carry (`bk_layout` of an offloaded copy).
+# Carried (issue 46): true in every row this version writes to `orphans` and `emitted` (and to `delete_results` for a
+# record with an `emitted` row); null in a row an older version wrote, or one with nothing it could carry, whose readers
+# then go back to the snapshot tables as that version did. A carried value is null where there is nothing to carry
+# (`bk_layout` of an offloaded copy).
 CARRIED_COLUMNS: tuple[tuple[str, DataType], ...] = (
     ("carried", B),
     ("bk_layout", BK_LAYOUT),  # ledger rows
