@@ -218,6 +218,27 @@ QUARANTINE = _schema(
     ("raw", BIN),  # the bytes as read, so nothing is lost
 )
 
+# What the delete and reclaim stages need of a BookKeeper ledger, carried from the planning snapshot's `bk_ledgers` row
+# (same names and types) through `orphans` -> `emitted` -> `delete_results` (issue 46), so reclaim need not read the
+# snapshot again. A plan, not proof: the delete re-reads the live metadata before it deletes (DESIGN.md invariant 5).
+BK_LAYOUT = StructType([StructField(name, BK_LEDGERS[name].dataType) for name in (
+    "length", "ensemble_size", "write_quorum", "state", "last_entry_id", "bookies", "segment_first_entries",
+    "segment_ensembles")])
+
+# Carried (issue 46): true in every row this version writes to `orphans` and `emitted` (and to `delete_results` for a
+# record with an `emitted` row); null in a row an older version wrote, or one with nothing it could carry, whose readers
+# then go back to the snapshot tables as that version did. A carried value is null where there is nothing to carry
+# (`bk_layout` of an offloaded copy).
+CARRIED_COLUMNS: tuple[tuple[str, DataType], ...] = (
+    ("carried", B),
+    ("bk_layout", BK_LAYOUT),  # ledger rows
+    # offloaded objects: their bucket as the run's offload contexts (ml_ledgers) name it (null: none does, say an
+    # [offload] extra_buckets one), with that context's region and endpoint
+    ("offload_bucket", S),
+    ("offload_region", S),
+    ("offload_endpoint", S),
+)
+
 ORPHANS = _schema(
     ("run_id", S, False),
     ("captured_at", TS, False),
@@ -246,6 +267,7 @@ ORPHANS = _schema(
     ("s3_bucket", S),
     ("s3_key", S),
     ("offload_uuid", S),
+    *CARRIED_COLUMNS,
 )
 
 ORPHAN_REPORT = _schema(
@@ -340,6 +362,8 @@ EMITTED = _schema(
     ("message_id", S),  # null when the broker already held it (deduplicated by producer name and sequence id)
     ("status", S, False),  # published | already_published | refused_oversize
     ("payload", BIN, False),  # the Avro record as sent, so the delete stage needs no topic read
+    # The record's orphan rows' carried values: tables only, the record on the topic keeps PIP-186's schema.
+    *CARRIED_COLUMNS,
 )
 
 # One `emit` invocation's trace (issue 22): `started` before any send, an `intent` per producer slot before its
@@ -380,6 +404,10 @@ DELETE_RESULTS = _schema(
     ("s3_keys", ArrayType(S)),
     ("dry_run", B, False),
     ("source", S, False),  # emitted | retry_queue | from_json
+    # From the record's `emitted` row (source `emitted`); null for other sources, and from older versions: reclaim
+    # then reads `bk_ledgers` for the ledger (sweeper.reclaim.stage.deleted_ledgers).
+    ("carried", B),
+    ("bk_layout", BK_LAYOUT),
 )
 
 # What each delete attempt is about to do and then did, appended by the Spark tasks themselves in one small

@@ -1,5 +1,9 @@
 """The delete's inputs: the run's emitted records and the due retries (the retry queue, with its dead letters), an
-operator's ledger list, and what the snapshot in the tables says of them (buckets, shadow topics, ids never seen)."""
+operator's ledger list, and what the snapshot in the tables says of them (buckets, shadow topics, ids never seen).
+
+The run's own records bring what reconcile carried for them in `emitted` (issue 46): the buckets the run may delete
+from, and each ledger's layout for `delete_results` (reclaim's input). Shadow topics and ids never seen are read from
+the snapshot tables still: they are about every snapshot, not about the run's plan (`_shadows`, `_never_seen`)."""
 
 from __future__ import annotations
 
@@ -38,10 +42,15 @@ def retry_states(store: TableStore) -> dict[str, Mapping[str, Any]]:
     return _latest_by_key(store.read("retry_queue").toArrow().to_pylist())
 
 
-def load_inputs(store: TableStore, run_id: str, now: datetime,
-                limit: int | None = None) -> tuple[list[PendingRecord], dict[str, int]]:
+Layouts = dict[str, Mapping[str, Any] | None]  # record key -> the `bk_layout` its emitted row carries
+
+
+def load_inputs(store: TableStore, run_id: str, now: datetime, limit: int | None = None,
+                carried: Layouts | None = None) -> tuple[list[PendingRecord], dict[str, int]]:
     """The run's emitted records without a final result yet, and every queued record that is due,
-    by record key; at most `limit` of them (`counts["selected"]` says how many there were).
+    by record key; at most `limit` of them (`counts["selected"]` says how many there were). `carried`, when given,
+    gets each picked emitted record's carried `bk_layout` (null for an offloaded copy) by record key, for those
+    whose `emitted` row carries one (sweeper.emit.carry): `delete_results` keeps it for reclaim.
 
     The run's emitted records are filtered, counted and cut to the first `limit` in Spark: only
     what this run will process reaches the driver, not every record the run ever emitted. The
@@ -52,7 +61,8 @@ def load_inputs(store: TableStore, run_id: str, now: datetime,
     picked: list[PendingRecord] = []
     pending = 0
     if store.exists("emitted"):
-        emitted = (store.read("emitted", where={"run_id": run_id}).select("record_key", "payload")
+        emitted = (store.read("emitted", where={"run_id": run_id}).select("record_key", "payload", "carried",
+                                                                           "bk_layout")
                    .dropDuplicates(["record_key"]))
         counts["emitted"] = emitted.count()
         todo = emitted
@@ -69,8 +79,10 @@ def load_inputs(store: TableStore, run_id: str, now: datetime,
         head = todo.orderBy("record_key")
         if limit is not None:
             head = head.limit(limit)
-        picked = [PendingRecord(row["record_key"], SOURCE_EMITTED, run_id, 0, row["payload"])
-                  for row in head.toArrow().to_pylist()]
+        rows = head.toArrow().to_pylist()
+        picked = [PendingRecord(row["record_key"], SOURCE_EMITTED, run_id, 0, row["payload"]) for row in rows]
+        if carried is not None:
+            carried.update((row["record_key"], row["bk_layout"]) for row in rows if row["carried"])
     retries: list[PendingRecord] = []
     for key, row in queue.items():
         if row["state"] != QUEUED:
@@ -167,10 +179,46 @@ def _buckets(store: TableStore, settings: DeleteSettings, run_id: str | None) ->
             F.col("offload_bucket").isNotNull())
         for r in frame.select("offload_bucket", "offload_region", "offload_endpoint").distinct().collect():
             found[r["offload_bucket"]] = (r["offload_bucket"], r["offload_region"] or "", r["offload_endpoint"] or "")
+    return _with_extras(found, settings)
+
+
+def _with_extras(found: dict[str, tuple[str, str, str]],
+                 settings: DeleteSettings) -> tuple[tuple[str, str, str], ...]:
+    """`found` and the buckets `[offload] extra_buckets` adds (an older offloader's: no context names them)."""
     for bucket in (b.strip() for b in settings.offload.extra_buckets.split(",")):
         if bucket and bucket not in found:
             found[bucket] = (bucket, settings.offload.region, "")
     return tuple(found[b] for b in sorted(found))
+
+
+def run_buckets(store: TableStore, settings: DeleteSettings, run_id: str,
+                inputs: Sequence[PendingRecord]) -> tuple[tuple[str, str, str], ...]:
+    """The buckets a delete of the run's emitted records (and due retries) may delete from.
+
+    From what the run's `emitted` rows carry (each offloaded copy's bucket, when the run's offload contexts name it,
+    with their region and endpoint), plus the configured extras. A bucket is only ever asked for by the object records
+    being deleted, and for every one of the run's own records that is the same answer as the snapshot's list
+    (`_buckets`): reconcile joined the same offload contexts. The snapshot is read instead, as before, when the run's
+    rows carry nothing (emitted by an older version), or when a due retry is an offloaded copy: it may name a bucket
+    the run's snapshot knows but none of its own records does."""
+    carried = _carried_buckets(store, run_id)
+    retried_copy = any(item.source == SOURCE_RETRY and not item.record_key.startswith("LEDGER/") for item in inputs)
+    if carried is None or retried_copy:
+        return _buckets(store, settings, run_id)
+    return _with_extras(carried, settings)
+
+
+def _carried_buckets(store: TableStore, run_id: str) -> dict[str, tuple[str, str, str]] | None:
+    """bucket -> (bucket, region, endpoint) as the run's `emitted` rows carry them; None when a row carries nothing
+    (an older version emitted it). One aggregation: a few groups, whatever the number of records."""
+    if not store.exists("emitted"):
+        return {}
+    groups = store.aggregate_arrow("emitted", ["carried", "offload_bucket", "offload_region", "offload_endpoint"],
+                                   [("record_key", "count")], where={"run_id": run_id}).to_pylist()
+    if any(g["carried"] is None for g in groups):
+        return None
+    return {g["offload_bucket"]: (g["offload_bucket"], g["offload_region"] or "", g["offload_endpoint"] or "")
+            for g in groups if g["offload_bucket"] is not None}
 
 
 def listed_ledger_ids(entries: list[Mapping[str, Any]]) -> set[int]:
@@ -185,7 +233,10 @@ def listed_ledger_ids(entries: list[Mapping[str, Any]]) -> set[int]:
 
 
 def _never_seen(store: TableStore, ids: set[int]) -> frozenset[int]:
-    """Those of `ids` that no snapshot of the tables lists (all of them with no snapshot at all)."""
+    """Those of `ids` that no snapshot of the tables lists (all of them with no snapshot at all).
+
+    Read from `bk_ledgers`, not carried: the ids are an operator's list, which need have no orphan row or emitted
+    record at all, and "never listed" is a question about every snapshot, not about one run's plan."""
     if not ids or not store.exists("bk_ledgers"):
         return frozenset(ids)
     seen = store.read_arrow("bk_ledgers", where={"ledger_id": frozenset(ids)}, columns=["ledger_id"])
@@ -198,6 +249,10 @@ def _shadows(store: TableStore) -> tuple[tuple[str, tuple[str, ...]], ...] | Non
     A shadow topic's managed ledger lists its source's ledgers, so each is a referrer the delete must
     re-read. A shadow created after the snapshot copies its source's list as it is then, which no
     longer holds a ledger the source had dropped, so a snapshot's view is enough.
+
+    Not carried in `emitted` (issue 46): it decides which referrers the live re-verification re-reads, for every
+    input (retries, operator lists and topic records have no emitted row), and it is the union of every snapshot.
+    One run's plan would be a narrower list: fewer referrers re-read is not a change to make to save one read.
     """
     if not store.exists("managed_ledgers"):
         return None

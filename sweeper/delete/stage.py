@@ -29,6 +29,7 @@ from sweeper.delete.inputs import (
     DEAD_LETTERED,
     QUEUED,
     RESOLVED,
+    Layouts,
     _buckets,
     _never_seen,
     _shadows,
@@ -36,10 +37,11 @@ from sweeper.delete.inputs import (
     load_inputs,
     read_operator_list,
     records_from_json,
+    run_buckets,
 )
 from sweeper.delete.journal import Journal, open_journal, relabel_lost_answers, resolve_interrupted
 from sweeper.delete.lock import DeleteRunLock
-from sweeper.delete.records import SOURCE_JSON, SOURCE_RETRY, PendingRecord
+from sweeper.delete.records import SOURCE_EMITTED, SOURCE_JSON, SOURCE_RETRY, PendingRecord
 from sweeper.delete.results import DELETED, FAILED, DeleteResult
 from sweeper.delete.retry import RetryPolicy
 from sweeper.delete.run_result import DeleteCounts, DeleteRunResult
@@ -109,6 +111,7 @@ def run(spark: SparkSession, store: TableStore, run_id: str, settings: DeleteSet
     drain: TopicDrain | None = None
     journal: Journal | None = None
     never_seen: frozenset[int] = frozenset()  # snapshots and the system topic name only ids Pulsar had
+    layouts: Layouts = {}  # what the run's emitted rows carry for delete_results (issue 46)
     try:
         # PIP-454: no delete while a migration copies the store, none on a store migrated away from (issue 24);
         # checked before anything else is read.
@@ -129,8 +132,8 @@ def run(spark: SparkSession, store: TableStore, run_id: str, settings: DeleteSet
             buckets = _buckets(store, settings, None)
         else:
             _check_emitted(store, run_id)
-            inputs, counts = load_inputs(store, run_id, now, limit=d.max_deletes_per_run)
-            buckets = _buckets(store, settings, run_id)
+            inputs, counts = load_inputs(store, run_id, now, limit=d.max_deletes_per_run, carried=layouts)
+            buckets = run_buckets(store, settings, run_id, inputs)
         cap = d.max_deletes_per_run
         counts["deferred_by_cap"] = max(0, counts.pop("selected", len(inputs)) - cap)
         inputs = inputs[:cap]
@@ -223,7 +226,7 @@ def run(spark: SparkSession, store: TableStore, run_id: str, settings: DeleteSet
                     .mapPartitions(lambda it: delete_partition(it, target)).collect())
         if lock is not None:
             _stop_if_lock_lost(lock, rows, journal)
-        result = _commit(store, run_id, rows, target, execute, now, counts)
+        result = _commit(store, run_id, rows, target, execute, now, counts, layouts)
         if journal is not None:
             if lock is not None:
                 # Paused between the check above and here, the run may have lost its lock meanwhile, and its next
@@ -314,7 +317,7 @@ def _ledger_of(item: PendingRecord) -> int:
 
 
 def _commit(store: TableStore, run_id: str, rows: list[TaskRow], target: DeleteTarget, execute: bool,
-            now: datetime, counts: dict[str, int]) -> DeleteRunResult:
+            now: datetime, counts: dict[str, int], layouts: Layouts | None = None) -> DeleteRunResult:
     # Rows are ordered by when they were written; `now` (the decision clock) only sets next_attempt_at.
     written = datetime.now(UTC)
     if execute and target.journal is not None:
@@ -326,6 +329,9 @@ def _commit(store: TableStore, run_id: str, rows: list[TaskRow], target: DeleteT
     results: list[DeleteResult] = []
     for record_key, source, origin_run_id, payload, result in rows:
         results.append(result)
+        # The emitted row's carried layout, for reclaim; other sources carry none (reclaim reads bk_ledgers for them).
+        carried = source == SOURCE_EMITTED and record_key in (layouts or {})
+        layout = (layouts or {}).get(record_key) if carried else None
         counts[result.outcome] = counts.get(result.outcome, 0) + 1
         for name, value in (
                 ("run_id", run_id), ("origin_run_id", origin_run_id), ("finished_at", written),
@@ -334,7 +340,8 @@ def _commit(store: TableStore, run_id: str, rows: list[TaskRow], target: DeleteT
                 ("detail", result.detail[:2000]), ("error", (result.error or "")[:2000] or None),
                 ("attempt", result.attempt), ("duration_ms", result.duration_ms), ("zk_path", result.zk_path),
                 ("zk_version", result.zk_version), ("s3_bucket", result.s3_bucket), ("s3_keys", result.s3_keys),
-                ("dry_run", not execute), ("source", source)):
+                ("dry_run", not execute), ("source", source), ("carried", True if carried else None),
+                ("bk_layout", layout)):
             columns[name].append(value)
         if not execute:
             continue

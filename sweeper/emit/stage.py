@@ -38,6 +38,7 @@ import pyarrow as pa
 from kazoo.exceptions import NoAuthError
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
 from sweeper import journal, runs
 from sweeper.broker.system_topic import (
@@ -52,10 +53,11 @@ from sweeper.broker.system_topic import (
 from sweeper.codecs import pending_delete
 from sweeper.config import SweeperConfig, SystemTopicConfig
 from sweeper.connections import Connections
+from sweeper.emit.carry import CARRIED_NAMES, CarriedIndex, row_targets, uncarried_offload_targets
 from sweeper.errors import Refused, caused_by_interrupt
 from sweeper.run_lock import LOCKS_DIR, LockLost, RunLock
 from sweeper.spark import task_error
-from sweeper.table_schemas import EMIT_JOURNAL, EMITTED
+from sweeper.table_schemas import CARRIED_COLUMNS, EMIT_JOURNAL, EMITTED
 from sweeper.tables import TableStore, TaskAppender
 from sweeper.vocabulary import CANDIDATE
 from sweeper.zk import client as zkutil
@@ -280,19 +282,13 @@ def send_slot(messages: list[PlannedMessage], broker: BrokerSettings,
 
 _ORPHAN_COLUMNS = ["run_id", "object_type", "ledger_id", "status", "reason", "component", "tenant", "namespace",
                    "topic", "managed_ledger", "cursor", "schema_id", "bucket_key", "zk_path", "zk_version", "s3_bucket",
-                   "s3_key", "offload_uuid"]
-_RECORDS_DDL = ("record_key string, ledger_id long, ledger_type string, component string, topic_name string, "
-                "topic_partition int, record string, refused string")
-
-
-def _offload_targets(store: TableStore, run_id: str) -> dict[str, tuple[str, str]]:
-    """bucket -> (region, endpoint) of the run's offload contexts (a handful of buckets)."""
-    targets: dict[str, tuple[str, str]] = {}
-    if store.exists("ml_ledgers"):
-        for r in (store.read("ml_ledgers", where={"run_id": run_id}).where(F.col("offload_bucket").isNotNull())
-                  .select("offload_bucket", "offload_region", "offload_endpoint").distinct().collect()):
-            targets[r["offload_bucket"]] = (r["offload_region"] or "", r["offload_endpoint"] or "")
-    return targets
+                   "s3_key", "offload_uuid", *CARRIED_NAMES]
+# A record, and what its orphan rows carry for `emitted` (sweeper.emit.carry).
+_RECORDS = StructType([StructField("record_key", StringType()), StructField("ledger_id", LongType()),
+                       StructField("ledger_type", StringType()), StructField("component", StringType()),
+                       StructField("topic_name", StringType()), StructField("topic_partition", IntegerType()),
+                       StructField("record", StringType()), StructField("refused", StringType()),
+                       *(StructField(name, dtype) for name, dtype in CARRIED_COLUMNS)])
 
 
 def _candidates(store: TableStore, run_id: str) -> DataFrame:
@@ -303,13 +299,16 @@ def _candidates(store: TableStore, run_id: str) -> DataFrame:
 def candidate_records(spark: SparkSession, store: TableStore, run_id: str) -> list[dict[str, Any]]:
     """The run's records in this process (tests and small tools; run_emit builds them in Spark tasks)."""
     rows = _candidates(store, run_id).toArrow().to_pylist()
-    return pending_delete.records_for_orphans(rows, _offload_targets(store, run_id))
+    targets = uncarried_offload_targets(store, run_id)
+    return pending_delete.records_for_orphans(rows, row_targets(rows) if targets is None else targets)
 
 
 def record_rows(spark: SparkSession, store: TableStore, run_id: str, partitions: int) -> DataFrame:
     """The run's candidates as records, computed by the executors: one row per record with its record key and
-    topic partition, the record as JSON, and `refused` (why our delete stage would refuse it) or null."""
-    targets = _offload_targets(store, run_id)
+    topic partition, the record as JSON, `refused` (why our delete stage would refuse it) or null, and what its orphan
+    rows carry for `emitted`."""
+    # Null: the orphan rows carry their buckets' regions and endpoints, each task takes them from its own rows.
+    uncarried = uncarried_offload_targets(store, run_id)
     parallelism = max(1, spark.sparkContext.defaultParallelism)
 
     def to_records(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -317,7 +316,8 @@ def record_rows(spark: SparkSession, store: TableStore, run_id: str, partitions:
         # and index keys become one record.
         rows = [row for batch in batches for row in batch.to_pylist()]
         out = []
-        for record in pending_delete.records_for_orphans(rows, targets):
+        carried = CarriedIndex(rows)
+        for record in pending_delete.records_for_orphans(rows, row_targets(rows) if uncarried is None else uncarried):
             # What our own delete stage would refuse never reaches the topic; it is counted, not fatal.
             refused = None
             try:
@@ -328,11 +328,14 @@ def record_rows(spark: SparkSession, store: TableStore, run_id: str, partitions:
                         "ledger_type": record["ledgerType"], "component": record["ledgerComponent"],
                         "topic_name": record.get("topicName"),
                         "topic_partition": partition_for(str(record["ledgerId"]), partitions),
-                        "record": json.dumps(record, sort_keys=True), "refused": refused})
+                        "record": json.dumps(record, sort_keys=True), "refused": refused, **carried.of(record)})
         if out:
-            yield pa.RecordBatch.from_pylist(out, schema=_RECORDS_ARROW)
+            yield pa.RecordBatch.from_pylist(out, schema=records_arrow)
 
-    return _candidates(store, run_id).repartition(parallelism, "ledger_id").mapInArrow(to_records, _RECORDS_DDL)
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    records_arrow = to_arrow_schema(_RECORDS)
+    return _candidates(store, run_id).repartition(parallelism, "ledger_id").mapInArrow(to_records, _RECORDS)
 
 
 def planned_records(records: DataFrame, records_per_producer: int) -> DataFrame:
@@ -342,11 +345,6 @@ def planned_records(records: DataFrame, records_per_producer: int) -> DataFrame:
     return (records.where(F.col("refused").isNull()).drop("refused")
             .withColumn("sequence_id", rank.cast("long"))
             .withColumn("producer_slot", F.floor(F.col("sequence_id") / records_per_producer).cast("int")))
-
-
-_RECORDS_ARROW = pa.schema([("record_key", pa.string()), ("ledger_id", pa.int64()), ("ledger_type", pa.string()),
-                            ("component", pa.string()), ("topic_name", pa.string()), ("topic_partition", pa.int32()),
-                            ("record", pa.string()), ("refused", pa.string())])
 
 
 def check_reconciled(store: TableStore, run_id: str) -> None:
@@ -481,7 +479,7 @@ def _emit_planned(spark: SparkSession, store: TableStore, run_id: str, planned: 
     emit_journal = EmitJournal(store.task_appender(JOURNAL_TABLE, EMIT_JOURNAL), run_id, emitted_at.isoformat(),
                                emitted_at, settings.recorded_in_runs)
     recorder = store.task_appender("emitted", EMITTED)
-    columns = EMITTED.fieldNames()
+    columns = [name for name in EMITTED.fieldNames() if name not in CARRIED_NAMES]
     pause_s = float(os.environ.get(FAILPOINT_BEFORE_RECORDING_ENV) or 0)
     fence, metadata = lock.fence, settings.connections.bookkeeper
 
@@ -495,6 +493,7 @@ def _emit_planned(spark: SparkSession, store: TableStore, run_id: str, planned: 
             producer_slot=r["producer_slot"], sequence_id=r["sequence_id"], record=json.loads(r["record"]))
             for r in rows]
         by_seq = {m.sequence_id: m for m in messages}
+        carried = {r["sequence_id"]: {name: _plain(r[name]) for name in CARRIED_NAMES} for r in rows}
         first = messages[0]
         sequence_ids = [m.sequence_id for m in messages]
         # On record before anything is sent: what this producer may put on the topic, should the task die.
@@ -514,13 +513,14 @@ def _emit_planned(spark: SparkSession, store: TableStore, run_id: str, planned: 
                 raise EmitFailed(f"not recorded: {LOCK_LOST_WORDS}: {lost}")
         recorder.append([dict(zip(columns, (run_id, emitted_at, by_seq[seq].record_key, by_seq[seq].ledger_id,
                                             by_seq[seq].ledger_type, by_seq[seq].component, by_seq[seq].topic_name,
-                                            partition, name, seq, message_id, status, payload), strict=True))
+                                            partition, name, seq, message_id, status, payload), strict=True),
+                               **carried[seq])
                          for partition, seq, message_id, name, payload, status in sent])
         for *_, status in sent:
             yield status, 1
 
     by_slot = (todo.select("record_key", "ledger_id", "ledger_type", "component", "topic_name", "topic_partition",
-                           "producer_slot", "sequence_id", "record").rdd
+                           "producer_slot", "sequence_id", "record", *CARRIED_NAMES).rdd
                .map(lambda r: (slot_index[(r["topic_partition"], r["producer_slot"])], r))
                .partitionBy(len(slots), lambda index: index))
     sending = time.monotonic()
@@ -656,6 +656,11 @@ def fold_interrupted(store: TableStore, run_id: str, by: str) -> int:
     # Closed last: killed before this, the next emit folds them again (a second `interrupted` row, nothing lost).
     store.append_rows(JOURNAL_TABLE, closing, EMIT_JOURNAL, commit_metadata={"stage": "emit", "resolved_by": by})
     return len(open_attempts)
+
+
+def _plain(value: Any) -> Any:
+    """A Spark Row (a struct column, say `bk_layout`) as the dict an Arrow append takes."""
+    return value.asDict(recursive=True) if hasattr(value, "asDict") else value
 
 
 def _task_error(exc: Exception) -> str:

@@ -151,13 +151,29 @@ def _read_samples(store: TableStore, run_id: str, phase: str) -> dict[str, Booki
 
 
 def deleted_ledgers(store: TableStore, run_id: str) -> tuple[list[DeletedLedger], list[dict[str, Any]]]:
-    """The run's executed deletes: BookKeeper ledgers (with their snapshot metadata) and offloaded copies."""
+    """The run's executed deletes: BookKeeper ledgers (with their layout) and offloaded copies.
+
+    A ledger's layout is the one its `delete_results` row carries from the run's plan (issue 46: reconcile read it in
+    the run's snapshot); a row that carries none (an older version's, an operator's list, a retry) is looked up in
+    `bk_ledgers` as before (`_snapshot_layouts`)."""
     if not store.exists("delete_results"):
         return [], []
     results = store.read_arrow("delete_results", where={"run_id": run_id, "outcome": "deleted", "dry_run": False},
-                               columns=["ledger_id", "ledger_type", "s3_bucket", "s3_keys"]).to_pylist()
+                               columns=["ledger_id", "ledger_type", "s3_bucket", "s3_keys", "carried",
+                                        "bk_layout"]).to_pylist()
     ids = sorted({r["ledger_id"] for r in results if r["ledger_type"] != OFFLOAD_LEDGER and r["ledger_id"] is not None})
     objects = [r for r in results if r["ledger_type"] == OFFLOAD_LEDGER and r["s3_keys"]]
+    ledgers: dict[int, dict[str, Any]] = {}
+    wanted = set(ids)
+    for r in results:
+        if r["ledger_id"] in wanted and r["carried"] and r["bk_layout"] is not None:  # an offloaded copy has none
+            ledgers.setdefault(r["ledger_id"], r["bk_layout"])
+    ledgers.update(_snapshot_layouts(store, [i for i in ids if i not in ledgers]))
+    return [_deleted_ledger(i, r) for i, r in sorted(ledgers.items())], objects
+
+
+def _snapshot_layouts(store: TableStore, ids: list[int]) -> dict[int, dict[str, Any]]:
+    """Each ledger's layout as the latest snapshot of any run saw it: for deletes whose rows carry none."""
     ledgers: dict[int, dict[str, Any]] = {}
     if ids and store.exists("bk_ledgers"):
         for row in store.read_arrow("bk_ledgers", where={"ledger_id": ids},
@@ -167,7 +183,7 @@ def deleted_ledgers(store: TableStore, run_id: str) -> tuple[list[DeletedLedger]
             seen = ledgers.get(row["ledger_id"])
             if seen is None or row["captured_at"] > seen["captured_at"]:
                 ledgers[row["ledger_id"]] = row
-    return [_deleted_ledger(i, r) for i, r in sorted(ledgers.items())], objects
+    return ledgers
 
 
 def _deleted_ledger(ledger_id: int, row: dict[str, Any]) -> DeletedLedger:

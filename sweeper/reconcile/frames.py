@@ -9,7 +9,7 @@ from pyspark.sql import functions as F
 from sweeper import names
 from sweeper.rules.references import PEER_OWNER, PEER_QUARANTINED, released_from_bookkeeper
 from sweeper.scan.pulsar import COMPACTION_KINDS
-from sweeper.table_schemas import SNAPSHOT_TABLES
+from sweeper.table_schemas import BK_LAYOUT, SNAPSHOT_TABLES
 from sweeper.tables import TableStore
 
 
@@ -107,6 +107,8 @@ def _facts_frame(frames: dict[str, DataFrame], refs: DataFrame, local_cluster: s
         "owner_ml",
         "bucket_key",
         "length",
+        # Carried to emit, delete and reclaim in the orphan row (issue 46): they need not read bk_ledgers again.
+        F.struct(*BK_LAYOUT.fieldNames()).alias("bk_layout"),
         "created_ms",
         "created_source",
         F.coalesce(F.col("_ml_exists"), F.lit(False)).alias("ml_exists"),
@@ -129,6 +131,13 @@ def _object_facts_frame(frames: dict[str, DataFrame]) -> DataFrame:
                      F.first("managed_ledger").alias("ref_ml")))
     quarantined = (frames["quarantine"].where(F.col("owner").isNotNull()).select(F.col("owner").alias("_q"))
                    .distinct().withColumn("owner_quarantined", F.lit(True)))
+    # Each bucket the run's offload contexts name, with a region and endpoint they give it (a handful of buckets): the
+    # orphan row carries them to emit's records and to the delete's list of buckets it may delete from (issue 46).
+    # One per bucket, the same for all its objects (max: contexts that disagree are one cluster's misconfiguration).
+    targets = (frames["ml_ledgers"].where(F.col("offload_bucket").isNotNull())
+               .groupBy(F.col("offload_bucket").alias("bucket"))
+               .agg(F.max(F.struct(F.col("offload_region").alias("region"),
+                                   F.col("offload_endpoint").alias("endpoint"))).alias("_target")))
     # classify_object's first rule, applied before Python: a referenced object whose offload completed is in use
     # and yields no row. (Pulsar's ManagedLedgerImpl.getLedgerHandle opens such a ledger from tiered storage by
     # the uuid in its complete OffloadContext: readOffloaded(ledgerId, uid, ...); "referenced" is that uuid and
@@ -139,7 +148,11 @@ def _object_facts_frame(frames: dict[str, DataFrame]) -> DataFrame:
     return (frames["offload_objects"].join(contexts, ["uuid", "ledger_id"], "left")
             .where(~in_use_complete)
             .join(quarantined, F.col("managed_ledger") == F.col("_q"), "left")
+            .join(F.broadcast(targets), "bucket", "left")
             .select("bucket", "key", "uuid", "ledger_id", "size", "last_modified_ms", "managed_ledger", "ref_ml",
                     "complete", "offload_ts", "cluster_name",
+                    F.when(F.col("_target").isNotNull(), F.col("bucket")).alias("offload_bucket"),
+                    F.col("_target.region").alias("offload_region"),
+                    F.col("_target.endpoint").alias("offload_endpoint"),
                     F.coalesce("metadata_read", F.lit(False)).alias("metadata_read"),
                     F.coalesce("owner_quarantined", F.lit(False)).alias("owner_quarantined")))

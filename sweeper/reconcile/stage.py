@@ -250,6 +250,8 @@ def _classify_partition(
                     "created_source": r["created_source"],
                     "zk_path": r["path"],
                     "zk_version": r["zk_version"],
+                    "carried": True,
+                    "bk_layout": r["bk_layout"],
                 }
             )
         if out:
@@ -293,7 +295,8 @@ def _classify_objects(batches: Iterator[pa.RecordBatch], run_id: str, now_ms: in
                 "created_ms": r["last_modified_ms"],
                 "age_ms": now_ms - r["last_modified_ms"] if r["last_modified_ms"] else None,
                 "created_source": "s3_last_modified", "s3_bucket": r["bucket"], "s3_key": r["key"],
-                "offload_uuid": r["uuid"],
+                "offload_uuid": r["uuid"], "carried": True, "offload_bucket": r["offload_bucket"],
+                "offload_region": r["offload_region"], "offload_endpoint": r["offload_endpoint"],
             })
         if out:
             yield pa.RecordBatch.from_pylist(out, schema=schema)
@@ -331,6 +334,7 @@ def missing_ledgers(frames: dict[str, DataFrame], refs: DataFrame, run_id: str, 
             .otherwise(F.concat(F.lit("referenced by "), F.col("referrer"), F.lit(" but absent from BookKeeper"))),
             "managed_ledger": F.when(F.col("ref_kind") != "schema", F.col("owner")),
             "schema_id": F.when(F.col("ref_kind") == "schema", F.col("owner")),
+            "carried": F.lit(True),  # nothing to carry: never emitted
         }
     )
     return grouped.select(*[columns[f.name].alias(f.name) for f in ORPHANS.fields])
