@@ -6,6 +6,9 @@
   `tables.storage.TableStorageUnavailableError`, `metastore.urls.StoreUrlError`, `safety.SafetyConfigError`).
 - `Refused` (exit 3): the run stopped on purpose before doing harm: a gate, a safety rule, a lock, an unreachable
   or unreadable store. Each stage's refusal is a subclass, so callers may still catch the narrow one.
+- `InternalError` (exit 1): raised and caught inside the sweeper, where it becomes a recorded outcome (a quarantined
+  znode, a bookie `not_measured`, a warning line) or one of the errors above. One that reaches the CLI is a bug or
+  an outage nobody foresaw, like any other exception: exit 1, its trace in the log file, no terminal line.
 - An interrupt (SIGINT, SIGTERM) is Python's KeyboardInterrupt: exit 130.
 - Anything else is a bug or an outage nobody foresaw: exit 1, its trace in the log file.
 `exit_code` and `terminal_line` are the one mapping (the CLI's `_run` and `main` use nothing else).
@@ -50,6 +53,15 @@ class Refused(SweeperError, RuntimeError):
 class StageRefused(Refused):
     """A stage stopped on purpose (gate, breaker, bad input): exit code 3, nothing planned. `runs.stage` raises it
     for the refusals a stage names, with the narrow one as its cause."""
+
+
+class InternalError(SweeperError):
+    """Raised and caught inside the sweeper: it becomes a recorded outcome or one of the operator-facing errors
+    (`UsageError`, `Refused`). Reaching the CLI it is a bug or an outage nobody foresaw: exit 1, its trace in the
+    log file (the CLI's `_run` raises it again, as any error of exit code 1)."""
+
+    exit_code = EXIT_ERROR
+    label = "internal error"
 
 
 class RunIdTaken(UsageError):

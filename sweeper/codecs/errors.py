@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from sweeper.errors import InternalError
+
 KINDS = frozenset(
     {
         "unknown_format_version",
@@ -17,7 +19,7 @@ KINDS = frozenset(
 )
 
 
-class MetadataDecodeError(ValueError):
+class MetadataDecodeError(InternalError, ValueError):
     """Raised for input we refuse to interpret; the message says what was wrong."""
 
     def __init__(self, message: str, kind: str = "invalid_protobuf") -> None:

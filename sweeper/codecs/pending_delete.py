@@ -16,6 +16,7 @@ from typing import Any
 import fastavro
 
 from sweeper import names, resources
+from sweeper.errors import InternalError
 
 # Ledger custom-metadata component -> record component (cursor ledgers are managed-ledger ledgers
 # that carry `pulsar/cursor`).
@@ -27,7 +28,7 @@ COMPONENTS = {
 }
 
 
-class InvalidPendingDelete(ValueError):
+class InvalidPendingDelete(InternalError, ValueError):
     """A record we will not act on; `kind` says why (for the quarantine table)."""
 
     def __init__(self, message: str, kind: str) -> None:

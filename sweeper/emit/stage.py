@@ -52,7 +52,7 @@ from sweeper.broker.system_topic import (
 from sweeper.codecs import pending_delete
 from sweeper.config import SweeperConfig, SystemTopicConfig
 from sweeper.connections import Connections
-from sweeper.errors import Refused, caused_by_interrupt
+from sweeper.errors import InternalError, Refused, caused_by_interrupt
 from sweeper.run_lock import LOCKS_DIR, LockLost, RunLock
 from sweeper.spark import task_error
 from sweeper.table_schemas import EMIT_JOURNAL, EMITTED
@@ -86,7 +86,7 @@ class EmitRefused(Refused):
     """Nothing was emitted on purpose: the run is not reconciled, or the topic is not as configured."""
 
 
-class EmitFailed(RuntimeError):
+class EmitFailed(InternalError, RuntimeError):
     """Sending failed; what the broker acknowledged is in `emitted`, and a rerun sends only the rest."""
 
 

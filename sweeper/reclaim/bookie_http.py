@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sweeper.config import ReclaimConfig
+from sweeper.errors import InternalError
 from sweeper.ratelimit import TokenBucket
 from sweeper.reclaim.discovery import BookieTarget
 from sweeper.reclaim.samples import (
@@ -50,7 +51,7 @@ SERVER_CONFIG = "/api/v1/config/server_config"
 READ_CHUNK = 64 * 1024
 
 
-class BookieUnreachable(RuntimeError):
+class BookieUnreachable(InternalError, RuntimeError):
     """No answer, or an HTTP error: the bookie is not measured (never a failed run)."""
 
 

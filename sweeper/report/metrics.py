@@ -17,12 +17,13 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Gauge, generate_latest, push_to_gateway, write_to_textfile
 
 from sweeper.config import MetricsConfig
+from sweeper.errors import InternalError
 
 PREFIX = "ledger_sweeper"
 LEDGER_TYPES = ("LEDGER", "OFFLOAD_LEDGER")
 
 
-class MetricsError(RuntimeError):
+class MetricsError(InternalError, RuntimeError):
     pass
 
 

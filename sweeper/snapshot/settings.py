@@ -22,7 +22,7 @@ from sweeper.config import (
     SystemTopicConfig,
 )
 from sweeper.connections import Connections, MetadataEndpoint
-from sweeper.errors import Refused
+from sweeper.errors import InternalError, Refused
 from sweeper.metastore.urls import StoreUrl
 from sweeper.table_schemas import SNAPSHOT_TABLES
 
@@ -143,7 +143,7 @@ class SnapshotResult:
         return self.counts.bk_ledgers / self.scan_s if self.scan_s else 0.0
 
 
-class SnapshotIncomplete(RuntimeError):
+class SnapshotIncomplete(InternalError, RuntimeError):
     """The committed tables hold other row counts than the scan produced: the run is failed, never used."""
 
 

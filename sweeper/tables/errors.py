@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from sweeper.errors import InternalError
 
-class TableNotFoundError(LookupError):
+
+class TableNotFoundError(InternalError, LookupError):
     """No Delta table (or no such version of it) at the path."""
 
 
-class TableSchemaError(ValueError):
+class TableSchemaError(InternalError, ValueError):
     """Data whose columns or types don't match the table's; nothing was committed."""

@@ -26,6 +26,8 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from sweeper.errors import InternalError
+
 # What one file record looks like, as Spark sees it (mapInArrow output) and as Arrow builds it.
 FILE_RECORD_DDL = (
     "path string, size long, num_records long, modification_time long, stats string, partition_values string"
@@ -51,7 +53,7 @@ STATS_STRING_PREFIX = 32
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 
 
-class NotNullViolation(ValueError):
+class NotNullViolation(InternalError, ValueError):
     """Rows with nulls in a column the table declares NOT NULL."""
 
 

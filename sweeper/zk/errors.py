@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from sweeper.errors import Refused
+from sweeper.errors import InternalError, Refused
 
 
 class ZooKeeperUnavailableError(Refused, ConnectionError):
@@ -28,6 +28,11 @@ class ZooKeeperPermissionError(Refused, PermissionError):
                          + (f": {why}" if why else ""))
         self.path = path
         self.permission = permission
+
+
+class HandshakeRefused(InternalError):
+    """One host refused our TLS session or our login: a setting to fix, not an outage. The handshake collects them
+    into a ZooKeeperSecurityError once no host let us in."""
 
 
 def is_connection_error(exc: BaseException) -> bool:

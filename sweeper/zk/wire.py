@@ -55,6 +55,7 @@ from kazoo.exceptions import EXCEPTIONS
 from kazoo.hosts import collect_hosts
 from kazoo.protocol.paths import normpath
 
+from sweeper.errors import InternalError
 from sweeper.records import ChildrenRead, ZnodeRead
 from sweeper.zk.errors import ZooKeeperPermissionError, ZooKeeperSecurityError, ZooKeeperUnavailableError
 from sweeper.zk.handshake import _handshake
@@ -105,7 +106,7 @@ _MAX_LOWAT = 256 << 10
 _MIN_RECV = 64 << 10
 
 
-class ZooKeeperWireError(Exception):
+class ZooKeeperWireError(InternalError):
     """A per-request error code from the server, reported on the read it belongs to."""
 
     def __init__(self, code: int, path: str) -> None:
