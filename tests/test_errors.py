@@ -92,8 +92,7 @@ def test_config_and_setup_errors_are_usage_errors_and_refusals_are_refusals() ->
     from sweeper.metastore.urls import StoreUrlError
     from sweeper.retention.journal import RepairLockHeld
     from sweeper.rules.safety import SafetyConfigError
-    from sweeper.tables import DeltaSparkUnavailableError
-    from sweeper.tables.storage import TableStorageUnavailableError
+    from sweeper.tables.errors import DeltaSparkUnavailableError, TableStorageUnavailableError
     from sweeper.zk.errors import ZooKeeperUnavailableError
 
     for cls in (ConfigError, DeltaSparkUnavailableError, TableStorageUnavailableError, StoreUrlError,

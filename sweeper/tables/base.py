@@ -45,8 +45,8 @@ from sweeper.table_schemas import ALL_TABLES
 from sweeper.tables.arrow_rows import columns_to_arrow, rows_to_arrow
 from sweeper.tables.commits import ADDED_KEY, COMMIT_ID_KEY, ENGINE_KEY, TABLE_KEY, CommitResult
 from sweeper.tables.conditions import check_aggregates
-from sweeper.tables.errors import TableNotFoundError, TableSchemaError
-from sweeper.tables.files import NotNullViolation, TablesWriter, is_local, padded
+from sweeper.tables.errors import NotNullViolation, TableNotFoundError, TableSchemaError
+from sweeper.tables.files import TablesWriter, is_local, padded
 from sweeper.tables.schema import conformed, evolution, loose_type, schema_problems
 
 log = logging.getLogger(__name__)
