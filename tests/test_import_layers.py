@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         "sweeper",  # the package itself: its version
         "sweeper._proto", "sweeper.errors", "sweeper.vocabulary", "sweeper.names", "sweeper.records",
         "sweeper.resources", "sweeper.table_schemas", "sweeper.ratelimit", "sweeper.report.progress",
-        "sweeper.report.chatter", "sweeper.codecs.errors", "sweeper.tables.errors",
+        "sweeper.report.chatter", "sweeper.codecs.errors", "sweeper.tables.errors", "sweeper.zk.errors",
     )),
     ("settings and formats", "the config (store addresses resolved as it loads), the metadata codecs, layouts", (
         "sweeper.config", "sweeper.metastore.urls", "sweeper.codecs", "sweeper.codecs.layout",

@@ -49,3 +49,16 @@ def is_connection_error(exc: BaseException) -> bool:
 
     return isinstance(exc, ConnectionLoss | SessionExpiredError | OperationTimeoutError | ConnectionDropped
                       | ConnectionClosedError | SessionMovedError | KazooTimeoutError)
+
+
+class ZooKeeperWireError(InternalError):
+    """A per-request error code from the server, reported on the read it belongs to."""
+
+    def __init__(self, code: int, path: str) -> None:
+        from kazoo.exceptions import EXCEPTIONS
+
+        # kazoo's names (NoAuthError, ...) read better than bare codes; its table raises on unknown ones.
+        name = EXCEPTIONS[code].__name__ if code in EXCEPTIONS else "ZooKeeper error"
+        super().__init__(f"{name} (code {code}) reading {path!r}")
+        self.code = code
+        self.path = path
