@@ -115,7 +115,8 @@ def print_counts(title: str, counts: dict[str, int]) -> None:
 def _check_credentials(cfg: SweeperConfig) -> None:
     """Every secret the config names is read now, before Spark starts: an unset variable or an unreadable file is
     the operator's configuration (exit 2, in a second), not a refusal 20 seconds into a run."""
-    from sweeper.broker.system_topic import SystemTopicError, read_token
+    from sweeper.broker.errors import SystemTopicError
+    from sweeper.broker.system_topic import read_token
     from sweeper.connections import Connections
 
     Connections.from_config(cfg)  # ZooKeeper's TLS/SASL/digest secrets, for every store

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from pyspark.sql import SparkSession
 
 from sweeper import journal, runs, snapshot
-from sweeper.broker.system_topic import SystemTopicError
+from sweeper.broker.errors import SystemTopicError
 from sweeper.config import SweeperConfig
 from sweeper.delete.lock import RunLockHeld
 from sweeper.delete.run_result import DeleteCounts, DeleteRunResult
@@ -25,12 +25,13 @@ from sweeper.delete.stage import run_delete
 from sweeper.emit import stage as emit
 from sweeper.emit.stage import EmitCounts, EmitFailed, EmitRefused, EmitResult, EmitSettings
 from sweeper.errors import StageRefused as StageRefused  # where the sweep's callers catch it
-from sweeper.metastore.migration import MigrationRefused
+from sweeper.metastore.errors import MigrationRefused
 from sweeper.reclaim.stage import ReclaimCounts, ReclaimResult, run_reclaim, sample_before, summary_line
 from sweeper.reconcile.gates import GateFailed, run_gates
 from sweeper.reconcile.stage import ReconcileCounts, ReconcileRefused, ReconcileResult, SafetySettings, run_reconcile
 from sweeper.report.console import human_bytes, plural
-from sweeper.report.metrics import MetricsError, publish, registry
+from sweeper.report.errors import MetricsError
+from sweeper.report.metrics import publish, registry
 from sweeper.report.summaries import (
     Summary,
     delete_run_summary,

@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         "sweeper._proto", "sweeper.errors", "sweeper.vocabulary", "sweeper.names", "sweeper.records",
         "sweeper.resources", "sweeper.table_schemas", "sweeper.ratelimit", "sweeper.report.progress",
         "sweeper.report.chatter", "sweeper.codecs.errors", "sweeper.tables.errors", "sweeper.zk.errors",
+        "sweeper.metastore.errors", "sweeper.broker.errors", "sweeper.rules.errors", "sweeper.report.errors",
     )),
     ("settings and formats", "the config (store addresses resolved as it loads), the metadata codecs, layouts", (
         "sweeper.config", "sweeper.metastore.urls", "sweeper.codecs", "sweeper.codecs.layout",

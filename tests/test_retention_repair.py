@@ -17,7 +17,8 @@ from pyspark.sql import SparkSession
 from harness.sandbox.model import SandboxSpec
 from harness.zkserver import ServerClock
 from sweeper import runs
-from sweeper.broker.system_topic import AdminClient, RedirectRefused, broker_web_origins, redirect_target
+from sweeper.broker.errors import RedirectRefused
+from sweeper.broker.system_topic import AdminClient, broker_web_origins, redirect_target
 from sweeper.codecs import pulsar as codec
 from sweeper.config import ConfigError
 from sweeper.connections import Connections

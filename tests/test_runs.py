@@ -115,7 +115,7 @@ def test_a_spark_job_cancelled_by_an_interrupt_is_the_interrupt(tmp_path: Path) 
 
     # A stage that turns such a failure into a refusal on its way out (the snapshot's system-topic read does) is
     # still the interrupt: `interrupted`, as the exit code 130 says, never `refused`.
-    from sweeper.broker.system_topic import SystemTopicError
+    from sweeper.broker.errors import SystemTopicError
 
     def read_cancelled() -> None:
         try:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sweeper.broker.system_topic import BrokerSettings, SystemTopicError, describe_client_error, open_client
+from sweeper.broker.errors import SystemTopicError
+from sweeper.broker.system_topic import BrokerSettings, describe_client_error, open_client
 from sweeper.codecs import pending_delete
 from sweeper.codecs.errors import InvalidPendingDelete
 from sweeper.config import SystemTopicConfig

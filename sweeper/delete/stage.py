@@ -46,12 +46,8 @@ from sweeper.delete.run_result import DeleteCounts, DeleteRunResult
 from sweeper.delete.settings import DeleteRefused, DeleteSettings, DeleteTarget
 from sweeper.delete.tasks import TaskRow, delete_partition
 from sweeper.delete.zk_executor import LOCK_LOST
-from sweeper.metastore.migration import (
-    MIGRATION_NOT_ATTEMPTED,
-    MigrationGuard,
-    MigrationRefused,
-    check_stores,
-)
+from sweeper.metastore.errors import MigrationRefused
+from sweeper.metastore.migration import MIGRATION_NOT_ATTEMPTED, MigrationGuard, check_stores
 from sweeper.rules.classify import Sharing
 from sweeper.rules.owner import ActingRules
 from sweeper.rules.protection import Protection

@@ -40,9 +40,9 @@ from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from sweeper import journal, runs
+from sweeper.broker.errors import SystemTopicError
 from sweeper.broker.system_topic import (
     BrokerSettings,
-    SystemTopicError,
     describe_client_error,
     ensure_topic,
     open_client,

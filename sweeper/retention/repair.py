@@ -40,8 +40,9 @@ from typing import Any
 from pyspark.sql import functions as F
 
 from sweeper import runs
+from sweeper.broker.errors import RedirectRefused, SystemTopicError
 from sweeper.broker.liveness import registered_web_origins
-from sweeper.broker.system_topic import AdminClient, RedirectRefused, SystemTopicError
+from sweeper.broker.system_topic import AdminClient
 from sweeper.config import SweeperConfig
 from sweeper.ratelimit import TokenBucket
 from sweeper.retention.journal import RepairJournal, RepairLock, RepairLockHeld, Resolution, resolve_interrupted

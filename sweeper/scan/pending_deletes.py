@@ -11,13 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from sweeper.broker.system_topic import (
-    BrokerSettings,
-    SystemTopicError,
-    describe_client_error,
-    open_client,
-    partition_topic,
-)
+from sweeper.broker.errors import SystemTopicError
+from sweeper.broker.system_topic import BrokerSettings, describe_client_error, open_client, partition_topic
 from sweeper.codecs import pending_delete
 from sweeper.codecs.errors import InvalidPendingDelete
 from sweeper.scan import Row, quarantine_row

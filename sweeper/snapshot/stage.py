@@ -19,8 +19,8 @@ from datetime import UTC, datetime
 from pyspark.sql import SparkSession
 
 from sweeper import runs
+from sweeper.broker.errors import SystemTopicError
 from sweeper.broker.liveness import clock_problem
-from sweeper.broker.system_topic import SystemTopicError
 from sweeper.errors import RunIdTaken
 from sweeper.snapshot.offload_listing import offload_targets
 from sweeper.snapshot.outputs import _CachedOutput, _Output, _WrittenOutput
