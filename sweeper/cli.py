@@ -208,8 +208,8 @@ def cmd_emit(args: argparse.Namespace) -> int:
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
+    from sweeper.delete.errors import DeleteRefused
     from sweeper.delete.inputs import read_operator_list
-    from sweeper.delete.settings import DeleteRefused
     from sweeper.delete.stage import describe
     from sweeper.errors import UsageError
     from sweeper.pipeline import delete_stage, riding_after

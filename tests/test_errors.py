@@ -90,7 +90,7 @@ def test_an_internal_error_reaching_the_cli_is_exit_1_with_its_trace_in_the_log(
 
 def test_config_and_setup_errors_are_usage_errors_and_refusals_are_refusals() -> None:
     from sweeper.metastore.errors import StoreUrlError
-    from sweeper.retention.journal import RepairLockHeld
+    from sweeper.retention.errors import RepairLockHeld
     from sweeper.rules.errors import SafetyConfigError
     from sweeper.tables.errors import DeltaSparkUnavailableError, TableStorageUnavailableError
     from sweeper.zk.errors import ZooKeeperUnavailableError

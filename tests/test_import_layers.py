@@ -29,6 +29,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         "sweeper.resources", "sweeper.table_schemas", "sweeper.ratelimit", "sweeper.report.progress",
         "sweeper.report.chatter", "sweeper.codecs.errors", "sweeper.tables.errors", "sweeper.zk.errors",
         "sweeper.metastore.errors", "sweeper.broker.errors", "sweeper.rules.errors", "sweeper.report.errors",
+        "sweeper.snapshot.errors", "sweeper.reconcile.errors", "sweeper.retention.errors", "sweeper.emit.errors",
+        "sweeper.delete.errors", "sweeper.reclaim.errors",
     )),
     ("settings and formats", "the config (store addresses resolved as it loads), the metadata codecs, layouts", (
         "sweeper.config", "sweeper.metastore.urls", "sweeper.codecs", "sweeper.codecs.layout",

@@ -41,7 +41,8 @@ from sweeper.reclaim.discovery import (
     locate,
     parse_overrides,
 )
-from sweeper.reclaim.samples import BookieAnswerError, BookieSample, parse_gc_state, parse_metrics
+from sweeper.reclaim.errors import BookieAnswerError
+from sweeper.reclaim.samples import BookieSample, parse_gc_state, parse_metrics
 
 DATA = Path(__file__).parent / "data"
 

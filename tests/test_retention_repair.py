@@ -27,6 +27,7 @@ from sweeper.pipeline import repair_stage
 from sweeper.ratelimit import TokenBucket
 from sweeper.retention.debt import run_retention_debt
 from sweeper.retention.debt_types import RetentionSettings
+from sweeper.retention.errors import RetentionRepairRefused
 from sweeper.retention.journal import (
     DELETE_CALL,
     DELETE_SUBSCRIPTION,
@@ -52,7 +53,6 @@ from sweeper.retention.repair_plan import (
     SKIPPED_GONE,
     WOULD_DELETE,
     WOULD_LOAD,
-    RetentionRepairRefused,
     plan_actions,
     plan_age_refusal,
     replication_refusal,

@@ -25,6 +25,7 @@ from sweeper.config import SweeperConfig
 from sweeper.connections import OxiaEndpoint
 from sweeper.delete import permissions
 from sweeper.delete.drain import TopicDrain
+from sweeper.delete.errors import DeleteRefused
 from sweeper.delete.inputs import (
     DEAD_LETTERED,
     QUEUED,
@@ -43,7 +44,7 @@ from sweeper.delete.records import SOURCE_JSON, SOURCE_RETRY, PendingRecord
 from sweeper.delete.results import DELETED, FAILED, DeleteResult
 from sweeper.delete.retry import RetryPolicy
 from sweeper.delete.run_result import DeleteCounts, DeleteRunResult
-from sweeper.delete.settings import DeleteRefused, DeleteSettings, DeleteTarget
+from sweeper.delete.settings import DeleteSettings, DeleteTarget
 from sweeper.delete.tasks import TaskRow, delete_partition
 from sweeper.delete.zk_executor import LOCK_LOST
 from sweeper.metastore.errors import MigrationRefused

@@ -52,7 +52,8 @@ from sweeper.broker.system_topic import (
 from sweeper.codecs import pending_delete
 from sweeper.config import SweeperConfig, SystemTopicConfig
 from sweeper.connections import Connections
-from sweeper.errors import InternalError, Refused, caused_by_interrupt
+from sweeper.emit.errors import EmitFailed, EmitRefused
+from sweeper.errors import caused_by_interrupt
 from sweeper.run_lock import LOCKS_DIR, LockLost, RunLock
 from sweeper.spark import task_error
 from sweeper.table_schemas import EMIT_JOURNAL, EMITTED
@@ -80,14 +81,6 @@ REFUSED_OVERSIZE = "refused_oversize"
 
 # (partition, sequence id, message id, producer name, payload, status) per message a task handled.
 SlotRow = tuple[int, int, str | None, str, bytes, str]
-
-
-class EmitRefused(Refused):
-    """Nothing was emitted on purpose: the run is not reconciled, or the topic is not as configured."""
-
-
-class EmitFailed(InternalError, RuntimeError):
-    """Sending failed; what the broker acknowledged is in `emitted`, and a rerun sends only the rest."""
 
 
 @dataclass(frozen=True)
