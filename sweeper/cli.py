@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sweeper import config as config_mod
-from sweeper.config import ConfigError, SweeperConfig
+from sweeper.config import SweeperConfig
 from sweeper.errors import (  # the exit codes, with the errors they map from (one place: sweeper.errors)
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -32,6 +32,7 @@ from sweeper.errors import (  # the exit codes, with the errors they map from (o
     EXIT_PARTIAL,
     EXIT_REFUSED,
     EXIT_USAGE,
+    ConfigError,
 )
 from sweeper.report.chatter import chatter_to_log_file, restore_stderr
 

@@ -11,13 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from sweeper.errors import ConfigurationError
+from sweeper.errors import ConfigError
 from sweeper.metastore.errors import StoreUrlError
 from sweeper.metastore.urls import ZOOKEEPER, StoreUrl, parse_bookkeeper_service_uri, parse_pulsar_store_url
-
-
-class ConfigError(ConfigurationError, ValueError):
-    pass
 
 
 @dataclass(frozen=True)

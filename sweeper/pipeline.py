@@ -19,12 +19,12 @@ from sweeper import journal, runs, snapshot
 from sweeper.broker.errors import SystemTopicError
 from sweeper.config import SweeperConfig
 from sweeper.delete.errors import DeleteRefused
-from sweeper.delete.lock import RunLockHeld
 from sweeper.delete.run_result import DeleteCounts, DeleteRunResult
 from sweeper.delete.stage import run_delete
 from sweeper.emit import stage as emit
 from sweeper.emit.errors import EmitFailed, EmitRefused
 from sweeper.emit.stage import EmitCounts, EmitResult, EmitSettings
+from sweeper.errors import RunLockHeld
 from sweeper.errors import StageRefused as StageRefused  # where the sweep's callers catch it
 from sweeper.metastore.errors import MigrationRefused
 from sweeper.reclaim.stage import ReclaimCounts, ReclaimResult, run_reclaim, sample_before, summary_line

@@ -11,11 +11,11 @@ import pytest
 
 import sweeper
 from sweeper import errors
-from sweeper.config import ConfigError
 from sweeper.errors import (
     EXIT_INTERRUPTED,
     EXIT_REFUSED,
     EXIT_USAGE,
+    ConfigError,
     ConfigurationError,
     InternalError,
     Refused,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from sweeper.config import ConfigError
 from sweeper.connections import Connections, ZooKeeperEndpoint
+from sweeper.errors import ConfigError
 from sweeper.metastore.errors import MigrationRefused, StoreUrlError
 from sweeper.metastore.migration import (
     COMPLETED,

@@ -11,7 +11,8 @@ from typing import Any, ClassVar
 import pytest
 
 from harness.zkserver import free_port
-from sweeper.config import ConfigError, MetricsConfig
+from sweeper.config import MetricsConfig
+from sweeper.errors import ConfigError
 from sweeper.report.errors import MetricsError
 from sweeper.report.metrics import publish, registry, render
 from tests.support.config import BASE_CONFIG

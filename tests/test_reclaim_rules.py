@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from sweeper._proto.bookkeeper_metadata_pb2 import BookieServiceInfoFormat
-from sweeper.config import ConfigError, from_dict
+from sweeper.config import from_dict
+from sweeper.errors import ConfigError
 from sweeper.reclaim.decide import (
     FREED,
     GC_DELETION_ONLY,

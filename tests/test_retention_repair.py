@@ -20,8 +20,8 @@ from sweeper import runs
 from sweeper.broker.errors import RedirectRefused
 from sweeper.broker.system_topic import AdminClient, broker_web_origins, redirect_target
 from sweeper.codecs import pulsar as codec
-from sweeper.config import ConfigError
 from sweeper.connections import Connections
+from sweeper.errors import ConfigError
 from sweeper.names import encode_local_name
 from sweeper.pipeline import repair_stage
 from sweeper.ratelimit import TokenBucket

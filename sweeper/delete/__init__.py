@@ -14,7 +14,7 @@ from sweeper.delete.decide import (
     managed_ledger_name,
     ownership_mismatch,
 )
-from sweeper.delete.lock import DEFAULT_LOCK_PATH, DeleteRunLock, RunLockHeld
+from sweeper.delete.lock import DEFAULT_LOCK_PATH, DeleteRunLock
 from sweeper.delete.results import (
     ALREADY_GONE,
     DELETED,
@@ -31,6 +31,7 @@ from sweeper.delete.results import (
 from sweeper.delete.retry import RetryPolicy, is_transient, is_transient_code, run_with_retries
 from sweeper.delete.s3_executor import ObjectDeleter
 from sweeper.delete.zk_executor import LedgerDeleter, Verified
+from sweeper.errors import RunLockHeld
 
 __all__ = [
     "ALREADY_GONE",

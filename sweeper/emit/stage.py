@@ -53,8 +53,8 @@ from sweeper.codecs import pending_delete
 from sweeper.config import SweeperConfig, SystemTopicConfig
 from sweeper.connections import Connections
 from sweeper.emit.errors import EmitFailed, EmitRefused
-from sweeper.errors import caused_by_interrupt
-from sweeper.run_lock import LOCKS_DIR, LockLost, RunLock
+from sweeper.errors import LockLost, caused_by_interrupt
+from sweeper.run_lock import LOCKS_DIR, RunLock
 from sweeper.spark import task_error
 from sweeper.table_schemas import EMIT_JOURNAL, EMITTED
 from sweeper.tables import TableStore, TaskAppender

@@ -44,8 +44,9 @@ from kazoo.exceptions import NoAuthError
 from sweeper import journal, runs
 from sweeper.codecs import pulsar as codec
 from sweeper.codecs.errors import MetadataDecodeError
+from sweeper.errors import RunLockHeld
 from sweeper.retention.errors import RepairLockHeld
-from sweeper.run_lock import RunLock, RunLockHeld
+from sweeper.run_lock import RunLock
 from sweeper.table_schemas import REPAIR_JOURNAL, RETENTION_ACTIONS
 from sweeper.tables import TableStore
 
