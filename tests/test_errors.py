@@ -1,5 +1,6 @@
-"""One exception hierarchy (issue 36 item 5): every error an operator may see is a `sweeper.errors.SweeperError`
-whose class says its exit code, mapped in one place; the rest are internal and named here with why."""
+"""One exception hierarchy (issue 36 item 5, issue 46): every error of the package is a `sweeper.errors.SweeperError`
+whose class says its exit code, mapped in one place; the internal ones (`InternalError`) are named here with why, and
+each package keeps its errors in its own `errors` module."""
 
 from __future__ import annotations
 
@@ -60,6 +61,27 @@ def test_every_error_of_the_package_is_in_the_hierarchy() -> None:
     classes = _exception_classes(private=True)
     outside = sorted(name for name, cls in classes.items() if not issubclass(cls, SweeperError))
     assert outside == [], "put these under sweeper.errors (UsageError, ConfigurationError, Refused, InternalError)"
+
+
+def test_every_error_is_defined_in_its_package_errors_module() -> None:
+    """One place per package (issue 46): `sweeper/<package>/errors.py`, or sweeper/errors.py for the root modules'."""
+    elsewhere = sorted(name for name, cls in _exception_classes(private=True).items()
+                       if cls.__module__.rpartition(".")[2] != "errors")
+    assert elsewhere == [], "move these into their package's errors module (it imports only sweeper.errors)"
+
+
+def test_each_errors_module_imports_nothing_of_the_sweeper_but_sweeper_errors() -> None:
+    import ast
+    from pathlib import Path
+
+    for path in Path(sweeper.__file__).parent.rglob("errors.py"):
+        imported = {node.module for node in ast.walk(ast.parse(path.read_text()))
+                    if isinstance(node, ast.ImportFrom) and node.module}
+        imported |= {alias.name for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Import)
+                     for alias in node.names}
+        ours = {name for name in imported if name == "sweeper" or name.startswith("sweeper.")}
+        allowed = set() if path.parent == Path(sweeper.__file__).parent else {"sweeper.errors"}
+        assert ours <= allowed, f"{path} imports {sorted(ours - allowed)}"
 
 
 def test_every_internal_error_says_why_it_never_reaches_the_operator() -> None:

@@ -92,7 +92,7 @@ if TYPE_CHECKING:
     from sweeper.ratelimit import TokenBucket
     from sweeper.zk.security import ZkSecurity
 
-__all__ = ["WireReader", "ZooKeeperWireError"]
+__all__ = ["WireReader"]  # its errors: sweeper.zk.errors
 
 DEFAULT_WINDOW = 2000
 
