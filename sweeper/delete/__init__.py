@@ -31,7 +31,6 @@ from sweeper.delete.results import (
 from sweeper.delete.retry import RetryPolicy, is_transient, is_transient_code, run_with_retries
 from sweeper.delete.s3_executor import ObjectDeleter
 from sweeper.delete.zk_executor import LedgerDeleter, Verified
-from sweeper.errors import RunLockHeld
 
 __all__ = [
     "ALREADY_GONE",
@@ -52,7 +51,6 @@ __all__ = [
     "ObjectDeleter",
     "ReferrerState",
     "RetryPolicy",
-    "RunLockHeld",
     "Verified",
     "check_ledger",
     "check_object",
