@@ -6,4 +6,4 @@ from sweeper.errors import InternalError
 
 
 class MetricsError(InternalError, RuntimeError):
-    pass
+    """A configured metrics target (textfile, pushgateway) failed; the pipeline prints it as a warning line."""

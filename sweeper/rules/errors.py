@@ -6,4 +6,4 @@ from sweeper.errors import ConfigurationError
 
 
 class SafetyConfigError(ConfigurationError, ValueError):
-    pass
+    """A [safety] setting the rules cannot apply (`sweeper.rules.safety`): the message names it."""
