@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from sweeper import config as config_mod
-from sweeper.config import ConfigError, SweeperConfig
+from sweeper.config import SweeperConfig
 from sweeper.errors import (  # the exit codes, with the errors they map from (one place: sweeper.errors)
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -32,6 +32,7 @@ from sweeper.errors import (  # the exit codes, with the errors they map from (o
     EXIT_PARTIAL,
     EXIT_REFUSED,
     EXIT_USAGE,
+    ConfigError,
 )
 from sweeper.report.chatter import chatter_to_log_file, restore_stderr
 
@@ -115,7 +116,8 @@ def print_counts(title: str, counts: dict[str, int]) -> None:
 def _check_credentials(cfg: SweeperConfig) -> None:
     """Every secret the config names is read now, before Spark starts: an unset variable or an unreadable file is
     the operator's configuration (exit 2, in a second), not a refusal 20 seconds into a run."""
-    from sweeper.broker.system_topic import SystemTopicError, read_token
+    from sweeper.broker.errors import SystemTopicError
+    from sweeper.broker.system_topic import read_token
     from sweeper.connections import Connections
 
     Connections.from_config(cfg)  # ZooKeeper's TLS/SASL/digest secrets, for every store
@@ -207,8 +209,8 @@ def cmd_emit(args: argparse.Namespace) -> int:
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
+    from sweeper.delete.errors import DeleteRefused
     from sweeper.delete.inputs import read_operator_list
-    from sweeper.delete.settings import DeleteRefused
     from sweeper.delete.stage import describe
     from sweeper.errors import UsageError
     from sweeper.pipeline import delete_stage, riding_after

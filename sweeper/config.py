@@ -11,18 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from sweeper.errors import ConfigurationError
-from sweeper.metastore.urls import (
-    ZOOKEEPER,
-    StoreUrl,
-    StoreUrlError,
-    parse_bookkeeper_service_uri,
-    parse_pulsar_store_url,
-)
-
-
-class ConfigError(ConfigurationError, ValueError):
-    pass
+from sweeper.errors import ConfigError
+from sweeper.metastore.errors import StoreUrlError
+from sweeper.metastore.urls import ZOOKEEPER, StoreUrl, parse_bookkeeper_service_uri, parse_pulsar_store_url
 
 
 @dataclass(frozen=True)

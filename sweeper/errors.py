@@ -1,17 +1,26 @@
-"""Every error an operator acts on, by the exit code the CLI gives it (issue 22, one hierarchy since issue 36).
+"""Every error of the sweeper, by the exit code the CLI gives it (issue 22, one hierarchy since issue 36, every class
+under it since issue 46). This module holds the hierarchy and the root modules' errors (the config's, the run
+lock's); each package holds its own in its `errors` module (`sweeper.tables.errors`, `sweeper.zk.errors`, ...),
+which imports nothing of the sweeper but this one. This module imports nothing of the sweeper.
 
 - `UsageError` (exit 2): the command as typed cannot be run (flags, config, input files); the message names the fix.
   `ConfigurationError` is the part of it that is the config or the machine's setup: a bad setting, a store URL,
-  a missing jar, a table root Spark cannot reach (`config.ConfigError`, `tables.DeltaSparkUnavailableError`,
-  `tables.storage.TableStorageUnavailableError`, `metastore.urls.StoreUrlError`, `safety.SafetyConfigError`).
+  a missing jar, a table root Spark cannot reach (`ConfigError`, `tables.errors.DeltaSparkUnavailableError`,
+  `tables.errors.TableStorageUnavailableError`, `metastore.errors.StoreUrlError`, `rules.errors.SafetyConfigError`).
 - `Refused` (exit 3): the run stopped on purpose before doing harm: a gate, a safety rule, a lock, an unreachable
   or unreadable store. Each stage's refusal is a subclass, so callers may still catch the narrow one.
+- `InternalError` (exit 1): raised and caught inside the sweeper, where it becomes a recorded outcome (a quarantined
+  znode, a bookie `not_measured`, a warning line) or one of the errors above. One that reaches the CLI is a bug or
+  an outage nobody foresaw, like any other exception: exit 1, its trace in the log file, no terminal line.
 - An interrupt (SIGINT, SIGTERM) is Python's KeyboardInterrupt: exit 130.
 - Anything else is a bug or an outage nobody foresaw: exit 1, its trace in the log file.
 `exit_code` and `terminal_line` are the one mapping (the CLI's `_run` and `main` use nothing else).
 """
 
 from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_REFUSED, EXIT_PARTIAL = 0, 1, 2, 3, 4
 EXIT_INTERRUPTED = 130  # SIGINT or SIGTERM: stopped, what was done is on record
@@ -52,8 +61,52 @@ class StageRefused(Refused):
     for the refusals a stage names, with the narrow one as its cause."""
 
 
+class InternalError(SweeperError):
+    """Raised and caught inside the sweeper: it becomes a recorded outcome or one of the operator-facing errors
+    (`UsageError`, `Refused`). Reaching the CLI it is a bug or an outage nobody foresaw: exit 1, its trace in the
+    log file (the CLI's `_run` raises it again, as any error of exit code 1)."""
+
+    exit_code = EXIT_ERROR
+    label = "internal error"
+
+
 class RunIdTaken(UsageError):
     """A run id given for a new run already names rows in the tables."""
+
+
+class ConfigError(ConfigurationError, ValueError):
+    """A config file or setting the sweeper cannot use (`sweeper.config` raises it): the message names the setting."""
+
+
+class RunLockHeld(Refused):
+    """Another run holds the lock (`sweeper.run_lock`): who, where and since when, and what to do."""
+
+    def __init__(self, path: str, holder: dict[str, Any], what: str = "delete run", command: str = "delete") -> None:
+        super().__init__(
+            f"another {what} holds {path}: run {holder.get('run_id')!r} on {holder.get('host')!r} "
+            f"(pid {holder.get('pid')}, since {_since(holder.get('started_ms'))}). Wait for it to end; if that "
+            "process is gone, the lock (an ephemeral znode) goes with its ZooKeeper session within [bookkeeper] "
+            f"session_timeout_s, then run the {command} again"
+        )
+        self.path = path
+        self.holder = holder
+
+
+class LockLost(Refused):
+    """The run's lock is no longer its own (its session expired, or another run took the lock): it stopped acting.
+
+    Such a run writes no final `runs` row and leaves its journal open: the run that takes the lock next folds in
+    what it did, as it folds in a killed run, so each of its actions is recorded once and the run has one status."""
+
+    leaves_run_to_next_holder = True
+
+
+def _since(started_ms: Any) -> str:
+    """A lock holder's start (epoch ms) as an ISO time, for RunLockHeld's message."""
+    try:
+        return datetime.fromtimestamp(int(started_ms) / 1000, UTC).isoformat(timespec="seconds")
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "an unknown time"
 
 
 def exit_code(exc: BaseException) -> int:

@@ -16,21 +16,24 @@ from typing import Any, Protocol
 from pyspark.sql import SparkSession
 
 from sweeper import journal, runs, snapshot
-from sweeper.broker.system_topic import SystemTopicError
+from sweeper.broker.errors import SystemTopicError
 from sweeper.config import SweeperConfig
-from sweeper.delete.lock import RunLockHeld
+from sweeper.delete.errors import DeleteRefused
 from sweeper.delete.run_result import DeleteCounts, DeleteRunResult
-from sweeper.delete.settings import DeleteRefused
 from sweeper.delete.stage import run_delete
 from sweeper.emit import stage as emit
-from sweeper.emit.stage import EmitCounts, EmitFailed, EmitRefused, EmitResult, EmitSettings
+from sweeper.emit.errors import EmitFailed, EmitRefused
+from sweeper.emit.stage import EmitCounts, EmitResult, EmitSettings
+from sweeper.errors import RunLockHeld
 from sweeper.errors import StageRefused as StageRefused  # where the sweep's callers catch it
-from sweeper.metastore.migration import MigrationRefused
+from sweeper.metastore.errors import MigrationRefused
 from sweeper.reclaim.stage import ReclaimCounts, ReclaimResult, run_reclaim, sample_before, summary_line
-from sweeper.reconcile.gates import GateFailed, run_gates
-from sweeper.reconcile.stage import ReconcileCounts, ReconcileRefused, ReconcileResult, SafetySettings, run_reconcile
+from sweeper.reconcile.errors import GateFailed, ReconcileRefused
+from sweeper.reconcile.gates import run_gates
+from sweeper.reconcile.stage import ReconcileCounts, ReconcileResult, SafetySettings, run_reconcile
 from sweeper.report.console import human_bytes, plural
-from sweeper.report.metrics import MetricsError, publish, registry
+from sweeper.report.errors import MetricsError
+from sweeper.report.metrics import publish, registry
 from sweeper.report.summaries import (
     Summary,
     delete_run_summary,
@@ -44,13 +47,9 @@ from sweeper.report.summaries import (
 )
 from sweeper.retention import repair as retention_repair
 from sweeper.retention.debt import run_retention_debt
-from sweeper.retention.debt_types import (
-    RetentionDebtCounts,
-    RetentionDebtRefused,
-    RetentionDebtResult,
-    RetentionSettings,
-)
-from sweeper.retention.repair_plan import RepairCounts, RepairResult, RepairSettings, RetentionRepairRefused
+from sweeper.retention.debt_types import RetentionDebtCounts, RetentionDebtResult, RetentionSettings
+from sweeper.retention.errors import RetentionDebtRefused, RetentionRepairRefused
+from sweeper.retention.repair_plan import RepairCounts, RepairResult, RepairSettings
 from sweeper.snapshot import SnapshotCounts, SnapshotResult, SnapshotSettings
 from sweeper.tables import TableStore
 

@@ -38,25 +38,17 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Self
 
 from kazoo.exceptions import NodeExistsError, NoNodeError
 
-from sweeper.errors import Refused
+from sweeper.errors import LockLost, RunLockHeld
 from sweeper.metastore.oxia import capabilities_of
 from sweeper.zk.errors import is_connection_error
 
 EPOCH_SUFFIX = "-epoch"
 LOCKS_DIR = "/ledger-sweeper/locks"  # where each acting stage's lock lives by default ([delete] lock_path's parent)
-
-
-def _when(started_ms: Any) -> str:
-    try:
-        return datetime.fromtimestamp(int(started_ms) / 1000, UTC).isoformat(timespec="seconds")
-    except (TypeError, ValueError, OverflowError, OSError):
-        return "an unknown time"
 
 
 def _pid_alive(pid: Any) -> bool:
@@ -67,27 +59,6 @@ def _pid_alive(pid: Any) -> bool:
     except (PermissionError, TypeError, ValueError, OverflowError):
         return True  # another user's process, or a pid we cannot read: assume it lives
     return True
-
-
-class RunLockHeld(Refused):
-    def __init__(self, path: str, holder: dict[str, Any], what: str = "delete run", command: str = "delete") -> None:
-        super().__init__(
-            f"another {what} holds {path}: run {holder.get('run_id')!r} on {holder.get('host')!r} "
-            f"(pid {holder.get('pid')}, since {_when(holder.get('started_ms'))}). Wait for it to end; if that "
-            "process is gone, the lock (an ephemeral znode) goes with its ZooKeeper session within [bookkeeper] "
-            f"session_timeout_s, then run the {command} again"
-        )
-        self.path = path
-        self.holder = holder
-
-
-class LockLost(Refused):
-    """The run's lock is no longer its own (its session expired, or another run took the lock): it stopped acting.
-
-    Such a run writes no final `runs` row and leaves its journal open: the run that takes the lock next folds in
-    what it did, as it folds in a killed run, so each of its actions is recorded once and the run has one status."""
-
-    leaves_run_to_next_holder = True
 
 
 @dataclass(frozen=True)

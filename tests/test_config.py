@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from sweeper.config import ConfigError, SweeperConfig, load
+from sweeper.config import SweeperConfig, load
+from sweeper.errors import ConfigError
 from tests.support.config import BASE_CONFIG
 
 REPO = Path(__file__).resolve().parents[1]

@@ -112,7 +112,7 @@ def test_every_flag_of_every_command_has_help_and_the_version_is_shown(capsys: p
 
 
 def test_the_lock_message_names_the_holder_an_iso_time_and_what_to_do() -> None:
-    from sweeper.delete.lock import RunLockHeld
+    from sweeper.errors import RunLockHeld
 
     text = str(RunLockHeld("/ledger-sweeper/locks/delete",
                            {"run_id": "night-1", "host": "spark-7", "pid": 41, "started_ms": 1_764_100_000_000}))

@@ -26,7 +26,8 @@ from sweeper.delete.run_result import DeleteCounts, DeleteRunResult
 from sweeper.delete.settings import DeleteSettings
 from sweeper.delete.stage import _refuse_if_migrating, run_delete
 from sweeper.errors import Refused
-from sweeper.metastore.migration import MIGRATION_FLAG_PATH, MIGRATION_NOT_ATTEMPTED, MigrationRefused
+from sweeper.metastore.errors import MigrationRefused
+from sweeper.metastore.migration import MIGRATION_FLAG_PATH, MIGRATION_NOT_ATTEMPTED
 from sweeper.pipeline import delete_stage
 from sweeper.zk import client as zkutil
 from tests.support.broker import Broker

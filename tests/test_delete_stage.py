@@ -17,10 +17,11 @@ from harness.sandbox.model import SandboxSpec, Status
 from harness.zkserver import free_port, start_zookeeper, stop_zookeeper
 from sweeper.codecs import pulsar as codec
 from sweeper.codecs.layout import ledger_path
+from sweeper.delete.errors import DeleteRefused
 from sweeper.delete.inputs import dead_letters, redrive, retry_states
-from sweeper.delete.lock import DeleteRunLock, RunLockHeld
-from sweeper.delete.settings import DeleteRefused
+from sweeper.delete.lock import DeleteRunLock
 from sweeper.delete.stage import run_delete
+from sweeper.errors import RunLockHeld
 from sweeper.objectstore.s3 import S3Target, s3_client
 from sweeper.pipeline import delete_summary
 from sweeper.tables import open_table_store

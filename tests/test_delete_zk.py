@@ -25,9 +25,9 @@ from sweeper.delete import (
     DeleteRunLock,
     LedgerDeleter,
     RetryPolicy,
-    RunLockHeld,
     run_with_retries,
 )
+from sweeper.errors import RunLockHeld
 from sweeper.vocabulary import DAY_MS
 from sweeper.zk import client as zkutil
 from tests.support.ledgers import CREATED, ledger_bytes

@@ -20,11 +20,11 @@ from harness.zkserver import free_port
 from sweeper.broker.system_topic import BrokerSettings, partition_for, partition_topic
 from sweeper.codecs import pending_delete
 from sweeper.config import SweeperConfig
+from sweeper.emit.errors import EmitRefused
 from sweeper.emit.stage import (
     ALREADY_PUBLISHED,
     PUBLISHED,
     REFUSED_OVERSIZE,
-    EmitRefused,
     ProducerSettings,
     SlotRow,
     candidate_records,

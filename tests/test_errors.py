@@ -1,5 +1,6 @@
-"""One exception hierarchy (issue 36 item 5): every error an operator may see is a `sweeper.errors.SweeperError`
-whose class says its exit code, mapped in one place; the rest are internal and named here with why."""
+"""One exception hierarchy (issue 36 item 5, issue 46): every error of the package is a `sweeper.errors.SweeperError`
+whose class says its exit code, mapped in one place; the internal ones (`InternalError`) are named here with why, and
+each package keeps its errors in its own `errors` module."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ import pytest
 
 import sweeper
 from sweeper import errors
-from sweeper.config import ConfigError
 from sweeper.errors import (
     EXIT_INTERRUPTED,
     EXIT_REFUSED,
     EXIT_USAGE,
+    ConfigError,
     ConfigurationError,
+    InternalError,
     Refused,
     SweeperError,
     UsageError,
@@ -24,25 +26,25 @@ from sweeper.errors import (
     terminal_line,
 )
 
-# Exceptions that never reach the operator as such: each is caught where it is raised and becomes one of the
-# hierarchy's (or a recorded outcome), and why.
+# The `InternalError`s: each is caught where it is raised and becomes one of the hierarchy's operator-facing errors
+# (or a recorded outcome); reaching the CLI it is exit 1 with its trace in the log file. By class name, and why.
 INTERNAL = {
-    "sweeper.tables.errors.TableNotFoundError": "a missing table is read as empty or refused by the caller",
-    "sweeper.tables.errors.TableSchemaError": "a programming error in a stage's rows: a bug, exit 1 with its trace",
-    "sweeper.tables.files.NotNullViolation": "raised inside a table write: a bug, exit 1",
-    "sweeper.codecs.pending_delete.InvalidPendingDelete":
-        "a malformed record is quarantined as `invalid`, never raised",
-    "sweeper.codecs.errors.MetadataDecodeError": "a corrupt znode is quarantined, never raised to the CLI",
-    "sweeper.zk.wire.ZooKeeperWireError": "the wire reader's failure, turned into ZooKeeperUnavailableError",
-    "sweeper.report.metrics.MetricsError": "a metrics outage is a warning line, never a failed sweep",
-    "sweeper.emit.stage.EmitFailed": "escalated by the pipeline to a refusal naming what was acknowledged",
-    "sweeper.snapshot.settings.SnapshotIncomplete": "a scan that lost part of its input: a failure (exit 1), recorded",
-    "sweeper.reclaim.samples.BookieAnswerError": "a bookie's answer we cannot read: the bookie is not_measured",
-    "sweeper.reclaim.bookie_http.BookieUnreachable": "a bookie that does not answer: not_measured",
+    "TableNotFoundError": "a missing table is read as empty or refused by the caller",
+    "TableSchemaError": "a programming error in a stage's rows: a bug, exit 1 with its trace",
+    "NotNullViolation": "raised inside a table write: a bug, exit 1",
+    "InvalidPendingDelete": "a malformed record is quarantined as `invalid`, never raised",
+    "MetadataDecodeError": "a corrupt znode is quarantined, never raised to the CLI",
+    "ZooKeeperWireError": "the wire reader's failure, turned into ZooKeeperUnavailableError",
+    "HandshakeRefused": "one host refused our TLS session or login: collected into ZooKeeperSecurityError",
+    "MetricsError": "a metrics outage is a warning line, never a failed sweep",
+    "EmitFailed": "escalated by the pipeline to a refusal naming what was acknowledged",
+    "SnapshotIncomplete": "a scan that lost part of its input: a failure (exit 1), recorded",
+    "BookieAnswerError": "a bookie's answer we cannot read: the bookie is not_measured",
+    "BookieUnreachable": "a bookie that does not answer: not_measured",
 }
 
 
-def _exception_classes() -> dict[str, type[BaseException]]:
+def _exception_classes(private: bool = False) -> dict[str, type[BaseException]]:
     found: dict[str, type[BaseException]] = {}
     for info in pkgutil.walk_packages(sweeper.__path__, "sweeper."):
         if "_proto" in info.name or info.name.startswith("sweeper.jobs"):
@@ -50,26 +52,69 @@ def _exception_classes() -> dict[str, type[BaseException]]:
         module = importlib.import_module(info.name)
         for name, value in vars(module).items():
             if (inspect.isclass(value) and issubclass(value, BaseException) and value.__module__ == info.name
-                    and not name.startswith("_")):
+                    and (private or not name.startswith("_"))):
                 found[f"{info.name}.{name}"] = value
     return found
 
 
-def test_every_error_of_the_package_is_in_the_hierarchy_or_named_internal() -> None:
-    outside = sorted(name for name, cls in _exception_classes().items()
-                     if not issubclass(cls, SweeperError) and name not in INTERNAL)
-    assert outside == [], "put these under sweeper.errors (UsageError, ConfigurationError, Refused) or name them " \
-                          "in INTERNAL with why they never reach the operator"
-    stale = sorted(set(INTERNAL) - set(_exception_classes()))
-    assert stale == []
+def test_every_error_of_the_package_is_in_the_hierarchy() -> None:
+    classes = _exception_classes(private=True)
+    outside = sorted(name for name, cls in classes.items() if not issubclass(cls, SweeperError))
+    assert outside == [], "put these under sweeper.errors (UsageError, ConfigurationError, Refused, InternalError)"
+
+
+def test_every_error_is_defined_in_its_package_errors_module() -> None:
+    """One place per package (issue 46): `sweeper/<package>/errors.py`, or sweeper/errors.py for the root modules'."""
+    elsewhere = sorted(name for name, cls in _exception_classes(private=True).items()
+                       if cls.__module__.rpartition(".")[2] != "errors")
+    assert elsewhere == [], "move these into their package's errors module (it imports only sweeper.errors)"
+
+
+def test_each_errors_module_imports_nothing_of_the_sweeper_but_sweeper_errors() -> None:
+    import ast
+    from pathlib import Path
+
+    for path in Path(sweeper.__file__).parent.rglob("errors.py"):
+        imported = {node.module for node in ast.walk(ast.parse(path.read_text()))
+                    if isinstance(node, ast.ImportFrom) and node.module}
+        imported |= {alias.name for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Import)
+                     for alias in node.names}
+        ours = {name for name in imported if name == "sweeper" or name.startswith("sweeper.")}
+        allowed = set() if path.parent == Path(sweeper.__file__).parent else {"sweeper.errors"}
+        assert ours <= allowed, f"{path} imports {sorted(ours - allowed)}"
+
+
+def test_every_internal_error_says_why_it_never_reaches_the_operator() -> None:
+    internal = {cls.__name__ for cls in _exception_classes(private=True).values()
+                if issubclass(cls, InternalError) and cls is not InternalError}
+    assert sorted(internal - set(INTERNAL)) == [], "name these in INTERNAL with why they never reach the operator"
+    assert sorted(set(INTERNAL) - internal) == []
+    assert all(not issubclass(cls, UsageError | Refused) for cls in _exception_classes(private=True).values()
+               if issubclass(cls, InternalError))
+
+
+def test_an_internal_error_reaching_the_cli_is_exit_1_with_its_trace_in_the_log(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from sweeper import cli
+    from sweeper.codecs.errors import MetadataDecodeError
+
+    assert exit_code(InternalError("x")) == 1 and exit_code(MetadataDecodeError("x", kind="truncated")) == 1
+
+    def fails(_args: argparse.Namespace) -> int:
+        raise MetadataDecodeError("cut short", kind="truncated")
+
+    with pytest.raises(MetadataDecodeError):  # as any unforeseen error: main lets it out, its trace to the log file
+        cli._run(argparse.Namespace(command="init-config", func=fails))
+    assert capsys.readouterr().err == ""
 
 
 def test_config_and_setup_errors_are_usage_errors_and_refusals_are_refusals() -> None:
-    from sweeper.metastore.urls import StoreUrlError
-    from sweeper.retention.journal import RepairLockHeld
-    from sweeper.rules.safety import SafetyConfigError
-    from sweeper.tables import DeltaSparkUnavailableError
-    from sweeper.tables.storage import TableStorageUnavailableError
+    from sweeper.metastore.errors import StoreUrlError
+    from sweeper.retention.errors import RepairLockHeld
+    from sweeper.rules.errors import SafetyConfigError
+    from sweeper.tables.errors import DeltaSparkUnavailableError, TableStorageUnavailableError
     from sweeper.zk.errors import ZooKeeperUnavailableError
 
     for cls in (ConfigError, DeltaSparkUnavailableError, TableStorageUnavailableError, StoreUrlError,

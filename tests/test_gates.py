@@ -19,14 +19,8 @@ from sweeper.codecs.layout import LedgerLayout, layout_znode, ledger_path
 from sweeper.config import GatesConfig
 from sweeper.errors import StageRefused
 from sweeper.pipeline import reconcile_stage, snapshot_stage
-from sweeper.reconcile.gates import (
-    DRIVER_ROWS_FALLBACK,
-    GateFailed,
-    baseline,
-    driver_row_limit,
-    memory_available,
-    run_gates,
-)
+from sweeper.reconcile.errors import GateFailed
+from sweeper.reconcile.gates import DRIVER_ROWS_FALLBACK, baseline, driver_row_limit, memory_available, run_gates
 from sweeper.table_schemas import BK_LEDGERS
 from sweeper.tables import open_table_store
 from tests.support.config import ZkTarget

@@ -1,8 +1,8 @@
 import pytest
 
+from sweeper.codecs.errors import LayoutError
 from sweeper.codecs.layout import (
     INT_MAX,
-    LayoutError,
     LedgerLayout,
     is_tree_top,
     layout_znode,

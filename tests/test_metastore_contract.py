@@ -18,7 +18,8 @@ from kazoo.exceptions import (
     RuntimeInconsistency,
 )
 
-from sweeper.codecs.layout import LayoutError, LedgerLayout, layout_znode
+from sweeper.codecs.errors import LayoutError
+from sweeper.codecs.layout import LedgerLayout, layout_znode
 from sweeper.connections import OxiaEndpoint, ZooKeeperEndpoint
 from sweeper.metastore.migration import MIGRATION_FLAG_PATH, MigrationState, read_migration
 from sweeper.metastore.oxia import capabilities_of

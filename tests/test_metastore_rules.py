@@ -5,28 +5,21 @@ from __future__ import annotations
 
 import pytest
 
-from sweeper.config import ConfigError
 from sweeper.connections import Connections, ZooKeeperEndpoint
+from sweeper.errors import ConfigError
+from sweeper.metastore.errors import MigrationRefused, StoreUrlError
 from sweeper.metastore.migration import (
     COMPLETED,
     COPYING,
     FAILED,
     NOT_STARTED,
     PREPARATION,
-    MigrationRefused,
     MigrationState,
     acknowledgement_refusal,
     migration_refusal,
     parse_migration_flag,
 )
-from sweeper.metastore.urls import (
-    OXIA,
-    ZOOKEEPER,
-    StoreUrl,
-    StoreUrlError,
-    parse_bookkeeper_service_uri,
-    parse_pulsar_store_url,
-)
+from sweeper.metastore.urls import OXIA, ZOOKEEPER, StoreUrl, parse_bookkeeper_service_uri, parse_pulsar_store_url
 from sweeper.zk.security import pulsar_security
 from tests.support.config import BASE_CONFIG
 

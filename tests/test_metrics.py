@@ -11,8 +11,10 @@ from typing import Any, ClassVar
 import pytest
 
 from harness.zkserver import free_port
-from sweeper.config import ConfigError, MetricsConfig
-from sweeper.report.metrics import MetricsError, publish, registry, render
+from sweeper.config import MetricsConfig
+from sweeper.errors import ConfigError
+from sweeper.report.errors import MetricsError
+from sweeper.report.metrics import publish, registry, render
 from tests.support.config import BASE_CONFIG
 
 STAGES = {"snapshot": {"seconds": 3.5, "pending_deletes": 7}, "reconcile": {"seconds": 1, "candidate": 12,

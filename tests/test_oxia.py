@@ -28,8 +28,9 @@ from sweeper.emit.stage import run_emit
 from sweeper.errors import Refused
 from sweeper.metastore import oxia as oxia_store
 from sweeper.metastore import oxia_grpc, oxia_keys
-from sweeper.metastore.migration import MIGRATION_FLAG_PATH, MigrationRefused
-from sweeper.metastore.oxia import OxiaStore, OxiaUnavailableError, children_range
+from sweeper.metastore.errors import MigrationRefused, OxiaUnavailableError
+from sweeper.metastore.migration import MIGRATION_FLAG_PATH
+from sweeper.metastore.oxia import OxiaStore, children_range
 from sweeper.metastore.oxia_grpc import OxiaReadClient
 from sweeper.pipeline import snapshot_stage
 from sweeper.reconcile.stage import SafetySettings, run_reconcile

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from sweeper.codecs.pending_delete import InvalidPendingDelete, decode, encode, records_for_orphans
+from sweeper.codecs.errors import InvalidPendingDelete
+from sweeper.codecs.pending_delete import decode, encode, records_for_orphans
 
 UUID = "123e4567-e89b-12d3-a456-426614174000"
 

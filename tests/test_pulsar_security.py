@@ -12,13 +12,8 @@ import pytest
 
 from harness.sandbox.pulsar_endpoint import PulsarApi_pb2 as pb
 from harness.sandbox.pulsar_endpoint.server import PulsarEndpoint, encode_command
-from sweeper.broker.system_topic import (
-    BrokerSettings,
-    SystemTopicError,
-    broker_partitions,
-    describe_client_error,
-    open_client,
-)
+from sweeper.broker.errors import SystemTopicError
+from sweeper.broker.system_topic import BrokerSettings, broker_partitions, describe_client_error, open_client
 from tests.support.config import BASE_CONFIG
 from tests.support.tls_certs import TlsFiles, make_tls_files
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from sweeper._proto.bookkeeper_metadata_pb2 import BookieServiceInfoFormat
-from sweeper.config import ConfigError, from_dict
+from sweeper.config import from_dict
+from sweeper.errors import ConfigError
 from sweeper.reclaim.decide import (
     FREED,
     GC_DELETION_ONLY,
@@ -41,7 +42,8 @@ from sweeper.reclaim.discovery import (
     locate,
     parse_overrides,
 )
-from sweeper.reclaim.samples import BookieAnswerError, BookieSample, parse_gc_state, parse_metrics
+from sweeper.reclaim.errors import BookieAnswerError
+from sweeper.reclaim.samples import BookieSample, parse_gc_state, parse_metrics
 
 DATA = Path(__file__).parent / "data"
 

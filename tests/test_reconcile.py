@@ -11,6 +11,7 @@ from pyspark.sql import SparkSession
 from harness.sandbox.model import OrphanKind, SandboxSpec, Status, build_cluster
 from harness.sandbox.seed import seed_zookeeper
 from sweeper.codecs.layout import LedgerLayout
+from sweeper.reconcile.errors import ReconcileRefused
 from sweeper.reconcile.stage import (
     CANDIDATE,
     MISSING,
@@ -19,7 +20,6 @@ from sweeper.reconcile.stage import (
     STALE_POINTER,
     UNKNOWN,
     YOUNG,
-    ReconcileRefused,
     SafetySettings,
     run_reconcile,
 )

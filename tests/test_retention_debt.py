@@ -17,7 +17,8 @@ from harness.sandbox.retention_scenarios import FOREVER_NS, SIZE_NS, TIME_NS
 from harness.zkserver import ServerClock
 from sweeper.reconcile.stage import SafetySettings, run_reconcile
 from sweeper.retention.debt import run_retention_debt
-from sweeper.retention.debt_types import RetentionDebtRefused, RetentionSettings
+from sweeper.retention.debt_types import RetentionSettings
+from sweeper.retention.errors import RetentionDebtRefused
 from sweeper.rules.safety import CircuitBreaker, Scope
 from sweeper.tables import TableStore, open_table_store
 from sweeper.vocabulary import DAY_MS

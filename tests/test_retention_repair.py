@@ -17,15 +17,17 @@ from pyspark.sql import SparkSession
 from harness.sandbox.model import SandboxSpec
 from harness.zkserver import ServerClock
 from sweeper import runs
-from sweeper.broker.system_topic import AdminClient, RedirectRefused, broker_web_origins, redirect_target
+from sweeper.broker.errors import RedirectRefused
+from sweeper.broker.system_topic import AdminClient, broker_web_origins, redirect_target
 from sweeper.codecs import pulsar as codec
-from sweeper.config import ConfigError
 from sweeper.connections import Connections
+from sweeper.errors import ConfigError
 from sweeper.names import encode_local_name
 from sweeper.pipeline import repair_stage
 from sweeper.ratelimit import TokenBucket
 from sweeper.retention.debt import run_retention_debt
 from sweeper.retention.debt_types import RetentionSettings
+from sweeper.retention.errors import RetentionRepairRefused
 from sweeper.retention.journal import (
     DELETE_CALL,
     DELETE_SUBSCRIPTION,
@@ -51,7 +53,6 @@ from sweeper.retention.repair_plan import (
     SKIPPED_GONE,
     WOULD_DELETE,
     WOULD_LOAD,
-    RetentionRepairRefused,
     plan_actions,
     plan_age_refusal,
     replication_refusal,

@@ -27,7 +27,8 @@ from sweeper.codecs.layout import LedgerLayout, ledger_path
 from sweeper.delete.lock import DeleteRunLock
 from sweeper.delete.results import DELETED, FAILED
 from sweeper.delete.zk_executor import LOCK_LOST, LedgerDeleter
-from sweeper.run_lock import LockLost, LockWatch, RunLockHeld
+from sweeper.errors import LockLost, RunLockHeld
+from sweeper.run_lock import LockWatch
 from sweeper.zk import client as zkutil
 from tests.support.config import ZkTarget
 from tests.support.ledgers import ledger_bytes

@@ -61,7 +61,7 @@ def test_run_ids_sort_by_time() -> None:
 
 def test_the_runs_status_agrees_with_the_exit_code_a_stage_ends_with(tmp_path: Path) -> None:
     """Issue 23: a failure the stage escalates to a refusal (exit 3) was recorded `failed` in `runs`."""
-    from sweeper.emit.stage import EmitFailed
+    from sweeper.emit.errors import EmitFailed
     from sweeper.errors import StageRefused
 
     store, cfg = _store(tmp_path), SweeperConfig()
@@ -115,7 +115,7 @@ def test_a_spark_job_cancelled_by_an_interrupt_is_the_interrupt(tmp_path: Path) 
 
     # A stage that turns such a failure into a refusal on its way out (the snapshot's system-topic read does) is
     # still the interrupt: `interrupted`, as the exit code 130 says, never `refused`.
-    from sweeper.broker.system_topic import SystemTopicError
+    from sweeper.broker.errors import SystemTopicError
 
     def read_cancelled() -> None:
         try:
@@ -161,7 +161,8 @@ def test_the_retention_repair_records_its_run_through_the_stage_wrapper(tmp_path
     failed repair left no row. Now: stopped by the broker = refused, failed actions = partial, Ctrl-C =
     interrupted, a refusal = refused (exit 3), each with its typed counts."""
     from sweeper import pipeline
-    from sweeper.retention.repair_plan import RepairCounts, RepairResult, RetentionRepairRefused
+    from sweeper.retention.errors import RetentionRepairRefused
+    from sweeper.retention.repair_plan import RepairCounts, RepairResult
 
     store, cfg = _store(tmp_path), SweeperConfig()
     endings: list[Any] = [

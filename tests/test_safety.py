@@ -4,16 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sweeper.rules.safety import (
-    DAY_MS,
-    HOUR_MS,
-    CircuitBreaker,
-    GracePeriod,
-    SafetyConfigError,
-    Scope,
-    ledger_age_ms,
-    offload_in_flight,
-)
+from sweeper.rules.errors import SafetyConfigError
+from sweeper.rules.safety import DAY_MS, HOUR_MS, CircuitBreaker, GracePeriod, Scope, ledger_age_ms, offload_in_flight
 
 NOW = 1_800_000_000_000
 

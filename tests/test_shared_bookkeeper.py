@@ -20,7 +20,8 @@ from sweeper.codecs.layout import ledger_path
 from sweeper.config import SweeperConfig
 from sweeper.delete.stage import run_delete
 from sweeper.pipeline import snapshot_stage
-from sweeper.reconcile.stage import CANDIDATE, OTHER_CLUSTER, ReconcileRefused, SafetySettings, run_reconcile
+from sweeper.reconcile.errors import ReconcileRefused
+from sweeper.reconcile.stage import CANDIDATE, OTHER_CLUSTER, SafetySettings, run_reconcile
 from sweeper.tables import TableStore, open_table_store
 from sweeper.zk import client as zkutil
 from tests.support.config import ZkTarget

@@ -266,7 +266,8 @@ def test_a_table_committed_short_of_the_scan_fails_the_run(
     naming the table, and reconcile never sees it. Lost on each path: an engine that appends the cached scan
     (delta-spark's way), the commit of the files the tasks wrote, and the tasks' own writer (whose file records
     then agree with the files: only the scan's count, made apart from the writing, shows the loss)."""
-    from sweeper.reconcile.stage import ReconcileRefused, SafetySettings, run_reconcile
+    from sweeper.reconcile.errors import ReconcileRefused
+    from sweeper.reconcile.stage import SafetySettings, run_reconcile
     from sweeper.rules.safety import CircuitBreaker
     from sweeper.snapshot import SnapshotIncomplete
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sweeper.config import ConfigError, OffloadConfig, SweeperConfig, load
+from sweeper.config import OffloadConfig, SweeperConfig, load
+from sweeper.errors import ConfigError
 from sweeper.zk.security import bookkeeper_security, pulsar_security, security_from_options
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,8 +11,8 @@ from kazoo.client import KazooClient
 from harness.zkserver import free_port
 from sweeper.records import ChildrenRead, ZnodeRead
 from sweeper.zk import handshake, jute
-from sweeper.zk.errors import ZooKeeperPermissionError, ZooKeeperUnavailableError
-from sweeper.zk.wire import WireReader, ZooKeeperWireError
+from sweeper.zk.errors import ZooKeeperPermissionError, ZooKeeperUnavailableError, ZooKeeperWireError
+from sweeper.zk.wire import WireReader
 
 from .conftest import ZkTarget
 

@@ -20,16 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from sweeper import names
+from sweeper.broker.errors import RedirectRefused, SystemTopicError
 from sweeper.config import SystemTopicConfig
-from sweeper.errors import Refused
 from sweeper.records import Secret
 from sweeper.vocabulary import NOT_SET, SET, UNREAD
 
 log = logging.getLogger(__name__)
-
-
-class SystemTopicError(Refused):
-    """The broker or its admin API cannot be used as configured: unreachable, refusing, or mismatched."""
 
 
 @dataclass(frozen=True)
@@ -111,15 +107,6 @@ def partition_for(message_key: str, partitions: int) -> int:
 
 Origin = tuple[str, str, int]  # scheme, lower-cased host, port: what a redirect may be compared by
 _DEFAULT_PORTS = {"http": 80, "https": 443}
-
-
-class RedirectRefused(SystemTopicError):
-    """A redirect to a host that is not a broker of this cluster: not followed, and our token not sent there."""
-
-    def __init__(self, target: str, method: str, url: str) -> None:
-        self.target = target
-        super().__init__(f"redirect_outside_cluster: {target} is not a broker registered in this cluster's "
-                         f"metadata; {method} {url} was not sent there")
 
 
 def origin_of(url: str) -> Origin | None:

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-from sweeper.errors import Refused
+from sweeper.codecs.errors import LayoutError
 
 INT_MAX = 2**31 - 1
 LONG_MAX = 2**63 - 1
@@ -21,10 +21,6 @@ _LONG_TOP = re.compile(r"^\d{3}$")
 _MIDDLE = re.compile(r"^\d{4}$")
 _HIER_LEAF = re.compile(r"^L\d{4}$")
 _FLAT_LEAF = re.compile(r"^L\d{10}$")
-
-
-class LayoutError(Refused, ValueError):
-    pass
 
 
 class LedgerLayout(StrEnum):

@@ -16,6 +16,7 @@ from typing import Any
 import fastavro
 
 from sweeper import names, resources
+from sweeper.codecs.errors import InvalidPendingDelete
 
 # Ledger custom-metadata component -> record component (cursor ledgers are managed-ledger ledgers
 # that carry `pulsar/cursor`).
@@ -25,14 +26,6 @@ COMPONENTS = {
     "compacted-ledger": "COMPACTED_LEDGER",
     "delayed-index-bucket": "DELAYED_INDEX_BUCKET",
 }
-
-
-class InvalidPendingDelete(ValueError):
-    """A record we will not act on; `kind` says why (for the quarantine table)."""
-
-    def __init__(self, message: str, kind: str) -> None:
-        super().__init__(message)
-        self.kind = kind
 
 
 @cache

@@ -14,7 +14,7 @@ from sweeper.delete.decide import (
     managed_ledger_name,
     ownership_mismatch,
 )
-from sweeper.delete.lock import DEFAULT_LOCK_PATH, DeleteRunLock, RunLockHeld
+from sweeper.delete.lock import DEFAULT_LOCK_PATH, DeleteRunLock
 from sweeper.delete.results import (
     ALREADY_GONE,
     DELETED,
@@ -51,7 +51,6 @@ __all__ = [
     "ObjectDeleter",
     "ReferrerState",
     "RetryPolicy",
-    "RunLockHeld",
     "Verified",
     "check_ledger",
     "check_object",

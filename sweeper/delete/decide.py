@@ -13,8 +13,8 @@ from typing import Any
 
 from sweeper import names
 from sweeper.codecs.bookkeeper import LedgerMetadata
-from sweeper.codecs.errors import MetadataDecodeError
-from sweeper.codecs.pending_delete import COMPONENTS, InvalidPendingDelete, validate
+from sweeper.codecs.errors import InvalidPendingDelete, MetadataDecodeError
+from sweeper.codecs.pending_delete import COMPONENTS, validate
 from sweeper.rules.safety import ledger_created_ms
 from sweeper.scan.bookkeeper import split_custom_metadata
 

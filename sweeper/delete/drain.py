@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sweeper.broker.system_topic import BrokerSettings, SystemTopicError, describe_client_error, open_client
+from sweeper.broker.errors import SystemTopicError
+from sweeper.broker.system_topic import BrokerSettings, describe_client_error, open_client
 from sweeper.codecs import pending_delete
+from sweeper.codecs.errors import InvalidPendingDelete
 from sweeper.config import SystemTopicConfig
 from sweeper.delete.records import SOURCE_TOPIC, PendingRecord
 
@@ -49,7 +51,7 @@ class TopicDrain:
                 record = pending_delete.decode(payload, check=False)
                 key = pending_delete.record_key(record)
                 origin = record.get("runId")
-            except (pending_delete.InvalidPendingDelete, KeyError, TypeError):
+            except (InvalidPendingDelete, KeyError, TypeError):
                 mid = msg.message_id()
                 key, origin = f"topic/{mid.partition()}:{mid.ledger_id()}:{mid.entry_id()}:{mid.batch_index()}", None
             records.setdefault(key, PendingRecord(key, SOURCE_TOPIC, origin, 0, payload))

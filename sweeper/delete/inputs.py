@@ -18,9 +18,10 @@ from pyspark.sql import functions as F
 from sweeper.codecs import pending_delete
 from sweeper.codecs.bookkeeper import decode_ledger_metadata
 from sweeper.codecs.layout import LedgerLayout, ledger_path
+from sweeper.delete.errors import DeleteRefused
 from sweeper.delete.records import SOURCE_EMITTED, SOURCE_JSON, SOURCE_RETRY, PendingRecord
 from sweeper.delete.results import FAILED
-from sweeper.delete.settings import DeleteRefused, DeleteSettings
+from sweeper.delete.settings import DeleteSettings
 from sweeper.names import managed_ledger_for_topic, topic_for_managed_ledger
 from sweeper.scan.bookkeeper import split_custom_metadata
 from sweeper.table_schemas import DEAD_LETTER, RETRY_QUEUE

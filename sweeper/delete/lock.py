@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sweeper.run_lock import LOCKS_DIR, RunLock, RunLockHeld
+from sweeper.run_lock import LOCKS_DIR, RunLock
 
 DEFAULT_LOCK_PATH = f"{LOCKS_DIR}/delete"
 
@@ -23,4 +23,4 @@ class DeleteRunLock(RunLock):
                          log=log)
 
 
-__all__ = ["DEFAULT_LOCK_PATH", "DeleteRunLock", "RunLockHeld"]
+__all__ = ["DEFAULT_LOCK_PATH", "DeleteRunLock"]

@@ -14,14 +14,15 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from sweeper.codecs import pending_delete
-from sweeper.codecs.layout import LayoutError, LedgerLayout, ledger_path
+from sweeper.codecs.errors import LayoutError
+from sweeper.codecs.layout import LedgerLayout, ledger_path
 from sweeper.connections import ZooKeeperEndpoint
 from sweeper.delete.decide import managed_ledger_name
 from sweeper.ratelimit import TokenBucket
 from sweeper.zk import client as zkutil
 from sweeper.zk.acl import DELETE, READ, UNREADABLE, Acl, Identity, Missing, identity_of, missing_permissions
-from sweeper.zk.errors import ZooKeeperPermissionError
-from sweeper.zk.wire import WireReader, ZooKeeperWireError
+from sweeper.zk.errors import ZooKeeperPermissionError, ZooKeeperWireError
+from sweeper.zk.wire import WireReader
 
 log = logging.getLogger(__name__)
 

@@ -22,15 +22,10 @@ from sweeper.config import (
 from sweeper.connections import Connections, MetadataEndpoint
 from sweeper.delete.journal import Journal
 from sweeper.delete.retry import RetryPolicy
-from sweeper.errors import Refused
 from sweeper.metastore.migration import MigrationGuard
 from sweeper.metastore.urls import StoreUrl
 from sweeper.rules.owner import ActingRules
 from sweeper.run_lock import Fence
-
-
-class DeleteRefused(Refused):
-    """The delete stage will not start: nothing emitted, another run holds the lock, or an unsafe setup."""
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from sweeper.config import SweeperConfig
 from sweeper.connections import OxiaEndpoint
 from sweeper.delete import permissions
 from sweeper.delete.drain import TopicDrain
+from sweeper.delete.errors import DeleteRefused
 from sweeper.delete.inputs import (
     DEAD_LETTERED,
     QUEUED,
@@ -45,20 +46,16 @@ from sweeper.delete.records import SOURCE_EMITTED, SOURCE_JSON, SOURCE_RETRY, Pe
 from sweeper.delete.results import DELETED, FAILED, DeleteResult
 from sweeper.delete.retry import RetryPolicy
 from sweeper.delete.run_result import DeleteCounts, DeleteRunResult
-from sweeper.delete.settings import DeleteRefused, DeleteSettings, DeleteTarget
+from sweeper.delete.settings import DeleteSettings, DeleteTarget
 from sweeper.delete.tasks import TaskRow, delete_partition
 from sweeper.delete.zk_executor import LOCK_LOST
-from sweeper.metastore.migration import (
-    MIGRATION_NOT_ATTEMPTED,
-    MigrationGuard,
-    MigrationRefused,
-    check_stores,
-)
+from sweeper.errors import LockLost
+from sweeper.metastore.errors import MigrationRefused
+from sweeper.metastore.migration import MIGRATION_NOT_ATTEMPTED, MigrationGuard, check_stores
 from sweeper.rules.classify import Sharing
 from sweeper.rules.owner import ActingRules
 from sweeper.rules.protection import Protection
 from sweeper.rules.safety import GracePeriod, Scope
-from sweeper.run_lock import LockLost
 from sweeper.scan.bookkeeper import read_layout
 from sweeper.table_schemas import DEAD_LETTER, DELETE_RESULTS, RETRY_QUEUE
 from sweeper.tables import TableStore

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from botocore.exceptions import ClientError
 
 from sweeper.codecs import pending_delete
+from sweeper.codecs.errors import InvalidPendingDelete
 from sweeper.codecs.layout import LedgerLayout
 from sweeper.delete.decide import LiveObject, object_mismatch
 from sweeper.delete.records import PendingRecord
@@ -37,7 +38,7 @@ def _decode(item: PendingRecord) -> tuple[dict[str, Any] | None, str | None]:
         return None, f"malformed: {item.unencodable}"
     try:
         return pending_delete.decode(item.payload, check=False), None
-    except pending_delete.InvalidPendingDelete as exc:
+    except InvalidPendingDelete as exc:
         return None, f"{exc.kind}: {exc}"
 
 

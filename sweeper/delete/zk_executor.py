@@ -28,8 +28,8 @@ from kazoo.exceptions import (
 from sweeper import names
 from sweeper.codecs import pulsar as codec
 from sweeper.codecs.bookkeeper import decode_ledger_metadata
-from sweeper.codecs.errors import MetadataDecodeError
-from sweeper.codecs.layout import LayoutError, LedgerLayout, is_middle, is_tree_top, ledger_path, tree_depth
+from sweeper.codecs.errors import LayoutError, MetadataDecodeError
+from sweeper.codecs.layout import LedgerLayout, is_middle, is_tree_top, ledger_path, tree_depth
 from sweeper.delete import decide
 from sweeper.delete.decide import DELETE, LiveLedger, ReferrerState, managed_ledger_name
 from sweeper.delete.results import (

@@ -41,9 +41,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
 from sweeper import journal, runs
+from sweeper.broker.errors import SystemTopicError
 from sweeper.broker.system_topic import (
     BrokerSettings,
-    SystemTopicError,
     describe_client_error,
     ensure_topic,
     open_client,
@@ -54,8 +54,9 @@ from sweeper.codecs import pending_delete
 from sweeper.config import SweeperConfig, SystemTopicConfig
 from sweeper.connections import Connections
 from sweeper.emit.carry import CARRIED_NAMES, CarriedIndex, row_targets, uncarried_offload_targets
-from sweeper.errors import Refused, caused_by_interrupt
-from sweeper.run_lock import LOCKS_DIR, LockLost, RunLock
+from sweeper.emit.errors import EmitFailed, EmitRefused
+from sweeper.errors import LockLost, caused_by_interrupt
+from sweeper.run_lock import LOCKS_DIR, RunLock
 from sweeper.spark import task_error
 from sweeper.table_schemas import CARRIED_COLUMNS, EMIT_JOURNAL, EMITTED
 from sweeper.tables import TableStore, TaskAppender
@@ -82,14 +83,6 @@ REFUSED_OVERSIZE = "refused_oversize"
 
 # (partition, sequence id, message id, producer name, payload, status) per message a task handled.
 SlotRow = tuple[int, int, str | None, str, bytes, str]
-
-
-class EmitRefused(Refused):
-    """Nothing was emitted on purpose: the run is not reconciled, or the topic is not as configured."""
-
-
-class EmitFailed(RuntimeError):
-    """Sending failed; what the broker acknowledged is in `emitted`, and a rerun sends only the rest."""
 
 
 @dataclass(frozen=True)

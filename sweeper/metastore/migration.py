@@ -33,16 +33,12 @@ from typing import Any, Protocol
 
 from kazoo.exceptions import NoNodeError
 
-from sweeper.errors import Refused
-from sweeper.metastore.urls import StoreUrl, StoreUrlError, parse_pulsar_store_url
+from sweeper.metastore.errors import MigrationRefused, StoreUrlError
+from sweeper.metastore.urls import StoreUrl, parse_pulsar_store_url
 
 MIGRATION_FLAG_PATH = "/pulsar/migration-coordinator/migration"
 NOT_STARTED, PREPARATION, COPYING, COMPLETED, FAILED = "NOT_STARTED", "PREPARATION", "COPYING", "COMPLETED", "FAILED"
 PHASES = (NOT_STARTED, PREPARATION, COPYING, COMPLETED, FAILED)
-
-
-class MigrationRefused(Refused):
-    """A metadata migration makes this store the wrong one to act on now (exit 3)."""
 
 
 @dataclass(frozen=True)

@@ -43,13 +43,9 @@ from kazoo.exceptions import (
 )
 from kazoo.protocol.states import ZnodeStat
 
+from sweeper.metastore.errors import OxiaUnavailableError
 from sweeper.metastore.oxia_client_fix import mend_the_pypi_client
-from sweeper.metastore.oxia_keys import (
-    OxiaUnavailableError,
-    children_range,
-    grandchildren_range,
-    parent_of,
-)
+from sweeper.metastore.oxia_keys import children_range, grandchildren_range, parent_of
 from sweeper.records import ChildrenRead, ZnodeRead
 
 if TYPE_CHECKING:

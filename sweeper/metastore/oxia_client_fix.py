@@ -8,7 +8,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from sweeper.metastore.oxia_keys import OxiaUnavailableError, check_server_hash, server_hash
+from sweeper.metastore.errors import OxiaUnavailableError
+from sweeper.metastore.oxia_keys import check_server_hash, server_hash
 
 _mend_lock = threading.Lock()
 _mended = False

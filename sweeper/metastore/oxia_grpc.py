@@ -42,13 +42,8 @@ from kazoo.protocol.states import ZnodeStat
 
 from sweeper._proto import oxia_client_pb2 as pb
 from sweeper._proto import oxia_client_pb2_grpc as pb_grpc
-from sweeper.metastore.oxia_keys import (
-    HASH_SPACE_END,
-    OxiaUnavailableError,
-    check_server_hash,
-    hierarchical_key,
-    server_hash,
-)
+from sweeper.metastore.errors import OxiaUnavailableError
+from sweeper.metastore.oxia_keys import HASH_SPACE_END, check_server_hash, hierarchical_key, server_hash
 
 log = logging.getLogger(__name__)
 

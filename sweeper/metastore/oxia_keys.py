@@ -9,12 +9,7 @@ order keys by these rules, so a key one writes is where the other reads it.
 
 from __future__ import annotations
 
-from sweeper.errors import Refused
-
-
-class OxiaUnavailableError(Refused, ConnectionError):
-    """The Oxia server cannot be reached, or answers in a way this client cannot use."""
-
+from sweeper.metastore.errors import OxiaUnavailableError
 
 # ---- shard routing ---------------------------------------------------------------------------------------------
 

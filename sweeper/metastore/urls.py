@@ -15,15 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sweeper.errors import ConfigurationError
+from sweeper.metastore.errors import StoreUrlError
 
 ZOOKEEPER, OXIA = "zookeeper", "oxia"
 DEFAULT_LEDGERS_ROOT = "/ledgers"
 DEFAULT_OXIA_NAMESPACE = "default"
-
-
-class StoreUrlError(ConfigurationError, ValueError):
-    """An address neither Pulsar nor BookKeeper would accept; the message names the accepted spellings."""
 
 
 @dataclass(frozen=True)

@@ -27,8 +27,8 @@ from typing import Any
 from sweeper.config import ReclaimConfig
 from sweeper.ratelimit import TokenBucket
 from sweeper.reclaim.discovery import BookieTarget
+from sweeper.reclaim.errors import BookieAnswerError, BookieUnreachable
 from sweeper.reclaim.samples import (
-    BookieAnswerError,
     BookieSample,
     missing_counters,
     parse_gc_details,
@@ -48,10 +48,6 @@ SUSPENDED = "/api/v1/bookie/gc/suspend_compaction"
 STATE = "/api/v1/bookie/state"
 SERVER_CONFIG = "/api/v1/config/server_config"
 READ_CHUNK = 64 * 1024
-
-
-class BookieUnreachable(RuntimeError):
-    """No answer, or an HTTP error: the bookie is not measured (never a failed run)."""
 
 
 class _NoRedirects(urllib.request.HTTPRedirectHandler):

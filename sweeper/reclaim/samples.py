@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+from sweeper.reclaim.errors import BookieAnswerError
+
 # Our field -> the metric's name after its `bookie_` (and `gc_`) scope.
 COUNTERS = {
     "deletion_bytes": "RECLAIMED_DELETION_SPACE_BYTES",
@@ -34,10 +36,6 @@ COUNTERS = {
 GAUGES = {"active_log_bytes": "ACTIVE_ENTRY_LOG_SPACE_BYTES"}
 _SCOPES = ("bookie_gc_", "bookie_")
 PROCESS_START = "process_start_time_seconds"
-
-
-class BookieAnswerError(ValueError):
-    """A bookie answered something we cannot read (not Prometheus text, not the JSON its API documents)."""
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any
 from sweeper import runs
 from sweeper.config import SweeperConfig
 from sweeper.connections import Connections
-from sweeper.reclaim.bookie_http import BookieHttp, BookieUnreachable
+from sweeper.reclaim.bookie_http import BookieHttp
 from sweeper.reclaim.decide import (
     FREED,
     MAJOR,
@@ -43,7 +43,8 @@ from sweeper.reclaim.decide import (
     verdict,
 )
 from sweeper.reclaim.discovery import BookieTarget, Registration, locate, parse_overrides, read_registrations
-from sweeper.reclaim.samples import BookieAnswerError, BookieSample
+from sweeper.reclaim.errors import BookieAnswerError, BookieUnreachable
+from sweeper.reclaim.samples import BookieSample
 from sweeper.table_schemas import BOOKIE_SAMPLES, RECLAIM, RECLAIM_JOURNAL
 from sweeper.tables import TableStore
 

@@ -22,7 +22,6 @@ from pyspark.sql import functions as F
 from sweeper import runs
 from sweeper.broker.liveness import Liveness, liveness_problems
 from sweeper.config import GatesConfig
-from sweeper.errors import Refused
 from sweeper.rules.references import PEER_OWNER, PEER_REFERENCE
 from sweeper.tables import TableStore
 from sweeper.vocabulary import LISTING_FAILED
@@ -43,13 +42,6 @@ class GateResult:
     @property
     def passed(self) -> bool:
         return not self.failures
-
-
-class GateFailed(Refused):
-    def __init__(self, result: GateResult) -> None:
-        lines = "\n".join(f"  - {failure}" for failure in result.failures)
-        super().__init__(f"data-quality gates failed for snapshot {result.run_id}:\n{lines}")
-        self.result = result
 
 
 def _runs(store: TableStore) -> list[dict[str, Any]]:

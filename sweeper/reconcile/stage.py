@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 
 from sweeper import runs
 from sweeper.config import SweeperConfig
-from sweeper.errors import Refused
+from sweeper.reconcile.errors import ReconcileRefused
 from sweeper.reconcile.frames import _facts_frame, _object_facts_frame, snapshot_frames
 from sweeper.reconcile.report import build_report, orphan_tally
 from sweeper.rules.classify import (
@@ -51,14 +51,6 @@ MISSING = "missing"
 STALE_POINTER = "stale_pointer"  # named only by a compaction pointer ZooKeeper may hold stale: not lost data
 OTHER_CLUSTER = "other_cluster"  # another Pulsar cluster's data: an offloaded object, a peer's ledger
 PROTECTED = "protected"  # Pulsar (or the operator) protects its owner: sweeper.rules.protection
-
-
-class ReconcileRefused(Refused):
-    """The run stops before planning anything: a gate failed or the breaker tripped."""
-
-    def __init__(self, message: str, failures: list[str] | None = None) -> None:
-        super().__init__(message)
-        self.failures = failures or []
 
 
 @dataclass(frozen=True)

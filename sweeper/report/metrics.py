@@ -17,13 +17,10 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Gauge, generate_latest, push_to_gateway, write_to_textfile
 
 from sweeper.config import MetricsConfig
+from sweeper.report.errors import MetricsError
 
 PREFIX = "ledger_sweeper"
 LEDGER_TYPES = ("LEDGER", "OFFLOAD_LEDGER")
-
-
-class MetricsError(RuntimeError):
-    pass
 
 
 def registry(run_id: str, stages: Mapping[str, Mapping[str, Any]], outcomes: Iterable[tuple[str | None, str]] = (),

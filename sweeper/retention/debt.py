@@ -41,11 +41,11 @@ from sweeper.retention.debt_types import (
     CURSOR,
     TOPIC,
     RetentionDebtCounts,
-    RetentionDebtRefused,
     RetentionDebtResult,
     RetentionSettings,
     _Context,
 )
+from sweeper.retention.errors import RetentionDebtRefused
 from sweeper.rules.retention import CursorStatus, DebtReason, TopicStatus
 from sweeper.table_schemas import RECLAIMABLE_REPORT, RETENTION_DEBT, SNAPSHOT_TABLES
 from sweeper.tables import TableStore

@@ -9,7 +9,6 @@ from typing import Any
 
 from sweeper import runs
 from sweeper.config import RetentionConfig, SafetyConfig
-from sweeper.errors import Refused
 from sweeper.rules.protection import NONE, Protection
 from sweeper.rules.retention import MINUTE_MS, BrokerRetention, DebtReason, Policy
 from sweeper.rules.safety import Scope, retention_scope
@@ -17,10 +16,6 @@ from sweeper.vocabulary import DAY_MS
 
 TOPIC, CURSOR = "topic", "cursor"
 # `topic_policy` values (see table_schemas.RETENTION_DEBT); UNCHECKED only between the tasks and finalize.
-
-
-class RetentionDebtRefused(Refused):
-    """The step will not run: no successful snapshot, or the run already has its retention debt."""
 
 
 @dataclass(frozen=True)

@@ -44,8 +44,9 @@ from kazoo.exceptions import NoAuthError
 from sweeper import journal, runs
 from sweeper.codecs import pulsar as codec
 from sweeper.codecs.errors import MetadataDecodeError
-from sweeper.errors import Refused
-from sweeper.run_lock import RunLock, RunLockHeld
+from sweeper.errors import RunLockHeld
+from sweeper.retention.errors import RepairLockHeld
+from sweeper.run_lock import RunLock
 from sweeper.table_schemas import REPAIR_JOURNAL, RETENTION_ACTIONS
 from sweeper.tables import TableStore
 
@@ -147,10 +148,6 @@ def node_now(read: Callable[[str], tuple[bytes, Any] | None], intent: Intent) ->
         return NodeNow(True, version, ctime, problem=f"its managed ledger cannot be decoded ({exc})")
     return NodeNow(True, version, ctime, frozenset(x.ledgerId for x in info.ledgerInfo),
                    info.HasField("terminatedPosition"))
-
-
-class RepairLockHeld(Refused):
-    """The repair lock could not be taken (another repair holds it, or the sweeper may not create it): why."""
 
 
 class RepairLock:

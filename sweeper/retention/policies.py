@@ -7,7 +7,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from sweeper.broker.system_topic import AdminClient, RedirectRefused, SystemTopicError
+from sweeper.broker.errors import RedirectRefused, SystemTopicError
+from sweeper.broker.system_topic import AdminClient
 from sweeper.ratelimit import TokenBucket
 from sweeper.vocabulary import UNREAD
 

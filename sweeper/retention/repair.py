@@ -40,11 +40,13 @@ from typing import Any
 from pyspark.sql import functions as F
 
 from sweeper import runs
+from sweeper.broker.errors import RedirectRefused, SystemTopicError
 from sweeper.broker.liveness import registered_web_origins
-from sweeper.broker.system_topic import AdminClient, RedirectRefused, SystemTopicError
+from sweeper.broker.system_topic import AdminClient
 from sweeper.config import SweeperConfig
 from sweeper.ratelimit import TokenBucket
-from sweeper.retention.journal import RepairJournal, RepairLock, RepairLockHeld, Resolution, resolve_interrupted
+from sweeper.retention.errors import RepairLockHeld, RetentionRepairRefused
+from sweeper.retention.journal import RepairJournal, RepairLock, Resolution, resolve_interrupted
 from sweeper.retention.repair_calls import NamespacePolicies, _act, _Intents, _read, _record
 from sweeper.retention.repair_plan import (
     DEFERRED,
@@ -53,7 +55,6 @@ from sweeper.retention.repair_plan import (
     RepairCounts,
     RepairResult,
     RepairSettings,
-    RetentionRepairRefused,
     plan_actions,
     plan_age_refusal,
 )

@@ -11,7 +11,6 @@ from typing import Any
 from sweeper import names, runs
 from sweeper.config import SweeperConfig
 from sweeper.connections import Connections
-from sweeper.errors import Refused
 from sweeper.retention.journal import DELETE_SUBSCRIPTION, LOAD_TOPIC
 from sweeper.rules.protection import Protection, cursor_protection, describe, managed_ledger_protection
 from sweeper.rules.safety import Scope, retention_scope
@@ -22,10 +21,6 @@ NOT_NEEDED = "not_needed"
 # A rule of today's config or metadata says no; the detail starts with the rule's name (out_of_scope,
 # not_replicated_here, protected, plan_mismatch, cursor_moved, redirect_outside_cluster).
 SKIPPED = "skipped"
-
-
-class RetentionRepairRefused(Refused):
-    """The repair will not start (no plan, no broker to talk to) or had to stop (the broker refused us)."""
 
 
 @dataclass

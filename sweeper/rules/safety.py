@@ -9,15 +9,11 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass, field
 
-from sweeper.errors import ConfigurationError
+from sweeper.rules.errors import SafetyConfigError
 from sweeper.vocabulary import DAY_MS, HOUR_MS
 
 MIN_AGE_FLOOR_MS = DAY_MS
 DEFAULT_MIN_AGE_MS = 7 * DAY_MS
-
-
-class SafetyConfigError(ConfigurationError, ValueError):
-    pass
 
 
 @dataclass(frozen=True)

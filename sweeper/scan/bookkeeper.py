@@ -27,10 +27,9 @@ from sweeper.codecs.bookkeeper import (
     decode_ledger_metadata,
     ledger_message,
 )
-from sweeper.codecs.errors import MetadataDecodeError
+from sweeper.codecs.errors import LayoutError, MetadataDecodeError
 from sweeper.codecs.layout import (
     LONG_MAX,
-    LayoutError,
     LedgerLayout,
     is_flat_leaf,
     is_hierarchical_leaf,

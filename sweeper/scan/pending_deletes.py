@@ -11,14 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from sweeper.broker.system_topic import (
-    BrokerSettings,
-    SystemTopicError,
-    describe_client_error,
-    open_client,
-    partition_topic,
-)
+from sweeper.broker.errors import SystemTopicError
+from sweeper.broker.system_topic import BrokerSettings, describe_client_error, open_client, partition_topic
 from sweeper.codecs import pending_delete
+from sweeper.codecs.errors import InvalidPendingDelete
 from sweeper.scan import Row, quarantine_row
 
 READ_TIMEOUT_MS = 5000
@@ -73,7 +69,7 @@ def read_partition(broker: BrokerSettings, topic: str, partition: int) -> Iterat
             try:
                 yield pending_delete_row(partition, message_id, msg.publish_timestamp() or None,
                                          msg.partition_key() or None, payload)
-            except pending_delete.InvalidPendingDelete as exc:
+            except InvalidPendingDelete as exc:
                 yield quarantine_row("pending_delete", f"{name}@{message_id}", exc.kind, str(exc), raw=payload)
         reader.close()
     finally:

@@ -6,6 +6,7 @@ read the znodes), `packer` (their rows packed per table), `offload_listing`, `pe
 producers), `outputs` (where the rows go: cached and appended, or written by the tasks) and `stage` (the run).
 """
 
+from sweeper.snapshot.errors import ClockSkewRefused, SnapshotIncomplete
 from sweeper.snapshot.offload_listing import OBJECTS_PER_HEAD_TASK, listing_tasks
 from sweeper.snapshot.packer import TablePacker
 from sweeper.snapshot.peers import PEER_TABLES
@@ -23,10 +24,8 @@ from sweeper.snapshot.scanners import scan_dataframe
 from sweeper.snapshot.settings import (
     OFFLOAD_TARGET,
     STAT_READS,
-    ClockSkewRefused,
     ScanTarget,
     SnapshotCounts,
-    SnapshotIncomplete,
     SnapshotResult,
     SnapshotSettings,
     zk_load,

@@ -22,7 +22,6 @@ from sweeper.config import (
     SystemTopicConfig,
 )
 from sweeper.connections import Connections, MetadataEndpoint
-from sweeper.errors import Refused
 from sweeper.metastore.urls import StoreUrl
 from sweeper.table_schemas import SNAPSHOT_TABLES
 
@@ -141,14 +140,6 @@ class SnapshotResult:
     @property
     def ledgers_per_second(self) -> float:
         return self.counts.bk_ledgers / self.scan_s if self.scan_s else 0.0
-
-
-class SnapshotIncomplete(RuntimeError):
-    """The committed tables hold other row counts than the scan produced: the run is failed, never used."""
-
-
-class ClockSkewRefused(Refused):
-    """This host's clock disagrees with ZooKeeper's beyond [safety] max_clock_skew_seconds."""
 
 
 def zk_load(counts: SnapshotCounts) -> str:

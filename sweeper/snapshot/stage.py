@@ -19,9 +19,10 @@ from datetime import UTC, datetime
 from pyspark.sql import SparkSession
 
 from sweeper import runs
+from sweeper.broker.errors import SystemTopicError
 from sweeper.broker.liveness import clock_problem
-from sweeper.broker.system_topic import SystemTopicError
 from sweeper.errors import RunIdTaken
+from sweeper.snapshot.errors import ClockSkewRefused, SnapshotIncomplete
 from sweeper.snapshot.offload_listing import offload_targets
 from sweeper.snapshot.outputs import _CachedOutput, _Output, _WrittenOutput
 from sweeper.snapshot.peers import snapshot_peers
@@ -31,10 +32,8 @@ from sweeper.snapshot.scanners import zookeeper_task_error
 from sweeper.snapshot.settings import (
     STAT_LISTING_FAILED,
     STAT_READS,
-    ClockSkewRefused,
     ScanTarget,
     SnapshotCounts,
-    SnapshotIncomplete,
     SnapshotResult,
     SnapshotSettings,
 )

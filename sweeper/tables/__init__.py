@@ -26,7 +26,6 @@ from collections.abc import Mapping
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
-from sweeper.errors import ConfigurationError
 from sweeper.spark import (
     DELTA_CATALOG_CLASS,
     DELTA_EXTENSION_CLASS,
@@ -39,21 +38,16 @@ from sweeper.spark import (
 from sweeper.tables.base import TableStore, TaskAppender
 from sweeper.tables.commits import CommitResult
 from sweeper.tables.delta_rs import DeltaRsTableStore
-from sweeper.tables.errors import TableNotFoundError, TableSchemaError
-from sweeper.tables.files import NotNullViolation
-from sweeper.tables.storage import (
-    TableStorage,
+from sweeper.tables.errors import (
+    DeltaSparkUnavailableError,
+    NotNullViolation,
+    TableNotFoundError,
+    TableSchemaError,
     TableStorageUnavailableError,
-    check_spark_reaches,
-    configure_spark,
-    delta_rs_options,
 )
+from sweeper.tables.storage import TableStorage, check_spark_reaches, configure_spark, delta_rs_options
 
 ENGINES = ("delta-rs", "delta-spark")
-
-
-class DeltaSparkUnavailableError(ConfigurationError, RuntimeError):
-    """engine="delta-spark" on a session without Delta's jars or SQL extension."""
 
 
 def delta_spark_package() -> str:

@@ -46,7 +46,7 @@ from sweeper.tables.arrow_rows import columns_to_arrow, rows_to_arrow
 from sweeper.tables.commits import ADDED_KEY, COMMIT_ID_KEY, ENGINE_KEY, TABLE_KEY, CommitResult
 from sweeper.tables.conditions import check_aggregates
 from sweeper.tables.errors import TableNotFoundError, TableSchemaError
-from sweeper.tables.files import NotNullViolation, TablesWriter, is_local, padded
+from sweeper.tables.files import TablesWriter, is_local, padded
 from sweeper.tables.schema import conformed, evolution, loose_type, schema_problems
 
 log = logging.getLogger(__name__)
@@ -456,10 +456,4 @@ class TableStore(ABC):
         return metadata
 
 
-__all__ = [
-    "CommitResult",
-    "NotNullViolation",
-    "TableNotFoundError",
-    "TableSchemaError",
-    "TableStore",
-]
+__all__ = ["CommitResult", "TableStore"]  # the store's errors: sweeper.tables.errors

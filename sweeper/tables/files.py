@@ -26,6 +26,8 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from sweeper.tables.errors import NotNullViolation
+
 # What one file record looks like, as Spark sees it (mapInArrow output) and as Arrow builds it.
 FILE_RECORD_DDL = (
     "path string, size long, num_records long, modification_time long, stats string, partition_values string"
@@ -49,10 +51,6 @@ STATS_COLUMNS = 32
 # tie-breaker, so we leave such columns without min/max (readers then simply don't skip).
 STATS_STRING_PREFIX = 32
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
-
-
-class NotNullViolation(ValueError):
-    """Rows with nulls in a column the table declares NOT NULL."""
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
-from sweeper.errors import ConfigurationError
 from sweeper.spark import (
     AWS_SDK_VERSION,
     HADOOP_AWS_VERSION,
@@ -42,6 +41,7 @@ from sweeper.spark import (
     jars_dir,
     jvm_class_available,
 )
+from sweeper.tables.errors import TableStorageUnavailableError
 
 S3_SCHEMES = ("s3", "s3a")
 # What each jar of jvm/target/s3a/ brings; hadoop-aws 3.5.0 needs all three to start an s3a file system.
@@ -51,10 +51,6 @@ S3A_JAR_CLASSES = (
     (f"analyticsaccelerator-s3-{S3_ANALYTICS_VERSION}.jar",
      "software.amazon.s3.analyticsaccelerator.request.ObjectClient"),
 )
-
-
-class TableStorageUnavailableError(ConfigurationError, RuntimeError):
-    """A table root Spark cannot reach: e.g. s3:// without hadoop-aws and the AWS SDK on the class path."""
 
 
 @dataclass(frozen=True)

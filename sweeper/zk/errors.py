@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from sweeper.errors import Refused
+from sweeper.errors import InternalError, Refused
 
 
 class ZooKeeperUnavailableError(Refused, ConnectionError):
@@ -30,6 +30,11 @@ class ZooKeeperPermissionError(Refused, PermissionError):
         self.permission = permission
 
 
+class HandshakeRefused(InternalError):
+    """One host refused our TLS session or our login: a setting to fix, not an outage. The handshake collects them
+    into a ZooKeeperSecurityError once no host let us in."""
+
+
 def is_connection_error(exc: BaseException) -> bool:
     """A kazoo error of the connection or the session, not of the request: another attempt may not meet it."""
     from kazoo.exceptions import (
@@ -44,3 +49,16 @@ def is_connection_error(exc: BaseException) -> bool:
 
     return isinstance(exc, ConnectionLoss | SessionExpiredError | OperationTimeoutError | ConnectionDropped
                       | ConnectionClosedError | SessionMovedError | KazooTimeoutError)
+
+
+class ZooKeeperWireError(InternalError):
+    """A per-request error code from the server, reported on the read it belongs to."""
+
+    def __init__(self, code: int, path: str) -> None:
+        from kazoo.exceptions import EXCEPTIONS
+
+        # kazoo's names (NoAuthError, ...) read better than bare codes; its table raises on unknown ones.
+        name = EXCEPTIONS[code].__name__ if code in EXCEPTIONS else "ZooKeeper error"
+        super().__init__(f"{name} (code {code}) reading {path!r}")
+        self.code = code
+        self.path = path

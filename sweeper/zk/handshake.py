@@ -9,7 +9,7 @@ import ssl
 import struct
 from typing import TYPE_CHECKING
 
-from sweeper.zk.errors import ZooKeeperSecurityError, ZooKeeperUnavailableError
+from sweeper.zk.errors import HandshakeRefused, ZooKeeperSecurityError, ZooKeeperUnavailableError
 from sweeper.zk.jute import (
     _AUTH_XID,
     _CONNECT_REQUEST,
@@ -28,10 +28,6 @@ if TYPE_CHECKING:
 
 # X509_V_ERR_HOSTNAME_MISMATCH, X509_V_ERR_IP_ADDRESS_MISMATCH (OpenSSL x509_vfy.h)
 _NAME_MISMATCH = (62, 64)
-
-
-class _Refused(Exception):
-    """This host refused our TLS session or our login: a setting to fix, not an outage."""
 
 
 def _handshake(hosts: str, addresses: list[tuple[str, int]], timeout: float, security: ZkSecurity | None,
@@ -76,7 +72,7 @@ def _handshake(hosts: str, addresses: list[tuple[str, int]], timeout: float, sec
             if negotiated_ms <= 0:
                 raise ConnectionError("server refused the session")
             xid = _login(sock, host, security) if security is not None else 0
-        except _Refused as exc:
+        except HandshakeRefused as exc:
             sock.close()
             refused.append(f"{host}:{port}: {exc}")
             continue
@@ -105,9 +101,9 @@ def _start_tls(context: ssl.SSLContext, sock: socket.socket, host: str) -> ssl.S
         hint = (f"the certificate does not name {host} (or set tls_verify_hostname = false)"
                 if exc.verify_code in _NAME_MISMATCH
                 else "is tls_ca_file the CA that signed the servers' certificates?")
-        raise _Refused(f"the server's TLS certificate is not trusted: {exc.verify_message}; {hint}") from exc
+        raise HandshakeRefused(f"the server's TLS certificate is not trusted: {exc.verify_message}; {hint}") from exc
     except ssl.SSLError as exc:
-        raise _Refused(_tls_failure("TLS handshake failed", exc)) from exc
+        raise HandshakeRefused(_tls_failure("TLS handshake failed", exc)) from exc
 
 
 # TLS alerts with which a server refuses the client's certificate (or its absence).
@@ -129,10 +125,10 @@ def _session_refused(exc: OSError, tls: bool) -> BaseException:
     """What a failure between connecting and the ZooKeeper session means."""
     if isinstance(exc, ssl.SSLError):
         # TLS 1.3 servers check the client's certificate after the client has finished its handshake.
-        return _Refused(_tls_failure("the server ended the TLS session", exc))
+        return HandshakeRefused(_tls_failure("the server ended the TLS session", exc))
     if tls and isinstance(exc, ConnectionError):
-        return _Refused(f"the server closed the TLS connection before the ZooKeeper handshake ({exc}): was our client "
-                        "certificate refused (tls_cert_file, tls_key_file)?")
+        return HandshakeRefused(f"the server closed the TLS connection before the ZooKeeper handshake ({exc}): was our "
+                                "client certificate refused (tls_cert_file, tls_key_file)?")
     if isinstance(exc, ConnectionError):
         return ConnectionError(f"{exc} (a TLS port? then set tls = true)")
     return exc
@@ -150,20 +146,20 @@ def _login(sock: socket.socket, host: str, security: ZkSecurity) -> int:
             try:
                 response = client.process(challenge)
             except Exception as exc:  # pure-sasl's errors: a bad challenge, a missing library
-                raise _Refused(f"{who} failed: {exc}") from exc
+                raise HandshakeRefused(f"{who} failed: {exc}") from exc
             if client.complete and not response:
                 break
             xid += 1
             err, body = _exchange(sock, xid, _OP_SASL, _buffer(response or b""), f"{who} refused")
             if err:
-                raise _Refused(f"{who} refused ({_code_name(err)}): wrong user name or password?")
+                raise HandshakeRefused(f"{who} refused ({_code_name(err)}): wrong user name or password?")
             (length,) = _INT.unpack_from(body, 0)
             challenge = bytes(body[4 : 4 + length]) if length >= 0 else None
     if security.digest is not None:
         packet = _INT.pack(0) + _buffer(b"digest") + _buffer(security.digest.value.encode())
         err, _ = _exchange(sock, _AUTH_XID, _OP_AUTH, packet, "digest credentials refused")
         if err:
-            raise _Refused(f"digest credentials of {security.digest_user!r} refused ({_code_name(err)})")
+            raise HandshakeRefused(f"digest credentials of {security.digest_user!r} refused ({_code_name(err)})")
     return xid
 
 
@@ -176,7 +172,7 @@ def _exchange(sock: socket.socket, xid: int, opcode: int, body: bytes, refused: 
         reply = _recv_exactly(sock, length)
     except OSError as exc:
         # ZooKeeper hangs up on a failed login, sometimes before its error reply reaches us.
-        raise _Refused(f"{refused}: the server closed the connection (wrong user name or password?)") from exc
+        raise HandshakeRefused(f"{refused}: the server closed the connection (wrong user name or password?)") from exc
     reply_xid, _, err = _REPLY_HEADER.unpack_from(reply, 0)
     if reply_xid != xid:
         raise ConnectionError(f"unexpected reply xid {reply_xid} during the login (expected {xid})")

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from sweeper.config import ConfigError, ZooKeeperAccessConfig
+from sweeper.config import ZooKeeperAccessConfig
+from sweeper.errors import ConfigError
 from sweeper.records import Secret
 
 DIGEST_MD5_SERVER_NAME = "zk-sasl-md5"

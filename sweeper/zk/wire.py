@@ -51,12 +51,16 @@ from collections.abc import Iterable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from kazoo.exceptions import EXCEPTIONS
 from kazoo.hosts import collect_hosts
 from kazoo.protocol.paths import normpath
 
 from sweeper.records import ChildrenRead, ZnodeRead
-from sweeper.zk.errors import ZooKeeperPermissionError, ZooKeeperSecurityError, ZooKeeperUnavailableError
+from sweeper.zk.errors import (
+    ZooKeeperPermissionError,
+    ZooKeeperSecurityError,
+    ZooKeeperUnavailableError,
+    ZooKeeperWireError,
+)
 from sweeper.zk.handshake import _handshake
 from sweeper.zk.jute import (
     _FALSE,
@@ -88,7 +92,7 @@ if TYPE_CHECKING:
     from sweeper.ratelimit import TokenBucket
     from sweeper.zk.security import ZkSecurity
 
-__all__ = ["WireReader", "ZooKeeperWireError"]
+__all__ = ["WireReader"]  # its errors: sweeper.zk.errors
 
 DEFAULT_WINDOW = 2000
 
@@ -103,17 +107,6 @@ _MAX_LOWAT = 256 << 10
 # Compact the receive buffer when fewer free bytes than this remain at its tail, so each
 # recv_into gets a large window rather than dribbling in small reads.
 _MIN_RECV = 64 << 10
-
-
-class ZooKeeperWireError(Exception):
-    """A per-request error code from the server, reported on the read it belongs to."""
-
-    def __init__(self, code: int, path: str) -> None:
-        # kazoo's names (NoAuthError, ...) read better than bare codes; its table raises on unknown ones.
-        name = EXCEPTIONS[code].__name__ if code in EXCEPTIONS else "ZooKeeper error"
-        super().__init__(f"{name} (code {code}) reading {path!r}")
-        self.code = code
-        self.path = path
 
 
 _ACLS_REMEMBERED = 4096  # distinct ACL vectors a reader keeps decoded
