@@ -276,7 +276,7 @@ def timed_stages(spark: Any, root: Path, run_id: str, cluster_name: str, order: 
                                    SafetySettings(breaker=CircuitBreaker(1.0), local_cluster=cluster_name,
                    bookkeeper_dedicated=True))
         else:  # as pipeline.retention_stage builds its settings ([retention] topic_policies = "system_topic")
-            settings = RetentionSettings.from_config(config.retention, config.safety)
+            settings = RetentionSettings.from_config(config)
             if judge_all:
                 settings = dataclasses.replace(settings, skip_topics_that_cannot_owe=False)
             result = run_retention_debt(spark, store, run_id, settings)

@@ -162,49 +162,51 @@ def _say(summary: Any, args: argparse.Namespace, *notes: str, **payload: Any) ->
         print(json.dumps({**summary.payload, **payload}))
 
 
-def cmd_snapshot(args: argparse.Namespace) -> int:
-    from sweeper.pipeline import snapshot_stage
-    from sweeper.report.summaries import snapshot_summary
+def _run_step(name: str, args: argparse.Namespace, cfg: SweeperConfig, spark: Any, store: Any, run_id: str | None,
+              *notes: str, **options: Any) -> Any:
+    """A single-stage command's stage, through the sweep's own step (`pipeline.STEPS`): the same stage, the same
+    `runs` bookkeeping, the same one summary of its result, then the command's notes."""
+    from sweeper.pipeline import STEPS, StageCall
 
+    step = STEPS[name]
+    result = step.run(StageCall(spark, cfg, store, run_id, bool(getattr(args, "execute", False)), print, options))
+    _say(step.summarize(result), args, *notes)
+    return result
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
     cfg, spark, store = open_stage(args)
-    _say(snapshot_summary(snapshot_stage(spark, cfg, store, run_id=args.run_id)), args)
+    _run_step("snapshot", args, cfg, spark, store, args.run_id)
     return EXIT_OK
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
-    from sweeper.pipeline import reconcile_stage
-    from sweeper.report.summaries import reconcile_summary
     from sweeper.runs import resolve_run
 
     cfg, spark, store = open_stage(args)
     run_id = resolve_run(store, args.run_id, "snapshot", "run `sweeper snapshot` first")
-    result = reconcile_stage(spark, cfg, store, run_id, check_gates=not args.skip_gates)
-    _say(reconcile_summary(result), args, "dry run: nothing was deleted")
+    _run_step("reconcile", args, cfg, spark, store, run_id, "dry run: nothing was deleted", skip_gates=args.skip_gates)
     return EXIT_OK
 
 
 def cmd_retention_debt(args: argparse.Namespace) -> int:
     """The retention-debt stage alone, on a reconciled run: what `sweep` reports after reconcile."""
-    from sweeper.pipeline import retention_stage
-    from sweeper.report.summaries import retention_debt_summary
     from sweeper.runs import resolve_run
 
     cfg, spark, store = open_stage(args)
     run_id = resolve_run(store, args.run_id, "reconcile", "run `sweeper reconcile` first")
     print(f"[retention] started on run {run_id}: retention debt (unloaded topics, idle cursors)", flush=True)
-    _say(retention_debt_summary(retention_stage(spark, cfg, store, run_id)), args,
-         "dry run: nothing was loaded or deleted (`sweeper retention` plans the repair, `--execute` acts)")
+    _run_step("retention_debt", args, cfg, spark, store, run_id,
+              "dry run: nothing was loaded or deleted (`sweeper retention` plans the repair, `--execute` acts)")
     return EXIT_OK
 
 
 def cmd_emit(args: argparse.Namespace) -> int:
-    from sweeper.pipeline import emit_stage
-    from sweeper.report.summaries import emit_summary
     from sweeper.runs import resolve_run
 
     cfg, spark, store = open_stage(args)
     run_id = resolve_run(store, args.run_id, "reconcile", "run `sweeper reconcile` first")
-    _say(emit_summary(emit_stage(spark, cfg, store, run_id)), args)
+    _run_step("emit", args, cfg, spark, store, run_id)
     return EXIT_OK
 
 
@@ -213,8 +215,8 @@ def cmd_delete(args: argparse.Namespace) -> int:
     from sweeper.delete.inputs import read_operator_list
     from sweeper.delete.stage import describe
     from sweeper.errors import UsageError
-    from sweeper.pipeline import delete_stage, riding_after
-    from sweeper.report.summaries import delete_run_summary, is_partial
+    from sweeper.pipeline import STEPS, StageCall, riding_after
+    from sweeper.report.summaries import is_partial
     from sweeper.runs import resolve_run
 
     if args.from_json:
@@ -232,21 +234,23 @@ def cmd_delete(args: argparse.Namespace) -> int:
         run_id = args.run_id or f"topic-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
     else:
         run_id = resolve_run(store, args.run_id, "emit", "run `sweeper emit` first")
+    call = StageCall(spark, cfg, store, run_id, args.execute, print,
+                     {"from_json": args.from_json, "from_topic": args.from_topic})
     # What `sweep` runs after an executed delete (reclaim, when enabled), through the same step: its `before`
     # (the bookies' baseline) precedes the delete, its report follows it.
     follower = riding_after("delete", cfg, args.execute)
     if follower is not None and follower.before is not None:
-        follower.before(cfg, store, run_id, args.execute, print)
-    result = delete_stage(spark, cfg, store, run_id, execute=args.execute, from_json=args.from_json,
-                          from_topic=args.from_topic)
+        follower.before(call)
+    step = STEPS["delete"]
+    result = step.run(call)
     if args.from_json:
         for item in result.results:
             print(describe(item))
-    summary = delete_run_summary(result)
+    summary = step.summarize(result)
     print("\n".join(summary.command_lines()))
     more: dict[str, Any] = {}
     if follower is not None:
-        done = follower.run(spark, cfg, store, run_id, args.execute, print)
+        done = follower.run(StageCall(spark, cfg, store, run_id, args.execute, print))
         print("\n".join(follower.summarize(done).sweep_lines()))  # as `sweep` says it: a step that rode along
         more[follower.name] = done.counts.as_row()
     if args.json:
@@ -256,16 +260,13 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 def cmd_reclaim(args: argparse.Namespace) -> int:
     """Measure again what a run's deletes gave back; with --execute, first ask each bookie for one GC."""
-    from sweeper.pipeline import reclaim_stage
-    from sweeper.report.summaries import reclaim_summary
     from sweeper.runs import resolve_run
 
     cfg, _, store = open_stage(args)
     run_id = resolve_run(store, args.run_id, "delete", "`sweeper runs` lists the runs", recorded=True)
-    # Not the sweep's step: here --execute itself asks for the GC, whatever [reclaim] trigger_gc says.
-    result = reclaim_stage(cfg, store, run_id, trigger=args.execute)
-    _say(reclaim_summary(result), args, *(() if args.execute else (
-        "measured only: pass --execute to ask each bookie that held deleted data for one GC",)))
+    # Not the sweep's choice: here --execute itself asks for the GC, whatever [reclaim] trigger_gc says.
+    _run_step("reclaim", args, cfg, None, store, run_id, *(() if args.execute else (
+        "measured only: pass --execute to ask each bookie that held deleted data for one GC",)), trigger=args.execute)
     return EXIT_OK
 
 
@@ -273,13 +274,11 @@ def cmd_retention(args: argparse.Namespace) -> int:
     """Repair retention debt through the broker's admin REST API: a dry run unless --execute."""
     from sweeper import runs
     from sweeper.errors import Refused
-    from sweeper.pipeline import repair_stage
-    from sweeper.report.summaries import repair_summary
 
     cfg, _, store = open_stage(args)
     plan = runs.resolve_run(store, args.run_id, "retention_debt", "run `sweeper sweep` (or reconcile) first")
-    result = repair_stage(cfg, store, plan, f"retention-{runs.new_run_id()}", execute=args.execute)
-    _say(repair_summary(result), args)
+    result = _run_step("retention_repair", args, cfg, None, store, f"retention-{runs.new_run_id()}",
+                       plan_run_id=plan)
     if result.stopped:
         raise Refused(result.stopped)
     return EXIT_PARTIAL if result.counts.failed else EXIT_OK

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -20,16 +20,19 @@ from sweeper.broker.errors import SystemTopicError
 from sweeper.config import SweeperConfig
 from sweeper.delete.errors import DeleteRefused
 from sweeper.delete.run_result import DeleteCounts, DeleteRunResult
-from sweeper.delete.stage import run_delete
+from sweeper.delete.settings import DeleteSettings
+from sweeper.delete.stage import run as run_delete
 from sweeper.emit import stage as emit
 from sweeper.emit.errors import EmitFailed, EmitRefused
 from sweeper.emit.stage import EmitCounts, EmitResult, EmitSettings
 from sweeper.errors import RunLockHeld
 from sweeper.errors import StageRefused as StageRefused  # where the sweep's callers catch it
 from sweeper.metastore.errors import MigrationRefused
-from sweeper.reclaim.stage import ReclaimCounts, ReclaimResult, run_reclaim, sample_before, summary_line
+from sweeper.reclaim import stage as reclaim
+from sweeper.reclaim.stage import ReclaimCounts, ReclaimResult, ReclaimSettings, summary_line
 from sweeper.reconcile.errors import GateFailed, ReconcileRefused
-from sweeper.reconcile.gates import run_gates
+from sweeper.reconcile.gates import GateSettings
+from sweeper.reconcile.gates import run as run_gates
 from sweeper.reconcile.stage import ReconcileCounts, ReconcileResult, SafetySettings, run_reconcile
 from sweeper.report.console import human_bytes, plural
 from sweeper.report.errors import MetricsError
@@ -42,6 +45,7 @@ from sweeper.report.summaries import (
     is_partial,
     reclaim_summary,
     reconcile_summary,
+    repair_summary,
     retention_debt_summary,
     snapshot_summary,
 )
@@ -92,8 +96,7 @@ def reconcile_stage(spark: SparkSession, config: SweeperConfig, store: TableStor
     def body() -> ReconcileResult:
         if check_gates:
             started = time.monotonic()
-            gates = run_gates(store, run_id, config.gates, config.pulsar.brokers_path,
-                              dedicated=config.safety.bookkeeper_dedicated)
+            gates = run_gates(store, run_id, GateSettings.from_config(config))
             gated.update(gates_ms=int((time.monotonic() - started) * 1000), gates_on_driver=int(gates.on_driver),
                          gates_driver_rows=gates.driver_rows)
             if not gates.passed:
@@ -117,7 +120,7 @@ def reconcile_stage(spark: SparkSession, config: SweeperConfig, store: TableStor
 def retention_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str) -> RetentionDebtResult:
     """Retention debt (issue 15), after reconcile: expired ledgers nobody trims, what idle cursors pin."""
     def body() -> RetentionDebtResult:
-        settings = RetentionSettings.from_config(config.retention, config.safety)
+        settings = RetentionSettings.from_config(config)
         lookup = None
         if config.retention.topic_policies == "admin":
             from sweeper.connections import Connections
@@ -149,8 +152,8 @@ def emit_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, ru
 def delete_stage(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str, execute: bool = False,
                  from_json: str | None = None, from_topic: bool = False) -> DeleteRunResult:
     def body() -> DeleteRunResult:
-        return run_delete(spark, config, store, run_id, execute=execute, from_json=from_json, from_topic=from_topic,
-                          recorded_in_runs=True)
+        return run_delete(spark, store, run_id, DeleteSettings.from_config(
+            config, execute=execute, from_json=from_json, from_topic=from_topic, recorded_in_runs=True))
 
     def ending(result: DeleteRunResult) -> runs.Ending:
         return runs.Ending(result.counts, runs.PARTIAL if is_partial(result) else runs.SUCCEEDED,
@@ -165,7 +168,7 @@ def sample_bookies_before(config: SweeperConfig, store: TableStore, run_id: str,
     """The bookies' counters before an executed delete (issue 35): the baseline of what it gives back. Measuring
     never stops a delete: a bookie that does not answer is reported `not_measured` afterwards."""
     try:
-        sample_before(config, store, run_id, log)
+        reclaim.baseline(store, run_id, ReclaimSettings.from_config(config, log=log))
     except Exception as exc:  # measuring is never a reason not to delete
         log(f"[reclaim] warning: the bookies could not be sampled before the delete: {exc}")
 
@@ -176,8 +179,8 @@ def reclaim_stage(config: SweeperConfig, store: TableStore, run_id: str, trigger
     def ending(result: ReclaimResult) -> runs.Ending:
         return runs.Ending(result.counts, message=summary_line(result.rows))
 
-    return runs.stage(store, config, run_id, "reclaim",
-                      lambda: run_reclaim(config, store, run_id, trigger=trigger, log=log), ending,
+    settings = ReclaimSettings.from_config(config, trigger=trigger, log=log)
+    return runs.stage(store, settings, run_id, "reclaim", lambda: reclaim.run(store, run_id, settings), ending,
                       journal=journal.PlainInterrupt())
 
 
@@ -242,21 +245,36 @@ class StageResult(Protocol):
 
 
 @dataclass(frozen=True)
+class StageCall:
+    """What the sweep or a single-stage command hands a step: the session, the config, the tables, the run (None:
+    a new one, for the snapshot), whether to act, where to say things, and the command's own choices (`options`:
+    `skip_gates`, `from_json`, `from_topic`, `trigger`, `plan_run_id`)."""
+
+    spark: SparkSession | None
+    config: SweeperConfig
+    store: TableStore
+    run_id: str | None
+    execute: bool = False
+    log: Log = print
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Step:
-    """One stage as the sweep runs it: its start line, the stage itself (with its `runs` bookkeeping), its result's
-    one summary (sweeper.report.summaries), and what the sweep keeps of it. `sweep` is a loop over these, and the
-    single-stage commands reach a step that rides along (reclaim after `delete --execute`) through the same one.
+    """One stage as the sweep and the commands run it: its start line, the stage itself (with its `runs`
+    bookkeeping), its result's one summary (sweeper.report.summaries), and what the sweep keeps of it. `sweep` is a
+    loop over these, and each single-stage command runs its one step.
 
     A step may ride along after the step ahead of it (`rides_along`), and may need something before that step runs
     (`before`): reclaim's baseline of the bookies is only a baseline if it is taken before the delete."""
 
     name: str
     announce: Callable[[SweeperConfig, SweepResult], str]
-    run: Callable[[SparkSession, SweeperConfig, TableStore, str | None, bool, Log], StageResult]
+    run: Callable[[StageCall], StageResult]
     summarize: Callable[[Any], Summary]
     keep: Callable[[Any, SweepResult], None] = lambda result, sweep: None  # beyond its counts: for metrics
     rides_along: Callable[[SweeperConfig, bool], bool] | None = None  # (config, execute): also after the one ahead
-    before: Callable[[SweeperConfig, TableStore, str, bool, Log], None] | None = None  # runs before the one ahead
+    before: Callable[[StageCall], None] | None = None  # runs before the one ahead, with that one's call
 
     def report(self, result: Any, sweep: SweepResult, log: Log) -> None:
         self.keep(result, sweep)
@@ -264,9 +282,38 @@ class Step:
             log(line)
 
 
-def _snapshot(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str | None, execute: bool,
-              log: Log) -> SnapshotResult:
-    return snapshot_stage(spark, config, store, run_id=run_id)
+def _spark(call: StageCall) -> SparkSession:
+    if call.spark is None:
+        raise ValueError("this stage runs Spark jobs: its call needs a SparkSession")
+    return call.spark
+
+
+def _run_id(call: StageCall) -> str:
+    if not call.run_id:
+        raise ValueError("this stage works on a run: its call needs a run id")
+    return call.run_id
+
+
+def _snapshot(call: StageCall) -> SnapshotResult:
+    return snapshot_stage(_spark(call), call.config, call.store, run_id=call.run_id)
+
+
+def _reconcile(call: StageCall) -> ReconcileResult:
+    return reconcile_stage(_spark(call), call.config, call.store, _run_id(call),
+                           check_gates=not call.options.get("skip_gates", False))
+
+
+def _retention_debt(call: StageCall) -> RetentionDebtResult:
+    return retention_stage(_spark(call), call.config, call.store, _run_id(call))
+
+
+def _emit(call: StageCall) -> EmitResult:
+    return emit_stage(_spark(call), call.config, call.store, _run_id(call))
+
+
+def _delete(call: StageCall) -> DeleteRunResult:
+    return delete_stage(_spark(call), call.config, call.store, _run_id(call), execute=call.execute,
+                        from_json=call.options.get("from_json"), from_topic=bool(call.options.get("from_topic")))
 
 
 def _keep_delete(deleted: DeleteRunResult, sweep: SweepResult) -> None:
@@ -283,15 +330,22 @@ def _reclaims(config: SweeperConfig, execute: bool) -> bool:
     return execute and config.reclaim.enabled
 
 
-def _reclaim_baseline(config: SweeperConfig, store: TableStore, run_id: str, execute: bool, log: Log) -> None:
-    if _reclaims(config, execute):
-        sample_bookies_before(config, store, run_id, log)
+def _reclaim_baseline(call: StageCall) -> None:
+    if _reclaims(call.config, call.execute):
+        sample_bookies_before(call.config, call.store, _run_id(call), call.log)
 
 
-def _reclaim(spark: SparkSession, config: SweeperConfig, store: TableStore, run_id: str | None, execute: bool,
-             log: Log) -> ReclaimResult:
-    # A GC only with --execute: a dry run's reclaim measures, it never asks a bookie for anything.
-    return reclaim_stage(config, store, str(run_id), trigger=execute and config.reclaim.trigger_gc, log=log)
+def _reclaim(call: StageCall) -> ReclaimResult:
+    # In the sweep a GC needs --execute and [reclaim] trigger_gc: a dry run's reclaim measures, it never asks a
+    # bookie for anything. `sweeper reclaim --execute` asks for one itself (`trigger`), whatever trigger_gc says.
+    trigger = call.options.get("trigger", call.execute and call.config.reclaim.trigger_gc)
+    return reclaim_stage(call.config, call.store, _run_id(call), trigger=bool(trigger), log=call.log)
+
+
+def _repair(call: StageCall) -> RepairResult:
+    """The retention repair of the plan `options["plan_run_id"]` names, under the call's own run id."""
+    return repair_stage(call.config, call.store, str(call.options["plan_run_id"]), _run_id(call),
+                        execute=call.execute)
 
 
 def _announce_reclaim(config: SweeperConfig, sweep: SweepResult) -> str:
@@ -310,27 +364,25 @@ STEPS: dict[str, Step] = {step.name: step for step in (
          _snapshot, snapshot_summary),
     Step("reconcile",
          lambda config, sweep: f"[reconcile] started on snapshot {sweep.run_id}: gates, then the anti-joins",
-         lambda spark, config, store, run_id, execute, log: reconcile_stage(spark, config, store, str(run_id)),
-         reconcile_summary),
+         _reconcile, reconcile_summary),
     Step("retention_debt", lambda config, sweep: "[retention] started: retention debt (unloaded topics, idle cursors)",
-         lambda spark, config, store, run_id, execute, log: retention_stage(spark, config, store, str(run_id)),
-         retention_debt_summary),
+         _retention_debt, retention_debt_summary),
     Step("emit",
          lambda config, sweep: f"[emit] started: marking {plural(_candidates(sweep), 'candidate')} on "
                                f"{config.system_topic.topic}",
-         lambda spark, config, store, run_id, execute, log: emit_stage(spark, config, store, str(run_id)),
-         emit_summary),
+         _emit, emit_summary),
     Step("delete",
          lambda config, sweep: "[delete] started: "
                                f"{'re-verifying and deleting' if sweep.execute else 're-verifying (dry run)'} what was "
                                "marked",
-         lambda spark, config, store, run_id, execute, log: delete_stage(spark, config, store, str(run_id),
-                                                                          execute=execute),
-         delete_run_summary, _keep_delete),
+         _delete, delete_run_summary, _keep_delete),
     Step("reclaim", _announce_reclaim, _reclaim, reclaim_summary, _keep_reclaim, rides_along=_reclaims,
          before=_reclaim_baseline),
+    # Not a stage of the sweep (STAGES): the repair acts on a finished run's retention-debt plan, when asked.
+    Step("retention_repair", lambda config, sweep: "[retention] started: repairing the retention debt of a plan",
+         _repair, repair_summary),
 )}
-assert tuple(STEPS) == STAGES
+assert tuple(STEPS)[:len(STAGES)] == STAGES
 
 # Each stage's typed counts, to read a `runs` row's map back (`StageCounts.from_row`).
 COUNTS: dict[str, type[runs.StageCounts]] = {
@@ -365,9 +417,10 @@ def sweep(spark: SparkSession, config: SweeperConfig, store: TableStore, until: 
     steps = plan(config, until, execute)
     for step, ahead in zip(steps, [*steps[1:], None], strict=True):
         log(step.announce(config, result))
+        call = StageCall(spark, config, store, result.run_id or None, execute, log)
         if ahead is not None and ahead.before is not None:
-            ahead.before(config, store, result.run_id, execute, log)
-        done = step.run(spark, config, store, result.run_id or None, execute, log)
+            ahead.before(call)
+        done = step.run(call)
         result.run_id = done.run_id
         result.stages[step.name] = {"seconds": round(done.duration_s, 1), **done.counts.as_row()}
         step.report(done, result, log)

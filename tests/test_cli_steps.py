@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -40,12 +39,11 @@ class SweeperCountsStub:
 def _stubbed_steps(monkeypatch: pytest.MonkeyPatch, calls: list[str]) -> None:
     """Every step's stage replaced by one that records its call; the steps' own order, hooks and reports stay."""
     for name, step in pipeline.STEPS.items():
-        def run(spark: Any, config: Any, store: Any, run_id: str | None, execute: bool, log: Any,
-                name: str = name) -> _Result:
-            calls.append(f"{name}(execute={execute})")
-            return _Result(run_id or "r1")
+        def run(call: pipeline.StageCall, name: str = name) -> _Result:
+            calls.append(f"{name}(execute={call.execute})")
+            return _Result(call.run_id or "r1")
 
-        def before(config: Any, store: Any, run_id: str, execute: bool, log: Any, name: str = name) -> None:
+        def before(call: pipeline.StageCall, name: str = name) -> None:
             calls.append(f"{name}.before")
 
         stub = step.__class__(name, lambda config, sweep: "", run, lambda result, name=name: Summary(name, "ok"),
@@ -83,3 +81,37 @@ def test_sweep_until_reclaim_runs_reclaim_through_its_step(monkeypatch: pytest.M
 def test_execute_before_the_delete_is_still_refused() -> None:
     with pytest.raises(ValueError, match="stops before the delete"):
         pipeline.sweep(None, SweeperConfig(), None, until="emit", execute=True)  # type: ignore[arg-type]
+
+
+def test_every_stage_command_runs_its_stage_through_steps() -> None:
+    """No cmd_* calls a stage function itself: the single-stage commands run `pipeline.STEPS[name]`, the sweep's
+    own steps, so a stage's bookkeeping and its summary cannot differ between `sweep` and its command."""
+    tree = ast.parse((REPO / "sweeper" / "cli.py").read_text())
+    commands = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name.startswith("cmd_")]
+    direct = [(f.name, ast.unparse(node.func)) for f in commands for node in ast.walk(f)
+              if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1].endswith("_stage")
+              and ast.unparse(node.func) != "open_stage"]
+    assert direct == []
+    stages = {"cmd_snapshot": "snapshot", "cmd_reconcile": "reconcile", "cmd_retention_debt": "retention_debt",
+              "cmd_emit": "emit", "cmd_reclaim": "reclaim", "cmd_retention": "retention_repair"}
+    for f in commands:
+        if f.name in stages:
+            named = [ast.literal_eval(node.args[0]) for node in ast.walk(f)
+                     if isinstance(node, ast.Call) and ast.unparse(node.func) == "_run_step"]
+            assert named == [stages[f.name]], f.name
+    assert set(stages.values()) <= set(pipeline.STEPS)
+
+
+def test_a_command_hands_its_choices_to_the_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sweeper reclaim --execute` asks for a GC itself (`trigger`), whatever [reclaim] trigger_gc says; the sweep's
+    reclaim asks only with --execute and trigger_gc."""
+    seen: list[bool] = []
+    monkeypatch.setattr(pipeline, "reclaim_stage",
+                        lambda config, store, run_id, trigger=False, log=print: seen.append(trigger) or _Result(run_id))
+    config = SweeperConfig().replace(reclaim={"trigger_gc": False}, offload={"enabled": False})
+    step = pipeline.STEPS["reclaim"]
+    step.run(pipeline.StageCall(None, config, None, "r1", True, print, {"trigger": True}))  # type: ignore[arg-type]
+    step.run(pipeline.StageCall(None, config, None, "r1", True, print))  # type: ignore[arg-type]
+    step.run(pipeline.StageCall(None, config.replace(reclaim={"trigger_gc": True}), None, "r1",  # type: ignore[arg-type]
+                                False, print))
+    assert seen == [True, False, False]

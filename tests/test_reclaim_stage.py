@@ -204,7 +204,10 @@ def test_calls_are_paced_and_metrics_name_each_bookie(zk: KazooClient, zk_target
     assert len(times) == 13  # seven reads before (the server config too), six after
     for phase in (times[:7], times[7:]):
         gaps = [b - a for a, b in itertools.pairwise(phase)]
-        assert min(gaps) >= 0.08  # 10 calls a second, never a burst
+        # 10 calls a second, never a burst: the span holds the pace; one gap may shrink by the arrival jitter of a
+        # loaded machine (a call sent on time, the one before it received late), never to a burst's ~1 ms
+        assert phase[-1] - phase[0] >= 0.095 * (len(phase) - 1)
+        assert min(gaps) >= 0.04
     values = samples(render(RUN, {}, reclaim=[row]))
     assert values[f'ledger_sweeper_reclaim_expected_bytes{{kind="bookie",target="{BOOKIE}"}}'] == MIB
     assert values[f'ledger_sweeper_reclaim_verdict{{kind="bookie",target="{BOOKIE}",verdict="pending_gc"}}'] == 1

@@ -411,7 +411,7 @@ def test_what_pulsar_protects_is_protected_with_its_reason_never_a_candidate(
     _, cfg, store, run_id = seeded_snapshot(
         cluster, retention={"cursor_idle_days": 30, "protected_subscriptions": "audit-*",
                             "protected_topics": f"{base.tenant}/{base.namespace}/ledger-*"})
-    settings = dataclasses.replace(RetentionSettings.from_config(cfg.retention, cfg.safety),
+    settings = dataclasses.replace(RetentionSettings.from_config(cfg),
                                    driver_assess_max_rows=driver_assess_max_rows)
     result = run_retention_debt(spark, store, run_id, settings)
     found, cursors = _debt(store, run_id)

@@ -120,7 +120,7 @@ def test_calls_are_paced() -> None:
 def test_a_dry_run_rechecks_each_znode_and_respects_the_cap(
         zk: KazooClient, seeded_snapshot: SeededSnapshotMaker, zk_clock: ServerClock, spark: SparkSession) -> None:
     cluster, cfg, store, run_id = seeded_snapshot(SandboxSpec(seed=4, topics=20), retention={"cursor_idle_days": 30.0})
-    run_retention_debt(spark, store, run_id, RetentionSettings.from_config(cfg.retention, cfg.safety))
+    run_retention_debt(spark, store, run_id, RetentionSettings.from_config(cfg))
     by_scenario = {e.scenario: e for e in cluster.retention}
 
     dry = run_repair(cfg, store, run_id, "repair-1")

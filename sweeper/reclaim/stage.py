@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sweeper import runs
-from sweeper.config import SweeperConfig
+from sweeper.config import ReclaimConfig, SweeperConfig
 from sweeper.connections import Connections
 from sweeper.reclaim.bookie_http import BookieHttp
 from sweeper.reclaim.decide import (
@@ -89,45 +89,71 @@ class ReclaimResult:
         return summary_line(self.rows)
 
 
-def _targets(config: SweeperConfig, registrations: dict[str, Registration], bookie_ids: Iterable[str],
+@dataclass(frozen=True)
+class ReclaimSettings:
+    """What reclaim reads of the config, narrowed once (the stage contract of issue 46), with the run's own choice:
+    whether to ask each bookie that held deleted data for a GC first (`trigger`)."""
+
+    reclaim: ReclaimConfig
+    connections: Connections
+    ledgers_root: str
+    config_hash: str
+    trigger: bool = False
+    log: Callable[[str], None] = field(default=print, compare=False, repr=False)
+
+    @classmethod
+    def from_config(cls, config: SweeperConfig, *, trigger: bool = False,
+                    log: Callable[[str], None] = print) -> ReclaimSettings:
+        return cls(config.reclaim, Connections.from_config(config), config.bookkeeper_store().ledgers_root,
+                   config.hash(), trigger, log)
+
+    def hash(self) -> str:
+        return self.config_hash
+
+
+def _targets(settings: ReclaimSettings, registrations: dict[str, Registration], bookie_ids: Iterable[str],
              problem: str = "") -> dict[str, BookieTarget]:
     """Each bookie's HTTP server; with the registrations unreadable (`problem`), that is why a bookie the config
     does not name has none (not "not registered")."""
-    overrides = parse_overrides(config.reclaim.http_urls)
-    out = {b: locate(b, registrations.get(b), overrides, config.reclaim.http_port, config.reclaim.http_scheme)
+    overrides = parse_overrides(settings.reclaim.http_urls)
+    out = {b: locate(b, registrations.get(b), overrides, settings.reclaim.http_port, settings.reclaim.http_scheme)
            for b in sorted(set(bookie_ids))}
     if problem:
         out = {b: t if t.reachable else replace(t, why=problem) for b, t in out.items()}
     return out
 
 
-def _registrations(config: SweeperConfig) -> tuple[dict[str, Registration], str]:
+def _registrations(settings: ReclaimSettings) -> tuple[dict[str, Registration], str]:
     """The bookies registered now; ("", why) when the metadata store cannot be read (the bookies are then only
     those the deleted ledgers name, and each may still be reached through [reclaim] http_urls)."""
-    store_url = config.bookkeeper_store()
     try:
-        with Connections.from_config(config).bookkeeper.session() as client:
-            return read_registrations(client, store_url.ledgers_root), ""
+        with settings.connections.bookkeeper.session() as client:
+            return read_registrations(client, settings.ledgers_root), ""
     except Exception as exc:  # a metadata outage makes this step report, never fail
         return {}, f"bookie registrations unreadable: {exc}"
 
 
 def sample_before(config: SweeperConfig, store: TableStore, run_id: str, log: Callable[[str], None] = print) -> int:
+    """`baseline` from a whole config (tests and notebooks)."""
+    return baseline(store, run_id, ReclaimSettings.from_config(config, log=log))
+
+
+def baseline(store: TableStore, run_id: str, settings: ReclaimSettings) -> int:
     """Sample every registered bookie, and every bookie `[reclaim] http_urls` names, before the run deletes (the
     first such sample of a run is kept: it is the baseline). Returns how many bookies answered."""
-    if not config.reclaim.enabled:
+    if not settings.reclaim.enabled:
         return 0
     if store.exists("bookie_samples") and store.read_arrow(
             "bookie_samples", where={"run_id": run_id, "phase": BEFORE}, columns=["bookie_id"]).num_rows:
         return 0
-    registrations, problem = _registrations(config)
-    named = {b for b in parse_overrides(config.reclaim.http_urls) if b != "*"}
+    registrations, problem = _registrations(settings)
+    named = {b for b in parse_overrides(settings.reclaim.http_urls) if b != "*"}
     if problem:
-        log(f"[reclaim] {problem}: only the bookies [reclaim] http_urls names can be measured")
-    http = BookieHttp(config.reclaim)
-    deadline = _Deadline(config.reclaim.deadline_s)
+        settings.log(f"[reclaim] {problem}: only the bookies [reclaim] http_urls names can be measured")
+    http = BookieHttp(settings.reclaim)
+    deadline = _Deadline(settings.reclaim.deadline_s)
     samples = []
-    for target in _targets(config, registrations, set(registrations) | named, problem).values():
+    for target in _targets(settings, registrations, set(registrations) | named, problem).values():
         sample = BookieSample(target.bookie_id, datetime.now(UTC), url=target.url, found_by=target.found_by)
         # Each bookie on its own: whatever one answers is its own sample, never the others' baseline lost.
         samples.append(deadline.passed(sample) if deadline.left() <= 0 else http.sample(target, with_config=True))
@@ -281,14 +307,21 @@ class _Deadline:
 
 def run_reclaim(config: SweeperConfig, store: TableStore, run_id: str, trigger: bool = False,
                 log: Callable[[str], None] = print, sleep: Callable[[float], None] = time.sleep) -> ReclaimResult:
+    """`run` from a whole config (tests and notebooks)."""
+    return run(store, run_id, ReclaimSettings.from_config(config, trigger=trigger, log=log), sleep)
+
+
+def run(store: TableStore, run_id: str, settings: ReclaimSettings,
+        sleep: Callable[[float], None] = time.sleep) -> ReclaimResult:
     t0 = time.monotonic()
-    deadline = _Deadline(config.reclaim.deadline_s)
+    trigger, log = settings.trigger, settings.log
+    deadline = _Deadline(settings.reclaim.deadline_s)
     ledgers, objects = deleted_ledgers(store, run_id)
     shares = expected_shares(ledgers)
     before = _read_samples(store, run_id, BEFORE)
-    registrations, problem = _registrations(config)
-    targets = _targets(config, registrations, set(shares) | set(before), problem)
-    http = BookieHttp(config.reclaim)
+    registrations, problem = _registrations(settings)
+    targets = _targets(settings, registrations, set(shares) | set(before), problem)
+    http = BookieHttp(settings.reclaim)
     triggered = _triggered(store, run_id)
     deletes_ended = _deletes_ended(store, run_id)
     now: dict[str, BookieSample] = {}
@@ -303,7 +336,7 @@ def run_reclaim(config: SweeperConfig, store: TableStore, run_id: str, trigger: 
         # Read right before its PUT: a bookie that went read-only or suspended its compaction since the step began
         # (or since the sample before the delete, minutes ago) gets what it allows now.
         sample = http.sample(target)
-        plan = gc_plan(sample, shares[bookie], trigger, config.reclaim.compaction, triggered.level.get(bookie))
+        plan = gc_plan(sample, shares[bookie], trigger, settings.reclaim.compaction, triggered.level.get(bookie))
         if not plan.trigger:
             now[bookie], actions[bookie] = sample, (plan.action, plan.why, None, None)
             continue
@@ -315,9 +348,9 @@ def run_reclaim(config: SweeperConfig, store: TableStore, run_id: str, trigger: 
             now[bookie], actions[bookie] = http.sample(target), ("gc request failed", str(exc), None, None)
             continue
         gc_count += 1
-        wait = max(0.0, min(config.reclaim.gc_timeout_s, deadline.left()))
+        wait = max(0.0, min(settings.reclaim.gc_timeout_s, deadline.left()))
         log(f"[reclaim] {bookie}: {plan.action} requested; waiting for it (at most {wait:.0f}s)")
-        finished, seconds, seen = _wait_for_gc(http, target, wait, config.reclaim.gc_poll_s, sleep)
+        finished, seconds, seen = _wait_for_gc(http, target, wait, settings.reclaim.gc_poll_s, sleep)
         after = http.sample(target)
         if finished and not gc_confirmed(sample, after, seen):
             _journal(store, run_id, bookie, IGNORED, plan.level,
@@ -339,8 +372,8 @@ def run_reclaim(config: SweeperConfig, store: TableStore, run_id: str, trigger: 
         b, a = before.get(bookie), now.get(bookie)
         seen_pass = b is not None and a is not None and collection_seen(bookie in triggered.done, b, a, deletes_ended)
         rows.append(_bookie_row(run_id, measured_at, bookie, targets[bookie], shares[bookie], b, a, actions[bookie],
-                                config.reclaim.freed_fraction, seen_pass))
-    rows += _offload_rows(config, store, run_id, measured_at, objects)
+                                settings.reclaim.freed_fraction, seen_pass))
+    rows += _offload_rows(settings, store, run_id, measured_at, objects)
     if rows:
         store.append_rows("reclaim", rows, RECLAIM, commit_metadata={"run_id": run_id})
     return ReclaimResult(run_id, _counts(rows, gc_count), time.monotonic() - t0, rows)
@@ -376,7 +409,7 @@ def _bookie_row(run_id: str, measured_at: datetime, bookie: str, target: BookieT
     }
 
 
-def _offload_rows(config: SweeperConfig, store: TableStore, run_id: str, measured_at: datetime,
+def _offload_rows(settings: ReclaimSettings, store: TableStore, run_id: str, measured_at: datetime,
                   objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per bucket: the deleted objects' bytes, counted as freed once a HEAD finds each gone."""
     by_bucket: dict[str, set[str]] = {}
@@ -394,7 +427,7 @@ def _offload_rows(config: SweeperConfig, store: TableStore, run_id: str, measure
                                "target": bucket, "url": "", "found_by": "", "expected_bytes": expected,
                                "expected_ledgers": len(keys), "action": "measured only"}
         try:
-            present, versioned = _objects_present(config, bucket, keys)
+            present, versioned = _objects_present(settings, bucket, keys)
         except Exception as exc:  # an object-store outage is reported, never a failed run
             rows.append({**row, "verdict": NOT_MEASURED, "pending_bytes": 0, "why": f"listing {bucket} failed: {exc}"})
             continue
@@ -412,12 +445,12 @@ def _offload_rows(config: SweeperConfig, store: TableStore, run_id: str, measure
     return rows
 
 
-def _objects_present(config: SweeperConfig, bucket: str, keys: set[str]) -> tuple[set[str], bool]:
+def _objects_present(settings: ReclaimSettings, bucket: str, keys: set[str]) -> tuple[set[str], bool]:
     from botocore.exceptions import ClientError
 
     from sweeper.objectstore.s3 import S3Target
 
-    client = Connections.from_config(config).s3(S3Target(bucket))
+    client = settings.connections.s3(S3Target(bucket))
     present: set[str] = set()
     for key in sorted(keys):
         try:

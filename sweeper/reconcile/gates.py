@@ -21,7 +21,7 @@ from pyspark.sql import functions as F
 
 from sweeper import runs
 from sweeper.broker.liveness import Liveness, liveness_problems
-from sweeper.config import GatesConfig
+from sweeper.config import GatesConfig, SweeperConfig
 from sweeper.rules.references import PEER_OWNER, PEER_REFERENCE
 from sweeper.tables import TableStore
 from sweeper.vocabulary import LISTING_FAILED
@@ -307,6 +307,24 @@ def memory_available(proc: str = "/proc", cgroup: str = "/sys/fs/cgroup") -> int
             found.append(max(0, int(limit) - usage))
         break
     return min(found) if found else None
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    """What the gates read of the config, narrowed once (issue 46's stage contract)."""
+
+    gates: GatesConfig
+    brokers_path: str = "/loadbalance/brokers"
+    dedicated: bool = False  # [safety] bookkeeper_dedicated: every ledger is ours
+
+    @classmethod
+    def from_config(cls, config: SweeperConfig) -> GateSettings:
+        return cls(config.gates, config.pulsar.brokers_path, config.safety.bookkeeper_dedicated)
+
+
+def run(store: TableStore, run_id: str, settings: GateSettings) -> GateResult:
+    """The gates on `run_id`'s snapshot, as the reconcile stage runs them."""
+    return run_gates(store, run_id, settings.gates, settings.brokers_path, dedicated=settings.dedicated)
 
 
 def run_gates(store: TableStore, run_id: str, config: GatesConfig,

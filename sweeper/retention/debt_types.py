@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sweeper import runs
-from sweeper.config import RetentionConfig, SafetyConfig
+from sweeper.config import RetentionConfig, SafetyConfig, SweeperConfig
 from sweeper.rules.protection import NONE, Protection
 from sweeper.rules.retention import MINUTE_MS, BrokerRetention, DebtReason, Policy
 from sweeper.rules.safety import Scope, retention_scope
@@ -34,7 +34,12 @@ class RetentionSettings:
     protection: Protection = NONE  # [retention] protected_subscriptions / protected_topics
 
     @classmethod
-    def from_config(cls, r: RetentionConfig, safety: SafetyConfig) -> RetentionSettings:
+    def from_config(cls, config: SweeperConfig) -> RetentionSettings:
+        return cls.from_sections(config.retention, config.safety)
+
+    @classmethod
+    def from_sections(cls, r: RetentionConfig, safety: SafetyConfig) -> RetentionSettings:
+        """From the two sections it reads: [retention] and [safety]'s allow/deny scope."""
         broker = BrokerRetention(r.default_retention_minutes, r.default_retention_size_mb, r.default_ttl_seconds,
                                 r.check_interval_seconds * 1000, r.expiry_check_minutes * MINUTE_MS,
                                 r.cursor_rollover_seconds * 1000, r.untrimmed_margin_seconds * 1000)
