@@ -48,7 +48,10 @@ def azure_service(endpoint: str = "") -> Any:
     if not account and endpoint and _loopback(endpoint):
         account, key = _EMULATOR_ACCOUNT, _EMULATOR_KEY
     credential: Any = {"account_name": account, "account_key": key} if account and key else None
-    return BlobServiceClient(account_url(endpoint, account), credential=credential)
+    try:
+        return BlobServiceClient(account_url(endpoint, account), credential=credential)
+    except ValueError as exc:  # a malformed account URL or key
+        raise ObjectStoreError(f"cannot reach Azure Blob at {endpoint or account!r}: {exc}") from exc
 
 
 class AzureStore:
