@@ -16,7 +16,6 @@ from typing import Any
 
 from sweeper.objectstore.base import CHANGED, DELETED, GONE, DeleteOutcome, StoredObject, StoreKind
 from sweeper.objectstore.errors import ObjectStoreError
-from sweeper.scan import quarantine_row
 
 OFFLOAD_KEY = re.compile(
     r"^(?P<uuid>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})-ledger-(?P<ledger>\d{1,19})"
@@ -101,36 +100,6 @@ def _list(client: Any, bucket: str, prefix: str, start_after: str, stop_at: str)
             if stop_at and obj["Key"] >= stop_at:
                 return
             yield obj
-
-
-def list_offload_objects(client: Any, bucket: str, unit: tuple[str, str, str],
-                         head_metadata: bool = True) -> Iterator[dict[str, Any]]:
-    """Rows for `offload_objects` (and `quarantine` for keys that are not offload objects)."""
-    prefix, start_after, stop_at = unit
-    for obj in _list(client, bucket, prefix, start_after, stop_at):
-        key = obj["Key"]
-        parsed = parse_offload_key(key)
-        if parsed is None:
-            yield quarantine_row("offload", f"s3://{bucket}/{key}", "unknown_key",
-                                 "not an offload object key (<uuid>-ledger-<id>[-index])")
-            continue
-        metadata: dict[str, str] = {}
-        if head_metadata:
-            metadata = object_metadata(client.head_object(Bucket=bucket, Key=key))
-        yield {
-            "record_type": "offload_objects",
-            "bucket": bucket,
-            "key": key,
-            "uuid": parsed.uuid,
-            "ledger_id": parsed.ledger_id,
-            "role": parsed.role,
-            "size": int(obj.get("Size", 0)),
-            "last_modified_ms": int(obj["LastModified"].timestamp() * 1000),
-            "metadata_role": metadata.get("role"),
-            "managed_ledger": metadata.get(MANAGED_LEDGER_NAME_KEY),
-            "cluster_name": metadata.get(CLUSTER_NAME_KEY),
-            "metadata_read": head_metadata,
-        }
 
 
 # User metadata Pulsar's jcloud offloader puts on every object it writes (BlobStoreManagedLedgerOffloader:
