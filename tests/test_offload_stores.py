@@ -1,7 +1,7 @@
 """Tiered storage beyond S3 (issue 48): offload contexts written by the `google-cloud-storage` and `azureblob`
 drivers are listed through their own store's API (fake-gcs-server, Azurite), not refused as an S3 listing that
 failed, and reconcile finds their orphan objects as it does on S3 while objects in use, a peer cluster's and
-unowned ones never become candidates."""
+unowned ones never become candidates. Until the delete stage acts on those stores, it refuses their records."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from harness.sandbox.seed import seed_offload_store, seed_zookeeper
 from sweeper.reconcile.stage import CANDIDATE, OTHER_CLUSTER, UNKNOWN, SafetySettings, run_reconcile
 from sweeper.rules.safety import DAY_MS, CircuitBreaker
 from sweeper.vocabulary import LISTING_FAILED, UNKNOWN_DRIVER
+from tests.support.config import ZkTarget
 from tests.support.seeded import SeededSnapshotMaker
 
 pytestmark = pytest.mark.xdist_group("offload_stores")
@@ -52,7 +53,7 @@ def _azure_put(endpoint: str, container: str) -> Put:
 
 @pytest.mark.parametrize("driver", ["google-cloud-storage", "azureblob"])
 def test_orphan_objects_on_gcs_and_azure_are_found_by_reconcile(
-    driver: str, zk: KazooClient, seeded_snapshot: SeededSnapshotMaker, spark: SparkSession,
+    driver: str, zk: KazooClient, zk_target: ZkTarget, seeded_snapshot: SeededSnapshotMaker, spark: SparkSession,
     request: pytest.FixtureRequest
 ) -> None:
     gcs = driver == "google-cloud-storage"
@@ -87,6 +88,35 @@ def test_orphan_objects_on_gcs_and_azure_are_found_by_reconcile(
     assert {k for k, r in listed.items() if r["status"] == OTHER_CLUSTER} == by_status["other_cluster"]
     assert {k for k, r in listed.items() if r["status"] == UNKNOWN} >= by_status["unknown"]
     assert not by_status["in_use"] & set(listed)
+
+    # The delete stage does not send these to its S3 deleter (which would HEAD another store's bucket name on S3,
+    # find nothing and call them `already_gone`): each record is refused, every object stays.
+    from sweeper.codecs import pending_delete
+    from sweeper.connections import ZooKeeperEndpoint
+    from sweeper.delete.inputs import other_stores
+    from sweeper.delete.records import PendingRecord
+    from sweeper.delete.results import REFUSED
+    from sweeper.delete.retry import RetryPolicy
+    from sweeper.delete.settings import DeleteTarget
+    from sweeper.delete.tasks import delete_partition
+    from sweeper.objectstore import StoreTarget, open_store
+
+    records = pending_delete.records_for_orphans(rows, {})
+    items = [PendingRecord(f"OFFLOAD_LEDGER/{r['ledgerId']}/{container}/{r['offloadContext']['uuid']}", "emitted",
+                           run_id, 0, pending_delete.encode(r)) for r in records if r["ledgerType"] != "LEDGER"]
+    assert len(items) == len({(o.uuid, o.ledger_id) for o in cluster.offload_objects if o.status == "orphan"})
+    others = other_stores(store, run_id, items)
+    assert others == ((container, driver),)
+    target = DeleteTarget(
+        bookkeeper=ZooKeeperEndpoint(zk_target.hosts, 10.0), ledgers_root="/ledgers", layout="hierarchical",
+        ml_root="/managed-ledgers", schemas_root="/schemas", min_age_ms=0, now_ms=None, execute=True, batch_size=10,
+        deletes_per_second=1000.0, op_timeout_s=5.0, multi_read=1, policy=RetryPolicy(), endpoint_override="",
+        buckets=((container, "", server.endpoint),), other_stores=others, local_cluster="sandbox")
+    results = [row[-1] for row in delete_partition(iter([items]), target)]
+    assert {r.outcome for r in results} == {REFUSED} and len(results) == len(items)
+    assert all("deletes offloaded copies on S3 only" in r.detail for r in results)
+    still = {o.name for o in open_store(StoreTarget(driver, container, "", server.endpoint)).list()}
+    assert {o.key for o in cluster.offload_objects} <= still
 
 
 def test_a_driver_the_sweeper_cannot_read_is_named_not_taken_for_a_failed_listing(
