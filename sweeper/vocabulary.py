@@ -26,3 +26,6 @@ RULED_OUT, NOT_SET, SET, UNREAD, NOT_USED, UNCHECKED = "ruled_out", "not_set", "
 # A quarantine row's error_kind for an offload bucket slice that could not be listed (snapshot writes it; the gates
 # and reconcile read it).
 LISTING_FAILED = "listing_failed"
+# ... and for an offload context whose driver the sweeper cannot read (issue 48): its objects stay unknown, and it is
+# not a listing failure (no access to fix; DESIGN invariant 23).
+UNKNOWN_DRIVER = "unknown_driver"

@@ -68,7 +68,8 @@ _take_a_port_range(os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PY
 # test. The last three are module-local fixtures: the sandbox's Pulsar endpoint (test_pulsar_endpoint*.py,
 # test_pulsar_security.py), a Spark standalone cluster (test_cluster.py), an HTTP sink (test_metrics.py).
 SERVER_FIXTURES = frozenset({"zk_server", "secure_zk", "spark", "s3_server", "broker", "testbed_world",
-                             "endpoint", "spark_cluster", "pushgateway", "oxia_server", "zk_ensemble"})
+                             "endpoint", "spark_cluster", "pushgateway", "oxia_server", "zk_ensemble",
+                             "azurite_server", "gcs_server"})
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
@@ -222,6 +223,31 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3ServerInfo
     info = start_s3(tmp_path_factory.mktemp("moto"))
     yield info
     stop_s3(info)
+
+
+@pytest.fixture(scope="module")
+def azurite_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Azurite's blob service (Azure Blob's API): one per test module that asks for it. Skips, naming what is
+    missing, where scripts/setup.sh has not installed it."""
+    from harness.objectservers import azurite_binary, missing_reason, start_azurite, stop_server
+
+    if azurite_binary() is None:
+        pytest.skip(missing_reason("azurite"))
+    info = start_azurite(tmp_path_factory.mktemp("azurite"))
+    yield info
+    stop_server(info)
+
+
+@pytest.fixture(scope="module")
+def gcs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """fake-gcs-server (the GCS JSON API): one per test module that asks for it; skips as `azurite_server` does."""
+    from harness.objectservers import fake_gcs_binary, missing_reason, start_fake_gcs, stop_server
+
+    if fake_gcs_binary() is None:
+        pytest.skip(missing_reason("fake-gcs-server"))
+    info = start_fake_gcs(tmp_path_factory.mktemp("fake-gcs"))
+    yield info
+    stop_server(info)
 
 
 # ---- a secured ZooKeeper (TLS, SASL DIGEST-MD5, ACLs): one per session, chroots per test --------

@@ -41,6 +41,7 @@ INTERNAL = {
     "SnapshotIncomplete": "a scan that lost part of its input: a failure (exit 1), recorded",
     "BookieAnswerError": "a bookie's answer we cannot read: the bookie is not_measured",
     "BookieUnreachable": "a bookie that does not answer: not_measured",
+    "ObjectStoreError": "a store call that failed: a quarantined listing slice or a failed delete result",
 }
 
 

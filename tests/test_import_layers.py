@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         "sweeper.report.chatter", "sweeper.codecs.errors", "sweeper.tables.errors", "sweeper.zk.errors",
         "sweeper.metastore.errors", "sweeper.broker.errors", "sweeper.rules.errors", "sweeper.report.errors",
         "sweeper.snapshot.errors", "sweeper.reconcile.errors", "sweeper.retention.errors", "sweeper.emit.errors",
-        "sweeper.delete.errors", "sweeper.reclaim.errors",
+        "sweeper.delete.errors", "sweeper.reclaim.errors", "sweeper.objectstore.errors",
     )),
     ("settings and formats", "the config (store addresses resolved as it loads), the metadata codecs, layouts", (
         "sweeper.config", "sweeper.metastore.urls", "sweeper.codecs", "sweeper.codecs.layout",
@@ -68,7 +68,8 @@ LAYERS: list[tuple[str, str, tuple[str, ...]]] = [
         "harness", "harness.lifecycle", "harness.sandbox.entities", "harness.testbed.admin",
     )),
     ("local servers", "ZooKeeper, Oxia, S3, Spark, a Pulsar endpoint and a testbed started on this host", (
-        "harness.zkserver", "harness.oxiaserver", "harness.s3server", "harness.spark_standalone",
+        "harness.zkserver", "harness.oxiaserver", "harness.s3server", "harness.objectservers",
+        "harness.spark_standalone",
         "harness.sandbox.pulsar", "harness.sandbox.pulsar_endpoint", "harness.testbed",
         "harness.zkensemble",
     )),

@@ -87,7 +87,7 @@ def test_the_packer_reports_the_offload_targets_its_rows_name_and_an_empty_ledge
     (batch,) = targets
     assert [(tuple(json.loads(p)), n) for p, n in zip(batch.column("payload").to_pylist(),
                                                      batch.column("rows").to_pylist(), strict=True)] == [
-        (("b1", "r", ""), 2), (("b2", "r", ""), 1)]
+        (("", "b1", "r", ""), 2), (("", "b2", "r", ""), 1)]
     assert list(packer.flush()) == []  # reported once
 
     assert _leaves(SimpleNamespace(numChildren=0)) == 0

@@ -69,6 +69,8 @@ class SandboxSpec:
     offload_bucket: str = "pulsar-offload"
     offload_region: str = "us-east-1"
     offload_endpoint: str = ""
+    # The offload contexts' driver (issue 48): aws-s3, google-cloud-storage, azureblob, aliyun-oss.
+    offload_driver: str = "aws-s3"
     cluster_name: str = "sandbox"  # the brokers' clusterName: offloaded objects carry it as pulsarClusterName
     # Retention (minutes, MiB) of the regular namespaces; None: not set, the broker's default applies. Keeping
     # everything (-1, -1), none of their topics owes anything, so the retention ground truth is the scenarios'.
@@ -104,6 +106,7 @@ class Offload:
     bucket: str
     region: str
     endpoint: str
+    driver: str = "aws-s3"
 
 
 @dataclass

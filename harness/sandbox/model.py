@@ -245,6 +245,7 @@ class _Builder:
             bucket=spec.offload_bucket,
             region=spec.offload_region,
             endpoint=spec.offload_endpoint,
+            driver=spec.offload_driver,
         )
 
     def add_cursor(self, ml: ManagedLedger, name: str, long_ids: bool) -> Cursor:

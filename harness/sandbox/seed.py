@@ -8,7 +8,7 @@ import itertools
 import json
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,9 +80,9 @@ def managed_ledger_info_bytes(ml: ManagedLedger) -> bytes:
             ctx.bookkeeperDeleted = entry.offload.bookkeeper_deleted
             ctx.timestamp = entry.offload.timestamp_ms
             # As Pulsar 4.0's jclouds offloader records it (tests/test_testbed_fidelity.py checks).
-            ctx.driverMetadata.name = "aws-s3"
+            ctx.driverMetadata.name = entry.offload.driver
             for key, value in (
-                ("managedLedgerOffloadDriver", "aws-s3"),
+                ("managedLedgerOffloadDriver", entry.offload.driver),
                 ("bucket", entry.offload.bucket),
                 ("region", entry.offload.region),
                 ("serviceEndpoint", entry.offload.endpoint),
@@ -350,6 +350,17 @@ def seed_s3(client: Any, cluster: SandboxCluster, stray_keys: int = 1) -> int:
         client.put_object(Bucket=obj.bucket, Key=obj.key, Body=b"x" * 64, Metadata=offload_object_metadata(obj))
     for i in range(stray_keys):
         client.put_object(Bucket=cluster.spec.offload_bucket, Key=f"notes/readme-{i}.txt", Body=b"not an offload")
+    return len(cluster.offload_objects) + stray_keys
+
+
+def seed_offload_store(put: Callable[[str, str, bytes, dict[str, str]], None], cluster: SandboxCluster,
+                       stray_keys: int = 1) -> int:
+    """`seed_s3` for any store: `put(container, name, body, user_metadata)` through the store's own SDK (the
+    containers made beforehand)."""
+    for obj in cluster.offload_objects:
+        put(obj.bucket, obj.key, b"x" * 64, offload_object_metadata(obj))
+    for i in range(stray_keys):
+        put(cluster.spec.offload_bucket, f"notes/readme-{i}.txt", b"not an offload", {})
     return len(cluster.offload_objects) + stray_keys
 
 

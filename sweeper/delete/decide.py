@@ -15,6 +15,7 @@ from sweeper import names
 from sweeper.codecs.bookkeeper import LedgerMetadata
 from sweeper.codecs.errors import InvalidPendingDelete, MetadataDecodeError
 from sweeper.codecs.pending_delete import COMPONENTS, validate
+from sweeper.objectstore.base import store_kind
 from sweeper.rules.safety import ledger_created_ms
 from sweeper.scan.bookkeeper import split_custom_metadata
 
@@ -228,6 +229,18 @@ def object_mismatch(record: Mapping[str, Any], objects: Collection[LiveObject], 
         if age < min_age_ms:
             return Decision(IN_USE, f"{obj.key} is younger than the grace period ({age} ms < {min_age_ms} ms)")
     return None
+
+
+def unsupported_store(bucket: str, drivers: Mapping[str, str]) -> str | None:
+    """Why this version leaves the offloaded copies in `bucket` alone: its offload contexts name a store other than
+    S3 (`drivers`: bucket -> driver, for such buckets only). The snapshot lists those stores and reconcile plans for
+    them (issue 48); the object deleter speaks S3 only, and on another store's bucket name a HEAD would find
+    nothing and report `already_gone` for what it never saw. None: an S3 bucket, deleted as before."""
+    driver = drivers.get(bucket)
+    if driver is None or store_kind(driver) == "s3":
+        return None
+    return (f"offload store {driver!r} ({bucket}): its objects are listed and reconciled, but this version deletes "
+            "offloaded copies on S3 only")
 
 
 def check_object(record: Mapping[str, Any], allowed_buckets: Collection[str]) -> Decision | None:

@@ -23,6 +23,7 @@ from sweeper.delete.records import SOURCE_EMITTED, SOURCE_JSON, SOURCE_RETRY, Pe
 from sweeper.delete.results import FAILED
 from sweeper.delete.settings import DeleteSettings
 from sweeper.names import managed_ledger_for_topic, topic_for_managed_ledger
+from sweeper.objectstore.base import store_kind
 from sweeper.scan.bookkeeper import split_custom_metadata
 from sweeper.table_schemas import DEAD_LETTER, RETRY_QUEUE
 from sweeper.tables import TableStore
@@ -190,6 +191,18 @@ def _with_extras(found: dict[str, tuple[str, str, str]],
         if bucket and bucket not in found:
             found[bucket] = (bucket, settings.offload.region, "")
     return tuple(found[b] for b in sorted(found))
+
+
+def other_stores(store: TableStore, run_id: str | None, inputs: Sequence[PendingRecord]) -> tuple[tuple[str, str], ...]:
+    """(bucket, driver) of the containers the snapshot's offload contexts (the run's, or every snapshot's) put on a
+    store other than S3, read only when an offloaded copy is among the inputs. A bucket named by both an S3 context
+    and another store's is listed here: refused rather than guessed."""
+    if all(item.record_key.startswith("LEDGER/") for item in inputs) or not store.exists("ml_ledgers"):
+        return ()
+    groups = store.aggregate_arrow("ml_ledgers", ["offload_bucket", "offload_driver"], [("ledger_id", "count")],
+                                   where=None if run_id is None else {"run_id": run_id}).to_pylist()
+    return tuple(sorted({(g["offload_bucket"], g["offload_driver"]) for g in groups
+                         if g["offload_bucket"] is not None and store_kind(g["offload_driver"]) != "s3"}))
 
 
 def run_buckets(store: TableStore, settings: DeleteSettings, run_id: str,

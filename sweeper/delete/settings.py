@@ -47,6 +47,9 @@ class DeleteTarget:
     policy: RetryPolicy
     endpoint_override: str
     buckets: tuple[tuple[str, str, str], ...]  # (bucket, region, endpoint) this run may delete from
+    # (bucket, driver) of the containers whose offload contexts name a store other than S3: their copies are refused
+    # (decide.unsupported_store), never sent to the S3 deleter
+    other_stores: tuple[tuple[str, str], ...] = ()
     shadows: tuple[tuple[str, tuple[str, ...]], ...] = ()  # source managed ledger -> its shadow topics' ones
     local_cluster: str = ""  # [pulsar] cluster_name: an object must carry it to be deleted
     rules: ActingRules = field(default_factory=ActingRules)  # today's rules, re-applied to every record

@@ -36,6 +36,7 @@ from sweeper.delete.inputs import (
     _shadows,
     listed_ledger_ids,
     load_inputs,
+    other_stores,
     read_operator_list,
     records_from_json,
     run_buckets,
@@ -121,16 +122,19 @@ def run(spark: SparkSession, store: TableStore, run_id: str, settings: DeleteSet
             inputs = drain.receive()
             counts = {"from_topic": len(drain.messages)}
             buckets = _buckets(store, settings, None)
+            others = other_stores(store, None, inputs)
         elif from_json is not None:
             listed = read_operator_list(from_json)
             inputs = records_from_json(listed, client, settings.bookkeeper.ledgers_root, layout)
             counts = {"from_json": len(inputs)}
             never_seen = _never_seen(store, listed_ledger_ids(listed))
             buckets = _buckets(store, settings, None)
+            others = other_stores(store, None, inputs)
         else:
             _check_emitted(store, run_id)
             inputs, counts = load_inputs(store, run_id, now, limit=d.max_deletes_per_run, carried=layouts)
             buckets = run_buckets(store, settings, run_id, inputs)
+            others = other_stores(store, run_id, inputs)
         cap = d.max_deletes_per_run
         counts["deferred_by_cap"] = max(0, counts.pop("selected", len(inputs)) - cap)
         inputs = inputs[:cap]
@@ -204,7 +208,8 @@ def run(spark: SparkSession, store: TableStore, run_id: str, settings: DeleteSet
             multi_read=settings.scan.multi_read,
             policy=RetryPolicy(max_attempts=d.max_attempts, in_task_attempts=d.in_task_attempts,
                                retry_after_s=d.retry_after_s),
-            endpoint_override=settings.offload.endpoint_override, buckets=buckets, shadows=shadows or (),
+            endpoint_override=settings.offload.endpoint_override, buckets=buckets, other_stores=others,
+            shadows=shadows or (),
             local_cluster=settings.pulsar.cluster_name, rules=acting_rules(settings),
             peers=connections.peers,
             offload_enabled=settings.offload.enabled, journal=journal,

@@ -16,9 +16,9 @@ from botocore.exceptions import ClientError
 from sweeper.codecs import pending_delete
 from sweeper.codecs.errors import InvalidPendingDelete
 from sweeper.codecs.layout import LedgerLayout
-from sweeper.delete.decide import LiveObject, object_mismatch
+from sweeper.delete.decide import LiveObject, object_mismatch, unsupported_store
 from sweeper.delete.records import PendingRecord
-from sweeper.delete.results import FAILED, INVALID, DeleteResult, result_for
+from sweeper.delete.results import FAILED, INVALID, REFUSED, DeleteResult, result_for
 from sweeper.delete.retry import run_with_retries
 from sweeper.delete.s3_executor import ObjectDeleter
 from sweeper.delete.settings import DeleteTarget
@@ -219,7 +219,13 @@ def delete_partition(items: Iterator[list[PendingRecord]], target: DeleteTarget)
             by_bucket.setdefault((record.get("offloadContext") or {}).get("bucket") or "", []).append((item, record))
         allowed = {b for b, _, _ in target.buckets}
         regions = {b: (region, endpoint) for b, region, endpoint in target.buckets}
+        unsupported = dict(target.other_stores)
         for bucket, pairs in sorted(by_bucket.items()):
+            why = unsupported_store(bucket, unsupported)
+            if why is not None:
+                finished += _run_records(lambda records, why=why: [result_for(r, REFUSED, why) for r in records],
+                                         pairs, target, rng, watches)
+                continue
             region, endpoint = regions.get(bucket, ("", ""))
             s3 = s3_client(S3Target(bucket or "-", region, endpoint), target.endpoint_override)
             objects_deleter = ObjectDeleter(s3, client, managed_ledgers_root=target.ml_root, allowed_buckets=allowed,

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from sweeper.scan import quarantine_row
+from sweeper.objectstore.base import CHANGED, DELETED, GONE, DeleteOutcome, StoredObject, StoreKind
+from sweeper.objectstore.errors import ObjectStoreError
 
 OFFLOAD_KEY = re.compile(
     r"^(?P<uuid>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})-ledger-(?P<ledger>\d{1,19})"
@@ -101,36 +102,6 @@ def _list(client: Any, bucket: str, prefix: str, start_after: str, stop_at: str)
             yield obj
 
 
-def list_offload_objects(client: Any, bucket: str, unit: tuple[str, str, str],
-                         head_metadata: bool = True) -> Iterator[dict[str, Any]]:
-    """Rows for `offload_objects` (and `quarantine` for keys that are not offload objects)."""
-    prefix, start_after, stop_at = unit
-    for obj in _list(client, bucket, prefix, start_after, stop_at):
-        key = obj["Key"]
-        parsed = parse_offload_key(key)
-        if parsed is None:
-            yield quarantine_row("offload", f"s3://{bucket}/{key}", "unknown_key",
-                                 "not an offload object key (<uuid>-ledger-<id>[-index])")
-            continue
-        metadata: dict[str, str] = {}
-        if head_metadata:
-            metadata = object_metadata(client.head_object(Bucket=bucket, Key=key))
-        yield {
-            "record_type": "offload_objects",
-            "bucket": bucket,
-            "key": key,
-            "uuid": parsed.uuid,
-            "ledger_id": parsed.ledger_id,
-            "role": parsed.role,
-            "size": int(obj.get("Size", 0)),
-            "last_modified_ms": int(obj["LastModified"].timestamp() * 1000),
-            "metadata_role": metadata.get("role"),
-            "managed_ledger": metadata.get(MANAGED_LEDGER_NAME_KEY),
-            "cluster_name": metadata.get(CLUSTER_NAME_KEY),
-            "metadata_read": head_metadata,
-        }
-
-
 # User metadata Pulsar's jcloud offloader puts on every object it writes (BlobStoreManagedLedgerOffloader:
 # the broker's offloader metadata, with LedgerOffloader.METADATA_PULSAR_CLUSTER_NAME = "pulsarClusterName",
 # plus `role` and the extra metadata "ManagedLedgerName"). S3 returns user-metadata keys lower-cased.
@@ -141,3 +112,75 @@ MANAGED_LEDGER_NAME_KEY = "managedledgername"
 def object_metadata(head: dict[str, Any]) -> dict[str, str]:
     """An object's user metadata from a HeadObject answer, keys lower-cased as S3 (and Pulsar's scanner) treat them."""
     return {k.lower(): v for k, v in (head.get("Metadata") or {}).items()}
+
+
+class S3Store:
+    """One bucket of an S3-compatible store (drivers `aws-s3`, `S3`, `aliyun-oss`) behind the ObjectStore interface
+    (sweeper.objectstore.base). A listing does not carry user metadata on S3: `with_metadata` costs a HEAD per
+    object. A delete with `if_version` sends the ETag verified as `If-Match` (S3's conditional DeleteObject; a store
+    that ignores the header deletes unconditionally, so the HEAD just before still guards it)."""
+
+    kind: StoreKind = "s3"
+
+    def __init__(self, client: Any, bucket: str) -> None:
+        self.client = client
+        self.container = bucket
+
+    def url(self, name: str = "") -> str:
+        return f"s3://{self.container}/{name}"
+
+    def list(self, prefix: str = "", start_after: str = "", stop_at: str = "",
+             with_metadata: bool = False) -> Iterator[StoredObject]:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            for obj in _list(self.client, self.container, prefix, start_after, stop_at):
+                metadata = None
+                if with_metadata:
+                    head = self.head(obj["Key"])
+                    if head is None:
+                        continue  # deleted while listed
+                    metadata = head.metadata
+                yield StoredObject(obj["Key"], int(obj.get("Size", 0)), int(obj["LastModified"].timestamp() * 1000),
+                                   str(obj.get("ETag", "")), metadata)
+        except (ClientError, BotoCoreError) as exc:
+            raise ObjectStoreError(f"cannot list {self.url(prefix)}: {exc}") from exc
+
+    def head(self, name: str) -> StoredObject | None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            head = self.client.head_object(Bucket=self.container, Key=name)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise ObjectStoreError(f"cannot read {self.url(name)}: {exc}") from exc
+        except BotoCoreError as exc:
+            raise ObjectStoreError(f"cannot read {self.url(name)}: {exc}") from exc
+        return StoredObject(name, int(head.get("ContentLength", 0)), int(head["LastModified"].timestamp() * 1000),
+                            str(head.get("ETag", "")), object_metadata(head))
+
+    def delete(self, name: str, if_version: str = "") -> DeleteOutcome:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        # S3 answers a delete of a missing key with success: look first, so `gone` is told apart from `deleted`.
+        current = self.head(name)
+        if current is None:
+            return GONE
+        if if_version and current.version != if_version:
+            return CHANGED
+        kwargs: dict[str, Any] = {"Bucket": self.container, "Key": name}
+        if if_version:
+            kwargs["IfMatch"] = if_version
+        try:
+            self.client.delete_object(**kwargs)
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            if code in ("404", "NoSuchKey", "NotFound"):
+                return GONE
+            if code in ("412", "PreconditionFailed"):
+                return CHANGED
+            raise ObjectStoreError(f"cannot delete {self.url(name)}: {exc}") from exc
+        except BotoCoreError as exc:
+            raise ObjectStoreError(f"cannot delete {self.url(name)}: {exc}") from exc
+        return DELETED

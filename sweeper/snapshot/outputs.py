@@ -10,7 +10,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.storagelevel import StorageLevel
 
-from sweeper.objectstore.s3 import S3Target
+from sweeper.objectstore.base import StoreTarget
 from sweeper.snapshot.offload_listing import offload_dataframe, offload_written
 from sweeper.snapshot.packer import TablePacker, _tuples, _unpack
 from sweeper.snapshot.pending import pending_deletes_dataframe, pending_deletes_written
@@ -30,7 +30,7 @@ class _Output:
              sessions: int, weights: list[float]) -> ScanTotals:
         raise NotImplementedError
 
-    def listing(self, spark: SparkSession, settings: SnapshotSettings, buckets: list[S3Target], run_id: str,
+    def listing(self, spark: SparkSession, settings: SnapshotSettings, buckets: list[StoreTarget], run_id: str,
                 started: datetime, offloaded_ledgers: int) -> ScanTotals:
         raise NotImplementedError
 
@@ -64,7 +64,7 @@ class _CachedOutput(_Output):
              sessions: int, weights: list[float]) -> ScanTotals:
         return scan_totals(self._cached(scan_dataframe(spark, settings, target, tasks, sessions, weights)))
 
-    def listing(self, spark: SparkSession, settings: SnapshotSettings, buckets: list[S3Target], run_id: str,
+    def listing(self, spark: SparkSession, settings: SnapshotSettings, buckets: list[StoreTarget], run_id: str,
                 started: datetime, offloaded_ledgers: int) -> ScanTotals:
         return scan_totals(self._cached(offload_dataframe(spark, settings, buckets, run_id, started,
                                                           offloaded_ledgers)))
@@ -115,7 +115,7 @@ class _WrittenOutput(_Output):
         return self._kept(ScanTotals.tally(rdd.mapPartitions(lambda units: _scan_written(target, writer, units))
                                            .collect()))
 
-    def listing(self, spark: SparkSession, settings: SnapshotSettings, buckets: list[S3Target], run_id: str,
+    def listing(self, spark: SparkSession, settings: SnapshotSettings, buckets: list[StoreTarget], run_id: str,
                 started: datetime, offloaded_ledgers: int) -> ScanTotals:
         return self._kept(offload_written(spark, settings, buckets, run_id, started, self.writer, offloaded_ledgers))
 

@@ -41,9 +41,10 @@ class TablePacker:
         self.buffers: dict[str, list[dict[str, Any]]] = {t: [] for t in SNAPSHOT_TABLES}
         # A scanner's many rows come as tuples (sweeper.scan.RowChunk), held per table until a batch is full.
         self.chunks: dict[str, RowChunk] = {}
-        # The offload targets (bucket, region, endpoint) the `ml_ledgers` rows name, with their ledgers: flushed as
-        # OFFLOAD_TARGET rows, so the driver learns which buckets to list from the scan's own totals.
-        self.offload_targets: Counter[tuple[str, str, str]] = Counter()
+        # The offload targets (driver, bucket, region, endpoint: a StoreTarget's fields) the `ml_ledgers` rows name,
+        # with their ledgers: flushed as OFFLOAD_TARGET rows, so the Spark driver learns which containers to list,
+        # and through which store's API, from the scan's own totals.
+        self.offload_targets: Counter[tuple[str, str, str, str]] = Counter()
         # run_id and captured_at are the same in every row: one scalar each, repeated per batch, rather than a
         # value per row converted one by one (a timezone-aware datetime is one of the dearest to convert).
         self._constant = {t: {name: pa.scalar(value, type=schema.field(name).type)
@@ -57,7 +58,7 @@ class TablePacker:
             return
         table = row.pop("record_type")
         if table == "ml_ledgers":
-            self._count_offload_target(row.get("offload_bucket"), row.get("offload_region"),
+            self._count_offload_target(row.get("offload_driver"), row.get("offload_bucket"), row.get("offload_region"),
                                        row.get("offload_endpoint"))
         buffer = self.buffers[table]
         buffer.append(row)
@@ -78,14 +79,15 @@ class TablePacker:
             yield self._pack_chunk(self.chunks.pop(chunk.table))
 
     def _count_offload_targets(self, chunk: RowChunk) -> None:
-        bucket, region, endpoint = (chunk.columns.index(c) for c in ("offload_bucket", "offload_region",
-                                                                     "offload_endpoint"))
+        driver, bucket, region, endpoint = (chunk.columns.index(c) for c in (
+            "offload_driver", "offload_bucket", "offload_region", "offload_endpoint"))
         for values in chunk.rows:
-            self._count_offload_target(values[bucket], values[region], values[endpoint])
+            self._count_offload_target(values[driver], values[bucket], values[region], values[endpoint])
 
-    def _count_offload_target(self, bucket: str | None, region: str | None, endpoint: str | None) -> None:
+    def _count_offload_target(self, driver: str | None, bucket: str | None, region: str | None,
+                              endpoint: str | None) -> None:
         if bucket is not None:
-            self.offload_targets[(bucket, region or "", endpoint or "")] += 1
+            self.offload_targets[(driver or "", bucket, region or "", endpoint or "")] += 1
 
     def flush(self) -> Iterator[pa.RecordBatch]:
         for table, buffer in self.buffers.items():

@@ -14,7 +14,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sweeper.connections import MetadataEndpoint
-from sweeper.objectstore.s3 import S3Target
+from sweeper.objectstore.base import StoreTarget
 from sweeper.ratelimit import TokenBucket
 from sweeper.records import ChildrenRead, ZnodeRead
 from sweeper.scan import bookkeeper as bk_scan
@@ -187,7 +187,7 @@ class ScanTotals:
     targets its tasks met, and (when the tasks wrote the tables' files themselves) those files' records."""
 
     counts: dict[str, int]
-    offload_targets: list[S3Target] = field(default_factory=list)
+    offload_targets: list[StoreTarget] = field(default_factory=list)
     offloaded_ledgers: int = 0  # the ledgers the managed ledgers list as offloaded to those targets
     files: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # table -> file records
 
@@ -195,7 +195,7 @@ class ScanTotals:
     def tally(cls, packed: Iterable[tuple[str, int, bytes | None]]) -> ScanTotals:
         """From (record_type, rows, payload) rows; a payload is read only for offload targets and written files."""
         counts: dict[str, int] = {}
-        targets: set[tuple[str, str, str]] = set()
+        targets: set[tuple[str, ...]] = set()
         offloaded = 0
         files: dict[str, list[dict[str, Any]]] = {}
         for record_type, rows, payload in packed:
@@ -207,7 +207,7 @@ class ScanTotals:
                 files.setdefault(record.pop("table"), []).append(record)
             else:
                 counts[record_type] = counts.get(record_type, 0) + int(rows)
-        return cls(counts, [S3Target(*t) for t in sorted(targets)], offloaded, files)
+        return cls(counts, [StoreTarget(*t) for t in sorted(targets)], offloaded, files)
 
     def merge(self, other: ScanTotals) -> None:
         """`other`'s rows and files added to these (its offload targets are not: only the ZooKeeper scan's count)."""
