@@ -233,10 +233,12 @@ CARRIED_COLUMNS: tuple[tuple[str, DataType], ...] = (
     ("carried", B),
     ("bk_layout", BK_LAYOUT),  # ledger rows
     # offloaded objects: their bucket as the run's offload contexts (ml_ledgers) name it (null: none does, say an
-    # [offload] extra_buckets one), with that context's region and endpoint
+    # [offload] extra_buckets one), with that context's region, endpoint and driver (issue 48: the store it lives on,
+    # which the delete must reach it through)
     ("offload_bucket", S),
     ("offload_region", S),
     ("offload_endpoint", S),
+    ("offload_driver", S),
 )
 
 ORPHANS = _schema(

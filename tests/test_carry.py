@@ -108,7 +108,8 @@ def orphan_row(object_type: str, ledger_id: int, **values: Any) -> dict[str, Any
 def test_emit_takes_offload_targets_from_the_orphan_rows_and_falls_back_for_an_older_reconcile(
         store: DeltaRsTableStore, monkeypatch: pytest.MonkeyPatch) -> None:
     carried_obj = orphan_row("offload_object", 5, s3_bucket="b1", s3_key="u-ledger-5", offload_uuid="u",
-                             carried=True, offload_bucket="b1", offload_region="eu-west-1", offload_endpoint="http://s3")
+                             carried=True, offload_bucket="b1", offload_region="eu-west-1", offload_endpoint="http://s3",
+                             offload_driver="aws-s3")
     ledger = orphan_row("ledger", 6, carried=True, bk_layout=layout(4096), component="managed_ledger")
     # A run an older version reconciled first (its table without the columns), then one of this version.
     other = "20261202T130000Z-older"
@@ -123,7 +124,8 @@ def test_emit_takes_offload_targets_from_the_orphan_rows_and_falls_back_for_an_o
     index = CarriedIndex([carried_obj, ledger])
     record = {"ledgerId": 5, "offloadContext": {"bucket": "b1", "uuid": "u", "keys": ["u-ledger-5"]}}
     assert index.of(record) == {"carried": True, "bk_layout": None, "offload_bucket": "b1",
-                                "offload_region": "eu-west-1", "offload_endpoint": "http://s3"}
+                                "offload_region": "eu-west-1", "offload_endpoint": "http://s3",
+                                "offload_driver": "aws-s3"}
     assert index.of({"ledgerId": 6, "offloadContext": None})["bk_layout"] == layout(4096)
 
     # The older run: no carried values, so the snapshot's contexts, as that version read them.

@@ -194,15 +194,35 @@ def _with_extras(found: dict[str, tuple[str, str, str]],
 
 
 def other_stores(store: TableStore, run_id: str | None, inputs: Sequence[PendingRecord]) -> tuple[tuple[str, str], ...]:
-    """(bucket, driver) of the containers the snapshot's offload contexts (the run's, or every snapshot's) put on a
-    store other than S3, read only when an offloaded copy is among the inputs. A bucket named by both an S3 context
-    and another store's is listed here: refused rather than guessed."""
-    if all(item.record_key.startswith("LEDGER/") for item in inputs) or not store.exists("ml_ledgers"):
+    """(bucket, driver) of the containers the offload contexts put on a store other than S3, read only when an
+    offloaded copy is among the inputs: from what the run's `emitted` rows carry (issue 46), else from the snapshot's
+    offload contexts (the run's, or every snapshot's) as before: for an operator's list, the topic, a due retry of an
+    offloaded copy, or rows an older version emitted. A bucket named by both an S3 context and another store's is
+    listed here: refused rather than guessed."""
+    if all(item.record_key.startswith("LEDGER/") for item in inputs):
         return ()
-    groups = store.aggregate_arrow("ml_ledgers", ["offload_bucket", "offload_driver"], [("ledger_id", "count")],
-                                   where=None if run_id is None else {"run_id": run_id}).to_pylist()
-    return tuple(sorted({(g["offload_bucket"], g["offload_driver"]) for g in groups
-                         if g["offload_bucket"] is not None and store_kind(g["offload_driver"]) != "s3"}))
+    retried_copy = any(item.source == SOURCE_RETRY and not item.record_key.startswith("LEDGER/") for item in inputs)
+    pairs = None if run_id is None or retried_copy else _carried_drivers(store, run_id)
+    if pairs is None:
+        if not store.exists("ml_ledgers"):
+            return ()
+        groups = store.aggregate_arrow("ml_ledgers", ["offload_bucket", "offload_driver"], [("ledger_id", "count")],
+                                       where=None if run_id is None else {"run_id": run_id}).to_pylist()
+        pairs = {(g["offload_bucket"], g["offload_driver"]) for g in groups if g["offload_bucket"] is not None}
+    return tuple(sorted((bucket, driver) for bucket, driver in pairs if store_kind(driver) != "s3"))
+
+
+def _carried_drivers(store: TableStore, run_id: str) -> set[tuple[str, str]] | None:
+    """(bucket, driver) as the run's `emitted` rows carry them; None when the run emitted nothing, a row carries
+    nothing, or a bucket comes without its driver (emitted before issue 48 carried it): the snapshot is read then."""
+    if not store.exists("emitted"):
+        return None
+    groups = store.aggregate_arrow("emitted", ["carried", "offload_bucket", "offload_driver"],
+                                   [("record_key", "count")], where={"run_id": run_id}).to_pylist()
+    if not groups or any(g["carried"] is None or (g["offload_bucket"] is not None and g["offload_driver"] is None)
+           for g in groups):
+        return None
+    return {(g["offload_bucket"], g["offload_driver"]) for g in groups if g["offload_bucket"] is not None}
 
 
 def run_buckets(store: TableStore, settings: DeleteSettings, run_id: str,

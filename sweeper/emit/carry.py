@@ -79,4 +79,5 @@ class CarriedIndex:
             return none
         first = rows[0]  # one bucket: the same context for every key
         return {**none, "carried": True, "offload_bucket": first.get("offload_bucket"),
-                "offload_region": first.get("offload_region"), "offload_endpoint": first.get("offload_endpoint")}
+                "offload_region": first.get("offload_region"), "offload_endpoint": first.get("offload_endpoint"),
+                "offload_driver": first.get("offload_driver")}

@@ -137,7 +137,8 @@ def _object_facts_frame(frames: dict[str, DataFrame]) -> DataFrame:
     targets = (frames["ml_ledgers"].where(F.col("offload_bucket").isNotNull())
                .groupBy(F.col("offload_bucket").alias("bucket"))
                .agg(F.max(F.struct(F.col("offload_region").alias("region"),
-                                   F.col("offload_endpoint").alias("endpoint"))).alias("_target")))
+                                   F.col("offload_endpoint").alias("endpoint"),
+                                   F.col("offload_driver").alias("driver"))).alias("_target")))
     # classify_object's first rule, applied before Python: a referenced object whose offload completed is in use
     # and yields no row. (Pulsar's ManagedLedgerImpl.getLedgerHandle opens such a ledger from tiered storage by
     # the uuid in its complete OffloadContext: readOffloaded(ledgerId, uid, ...); "referenced" is that uuid and
@@ -154,5 +155,6 @@ def _object_facts_frame(frames: dict[str, DataFrame]) -> DataFrame:
                     F.when(F.col("_target").isNotNull(), F.col("bucket")).alias("offload_bucket"),
                     F.col("_target.region").alias("offload_region"),
                     F.col("_target.endpoint").alias("offload_endpoint"),
+                    F.col("_target.driver").alias("offload_driver"),
                     F.coalesce("metadata_read", F.lit(False)).alias("metadata_read"),
                     F.coalesce("owner_quarantined", F.lit(False)).alias("owner_quarantined")))

@@ -289,6 +289,7 @@ def _classify_objects(batches: Iterator[pa.RecordBatch], run_id: str, now_ms: in
                 "created_source": "s3_last_modified", "s3_bucket": r["bucket"], "s3_key": r["key"],
                 "offload_uuid": r["uuid"], "carried": True, "offload_bucket": r["offload_bucket"],
                 "offload_region": r["offload_region"], "offload_endpoint": r["offload_endpoint"],
+                "offload_driver": r["offload_driver"],
             })
         if out:
             yield pa.RecordBatch.from_pylist(out, schema=schema)
